@@ -1,0 +1,3 @@
+from g4v.cli import main
+
+raise SystemExit(main())

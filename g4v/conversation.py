@@ -1,0 +1,87 @@
+"""What every engine takes: a conversation of messages with images, and sampling settings.
+
+These dataclasses are the engine interface's vocabulary. The app, the CLI and the tests build them;
+each backend turns them into its own request (a transformers prompt, a vLLM prompt, an OpenAI
+chat-completions body).
+"""
+
+from dataclasses import dataclass, field
+
+from PIL import Image
+
+from g4v.errors import G4VError
+
+ROLES = ("system", "user", "assistant")
+
+
+@dataclass
+class Message:
+    """One turn. Images come before the text in the prompt, as the app's upload box puts them."""
+
+    role: str
+    text: str = ""
+    images: list[Image.Image] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class SamplingSettings:
+    """Decoding settings shared by all backends. ``temperature == 0`` means greedy decoding."""
+
+    max_new_tokens: int = 256
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int | None = None
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    def validated(self, max_new_tokens_limit: int | None = None) -> "SamplingSettings":
+        """Return self, or raise :class:`G4VError` naming the first bad value."""
+        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
+            raise G4VError(f"max_new_tokens must be a positive integer, got {self.max_new_tokens!r}")
+        if max_new_tokens_limit is not None and self.max_new_tokens > max_new_tokens_limit:
+            raise G4VError(f"max_new_tokens is {self.max_new_tokens}, the limit is {max_new_tokens_limit}")
+        if not _is_number(self.temperature) or not 0 <= self.temperature <= 5:
+            raise G4VError(f"temperature must be between 0 and 5, got {self.temperature!r}")
+        if not _is_number(self.top_p) or not 0 < self.top_p <= 1:
+            raise G4VError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if self.seed is not None and (not isinstance(self.seed, int) or not 0 <= self.seed < 2**32):
+            raise G4VError(f"seed must be an integer in [0, 2**32), got {self.seed!r}")
+        return self
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value  # not NaN
+
+
+def validate_conversation(messages: list[Message], max_images: int | None = None) -> None:
+    """Raise :class:`G4VError` unless ``messages`` is a conversation a model can answer."""
+    if not messages:
+        raise G4VError("the conversation is empty")
+    for message in messages:
+        if message.role not in ROLES:
+            raise G4VError(f"unknown role {message.role!r} (expected one of {', '.join(ROLES)})")
+        if message.images and message.role != "user":
+            raise G4VError("only user messages can carry images")
+    last = messages[-1]
+    if last.role != "user":
+        raise G4VError("the last message must come from the user")
+    if not last.text.strip():
+        raise G4VError("the prompt is empty: type a message")
+    if max_images is not None:
+        count = sum(len(m.images) for m in messages)
+        if count > max_images:
+            raise G4VError(f"too many images: {count} in this conversation, the limit is {max_images}")
+
+
+def to_template_messages(messages: list[Message]) -> tuple[list[dict], list[Image.Image]]:
+    """Chat-template messages (content as typed items) and the images in prompt order."""
+    template_messages, images = [], []
+    for message in messages:
+        content = [{"type": "image"} for _ in message.images]
+        if message.text:
+            content.append({"type": "text", "text": message.text})
+        template_messages.append({"role": message.role, "content": content})
+        images.extend(message.images)
+    return template_messages, images

@@ -1,0 +1,1 @@
+"""The bundled demo checkpoint: its builder (and, later, its training and evaluation)."""

@@ -1,0 +1,172 @@
+"""The transformers backend: transformers' own Granite 4 Vision classes, on CPU or GPU.
+
+It is also the reference the other backends are checked against, and the one the inspectors
+instrument, so it keeps the loaded model and processor reachable (``engine.loaded``).
+"""
+
+import threading
+from collections.abc import Iterator
+
+import torch
+from transformers import StoppingCriteria, StoppingCriteriaList, TextIteratorStreamer, set_seed
+
+from g4v.conversation import Message, SamplingSettings, to_template_messages, validate_conversation
+from g4v.engines.base import Engine, EngineInfo, Generation
+from g4v.errors import G4VError
+from g4v.loading import LoadedModel, load_model
+
+_DECODE = {"skip_special_tokens": True, "clean_up_tokenization_spaces": False}
+
+
+class _StopWhenSet(StoppingCriteria):
+    """Ends ``generate`` at the next token once any of the events is set (the user pressed stop,
+    or the consumer went away)."""
+
+    def __init__(self, *events: threading.Event):
+        self.events = events
+
+    def __call__(self, input_ids, scores, **kwargs) -> torch.BoolTensor:
+        stop = any(event.is_set() for event in self.events)
+        return torch.full((input_ids.shape[0],), stop, dtype=torch.bool, device=input_ids.device)
+
+
+class TransformersEngine(Engine):
+    def __init__(self, model: str, device: str | None = None, dtype: str | None = None, loaded: LoadedModel | None = None):
+        self.loaded = loaded or load_model(model, device=device, dtype=dtype)
+        self.model = self.loaded.model
+        self.processor = self.loaded.processor
+        self.tokenizer = self.processor.tokenizer
+        # One generation at a time: the model is shared, and a seed must hold for a whole request.
+        self._lock = threading.Lock()
+        self.info = EngineInfo(
+            backend="hf",
+            model=model,
+            device=str(self.loaded.device),
+            dtype=str(self.loaded.dtype).removeprefix("torch."),
+        )
+
+    # ── prompts ──────────────────────────────────────────────────────────────────────────────
+
+    def context_window(self) -> int:
+        return int(self.model.config.text_config.max_position_embeddings)
+
+    def render_prompt(self, messages: list[Message]) -> str:
+        """The prompt text, with one ``<image>`` placeholder per image (before expansion)."""
+        template_messages, _ = to_template_messages(messages)
+        return self.processor.apply_chat_template(template_messages, add_generation_prompt=True, tokenize=False)
+
+    def prepare_inputs(self, messages: list[Message], max_new_tokens: int = 0) -> dict:
+        """Tokenised prompt with expanded image placeholders, pixel values and image sizes."""
+        validate_conversation(messages)
+        _, images = to_template_messages(messages)
+        prompt = self.render_prompt(messages)
+        inputs = self.processor(text=[prompt], images=images or None, return_tensors="pt")
+        prompt_tokens = inputs["input_ids"].shape[1]
+        if prompt_tokens + max_new_tokens > self.context_window():
+            raise G4VError(
+                f"the prompt is too long: {prompt_tokens} tokens plus {max_new_tokens} new tokens exceed "
+                f"the context window of {self.context_window()}"
+            )
+        inputs = inputs.to(self.loaded.device)
+        if "pixel_values" in inputs:
+            inputs["pixel_values"] = inputs["pixel_values"].to(self.loaded.dtype)
+        return dict(inputs)
+
+    def _generate_kwargs(self, settings: SamplingSettings) -> dict:
+        kwargs = {
+            "max_new_tokens": settings.max_new_tokens,
+            "do_sample": not settings.greedy,
+            "pad_token_id": self.tokenizer.pad_token_id,
+            "eos_token_id": self.tokenizer.eos_token_id,
+        }
+        if settings.greedy:
+            # Neutralise any sampling defaults in the checkpoint's generation_config.
+            kwargs.update(temperature=None, top_p=None, top_k=None)
+        else:
+            kwargs.update(temperature=settings.temperature, top_p=settings.top_p, top_k=0)
+        return kwargs
+
+    def _seed(self, settings: SamplingSettings) -> None:
+        if not settings.greedy:
+            set_seed(settings.seed if settings.seed is not None else torch.seed() % 2**32)
+
+    # ── generation ───────────────────────────────────────────────────────────────────────────
+
+    def generate(self, messages: list[Message], settings: SamplingSettings, adapter: str | None = None) -> Generation:
+        settings = settings.validated()
+        self._check_adapter(adapter)
+        inputs = self.prepare_inputs(messages, settings.max_new_tokens)
+        prompt_tokens = inputs["input_ids"].shape[1]
+        with self._lock, torch.inference_mode():
+            self._seed(settings)
+            output = self.model.generate(**inputs, **self._generate_kwargs(settings))
+        new_tokens = output[0, prompt_tokens:].tolist()
+        return self._finish(new_tokens, prompt_tokens, settings)
+
+    def _finish(self, new_tokens: list[int], prompt_tokens: int, settings: SamplingSettings, cancelled=False) -> Generation:
+        eos = self.tokenizer.eos_token_id
+        finish_reason = "cancelled" if cancelled else "length"
+        if eos in new_tokens:
+            new_tokens = new_tokens[: new_tokens.index(eos)]
+            finish_reason = "stop"
+        text = self.tokenizer.decode(new_tokens, **_DECODE)
+        return Generation(text=text, token_ids=new_tokens, finish_reason=finish_reason, prompt_tokens=prompt_tokens)
+
+    def stream(
+        self,
+        messages: list[Message],
+        settings: SamplingSettings,
+        cancel: threading.Event | None = None,
+        adapter: str | None = None,
+    ) -> Iterator[str]:
+        # Validate and tokenise before the first yield, so bad input fails at the call site.
+        settings = settings.validated()
+        self._check_adapter(adapter)
+        inputs = self.prepare_inputs(messages, settings.max_new_tokens)
+        return self._stream(inputs, settings, cancel or threading.Event())
+
+    def _stream(self, inputs: dict, settings: SamplingSettings, cancel: threading.Event) -> Iterator[str]:
+        streamer = TextIteratorStreamer(self.tokenizer, skip_prompt=True, timeout=None, **_DECODE)
+        consumer_gone = threading.Event()
+        failure: list[BaseException] = []
+
+        def run():
+            try:
+                with torch.inference_mode():
+                    self._seed(settings)
+                    self.model.generate(
+                        **inputs,
+                        **self._generate_kwargs(settings),
+                        streamer=streamer,
+                        stopping_criteria=StoppingCriteriaList([_StopWhenSet(cancel, consumer_gone)]),
+                    )
+            except BaseException as err:  # surfaced in the consumer's thread below
+                failure.append(err)
+                streamer.end()
+
+        with self._lock:
+            worker = threading.Thread(target=run, name="g4v-hf-generate", daemon=True)
+            worker.start()
+            ended = False
+            try:
+                for piece in streamer:
+                    if piece:
+                        yield piece
+                    if cancel.is_set():
+                        break
+                else:
+                    ended = True
+            finally:
+                # Reached on normal end, on cancel and when the consumer closes the generator:
+                # stop the worker and wait for it, so the next request finds the engine free.
+                consumer_gone.set()
+                if not ended:
+                    for _ in streamer:  # drain up to the end signal that generate() sends
+                        pass
+                worker.join()
+        if failure:
+            raise failure[0]
+
+    def _check_adapter(self, adapter: str | None) -> None:
+        if adapter is not None:
+            raise G4VError("this engine has no adapters loaded")

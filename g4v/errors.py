@@ -1,0 +1,14 @@
+"""The one exception type that carries a message meant for a person."""
+
+
+class G4VError(Exception):
+    """A problem with what the user asked for, explained in one line.
+
+    The CLI prints it to stderr and exits 1, the app shows it as ``gr.Error``; neither shows a
+    traceback. Raise it for bad input (a missing image, an empty prompt, an unknown model) and for
+    environment problems the user can fix; let real bugs raise their own exceptions.
+    """
+
+    def __init__(self, message: str):
+        # Keep it to one line, whatever the caller built.
+        super().__init__(" ".join(str(message).split()))

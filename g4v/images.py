@@ -1,0 +1,88 @@
+"""Opening user images safely: one-line errors for bad files, one RGB picture for good ones.
+
+Everything that reaches a model goes through :func:`open_image`, so the CLI, the app and the API
+refuse the same things with the same words.
+"""
+
+import io
+import os
+from pathlib import Path
+
+import numpy as np
+from PIL import Image, ImageOps, UnidentifiedImageError
+
+from g4v.errors import G4VError
+
+#: Larger pictures are refused before their pixels are decoded (decompression bombs).
+MAX_IMAGE_PIXELS = int(os.environ.get("G4V_MAX_IMAGE_PIXELS", 40_000_000))
+
+
+def open_image(source, name: str | None = None, max_pixels: int | None = None) -> Image.Image:
+    """Open a path, bytes or PIL image and return it as an upright 8-bit RGB picture.
+
+    Raises :class:`G4VError` naming the problem: missing file, not an image, corrupt or truncated
+    data, or more pixels than ``max_pixels`` (checked from the header, before decoding).
+    """
+    max_pixels = MAX_IMAGE_PIXELS if max_pixels is None else max_pixels
+    if isinstance(source, Image.Image):
+        label = name or "image"
+        image = source
+    elif isinstance(source, (bytes, bytearray)):
+        label = name or "image"
+        image = _identify(io.BytesIO(source), label)
+    else:
+        path = Path(source)
+        label = name or str(path)
+        if not path.exists():
+            raise G4VError(f"image not found: {label}")
+        if not path.is_file():
+            raise G4VError(f"not a file: {label}")
+        image = _identify(path, label)
+
+    width, height = image.size
+    if width < 1 or height < 1:
+        raise G4VError(f"{label} has no pixels ({width}x{height})")
+    if width * height > max_pixels:
+        raise G4VError(
+            f"{label} is too large: {width}x{height} = {width * height:,} pixels (the limit is {max_pixels:,})"
+        )
+    try:
+        image.load()
+        image = ImageOps.exif_transpose(image)
+        return to_rgb(image)
+    except (OSError, SyntaxError, ValueError) as err:
+        raise G4VError(f"{label} is corrupt or truncated ({_first_line(err)})") from None
+
+
+def _identify(fp, label: str) -> Image.Image:
+    try:
+        return Image.open(fp)
+    except UnidentifiedImageError:
+        raise G4VError(f"{label} is not an image (unrecognised format)") from None
+    except Image.DecompressionBombError as err:
+        raise G4VError(f"{label} is too large ({_first_line(err)})") from None
+    except (OSError, SyntaxError, ValueError) as err:
+        raise G4VError(f"{label} is corrupt or unreadable ({_first_line(err)})") from None
+
+
+def to_rgb(image: Image.Image) -> Image.Image:
+    """8-bit RGB: 16-bit and float greys are rescaled, transparency is flattened onto white."""
+    if image.mode in ("I;16", "I;16L", "I;16B", "I;16N", "I", "F"):
+        values = np.asarray(image, dtype=np.float64)
+        top = 65535.0 if image.mode.startswith("I;16") else max(float(values.max()), 1.0)
+        grey = np.clip(values / top * 255.0 + 0.5, 0, 255).astype(np.uint8)
+        return Image.fromarray(grey, mode="L").convert("RGB")
+    if image.mode == "P" and "transparency" in image.info:
+        image = image.convert("RGBA")
+    if image.mode in ("RGBA", "LA", "PA", "RGBa", "La"):
+        rgba = image.convert("RGBA")
+        background = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        return Image.alpha_composite(background, rgba).convert("RGB")
+    if image.mode != "RGB":
+        return image.convert("RGB")
+    return image
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip() or type(err).__name__
+    return text.splitlines()[0]

@@ -1,0 +1,115 @@
+"""Loading a Granite 4 Vision model and its processor, the same way for the bundled and the real one.
+
+The bundled checkpoint and ``ibm-granite/granite-vision-4.1-4b`` go through the same
+``from_pretrained`` calls; only the source differs. ``trust_remote_code`` is never set: the model
+classes are transformers' own.
+"""
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from g4v.errors import G4VError
+
+MODEL_TYPE = "granite4_vision"
+
+
+@dataclass
+class LoadedModel:
+    model: torch.nn.Module  # Granite4VisionForConditionalGeneration, in eval mode
+    processor: object  # Granite4VisionProcessor
+    source: str
+    device: torch.device
+    dtype: torch.dtype
+
+
+def pick_device(device: str | None = None) -> torch.device:
+    """``device`` if given, else CUDA when present, else the CPU."""
+    if device and device != "auto":
+        try:
+            chosen = torch.device(device)
+        except (RuntimeError, ValueError):
+            raise G4VError(f"unknown device {device!r} (try cpu or cuda)") from None
+        if chosen.type == "cuda" and not torch.cuda.is_available():
+            raise G4VError("device cuda was asked for, but no CUDA GPU is available")
+        return chosen
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+           "float16": torch.float16, "fp16": torch.float16}
+
+
+def pick_dtype(device: torch.device, dtype: str | None = None) -> torch.dtype:
+    """``dtype`` if given; else bf16 on a GPU that supports it, float32 elsewhere."""
+    if dtype and dtype != "auto":
+        if dtype not in _DTYPES:
+            raise G4VError(f"unknown dtype {dtype!r} (try {', '.join(sorted(_DTYPES))} or auto)")
+        return _DTYPES[dtype]
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return torch.float32
+
+
+def looks_like_local_path(model: str) -> bool:
+    """A hub id is ``name`` or ``org/name``; anything else (``./x``, ``/x``, ``a/b/c``) is a folder."""
+    return model.startswith((".", "/", "~")) or model.count("/") > 1 or os.sep != "/" and os.sep in model
+
+
+def resolve_source(model: str) -> str:
+    """Check a local folder (exists, has a Granite 4 Vision config) or pass a hub id through."""
+    if not model or not model.strip():
+        raise G4VError("no model given")
+    path = Path(model).expanduser()
+    if path.exists():
+        if not path.is_dir():
+            raise G4VError(f"model path is not a folder: {model}")
+        config_path = path / "config.json"
+        if not config_path.is_file():
+            raise G4VError(f"model folder has no config.json: {model}")
+        try:
+            model_type = json.loads(config_path.read_text()).get("model_type")
+        except (OSError, ValueError):
+            raise G4VError(f"model folder has an unreadable config.json: {model}") from None
+        if model_type != MODEL_TYPE:
+            raise G4VError(f"{model} is not a Granite 4 Vision checkpoint (model_type {model_type!r})")
+        return str(path)
+    if looks_like_local_path(model):
+        raise G4VError(f"model folder not found: {model}")
+    return model  # a hub id such as ibm-granite/granite-vision-4.1-4b
+
+
+def load_processor(model: str):
+    from transformers import AutoProcessor
+
+    source = resolve_source(model)
+    try:
+        return AutoProcessor.from_pretrained(source)
+    except Exception as err:  # hub and file errors come in many types; the user needs one line
+        raise G4VError(f"could not load the processor of {model}: {_first_line(err)}") from None
+
+
+def load_model(model: str, device: str | None = None, dtype: str | None = None) -> LoadedModel:
+    """Load model and processor; dtype and device are chosen automatically unless given."""
+    from transformers import AutoModelForImageTextToText
+
+    source = resolve_source(model)
+    torch_device = pick_device(device)
+    torch_dtype = pick_dtype(torch_device, dtype)
+    processor = load_processor(source)
+    try:
+        loaded = AutoModelForImageTextToText.from_pretrained(source, dtype=torch_dtype)
+    except Exception as err:
+        raise G4VError(f"could not load model {model}: {_first_line(err)}") from None
+    if loaded.config.model_type != MODEL_TYPE:
+        raise G4VError(f"{model} is not a Granite 4 Vision checkpoint (model_type {loaded.config.model_type!r})")
+    loaded = loaded.to(torch_device).eval()
+    return LoadedModel(model=loaded, processor=processor, source=source, device=torch_device, dtype=torch_dtype)
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip() or type(err).__name__
+    return text.splitlines()[0][:300]
