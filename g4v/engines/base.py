@@ -58,6 +58,17 @@ class Engine(ABC):
         set or when the caller stops iterating (closing the generator).
         """
 
+    def register_adapter(self, name: str, path: str) -> None:
+        """Make a LoRA adapter folder (already checked by ``g4v.adapters``) available as ``name``,
+        for the ``adapter=`` argument of :meth:`generate` and :meth:`stream`."""
+        from g4v.errors import G4VError
+
+        raise G4VError(f"the {self.info.backend} backend does not serve adapters")
+
+    def adapters(self) -> list[str]:
+        """Names accepted by ``adapter=``."""
+        return []
+
     def context_window(self) -> int | None:
         """The model's maximum sequence length in tokens, when the backend knows it."""
         return None

@@ -168,5 +168,5 @@ class TransformersEngine(Engine):
             raise failure[0]
 
     def _check_adapter(self, adapter: str | None) -> None:
-        if adapter is not None:
-            raise G4VError("this engine has no adapters loaded")
+        if adapter is not None and adapter not in self.adapters():
+            raise G4VError(f"unknown adapter {adapter!r}")
