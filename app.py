@@ -1,0 +1,186 @@
+"""g4v: the Granite 4 Vision workbench in the browser (also the Hugging Face Spaces entry point).
+
+    python app.py [--model M] [--backend auto|hf] [--host 127.0.0.1] [--port 7860]
+
+The Gradio wiring reads top to bottom; the work happens in plain functions of the ``g4v`` package.
+"""
+
+import argparse
+import os
+import threading
+from pathlib import Path
+
+import gradio as gr
+
+from g4v.conversation import Message, SamplingSettings, validate_conversation
+from g4v.engines import BACKENDS, Engine, create_engine
+from g4v.errors import G4VError
+from g4v.images import open_image
+from g4v.paths import ASSETS_DIR, EXAMPLES_DIR, REAL_MODEL_ID, default_model, is_bundled
+
+MAX_IMAGES_PER_MESSAGE = 4
+MAX_NEW_TOKENS_LIMIT = 1024
+
+
+# ── settings ─────────────────────────────────────────────────────────────────────────────────
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    env = os.environ.get
+    parser = argparse.ArgumentParser(description="Granite 4 Vision workbench")
+    parser.add_argument("--model", default=default_model(), help="model folder or hub id ($G4V_MODEL)")
+    parser.add_argument("--backend", default=env("G4V_BACKEND", "auto"), choices=BACKENDS)
+    parser.add_argument("--device", default=env("G4V_DEVICE", "auto"))
+    parser.add_argument("--dtype", default=env("G4V_DTYPE", "auto"))
+    parser.add_argument("--host", default=env("G4V_HOST", "127.0.0.1"), help="bind address (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=int(env("G4V_PORT", env("GRADIO_SERVER_PORT", "7860"))))
+    parser.add_argument("--concurrency", type=int, default=int(env("G4V_CONCURRENCY", "1")),
+                        help="requests run on the model at once; the rest wait in the queue")
+    parser.add_argument("--max-queue", type=int, default=int(env("G4V_MAX_QUEUE", "32")))
+    return parser.parse_args(argv)
+
+
+# ── chat: Gradio messages -> g4v conversation ────────────────────────────────────────────────
+
+
+def _file_path(item) -> str | None:
+    """The server path of an uploaded file in any of the shapes Gradio uses for it."""
+    if isinstance(item, str):
+        return item
+    if isinstance(item, dict):
+        if item.get("type") == "file":
+            item = item.get("file", {})
+        return item.get("path")
+    return getattr(item, "path", None)
+
+
+def _content_parts(content) -> tuple[list[str], list[str]]:
+    """(texts, file paths) of one Gradio message's content."""
+    texts, files = [], []
+    parts = content if isinstance(content, (list, tuple)) else [content]
+    for part in parts:
+        if isinstance(part, str):
+            texts.append(part)
+        elif isinstance(part, dict) and part.get("type") == "text":
+            texts.append(part.get("text", ""))
+        elif (path := _file_path(part)) is not None:
+            files.append(path)
+    return texts, files
+
+
+def to_conversation(message: dict, history: list[dict]) -> list[Message]:
+    """Turn the multimodal textbox value and the chat history into g4v messages.
+
+    Consecutive history entries of one role are merged: Gradio stores an uploaded file and the
+    text sent with it as separate entries.
+    """
+    conversation: list[Message] = []
+    for entry in history:
+        role = entry.get("role") if isinstance(entry, dict) else getattr(entry, "role", None)
+        content = entry.get("content") if isinstance(entry, dict) else getattr(entry, "content", None)
+        texts, files = _content_parts(content)
+        images = [open_image(path, name=Path(path).name) for path in files]
+        if conversation and conversation[-1].role == role:
+            previous = conversation[-1]
+            previous.text = "\n".join(t for t in (previous.text, *texts) if t)
+            previous.images.extend(images)
+        else:
+            conversation.append(Message(role, "\n".join(t for t in texts if t), images))
+
+    files = [_file_path(f) for f in (message.get("files") or [])]
+    if len(files) > MAX_IMAGES_PER_MESSAGE:
+        raise G4VError(f"too many images: {len(files)} in one message, the limit is {MAX_IMAGES_PER_MESSAGE}")
+    images = [open_image(path, name=Path(path).name) for path in files]
+    conversation.append(Message("user", message.get("text") or "", images))
+    return conversation
+
+
+def make_chat_fn(engine: Engine):
+    def chat(message: dict, history: list[dict], max_new_tokens, temperature, top_p, seed):
+        """Stream the answer; a refusal is one ``gr.Error`` line and the chat carries on."""
+        try:
+            conversation = to_conversation(message, history)
+            validate_conversation(conversation)
+            settings = SamplingSettings(
+                max_new_tokens=int(max_new_tokens),
+                temperature=float(temperature),
+                top_p=float(top_p),
+                seed=None if seed in (None, "", -1) else int(seed),
+            ).validated(MAX_NEW_TOKENS_LIMIT)
+            stream = engine.stream(conversation, settings, cancel=threading.Event())
+        except G4VError as err:
+            raise gr.Error(str(err)) from None
+        answer = ""
+        for piece in stream:  # the stop button closes this generator, which stops generation
+            answer += piece
+            yield answer
+
+    return chat
+
+
+# ── layout ───────────────────────────────────────────────────────────────────────────────────
+
+
+def banner(model: str) -> str:
+    if is_bundled(model):
+        return (
+            "**Demo checkpoint in use**: a tiny Granite 4 Vision with the real architecture, bundled "
+            "so the workbench runs offline. Its answers are not meaningful. For the real model run "
+            f"`python app.py --model {REAL_MODEL_ID}` (or set `G4V_MODEL`) on a machine with a GPU "
+            "and access to the Hugging Face Hub."
+        )
+    return f"Model: `{model}`"
+
+
+def example_messages() -> list[list]:
+    """Chat examples from assets/examples, with default sampling settings."""
+    pictures = sorted(EXAMPLES_DIR.glob("*.png"))
+    prompts = ["Which shapes do you see?", "What colour is the shape?", "How many shapes are there?"]
+    return [[{"text": prompt, "files": [str(path)]}, 128, 0.0, 1.0, 0] for path, prompt in zip(pictures, prompts)]
+
+
+def build_app(engine: Engine, model: str, concurrency: int = 1) -> gr.Blocks:
+    with gr.Blocks(title="Granite 4 Vision workbench") as demo:
+        gr.Markdown("# Granite 4 Vision workbench")
+        gr.Markdown(banner(model), elem_id="model-banner")
+        with gr.Tab("Chat", id="chat"):
+            max_new_tokens = gr.Slider(1, MAX_NEW_TOKENS_LIMIT, value=128, step=1, label="Max new tokens", render=False)
+            temperature = gr.Slider(0.0, 2.0, value=0.0, step=0.05, label="Temperature (0 = greedy)", render=False)
+            top_p = gr.Slider(0.05, 1.0, value=1.0, step=0.05, label="Top-p", render=False)
+            seed = gr.Number(value=0, precision=0, label="Seed (-1 = random)", render=False)
+            gr.ChatInterface(
+                make_chat_fn(engine),
+                multimodal=True,
+                textbox=gr.MultimodalTextbox(
+                    file_types=["image"], file_count="multiple", placeholder="Ask about an image...",
+                    sources=["upload"],
+                ),
+                additional_inputs=[max_new_tokens, temperature, top_p, seed],
+                additional_inputs_accordion=gr.Accordion("Sampling", open=False),
+                examples=example_messages(),
+                cache_examples=False,
+                concurrency_limit=concurrency,
+                api_name="chat",
+            )
+    return demo
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    try:
+        engine = create_engine(args.backend, args.model, device=args.device, dtype=args.dtype)
+    except G4VError as err:
+        raise SystemExit(f"error: {err}") from None
+    demo = build_app(engine, args.model, args.concurrency)
+    demo.queue(max_size=args.max_queue, default_concurrency_limit=args.concurrency)
+    demo.launch(
+        server_name=args.host,
+        server_port=args.port,
+        share=False,
+        allowed_paths=[str(ASSETS_DIR)],
+        show_error=True,
+    )
+
+
+if __name__ == "__main__":
+    main()

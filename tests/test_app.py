@@ -1,0 +1,85 @@
+"""The app, launched as a user would (``python app.py``), answered through gradio_client."""
+
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+from gradio_client import Client, handle_file
+
+from g4v.paths import EXAMPLES_DIR, REPO_ROOT
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def app_url():
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "app.py", "--port", str(port)], cwd=REPO_ROOT,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    url = f"http://127.0.0.1:{port}/"
+    deadline = time.time() + 180
+    while time.time() < deadline:
+        if process.poll() is not None:
+            pytest.fail(f"app exited early:\n{process.stdout.read()}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                break
+        except OSError:
+            time.sleep(1)
+    else:
+        process.kill()
+        pytest.fail("app did not start within 180 s")
+    yield url
+    process.terminate()
+    process.wait(30)
+
+
+@pytest.fixture(scope="module")
+def client(app_url):
+    return Client(app_url, verbose=False)
+
+
+def chat(client, text, files=(), max_new_tokens=12, temperature=0.0):
+    message = {"text": text, "files": [handle_file(str(f)) for f in files]}
+    return client.predict(message, max_new_tokens, temperature, 1.0, 0, api_name="/chat")
+
+
+def test_app_answers_a_message_with_an_image(client):
+    answer = chat(client, "What colour is the shape?", [EXAMPLES_DIR / "red-circle-wide.png"])
+    assert isinstance(answer, str) and answer.strip()
+
+
+def listening_addresses(port: int) -> set[str]:
+    """Local addresses with a listening TCP socket on ``port``, read from /proc/net/tcp (Linux)."""
+    addresses = set()
+    for line in open("/proc/net/tcp").read().splitlines()[1:]:
+        local, state = line.split()[1], line.split()[3]
+        address_hex, port_hex = local.split(":")
+        if state == "0A" and int(port_hex, 16) == port:  # 0A = LISTEN
+            addresses.add(socket.inet_ntoa(bytes.fromhex(address_hex)[::-1]))
+    return addresses
+
+
+def test_app_binds_to_loopback_only(app_url):
+    port = int(app_url.rstrip("/").rsplit(":", 1)[1])
+    assert listening_addresses(port) == {"127.0.0.1"}
+
+
+def test_bad_input_is_one_line_and_the_app_keeps_serving(client, tmp_path):
+    not_an_image = tmp_path / "notes.png"
+    not_an_image.write_text("not a picture")
+    with pytest.raises(Exception) as err:
+        chat(client, "What is it?", [not_an_image])
+    assert "not an image" in str(err.value)
+    with pytest.raises(Exception) as err:
+        chat(client, "   ")
+    assert "prompt is empty" in str(err.value)
+    assert chat(client, "Still there?").strip()
