@@ -18,6 +18,16 @@ from g4v.errors import G4VError
 from g4v.images import open_image
 from g4v.paths import ASSETS_DIR, EXAMPLES_DIR, REAL_MODEL_ID, default_model, is_bundled
 
+try:  # Hugging Face ZeroGPU: GPU work must run inside functions decorated with spaces.GPU.
+    import spaces
+
+    gpu_task = spaces.GPU
+except ImportError:  # anywhere else the decorator is a no-op
+
+    def gpu_task(fn=None, **_):
+        return fn if fn is not None else (lambda f: f)
+
+
 MAX_IMAGES_PER_MESSAGE = 4
 MAX_NEW_TOKENS_LIMIT = 1024
 
@@ -32,7 +42,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--backend", default=env("G4V_BACKEND", "auto"), choices=BACKENDS)
     parser.add_argument("--device", default=env("G4V_DEVICE", "auto"))
     parser.add_argument("--dtype", default=env("G4V_DTYPE", "auto"))
-    parser.add_argument("--host", default=env("G4V_HOST", "127.0.0.1"), help="bind address (default 127.0.0.1)")
+    # Loopback unless told otherwise; Spaces tells us through GRADIO_SERVER_NAME.
+    parser.add_argument("--host", default=env("G4V_HOST", env("GRADIO_SERVER_NAME", "127.0.0.1")),
+                        help="bind address (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=int(env("G4V_PORT", env("GRADIO_SERVER_PORT", "7860"))))
     parser.add_argument("--concurrency", type=int, default=int(env("G4V_CONCURRENCY", "1")),
                         help="requests run on the model at once; the rest wait in the queue")
@@ -96,6 +108,7 @@ def to_conversation(message: dict, history: list[dict]) -> list[Message]:
 
 
 def make_chat_fn(engine: Engine):
+    @gpu_task
     def chat(message: dict, history: list[dict], max_new_tokens, temperature, top_p, seed):
         """Stream the answer; a refusal is one ``gr.Error`` line and the chat carries on."""
         try:
@@ -156,7 +169,7 @@ def build_app(engine: Engine, model: str, concurrency: int = 1) -> gr.Blocks:
                     sources=["upload"],
                 ),
                 additional_inputs=[max_new_tokens, temperature, top_p, seed],
-                additional_inputs_accordion=gr.Accordion("Sampling", open=False),
+                additional_inputs_accordion="Sampling",
                 examples=example_messages(),
                 cache_examples=False,
                 concurrency_limit=concurrency,

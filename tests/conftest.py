@@ -1,12 +1,17 @@
 """Shared fixtures: one loaded engine per test session, example images, output folder."""
 
 import os
+import socket
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 from PIL import Image
 
-from g4v.paths import BUNDLED_MODEL_DIR
+from g4v.paths import BUNDLED_MODEL_DIR, REPO_ROOT
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -38,3 +43,48 @@ def make_image(width: int, height: int, seed: int = 0) -> Image.Image:
     noise = rng.integers(0, 32, size=base.shape)
     pixels = np.clip(base + noise, 0, 255).astype(np.uint8)
     return Image.fromarray(pixels, mode="RGB")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def running_app(*args: str, env: dict | None = None, timeout: float = 240):
+    """Start ``python app.py ARGS`` on a free port as a user would; yield its URL; stop it after."""
+    port = free_port()
+    TEST_OUTPUT.mkdir(exist_ok=True)
+    log = open(TEST_OUTPUT / f"app-{port}.log", "w")
+    process = subprocess.Popen(
+        [sys.executable, "app.py", "--port", str(port), *args], cwd=REPO_ROOT,
+        stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
+    )
+    try:
+        deadline = time.time() + timeout
+        while True:
+            if process.poll() is not None:
+                raise RuntimeError(f"app exited early (code {process.returncode}); see {log.name}")
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=1):
+                    break
+            except OSError:
+                if time.time() > deadline:
+                    raise RuntimeError(f"app did not start within {timeout} s; see {log.name}") from None
+                time.sleep(1)
+        yield f"http://127.0.0.1:{port}/"
+    finally:
+        process.terminate()
+        try:
+            process.wait(30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+        log.close()
+
+
+@pytest.fixture(scope="session")
+def app_url():
+    """One app on the bundled checkpoint, shared by the API, browser and load tests."""
+    with running_app() as url:
+        yield url

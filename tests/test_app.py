@@ -1,45 +1,11 @@
 """The app, launched as a user would (``python app.py``), answered through gradio_client."""
 
 import socket
-import subprocess
-import sys
-import time
 
 import pytest
 from gradio_client import Client, handle_file
 
-from g4v.paths import EXAMPLES_DIR, REPO_ROOT
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def app_url():
-    port = free_port()
-    process = subprocess.Popen(
-        [sys.executable, "app.py", "--port", str(port)], cwd=REPO_ROOT,
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )
-    url = f"http://127.0.0.1:{port}/"
-    deadline = time.time() + 180
-    while time.time() < deadline:
-        if process.poll() is not None:
-            pytest.fail(f"app exited early:\n{process.stdout.read()}")
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=1):
-                break
-        except OSError:
-            time.sleep(1)
-    else:
-        process.kill()
-        pytest.fail("app did not start within 180 s")
-    yield url
-    process.terminate()
-    process.wait(30)
+from g4v.paths import EXAMPLES_DIR
 
 
 @pytest.fixture(scope="module")
