@@ -52,14 +52,16 @@ def free_port() -> int:
 
 
 @contextmanager
-def running_app(*args: str, env: dict | None = None, timeout: float = 240):
-    """Start ``python app.py ARGS`` on a free port as a user would; yield its URL; stop it after."""
+def running_app(*args: str, env: dict | None = None, timeout: float = 240, app_file: str = "app.py"):
+    """Start ``python app.py ARGS`` on a free port as a user would; yield its URL; stop it after.
+
+    The port comes through ``GRADIO_SERVER_PORT``, as on Spaces, so ``app_file`` runs unchanged."""
     port = free_port()
     TEST_OUTPUT.mkdir(exist_ok=True)
     log = open(TEST_OUTPUT / f"app-{port}.log", "w")
     process = subprocess.Popen(
-        [sys.executable, "app.py", "--port", str(port), *args], cwd=REPO_ROOT,
-        stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
+        [sys.executable, app_file, *args], cwd=REPO_ROOT,
+        stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "GRADIO_SERVER_PORT": str(port), **(env or {})},
     )
     try:
         deadline = time.time() + timeout

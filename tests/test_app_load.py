@@ -1,0 +1,39 @@
+"""Eight users chat at once: each gets its own complete answer, and the app serves on afterwards."""
+
+from concurrent.futures import ThreadPoolExecutor
+
+from gradio_client import Client, handle_file
+
+from g4v.conversation import Message, SamplingSettings
+from g4v.images import open_image
+from tests.conftest import make_image
+
+CLIENTS = 8
+MAX_NEW_TOKENS = 16
+
+
+def test_eight_concurrent_chats_with_images(app_url, hf_engine, tmp_path):
+    requests = []
+    for i in range(CLIENTS):
+        path = tmp_path / f"user{i}.png"
+        make_image(96 + 40 * i, 300 - 20 * i, seed=i).save(path)
+        requests.append((path, f"User {i}: what do you see?"))
+
+    def one_user(request):
+        path, prompt = request
+        client = Client(app_url, verbose=False)
+        message = {"text": prompt, "files": [handle_file(str(path))]}
+        return client.predict(message, MAX_NEW_TOKENS, 0.0, 1.0, 0, api_name="/chat")
+
+    with ThreadPoolExecutor(CLIENTS) as pool:
+        answers = list(pool.map(one_user, requests))
+
+    # Greedy decoding: each user's answer must be exactly what the model says to that user alone.
+    settings = SamplingSettings(max_new_tokens=MAX_NEW_TOKENS)
+    for (path, prompt), answer in zip(requests, answers):
+        expected = hf_engine.generate([Message("user", prompt, [open_image(path)])], settings).text
+        assert answer == expected
+    assert len(set(answers)) > 1  # different inputs, different answers: nobody got someone else's
+
+    after = Client(app_url, verbose=False).predict({"text": "Hello again", "files": []}, 8, 0.0, 1.0, 0, api_name="/chat")
+    assert isinstance(after, str) and after
