@@ -1,0 +1,175 @@
+"""Pictures of an anyres tiling plan: the padded canvas with its tiles, the base view, the token budget.
+
+Input is plain data: a PIL image and the plan as the dict ``g4v.tiling.TilingPlan.as_dict()`` returns
+(the same JSON ``python -m g4v tiling --json`` prints). Boxes are ``(left, top, right, bottom)``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only, never a window
+
+import numpy as np  # noqa: E402
+from matplotlib import patches as mpatches  # noqa: E402
+from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+from PIL import Image, ImageDraw  # noqa: E402
+
+TILE_COLOUR = "#ffd400"
+CELL_COLOUR = "#ffffff"
+PADDING_COLOUR = "#7f7f7f"
+DROPPED_COLOUR = "#e6194b"
+UNPADDED_COLOUR = "#00e5ff"
+
+
+def render_tiling_overlay(image: Image.Image, plan: dict, dpi: int = 100) -> Image.Image:
+    """One RGB picture: the padded canvas as the model sees it (tiles, feature cells, padding, the
+    unpadded region, the cut-off features), the base view beside it, and the token-budget table below."""
+    figure = Figure(figsize=(13, 8), dpi=dpi, facecolor="white")
+    grid = figure.add_gridspec(2, 2, width_ratios=[3, 1], height_ratios=[4, 1], hspace=0.15, wspace=0.08)
+    _draw_canvas(figure.add_subplot(grid[0, 0]), image, plan)
+    _draw_base_view(figure.add_subplot(grid[0, 1]), image, plan)
+    _draw_budget_table(figure.add_subplot(grid[1, :]), plan["budget"])
+    canvas = FigureCanvasAgg(figure)
+    canvas.draw()
+    rgba = np.asarray(canvas.buffer_rgba())  # (H, W, 4) uint8
+    return Image.fromarray(rgba[..., :3].copy(), mode="RGB")
+
+
+def save_tiling_overlay(image: Image.Image, plan: dict, path: str | Path) -> Path:
+    path = Path(path)
+    render_tiling_overlay(image, plan).save(path, format="PNG")
+    return path
+
+
+def padded_canvas(image: Image.Image, plan: dict) -> Image.Image:
+    """The image resized and padded with black exactly as the processor does, before tiling."""
+    best_height, best_width = plan["best_resolution"]
+    resized_height, resized_width = plan["resized_size"]
+    canvas = Image.new("RGB", (best_width, best_height), (0, 0, 0))
+    resized = image.convert("RGB").resize((resized_width, resized_height), Image.Resampling.BICUBIC)
+    canvas.paste(resized, (plan["padding"]["left"], plan["padding"]["top"]))
+    return canvas
+
+
+def _draw_canvas(axes, image: Image.Image, plan: dict) -> None:
+    best_height, best_width = plan["best_resolution"]
+    rows, cols = plan["grid"]
+    axes.imshow(np.asarray(padded_canvas(image, plan)), extent=(0, best_width, best_height, 0))
+
+    # Padding: everything outside the resized image.
+    left, top, right, bottom = plan["content_box"]
+    for box in [(0, 0, best_width, top), (0, bottom, best_width, best_height),
+                (0, top, left, bottom), (right, top, best_width, bottom)]:
+        _rectangle(axes, box, facecolor=PADDING_COLOUR, alpha=0.55, hatch="//", edgecolor="none")
+
+    # Feature cells that unpadding cuts off (they never become tokens).
+    feature_rows, feature_cols = plan["tile_feature_grid"]
+    cell = plan["tile_size"] / plan["view_feature_grid"][0]
+    row_start, row_stop = plan["unpadded_rows"]
+    col_start, col_stop = plan["unpadded_cols"]
+    for box in [(0, 0, best_width, row_start * cell), (0, row_stop * cell, best_width, best_height),
+                (0, 0, col_start * cell, best_height), (col_stop * cell, 0, best_width, best_height)]:
+        if box[2] > box[0] and box[3] > box[1]:
+            _rectangle(axes, box, facecolor=DROPPED_COLOUR, alpha=0.25, edgecolor="none")
+
+    # Feature cells: one image token each (inside the unpadded region).
+    line_width = 0.4 if max(feature_rows, feature_cols) <= 64 else 0.2
+    for r in range(1, feature_rows):
+        axes.plot([0, best_width], [r * cell, r * cell], color=CELL_COLOUR, linewidth=line_width, alpha=0.5)
+    for c in range(1, feature_cols):
+        axes.plot([c * cell, c * cell], [0, best_height], color=CELL_COLOUR, linewidth=line_width, alpha=0.5)
+
+    for tile in plan["tiles"]:
+        _rectangle(axes, tile["canvas_box"], facecolor="none", edgecolor=TILE_COLOUR, linewidth=2.5)
+        tile_left, tile_top = tile["canvas_box"][:2]
+        axes.text(tile_left + 0.03 * plan["tile_size"], tile_top + 0.1 * plan["tile_size"],
+                  f"tile {tile['index']}", color="black", fontsize=8,
+                  bbox={"facecolor": TILE_COLOUR, "edgecolor": "none", "pad": 1.5})
+    _rectangle(axes, plan["unpadded_canvas_box"], facecolor="none", edgecolor=UNPADDED_COLOUR,
+               linewidth=2, linestyle="--")
+
+    axes.set_xlim(0, best_width)
+    axes.set_ylim(best_height, 0)
+    height, width = plan["image_size"]
+    unpadded_rows, unpadded_cols = plan["unpadded_grid"]
+    axes.set_title(
+        f"image {width}x{height} (w x h) -> canvas {best_width}x{best_height}, {rows} x {cols} tiles, "
+        f"{unpadded_rows} x {unpadded_cols} tile tokens kept", fontsize=10)
+    axes.figure.legend(handles=[
+        mpatches.Patch(facecolor="none", edgecolor=TILE_COLOUR, linewidth=2, label="tile"),
+        mpatches.Patch(facecolor=PADDING_COLOUR, alpha=0.55, hatch="//", label="padding"),
+        mpatches.Patch(facecolor="none", edgecolor=UNPADDED_COLOUR, linestyle="--", label="unpadded (kept)"),
+        mpatches.Patch(facecolor=DROPPED_COLOUR, alpha=0.25, label="cut by unpadding"),
+    ], loc="center", bbox_to_anchor=(0.5, 0.27), ncol=4, fontsize=8, frameon=False)
+    axes.set_xticks([])
+    axes.set_yticks([])
+
+
+def _draw_base_view(axes, image: Image.Image, plan: dict) -> None:
+    """The whole image squashed to one tile, with its feature cells (one base token each)."""
+    size = plan["tile_size"]
+    feat_rows, feat_cols = plan["view_feature_grid"]
+    base = image.convert("RGB").resize((size, size), Image.Resampling.BICUBIC)
+    axes.imshow(np.asarray(base), extent=(0, size, size, 0))
+    for r in range(1, feat_rows):
+        axes.plot([0, size], [r * size / feat_rows] * 2, color=CELL_COLOUR, linewidth=0.5, alpha=0.6)
+    for c in range(1, feat_cols):
+        axes.plot([c * size / feat_cols] * 2, [0, size], color=CELL_COLOUR, linewidth=0.5, alpha=0.6)
+    axes.set_xlim(0, size)
+    axes.set_ylim(size, 0)
+    axes.set_title(f"base view {size}x{size}: {feat_rows}x{feat_cols} tokens", fontsize=10)
+    axes.set_xticks([])
+    axes.set_yticks([])
+
+
+def _draw_budget_table(axes, budget_rows: list) -> None:
+    axes.axis("off")
+    table = axes.table(cellText=[[str(v) for v in row] for row in budget_rows],
+                       colLabels=["part", "layout", "tokens"], loc="center", cellLoc="left",
+                       colWidths=[0.15, 0.6, 0.15])
+    table.auto_set_font_size(False)
+    table.set_fontsize(10)
+    table.scale(1, 1.3)
+    for col in range(3):  # bold total row
+        table[len(budget_rows), col].set_text_props(fontweight="bold")
+
+
+def _rectangle(axes, box, **style) -> None:
+    left, top, right, bottom = box
+    axes.add_patch(mpatches.Rectangle((left, top), right - left, bottom - top, **style))
+
+
+def highlight_box(image: Image.Image, box, label: str | None = None, context_box=None,
+                  colour=(230, 25, 75)) -> Image.Image:
+    """A copy of ``image`` with ``box`` filled and outlined (and ``context_box``, e.g. its tile,
+    outlined in yellow); the rest dimmed a little so a small box stands out. Same size as ``image``."""
+    base = image.convert("RGB")
+    width, height = base.size
+    line = max(2, round(min(width, height) / 150))
+    overlay = Image.new("RGBA", base.size, (0, 0, 0, 70))  # dim everything
+    draw = ImageDraw.Draw(overlay)
+    left, top, right, bottom = _pixel_box(box, width, height)
+    draw.rectangle((left, top, right, bottom), fill=(*colour, 90))
+    if context_box is not None:
+        draw.rectangle(_pixel_box(context_box, width, height), outline=(255, 212, 0, 255), width=line)
+    draw.rectangle((left, top, right, bottom), outline=(*colour, 255), width=line)
+    if label:
+        text_y = top - 14 if top >= 14 else min(bottom + 2, height - 12)
+        text_box = draw.textbbox((left + 2, text_y), label)
+        draw.rectangle((text_box[0] - 2, text_box[1] - 1, text_box[2] + 2, text_box[3] + 1), fill=(0, 0, 0, 180))
+        draw.text((left + 2, text_y), label, fill=(255, 255, 255, 255))
+    return Image.alpha_composite(base.convert("RGBA"), overlay).convert("RGB")
+
+
+def _pixel_box(box, width: int, height: int) -> tuple[int, int, int, int]:
+    """Float box -> inclusive integer pixel rectangle for PIL, at least one pixel, inside the image."""
+    left, top, right, bottom = box
+    x0 = min(max(int(np.floor(left)), 0), width - 1)
+    y0 = min(max(int(np.floor(top)), 0), height - 1)
+    x1 = min(max(int(np.ceil(right)) - 1, x0), width - 1)
+    y1 = min(max(int(np.ceil(bottom)) - 1, y0), height - 1)
+    return x0, y0, x1, y1
