@@ -17,6 +17,7 @@ from g4v.engines import BACKENDS, Engine, create_engine
 from g4v.errors import G4VError
 from g4v.images import open_image
 from g4v.paths import ASSETS_DIR, EXAMPLES_DIR, REAL_MODEL_ID, default_model, is_bundled
+from g4v.tiling import highlight_token, load_tiling_config, tiling_report, token_at
 
 try:  # Hugging Face ZeroGPU: GPU work must run inside functions decorated with spaces.GPU.
     import spaces
@@ -123,12 +124,66 @@ def make_chat_fn(engine: Engine):
             stream = engine.stream(conversation, settings, cancel=threading.Event())
         except G4VError as err:
             raise gr.Error(str(err)) from None
+        last_image = _last_image_path(message, history)
         answer = ""
         for piece in stream:  # the stop button closes this generator, which stops generation
             answer += piece
-            yield answer
+            yield answer, last_image
 
     return chat
+
+
+def _last_image_path(message: dict, history: list[dict]) -> str | None:
+    """The newest image of the conversation, for "inspect the chat image" buttons."""
+    paths = [_file_path(f) for f in (message.get("files") or [])]
+    for entry in history:
+        paths.extend(_content_parts(entry.get("content") if isinstance(entry, dict) else None)[1])
+    return paths[-1] if paths else None
+
+
+# ── tiling ───────────────────────────────────────────────────────────────────────────────────
+
+
+def make_tiling_fns(config):
+    def analyse(image_path):
+        """Overlay, token-budget table and plan for one image."""
+        if not image_path:
+            raise gr.Error("upload an image first")
+        try:
+            overlay, rows, plan = tiling_report(image_path, config)
+            first_tile_token = plan.base_tokens
+            token_view = highlight_token(image_path, plan, first_tile_token)
+        except G4VError as err:
+            raise gr.Error(str(err)) from None
+        return overlay, rows, plan, first_tile_token, token_view, token_description(plan, first_tile_token)
+
+    def select_index(image_path, plan, index):
+        if plan is None or not image_path:
+            raise gr.Error("analyse an image first")
+        try:
+            return highlight_token(image_path, plan, index), token_description(plan, int(index))
+        except (G4VError, TypeError, ValueError) as err:
+            raise gr.Error(str(err)) from None
+
+    def select_click(image_path, plan, evt: gr.SelectData):
+        """Clicking the token view picks the tile token under the pointer."""
+        if plan is None or not image_path:
+            raise gr.Error("analyse an image first")
+        x, y = evt.index
+        token = token_at(plan, x, y) or token_at(plan, x, y, kind="base")
+        if token is None:
+            raise gr.Error(f"no token covers pixel ({x}, {y})")
+        return token.index, highlight_token(image_path, plan, token.index), token_description(plan, token.index)
+
+    return analyse, select_index, select_click
+
+
+def token_description(plan, index: int) -> str:
+    token = plan.tokens[index]
+    left, top, right, bottom = (round(v, 1) for v in token.box)
+    where = f"tile {token.tile}, " if token.tile is not None else ""
+    return (f"Token **{token.index}** of {plan.num_image_tokens}: {token.kind}, {where}row {token.row}, "
+            f"column {token.col}; covers x {left}-{right}, y {top}-{bottom} of the original image.")
 
 
 # ── layout ───────────────────────────────────────────────────────────────────────────────────
@@ -153,9 +208,12 @@ def example_messages() -> list[list]:
 
 
 def build_app(engine: Engine, model: str, concurrency: int = 1) -> gr.Blocks:
+    tiling_config = load_tiling_config(model)
     with gr.Blocks(title="Granite 4 Vision workbench") as demo:
         gr.Markdown("# Granite 4 Vision workbench")
         gr.Markdown(banner(model), elem_id="model-banner")
+        last_chat_image = gr.State(None)  # the newest image sent in Chat, for the inspection tabs
+
         with gr.Tab("Chat", id="chat"):
             max_new_tokens = gr.Slider(1, MAX_NEW_TOKENS_LIMIT, value=128, step=1, label="Max new tokens", render=False)
             temperature = gr.Slider(0.0, 2.0, value=0.0, step=0.05, label="Temperature (0 = greedy)", render=False)
@@ -170,11 +228,41 @@ def build_app(engine: Engine, model: str, concurrency: int = 1) -> gr.Blocks:
                 ),
                 additional_inputs=[max_new_tokens, temperature, top_p, seed],
                 additional_inputs_accordion="Sampling",
+                additional_outputs=[last_chat_image],
                 examples=example_messages(),
                 cache_examples=False,
                 concurrency_limit=concurrency,
                 api_name="chat",
             )
+
+        with gr.Tab("Tiling", id="tiling"):
+            gr.Markdown("Which anyres grid the model picks, how the image is resized and padded, and "
+                        "which pixels each image token covers.")
+            with gr.Row():
+                tiling_image = gr.Image(type="filepath", label="Image", sources=["upload"], height=320)
+                with gr.Column():
+                    tiling_from_chat = gr.Button("Use the last chat image")
+                    tiling_table = gr.Dataframe(headers=["part", "layout", "tokens"], label="Token budget",
+                                                interactive=False)
+            tiling_overlay = gr.Image(label="Grid, tiles, padding and unpadded region", interactive=False, format="png",
+                                      elem_id="tiling-overlay")
+            with gr.Row():
+                token_view = gr.Image(label="Selected token (click a spot to pick its token)", interactive=False,
+                                      format="png")
+                with gr.Column():
+                    token_index = gr.Number(label="Token index", precision=0, value=0)
+                    token_info = gr.Markdown()
+            tiling_plan = gr.State(None)
+
+            analyse, select_index, select_click = make_tiling_fns(tiling_config)
+            tiling_outputs = [tiling_overlay, tiling_table, tiling_plan, token_index, token_view, token_info]
+            tiling_image.upload(analyse, tiling_image, tiling_outputs, api_name="tiling")
+            tiling_from_chat.click(lambda path: path, last_chat_image, tiling_image, api_visibility="private").then(
+                analyse, tiling_image, tiling_outputs, api_visibility="private")
+            token_index.submit(select_index, [tiling_image, tiling_plan, token_index], [token_view, token_info],
+                               api_name="tiling_token")
+            token_view.select(select_click, [tiling_image, tiling_plan], [token_index, token_view, token_info],
+                              api_visibility="private")
     return demo
 
 

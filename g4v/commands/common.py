@@ -15,3 +15,10 @@ def add_model_flags(parser: argparse.ArgumentParser) -> None:
 def add_backend_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backend", default="auto", choices=BACKENDS,
                         help="inference backend (default: auto)")
+
+
+def add_adapters_dir_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--adapters-dir", default=None, metavar="DIR",
+                        help="folder(s) adapters may be read from, os.pathsep-separated "
+                             "(default: $G4V_ADAPTERS_DIR, else assets/adapters)")
+
