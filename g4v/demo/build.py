@@ -122,10 +122,10 @@ def to_hub_layout(state_dict: dict[str, torch.Tensor], dtype: torch.dtype) -> di
     return hub
 
 
-def save_weights(model: torch.nn.Module, folder: Path) -> str:
+def save_weights(model: torch.nn.Module, folder: Path, dtype: torch.dtype = STORAGE_DTYPE) -> str:
     """Write ``model.safetensors`` in the hub layout, in bf16 like the real checkpoint (it halves the
-    size; loading upcasts exactly); returns its SHA-256."""
-    tensors = to_hub_layout(model.state_dict(), STORAGE_DTYPE)
+    size; loading upcasts exactly) unless ``dtype`` says otherwise; returns its SHA-256."""
+    tensors = to_hub_layout(model.state_dict(), dtype)
     path = folder / WEIGHTS_FILE
     save_file(tensors, str(path), metadata={"format": "pt"})
     return sha256_file(path)

@@ -2,10 +2,17 @@
 
 It is also the reference the other backends are checked against, and the one the inspectors
 instrument, so it keeps the loaded model and processor reachable (``engine.loaded``).
+
+LoRA adapters are loaded into that same model with transformers' PEFT integration (no wrapper
+object: ``engine.model is engine.loaded.model`` stays the Granite model). Between requests every
+adapter is disabled, so code that runs the model directly sees the base model; a request with
+``adapter=NAME`` enables just that adapter while it holds the engine's lock.
 """
 
+import itertools
 import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 from transformers import StoppingCriteria, StoppingCriteriaList, TextIteratorStreamer, set_seed
@@ -38,6 +45,9 @@ class TransformersEngine(Engine):
         self.tokenizer = self.processor.tokenizer
         # One generation at a time: the model is shared, and a seed must hold for a whole request.
         self._lock = threading.Lock()
+        # name -> PEFT's name for it (PEFT names become module names: no dots, no slashes)
+        self._adapters: dict[str, str] = {}
+        self._adapter_ids = itertools.count(1)
         self.info = EngineInfo(
             backend="hf",
             model=model,
@@ -97,7 +107,7 @@ class TransformersEngine(Engine):
         self._check_adapter(adapter)
         inputs = self.prepare_inputs(messages, settings.max_new_tokens)
         prompt_tokens = inputs["input_ids"].shape[1]
-        with self._lock, torch.inference_mode():
+        with self._lock, self._adapter_enabled(adapter), torch.inference_mode():
             self._seed(settings)
             output = self.model.generate(**inputs, **self._generate_kwargs(settings))
         new_tokens = output[0, prompt_tokens:].tolist()
@@ -123,9 +133,11 @@ class TransformersEngine(Engine):
         settings = settings.validated()
         self._check_adapter(adapter)
         inputs = self.prepare_inputs(messages, settings.max_new_tokens)
-        return self._stream(inputs, settings, cancel or threading.Event())
+        return self._stream(inputs, settings, cancel or threading.Event(), adapter)
 
-    def _stream(self, inputs: dict, settings: SamplingSettings, cancel: threading.Event) -> Iterator[str]:
+    def _stream(
+        self, inputs: dict, settings: SamplingSettings, cancel: threading.Event, adapter: str | None = None
+    ) -> Iterator[str]:
         streamer = TextIteratorStreamer(self.tokenizer, skip_prompt=True, timeout=None, **_DECODE)
         consumer_gone = threading.Event()
         failure: list[BaseException] = []
@@ -144,7 +156,7 @@ class TransformersEngine(Engine):
                 failure.append(err)
                 streamer.end()
 
-        with self._lock:
+        with self._lock, self._adapter_enabled(adapter):
             worker = threading.Thread(target=run, name="g4v-hf-generate", daemon=True)
             worker.start()
             ended = False
@@ -166,6 +178,52 @@ class TransformersEngine(Engine):
                 worker.join()
         if failure:
             raise failure[0]
+
+    # ── adapters ─────────────────────────────────────────────────────────────────────────────
+
+    def register_adapter(self, name: str, path: str) -> None:
+        """Load a checked LoRA folder into the shared model as ``name`` (replacing an adapter of
+        that name); it stays disabled until a request asks for it."""
+        with self._lock:
+            if name in self._adapters:
+                self.model.delete_adapter(self._adapters.pop(name))
+            peft_name = f"g4v_adapter_{next(self._adapter_ids)}"
+            try:
+                self.model.load_adapter(str(path), adapter_name=peft_name)
+            except Exception as err:  # PEFT and file errors come in many types; the user needs one line
+                if peft_name in (getattr(self.model, "peft_config", None) or {}):
+                    self.model.delete_adapter(peft_name)  # undo a half-done load; the engine keeps serving
+                detail = (str(err).strip() or type(err).__name__).splitlines()[0][:300]
+                raise G4VError(f"could not load adapter {name}: {detail}") from None
+            self._adapters[name] = peft_name
+            self.model.disable_adapters()
+
+    def adapters(self) -> list[str]:
+        return sorted(self._adapters)
+
+    @contextmanager
+    def adapter_scope(self, adapter: str | None):
+        """Hold the engine with ``adapter`` enabled (``None``: the base model) and yield the model,
+        for callers that run their own forward passes (the token-level LoRA comparison)."""
+        self._check_adapter(adapter)
+        with self._lock, self._adapter_enabled(adapter):
+            yield self.model
+
+    @contextmanager
+    def _adapter_enabled(self, adapter: str | None):
+        """Enable only ``adapter`` for the duration (caller holds the lock), then disable all again.
+
+        With adapters disabled PEFT's LoRA layers call the original linear layer and nothing else,
+        so base outputs stay bit-identical to an engine that never loaded an adapter."""
+        if adapter is None or not self._adapters:
+            yield
+            return
+        self.model.enable_adapters()
+        self.model.set_adapter(self._adapters[adapter])
+        try:
+            yield
+        finally:
+            self.model.disable_adapters()
 
     def _check_adapter(self, adapter: str | None) -> None:
         if adapter is not None and adapter not in self.adapters():

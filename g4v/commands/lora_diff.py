@@ -1,0 +1,70 @@
+"""``python -m g4v lora-diff [--model M] --adapter A --image IMG --prompt P [--json]``: where an
+adapter's answer departs from the base model's, token by token (transformers backend)."""
+
+import json
+
+from g4v.commands.common import add_adapters_dir_flag, add_model_flags
+from g4v.conversation import Message, SamplingSettings, validate_conversation
+from g4v.images import open_image
+
+
+def add_parser(subparsers):
+    parser = subparsers.add_parser("lora-diff", help="compare base and adapter answers token by token")
+    add_model_flags(parser)
+    parser.add_argument("--adapter", required=True, help="adapter name or folder inside the adapter folders")
+    parser.add_argument("--image", action="append", default=[], metavar="PATH", help="an image (repeatable)")
+    parser.add_argument("--prompt", required=True, help="the question")
+    parser.add_argument("--max-new-tokens", type=int, default=48)
+    parser.add_argument("--json", action="store_true", help="print the full result as JSON")
+    parser.add_argument("--png", default=None, metavar="PATH", help="also save the highlighted answers as a PNG")
+    parser.add_argument("--plot", default=None, metavar="PATH", help="also save the per-token plot as a PNG")
+    add_adapters_dir_flag(parser)
+    return parser
+
+
+def run(args) -> int:
+    # Check everything the user typed before the (slow) model load.
+    messages = [Message("user", args.prompt, [open_image(path) for path in args.image])]
+    validate_conversation(messages)
+    settings = SamplingSettings(max_new_tokens=args.max_new_tokens).validated()
+    from g4v.adapters import adapter_dirs, resolve_adapter
+
+    resolve_adapter(args.adapter, adapter_dirs(args.adapters_dir))
+
+    from g4v.engines.hf import TransformersEngine
+    from g4v.lora import activate_adapter
+    from g4v.lora_diff import lora_diff
+    from g4v.paths import default_model
+
+    engine = TransformersEngine(args.model or default_model(), device=args.device, dtype=args.dtype)
+    spec = activate_adapter(engine, args.adapter, args.adapters_dir)
+    data = lora_diff(engine, messages, spec.name, settings).to_json()
+    _save_pictures(data, args.png, args.plot)
+    print(json.dumps(data, indent=2) if args.json else _report(data))
+    return 0
+
+
+def _save_pictures(data: dict, png: str | None, plot: str | None) -> None:
+    from viz.lora import diff_plot, diff_png, figure_png
+
+    if png:
+        diff_png(data).save(png)
+    if plot:
+        figure_png(diff_plot(data)).save(plot)
+
+
+def _report(data: dict) -> str:
+    lines = [
+        f"adapter: {data['adapter']}",
+        f"base:    {data['base_text']!r}",
+        f"adapter: {data['adapter_text']!r}",
+        f"first divergence: {'none' if data['first_divergence'] is None else 'token ' + str(data['first_divergence'])}",
+    ]
+    for key, title in (("base_tokens", "base answer"), ("adapter_tokens", "adapter answer")):
+        lines.append(f"\n{title}:  pos  token              logp_base  logp_adapter     delta        KL")
+        for t in data[key]:
+            lines.append(
+                f"  {t['position']:4d}  {t['text']!r:16.16} {t['logprob_base']:10.3f} {t['logprob_adapter']:13.3f} "
+                f"{t['delta']:+9.3f} {t['kl']:9.4f}"
+            )
+    return "\n".join(lines)

@@ -1,0 +1,183 @@
+"""The LoRA workbench: pick an adapter, see base and adapter answers side by side, see where they part.
+
+Plain functions (no Gradio) that the app's LoRA tab and the CLI call. An adapter name typed or
+picked by a user always goes through :mod:`g4v.adapters` (configured folders only, checked against
+the engine's model) before an engine loads it; a bad adapter raises a one-line
+:class:`~g4v.errors.G4VError` and leaves the engine serving as before.
+
+Side by side works on any engine with adapters: the transformers engine runs both requests on its
+one loaded model (adapter disabled, then enabled), vLLM with a per-request LoRA. Both requests get
+the same settings, seed included, so each column equals a separate run of the same request.
+"""
+
+import queue
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from g4v.adapters import AdapterSpec, adapter_dirs, list_adapters, load_adapter_spec
+from g4v.conversation import Message, SamplingSettings, validate_conversation
+from g4v.errors import G4VError
+from g4v.images import open_image
+
+
+@dataclass
+class SideBySide:
+    """Both answers so far."""
+
+    base: str = ""
+    adapter: str = ""
+    base_done: bool = False
+    adapter_done: bool = False
+
+
+def stream_side_by_side(
+    engine,
+    messages: list[Message],
+    settings: SamplingSettings,
+    adapter: str,
+    cancel: threading.Event | None = None,
+    concurrent: bool = False,
+) -> Iterator[SideBySide]:
+    """Stream the base answer, then the adapter answer; yields the updated pair after each piece.
+
+    ``concurrent=True`` runs both requests at once, so a batching backend (vLLM) serves them
+    together. It is off by default because vLLM's CPU build (0.32) gives a wrong base answer when
+    that request shares a batch with a LoRA request while more than one adapter is loaded (seen
+    here); one after the other, each column equals a separate run on every engine. Bad input
+    raises here, before anything streams. Closing the iterator or setting ``cancel`` stops both.
+    """
+    cancel = cancel or threading.Event()
+    if adapter not in engine.adapters():
+        raise G4VError(f"unknown adapter {adapter!r}")
+    base = engine.stream(messages, settings, cancel=cancel)  # validates the input now
+
+    def adapter_stream():  # submitted only when its turn comes, and not at all after a cancel
+        return iter(()) if cancel.is_set() else engine.stream(messages, settings, cancel=cancel, adapter=adapter)
+
+    if concurrent:
+        groups = [[("base", lambda: base)], [("adapter", adapter_stream)]]
+    else:
+        groups = [[("base", lambda: base), ("adapter", adapter_stream)]]
+    return _merge_streams(groups, cancel)
+
+
+_DONE = object()
+
+
+def _merge_streams(groups: list[list], cancel: threading.Event) -> Iterator[SideBySide]:
+    """Run each group of ``(side, make_stream)`` on its own thread, in order within a group, and
+    yield the combined state after every piece."""
+    pieces: queue.Queue = queue.Queue()
+
+    def pump(group):
+        for side, make_stream in group:
+            try:  # a cancelled stream still runs briefly: that is how it ends its request
+                for piece in make_stream():
+                    pieces.put((side, piece))
+            except BaseException as err:  # re-raised in the consumer's thread
+                pieces.put((side, err))
+            finally:
+                pieces.put((side, _DONE))
+
+    workers = [threading.Thread(target=pump, args=(group,), daemon=True, name="g4v-lora-side-by-side") for group in groups]
+    for worker in workers:
+        worker.start()
+    state, running = SideBySide(), {side for group in groups for side, _ in group}
+    try:
+        while running:
+            side, piece = pieces.get()
+            if piece is _DONE:
+                running.discard(side)
+                setattr(state, f"{side}_done", True)
+            elif isinstance(piece, BaseException):
+                raise piece
+            else:
+                setattr(state, side, getattr(state, side) + piece)
+            yield SideBySide(**vars(state))
+    finally:
+        cancel.set()
+        for worker in workers:
+            worker.join()
+
+
+# ── what the app's LoRA tab calls ──────────────────────────────────────────────────────────────
+
+
+def adapter_choices(adapters_dir=None) -> list[str]:
+    """Adapter names for a dropdown: the folders under the configured adapter folders."""
+    return list_adapters(adapter_dirs(adapters_dir))
+
+
+def activate_adapter(engine, choice: str, adapters_dir=None) -> AdapterSpec:
+    """Resolve and check ``choice`` against the engine's model, and register it with the engine
+    if it is new. Returns the checked adapter; ``spec.name`` is what to pass as ``adapter=``."""
+    spec = load_adapter_spec(choice, model_config(engine), adapter_dirs(adapters_dir))
+    if spec.name not in engine.adapters():
+        engine.register_adapter(spec.name, str(spec.path))
+    return spec
+
+
+def model_config(engine):
+    """The transformers config of the engine's model (loaded model, or its config file)."""
+    loaded = getattr(engine, "loaded", None)
+    if loaded is not None:
+        return loaded.model.config
+    from transformers import AutoConfig
+
+    from g4v.loading import resolve_source
+
+    return AutoConfig.from_pretrained(resolve_source(engine.info.model))
+
+
+def chat_input(prompt: str, images=()) -> list[Message]:
+    """One user turn from the tab's prompt box and images (PIL images or paths)."""
+    messages = [Message("user", prompt or "", [open_image(image) for image in images or ()])]
+    validate_conversation(messages)
+    return messages
+
+
+def lora_side_by_side(
+    engine,
+    adapter: str,
+    prompt: str,
+    images=(),
+    settings: SamplingSettings | None = None,
+    adapters_dir=None,
+    cancel: threading.Event | None = None,
+) -> Iterator[tuple[str, str]]:
+    """For the LoRA tab: yields ``(base_text, adapter_text)`` as both answers stream."""
+    messages = chat_input(prompt, images)
+    settings = (settings or SamplingSettings()).validated()
+    spec = activate_adapter(engine, adapter, adapters_dir)
+    for pair in stream_side_by_side(engine, messages, settings, spec.name, cancel):
+        yield pair.base, pair.adapter
+
+
+@dataclass
+class LoraDiffView:
+    """The token diff, ready to show: HTML highlighting, a matplotlib figure, the JSON numbers."""
+
+    html: str
+    figure: object  # matplotlib.figure.Figure
+    data: dict
+
+
+def lora_token_diff(
+    engine, adapter: str, prompt: str, images=(), max_new_tokens: int = 48, adapters_dir=None
+) -> LoraDiffView:
+    """For the LoRA tab: greedy answers with and without the adapter, scored token by token."""
+    from g4v.lora_diff import lora_diff
+    from viz.lora import diff_html, diff_plot
+
+    messages = chat_input(prompt, images)
+    settings = SamplingSettings(max_new_tokens=max_new_tokens).validated()
+    spec = activate_adapter(engine, adapter, adapters_dir)
+    data = lora_diff(engine, messages, spec.name, settings).to_json()
+    return LoraDiffView(html=diff_html(data), figure=diff_plot(data), data=data)
+
+
+def adapter_folder_help(adapters_dir=None) -> str:
+    """One line for the tab: where adapters are looked up."""
+    return "Adapters are read from: " + ", ".join(str(Path(d)) for d in adapter_dirs(adapters_dir))

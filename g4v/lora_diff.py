@@ -1,0 +1,151 @@
+"""What a LoRA adapter changes, token by token.
+
+Both models answer the same chat input; then each answer is teacher-forced through both models
+(the base answer through the adapter, the adapter answer through the base model, and each through
+its own model). At every answer position that gives the log-probability of the actual token under
+each model, their difference, the KL divergence between the two next-token distributions, and each
+model's greedy choice. The first position where the greedy choices differ is where the adapter
+starts steering the answer.
+
+This needs logits, so it runs on the transformers engine, whose single loaded model serves the
+base (adapters disabled) and the adapter (enabled) alike. Numbers are computed in float64 from the
+model's logits.
+"""
+
+from dataclasses import asdict, dataclass, field
+
+import torch
+from transformers import DynamicCache
+
+from g4v.conversation import Message, SamplingSettings
+from g4v.errors import G4VError
+
+
+@dataclass
+class TokenScore:
+    """One answer token, scored by both models from the same prefix."""
+
+    position: int  # index in the answer (0 = first generated token)
+    token_id: int
+    text: str
+    logprob_base: float
+    logprob_adapter: float
+    delta: float  # logprob_adapter - logprob_base: > 0 where the adapter favours this token
+    kl: float  # KL(adapter || base) of the next-token distributions at this position, in nats
+    greedy_base: int  # each model's most likely next token here
+    greedy_adapter: int
+
+
+@dataclass
+class ScoredAnswer:
+    """One model's answer with every token scored under both models."""
+
+    source: str  # "base" or "adapter": which model wrote it
+    text: str
+    tokens: list[TokenScore] = field(default_factory=list)
+
+    @property
+    def first_divergence(self) -> int | None:
+        """First position whose greedy choices differ between the models (None: never)."""
+        return next((t.position for t in self.tokens if t.greedy_base != t.greedy_adapter), None)
+
+
+@dataclass
+class LoraDiff:
+    adapter: str
+    base: ScoredAnswer  # the base model's answer
+    tuned: ScoredAnswer  # the adapter's answer
+
+    @property
+    def first_divergence(self) -> int | None:
+        """Where the greedy choices first differ, along either answer (they share the prefix
+        before it when both were decoded greedily)."""
+        found = [p for p in (self.base.first_divergence, self.tuned.first_divergence) if p is not None]
+        return min(found) if found else None
+
+    def to_json(self) -> dict:
+        return {
+            "adapter": self.adapter,
+            "base_text": self.base.text,
+            "adapter_text": self.tuned.text,
+            "first_divergence": self.first_divergence,
+            "base_tokens": [asdict(t) for t in self.base.tokens],
+            "adapter_tokens": [asdict(t) for t in self.tuned.tokens],
+        }
+
+
+def lora_diff(engine, messages: list[Message], adapter: str, settings: SamplingSettings | None = None) -> LoraDiff:
+    """Generate with and without ``adapter`` on a transformers engine, then score both answers."""
+    if not hasattr(engine, "adapter_scope"):
+        raise G4VError(f"token-level differences need the transformers backend (this engine is {engine.info.backend})")
+    settings = (settings or SamplingSettings(max_new_tokens=48)).validated()
+    base = engine.generate(messages, settings)
+    tuned = engine.generate(messages, settings, adapter=adapter)
+    return LoraDiff(
+        adapter=adapter,
+        base=score_answer(engine, messages, adapter, "base", base.text, _answer_tokens(engine, base)),
+        tuned=score_answer(engine, messages, adapter, "adapter", tuned.text, _answer_tokens(engine, tuned)),
+    )
+
+
+def _answer_tokens(engine, generation) -> list[int]:
+    """The generated tokens plus the end-of-text token when the model chose to stop: stopping is
+    a decision the adapter may change too."""
+    if generation.finish_reason == "stop":
+        return [*generation.token_ids, engine.tokenizer.eos_token_id]
+    return list(generation.token_ids)
+
+
+def score_answer(engine, messages: list[Message], adapter: str, source: str, text: str, tokens: list[int]) -> ScoredAnswer:
+    """Teacher-force ``tokens`` after the prompt through the base model and the adapter."""
+    if not tokens:
+        return ScoredAnswer(source=source, text=text)
+    base_logits = answer_logits(engine, messages, tokens, None)
+    adapter_logits = answer_logits(engine, messages, tokens, adapter)
+    return ScoredAnswer(source=source, text=text, tokens=compare_positions(engine.tokenizer, tokens, base_logits, adapter_logits))
+
+
+def answer_logits(engine, messages: list[Message], tokens: list[int], adapter: str | None) -> torch.Tensor:
+    """Logits (len(tokens), vocab) that predict each answer token from the prompt and the answer
+    before it.
+
+    Two passes, as ``generate`` runs them: the prompt with its images, then the answer on top of
+    the prompt's KV cache without images. (One pass over prompt + answer would treat an
+    ``<image>`` token that the model happened to generate as a placeholder needing features.)
+    """
+    inputs = engine.prepare_inputs(messages, max_new_tokens=len(tokens))
+    input_ids = inputs["input_ids"]
+    answer = torch.tensor([tokens[:-1]], dtype=input_ids.dtype, device=input_ids.device)
+    with engine.adapter_scope(adapter) as model, torch.inference_mode():
+        cache = DynamicCache(config=model.config.text_config)  # the model does not create one itself
+        prompt_pass = model(**inputs, past_key_values=cache, use_cache=True)
+        logits = [prompt_pass.logits[0, -1:]]
+        if answer.shape[1]:
+            mask = torch.ones((1, input_ids.shape[1] + answer.shape[1]), dtype=inputs["attention_mask"].dtype, device=input_ids.device)
+            answer_pass = model(input_ids=answer, attention_mask=mask, past_key_values=cache, use_cache=True)
+            logits.append(answer_pass.logits[0])
+    return torch.cat(logits).double().cpu()
+
+
+def compare_positions(tokenizer, tokens: list[int], base_logits: torch.Tensor, adapter_logits: torch.Tensor) -> list[TokenScore]:
+    """Per-position numbers from the two models' logits (float64)."""
+    base_lp = torch.log_softmax(base_logits.double(), dim=-1)
+    adapter_lp = torch.log_softmax(adapter_logits.double(), dim=-1)
+    kl = (adapter_lp.exp() * (adapter_lp - base_lp)).sum(dim=-1)
+    scores = []
+    for position, token in enumerate(tokens):
+        lp_base, lp_adapter = base_lp[position, token].item(), adapter_lp[position, token].item()
+        scores.append(
+            TokenScore(
+                position=position,
+                token_id=int(token),
+                text=tokenizer.decode([token], skip_special_tokens=False, clean_up_tokenization_spaces=False),
+                logprob_base=lp_base,
+                logprob_adapter=lp_adapter,
+                delta=lp_adapter - lp_base,
+                kl=max(kl[position].item(), 0.0),  # rounding can leave -1e-17
+                greedy_base=int(base_lp[position].argmax()),
+                greedy_adapter=int(adapter_lp[position].argmax()),
+            )
+        )
+    return scores

@@ -1,0 +1,139 @@
+"""Pictures of a LoRA token diff: highlighted answers (HTML and PNG) and a per-token plot.
+
+Input is the plain dict ``g4v.lora_diff.LoraDiff.to_json()`` returns (the same JSON that
+``python -m g4v lora-diff --json`` prints), so a saved diff can be redrawn without the model.
+Colour encodes ``delta = logprob_adapter - logprob_base``: green where the adapter likes the
+token more than the base model, red where less; the first position where the two models' greedy
+choices differ is boxed. No torch here; matplotlib draws off-screen (no pyplot state).
+"""
+
+import html
+import io
+
+import numpy as np
+from matplotlib.figure import Figure
+from PIL import Image, ImageDraw, ImageFont
+
+#: |delta| (nats) at which the colour saturates.
+DELTA_SCALE = 4.0
+_ANSWERS = (("base_tokens", "Base answer"), ("adapter_tokens", "Adapter answer"))
+
+
+def delta_colour(delta: float) -> tuple[int, int, int]:
+    """White at 0, towards green for positive and red for negative deltas."""
+    strength = float(np.clip(abs(delta) / DELTA_SCALE, 0.0, 1.0))
+    target = (60, 170, 80) if delta > 0 else (220, 70, 60)
+    return tuple(round(255 + (channel - 255) * strength) for channel in target)
+
+
+def _visible(text: str) -> str:
+    """Token text as shown: line breaks and tabs drawn as symbols so every token has a box."""
+    return text.replace("\n", "⏎").replace("\t", "⇥") or "∅"
+
+
+def _tooltip(token: dict) -> str:
+    return (
+        f"position {token['position']}: log p base {token['logprob_base']:.3f}, "
+        f"adapter {token['logprob_adapter']:.3f}, delta {token['delta']:+.3f}, KL {token['kl']:.4f}"
+    )
+
+
+# ── HTML ───────────────────────────────────────────────────────────────────────────────────────
+
+
+def diff_html(diff: dict) -> str:
+    """Both answers as coloured token spans with the numbers in each span's tooltip."""
+    first = diff.get("first_divergence")
+    summary = "the greedy choices never differ" if first is None else f"greedy choices first differ at token {first}"
+    parts = [
+        '<div class="g4v-lora-diff" style="font-family: monospace; line-height: 1.9">',
+        f"<p><b>Adapter {html.escape(str(diff.get('adapter', '')))}</b>: {summary}. "
+        "Green: the adapter favours the token; red: the base model does.</p>",
+    ]
+    for key, title in _ANSWERS:
+        parts.append(f"<p><b>{title}</b><br>")
+        for token in diff.get(key, []):
+            parts.append(_token_span(token, token["position"] == first))
+        parts.append("</p>")
+    parts.append("</div>")
+    return "".join(parts)
+
+
+def _token_span(token: dict, divergent: bool) -> str:
+    r, g, b = delta_colour(token["delta"])
+    border = "2px solid #1f4fd1" if divergent else "1px solid #ddd"
+    style = f"background: rgb({r},{g},{b}); border: {border}; padding: 0 1px; white-space: pre"
+    text = html.escape(_visible(token["text"]))
+    return f'<span style="{style}" title="{html.escape(_tooltip(token))}">{text}</span>'
+
+
+# ── PNG ────────────────────────────────────────────────────────────────────────────────────────
+
+
+def diff_png(diff: dict, width: int = 900) -> Image.Image:
+    """The highlighted answers drawn as a picture (for reports and the CLI)."""
+    font = ImageFont.load_default(size=15)
+    line_height, margin = 24, 10
+    lines: list[list] = []  # per line: (x, title or token, divergent)
+    first = diff.get("first_divergence")
+    for key, title in _ANSWERS:
+        lines.append([(margin, title, False)])
+        x, line = margin, []
+        for token in diff.get(key, []):
+            text = _visible(token["text"])
+            box_width = font.getlength(text) + 4
+            if x + box_width > width - margin and line:
+                lines.append(line)
+                x, line = margin, []
+            line.append((x, token, token["position"] == first))
+            x += box_width + 1
+        lines.append(line)
+    image = Image.new("RGB", (width, margin * 2 + line_height * len(lines)), "white")
+    draw = ImageDraw.Draw(image)
+    for row, line in enumerate(lines):
+        y = margin + row * line_height
+        for x, item, divergent in line:
+            if isinstance(item, str):
+                draw.text((x, y), item, fill="black", font=font)
+                continue
+            text = _visible(item["text"])
+            box = (x, y, x + font.getlength(text) + 4, y + line_height - 3)
+            outline = (31, 79, 209) if divergent else (220, 220, 220)
+            draw.rectangle(box, fill=delta_colour(item["delta"]), outline=outline, width=2 if divergent else 1)
+            draw.text((x + 2, y + 2), text, fill="black", font=font)
+    return image
+
+
+# ── plot ───────────────────────────────────────────────────────────────────────────────────────
+
+
+def diff_plot(diff: dict) -> Figure:
+    """Per answer: the token's log-probability under each model, and the KL between the two
+    next-token distributions; the first divergence is a dashed line."""
+    figure = Figure(figsize=(9, 5.5), layout="constrained")
+    axes = figure.subplots(2, 1, sharex=False)
+    first = diff.get("first_divergence")
+    for ax, (key, title) in zip(axes, _ANSWERS):
+        tokens = diff.get(key, [])
+        positions = np.array([t["position"] for t in tokens])
+        if len(positions):
+            ax.plot(positions, [t["logprob_base"] for t in tokens], "o-", ms=3, label="log p (base)", color="#555")
+            ax.plot(positions, [t["logprob_adapter"] for t in tokens], "o-", ms=3, label="log p (adapter)", color="#1f77b4")
+            kl_axis = ax.twinx()
+            kl_axis.bar(positions, [t["kl"] for t in tokens], color="#ff7f0e", alpha=0.35, label="KL(adapter || base)")
+            kl_axis.set_ylabel("KL (nats)")
+            kl_axis.legend(loc="lower right", fontsize=8)
+        if first is not None:
+            ax.axvline(first, color="#1f4fd1", linestyle="--", linewidth=1, label="first divergence")
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel("answer token")
+        ax.set_ylabel("log-probability")
+        ax.legend(loc="lower left", fontsize=8)
+    return figure
+
+
+def figure_png(figure: Figure) -> Image.Image:
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=100)
+    buffer.seek(0)
+    return Image.open(buffer).convert("RGB")
