@@ -17,6 +17,7 @@ from g4v.engines import BACKENDS, Engine, create_engine
 from g4v.errors import G4VError
 from g4v.images import open_image
 from g4v.paths import ASSETS_DIR, EXAMPLES_DIR, REAL_MODEL_ID, default_model, is_bundled
+from g4v.lora import adapter_choices, adapter_folder_help, lora_side_by_side, lora_token_diff
 from g4v.tiling import highlight_token, load_tiling_config, tiling_report, token_at
 
 try:  # Hugging Face ZeroGPU: GPU work must run inside functions decorated with spaces.GPU.
@@ -50,6 +51,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--concurrency", type=int, default=int(env("G4V_CONCURRENCY", "1")),
                         help="requests run on the model at once; the rest wait in the queue")
     parser.add_argument("--max-queue", type=int, default=int(env("G4V_MAX_QUEUE", "32")))
+    parser.add_argument("--adapters-dir", default=env("G4V_ADAPTERS_DIR"),
+                        help="folder(s) LoRA adapters may be loaded from (default: assets/adapters)")
     return parser.parse_args(argv)
 
 
@@ -186,6 +189,41 @@ def token_description(plan, index: int) -> str:
             f"column {token.col}; covers x {left}-{right}, y {top}-{bottom} of the original image.")
 
 
+# ── LoRA ─────────────────────────────────────────────────────────────────────────────────────
+
+
+def _images_of(image_path) -> list[str]:
+    return [image_path] if image_path else []
+
+
+def make_lora_fns(engine: Engine, adapters_dir):
+    @gpu_task
+    def side_by_side(adapter, image_path, prompt, max_new_tokens, temperature, seed):
+        """Base and adapter answers, streamed together with the same settings and seed."""
+        try:
+            settings = SamplingSettings(
+                max_new_tokens=int(max_new_tokens), temperature=float(temperature),
+                seed=None if seed in (None, "", -1) else int(seed),
+            ).validated(MAX_NEW_TOKENS_LIMIT)
+            pairs = lora_side_by_side(engine, adapter or "", prompt, _images_of(image_path), settings,
+                                      adapters_dir=adapters_dir, cancel=threading.Event())
+            yield from pairs
+        except G4VError as err:
+            raise gr.Error(str(err)) from None
+
+    @gpu_task
+    def token_diff(adapter, image_path, prompt, max_new_tokens):
+        """Greedy answers with and without the adapter, scored token by token under both."""
+        try:
+            view = lora_token_diff(engine, adapter or "", prompt, _images_of(image_path), int(max_new_tokens),
+                                   adapters_dir=adapters_dir)
+        except G4VError as err:
+            raise gr.Error(str(err)) from None
+        return view.html, view.figure, view.data
+
+    return side_by_side, token_diff
+
+
 # ── layout ───────────────────────────────────────────────────────────────────────────────────
 
 
@@ -207,7 +245,7 @@ def example_messages() -> list[list]:
     return [[{"text": prompt, "files": [str(path)]}, 128, 0.0, 1.0, 0] for path, prompt in zip(pictures, prompts)]
 
 
-def build_app(engine: Engine, model: str, concurrency: int = 1) -> gr.Blocks:
+def build_app(engine: Engine, model: str, concurrency: int = 1, adapters_dir=None) -> gr.Blocks:
     tiling_config = load_tiling_config(model)
     with gr.Blocks(title="Granite 4 Vision workbench") as demo:
         gr.Markdown("# Granite 4 Vision workbench")
@@ -263,7 +301,59 @@ def build_app(engine: Engine, model: str, concurrency: int = 1) -> gr.Blocks:
                                api_name="tiling_token")
             token_view.select(select_click, [tiling_image, tiling_plan], [token_index, token_view, token_info],
                               api_visibility="private")
+
+        with gr.Tab("LoRA", id="lora"):
+            gr.Markdown("Base model and adapter answers side by side, and where they differ token by token. "
+                        + adapter_folder_help(adapters_dir))
+            with gr.Row():
+                choices = adapter_choices(adapters_dir)
+                lora_adapter = gr.Dropdown(choices, value=choices[0] if choices else None, label="Adapter",
+                                           allow_custom_value=True)
+                lora_image = gr.Image(type="filepath", label="Image (optional)", sources=["upload"], height=200)
+                with gr.Column():
+                    lora_from_chat = gr.Button("Use the last chat image")
+                    lora_max_new_tokens = gr.Slider(1, 256, value=48, step=1, label="Max new tokens")
+                    lora_temperature = gr.Slider(0.0, 2.0, value=0.0, step=0.05, label="Temperature (0 = greedy)")
+                    lora_seed = gr.Number(value=0, precision=0, label="Seed")
+            lora_prompt = gr.Textbox(label="Prompt", value="What colour is the shape?")
+            with gr.Row():
+                lora_run = gr.Button("Run side by side", variant="primary")
+                lora_diff_run = gr.Button("Token-level difference")
+                lora_stop = gr.Button("Stop")
+            with gr.Row():
+                base_answer = gr.Textbox(label="Base model", lines=4, interactive=False)
+                adapter_answer = gr.Textbox(label="With adapter", lines=4, interactive=False)
+            lora_diff_html = gr.HTML()
+            lora_diff_plot = gr.Plot(label="Log-probabilities and KL per token")
+            lora_diff_json = gr.JSON(label="Numbers", visible=False)
+
+            side_by_side, token_diff = make_lora_fns(engine, adapters_dir)
+            lora_from_chat.click(lambda path: path, last_chat_image, lora_image, api_visibility="private")
+            running = lora_run.click(
+                side_by_side,
+                [lora_adapter, lora_image, lora_prompt, lora_max_new_tokens, lora_temperature, lora_seed],
+                [base_answer, adapter_answer], api_name="lora_side_by_side",
+            )
+            lora_stop.click(None, cancels=[running], api_visibility="private")
+            lora_diff_run.click(
+                token_diff, [lora_adapter, lora_image, lora_prompt, lora_max_new_tokens],
+                [lora_diff_html, lora_diff_plot, lora_diff_json], api_name="lora_diff",
+            )
     return demo
+
+
+#: Handlers that run the model. ChatInterface registers its own (``_stream_fn``) and takes no
+#: concurrency_id, so the shared group is set after the layout is built.
+MODEL_HANDLERS = {"_stream_fn", "_submit_fn", "side_by_side", "token_diff", "inspect"}
+
+
+def share_model_queue(demo: gr.Blocks, limit: int) -> None:
+    """Put every model-bound event in one concurrency group: at most ``limit`` run at once, across
+    tabs, and the rest wait their turn in the (bounded) queue."""
+    for block_fn in demo.fns.values():
+        if block_fn.name in MODEL_HANDLERS:
+            block_fn.concurrency_id = "model"
+            block_fn.concurrency_limit = limit
 
 
 def main(argv=None) -> None:
@@ -272,7 +362,8 @@ def main(argv=None) -> None:
         engine = create_engine(args.backend, args.model, device=args.device, dtype=args.dtype)
     except G4VError as err:
         raise SystemExit(f"error: {err}") from None
-    demo = build_app(engine, args.model, args.concurrency)
+    demo = build_app(engine, args.model, args.concurrency, adapters_dir=args.adapters_dir)
+    share_model_queue(demo, args.concurrency)
     demo.queue(max_size=args.max_queue, default_concurrency_limit=args.concurrency)
     demo.launch(
         server_name=args.host,

@@ -35,3 +35,34 @@ def test_tiling_token_endpoint_selects_a_token(client):
     assert "Token **3**" in info and "base" in info
     with pytest.raises(Exception, match="out of range"):
         client.predict(handle_file(str(EXAMPLE)), 10**6, api_name="/tiling_token")
+
+
+def test_lora_side_by_side_endpoint_equals_separate_runs(client, hf_engine):
+    from g4v.conversation import Message, SamplingSettings
+    from g4v.lora import activate_adapter
+
+    base, adapted = client.predict("demo-lora", handle_file(str(EXAMPLE)), "What colour is it?", 10, 0.0, 0,
+                                   api_name="/lora_side_by_side")
+    messages = [Message("user", "What colour is it?", [Image.open(EXAMPLE).convert("RGB")])]
+    settings = SamplingSettings(max_new_tokens=10)
+    name = activate_adapter(hf_engine, "demo-lora").name
+    assert base == hf_engine.generate(messages, settings).text
+    assert adapted == hf_engine.generate(messages, settings, adapter=name).text
+    assert base != adapted
+
+
+def test_lora_diff_endpoint_reports_tokens(client):
+    html, plot, data = client.predict("demo-lora", handle_file(str(EXAMPLE)), "What colour is it?", 8,
+                                      api_name="/lora_diff")
+    assert "<" in html and plot is not None
+    assert {"base_text", "adapter_text", "first_divergence"} <= set(data)
+
+
+@pytest.mark.parametrize("adapter, words", [("no-such-adapter", "adapter"), ("/etc", "outside")])
+def test_lora_refuses_unknown_and_outside_adapters(client, adapter, words):
+    with pytest.raises(Exception) as err:
+        client.predict(adapter, None, "Hi", 4, 0.0, 0, api_name="/lora_side_by_side")
+    assert words in str(err.value) and "\n" not in str(err.value).strip()
+    # and the app keeps serving
+    base, _ = client.predict("demo-lora", None, "Hi", 4, 0.0, 0, api_name="/lora_side_by_side")
+    assert isinstance(base, str)
