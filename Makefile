@@ -1,10 +1,12 @@
-# make run   - set up and serve the app on the bundled checkpoint (http://127.0.0.1:7860)
-# make test  - set up and run the whole test suite
+# make run       - set up and serve the app on the bundled checkpoint (http://127.0.0.1:7860)
+# make test      - set up and run the whole test suite (main venv, browser, then the vLLM CPU venv)
+# make test-vllm - only the vLLM tests, in their own environment (scripts/setup_vllm_cpu_env.sh)
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
+VLLM_PY := .venv-vllm/bin/python
 
-.PHONY: setup run test checkpoint
+.PHONY: setup run test test-main test-vllm browser checkpoint
 setup: $(VENV)/.g4v-stamp
 
 $(VENV)/.g4v-stamp: requirements.txt requirements-dev.txt
@@ -15,8 +17,17 @@ $(VENV)/.g4v-stamp: requirements.txt requirements-dev.txt
 run: setup
 	$(PY) app.py
 
-test: setup
+browser:
+	scripts/setup_browser.sh
+
+test: test-main test-vllm
+
+test-main: setup browser
 	$(PY) -m pytest
+
+test-vllm:
+	scripts/setup_vllm_cpu_env.sh
+	$(VLLM_PY) -m pytest tests/vllm
 
 checkpoint: setup
 	$(PY) -m g4v.demo build

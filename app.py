@@ -12,13 +12,16 @@ from pathlib import Path
 
 import gradio as gr
 
+from g4v.commands.engine_flags import add_engine_flags, engine_options
 from g4v.conversation import Message, SamplingSettings, validate_conversation
 from g4v.engines import BACKENDS, Engine, create_engine
 from g4v.errors import G4VError
 from g4v.images import open_image
 from g4v.paths import ASSETS_DIR, EXAMPLES_DIR, REAL_MODEL_ID, default_model, is_bundled
-from g4v.lora import adapter_choices, adapter_folder_help, lora_side_by_side, lora_token_diff
-from g4v.tiling import highlight_token, load_tiling_config, tiling_report, token_at
+from g4v.deepstack import describe_levels, parse_scale_specs
+from g4v.inspection import run_inspection
+from g4v.lora import adapter_choices, adapter_folder_help, lora_side_by_side, lora_token_diff, model_config
+from g4v.tiling import highlight_token, tiling_report, token_at
 
 try:  # Hugging Face ZeroGPU: GPU work must run inside functions decorated with spaces.GPU.
     import spaces
@@ -53,6 +56,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--max-queue", type=int, default=int(env("G4V_MAX_QUEUE", "32")))
     parser.add_argument("--adapters-dir", default=env("G4V_ADAPTERS_DIR"),
                         help="folder(s) LoRA adapters may be loaded from (default: assets/adapters)")
+    add_engine_flags(parser)  # --base-url/--api-key (openai) and vLLM's own settings (vllm)
     return parser.parse_args(argv)
 
 
@@ -150,6 +154,8 @@ def _last_image_path(message: dict, history: list[dict]) -> str | None:
 def make_tiling_fns(config):
     def analyse(image_path):
         """Overlay, token-budget table and plan for one image."""
+        if config is None:
+            raise gr.Error("the tiling inspector needs the model's config.json, which this backend does not expose")
         if not image_path:
             raise gr.Error("upload an image first")
         try:
@@ -187,6 +193,46 @@ def token_description(plan, index: int) -> str:
     where = f"tile {token.tile}, " if token.tile is not None else ""
     return (f"Token **{token.index}** of {plan.num_image_tokens}: {token.kind}, {where}row {token.row}, "
             f"column {token.col}; covers x {left}-{right}, y {top}-{bottom} of the original image.")
+
+
+# ── Deepstack ────────────────────────────────────────────────────────────────────────────────
+
+LEVEL_COLUMNS = ["level", "kind", "vision layer", "LLM layer", "injected norm", "residual before", "residual after"]
+
+
+def make_inspect_fn(engine: Engine):
+    @gpu_task
+    def inspect(image_path, prompt, ablate, scales_text, full):
+        """Capture the 8 injections for one image and prompt; ablate or scale levels if asked."""
+        try:
+            scales = parse_scale_specs(part.strip() for part in (scales_text or "").split(",") if part.strip())
+            result = run_inspection(engine, image_path, prompt, ablate=ablate or (), scale=scales, full=bool(full))
+        except G4VError as err:
+            raise gr.Error(str(err)) from None
+        rows = [[lv["name"], lv["kind"], lv["vision_layer"], lv["llm_layer"], round(lv["injected_norm_mean"], 3),
+                 round(lv["residual_norm_before_mean"], 3), round(lv["residual_norm_after_mean"], 3)]
+                for lv in result.summary["levels"]]
+        figures = result.figures
+        return (rows, figures["norms"], figures["trajectory"], figures["heatmaps_tile"], figures["heatmaps_base"],
+                ablation_report(result.summary), str(result.export_zip))
+
+    return inspect
+
+
+def ablation_report(summary: dict) -> str:
+    top = ", ".join(f"`{t['text']}` {t['prob']:.3f}" for t in summary["next_token_top5"])
+    lines = [f"**Next token (top 5):** {top}", f"**Greedy continuation:** `{summary['continuation']}`"]
+    ablation = summary.get("ablation")
+    if ablation:
+        after = ", ".join(f"`{t['text']}` {t['prob']:.3f}" for t in ablation["top5_after"])
+        changed = {name: f for name, f in ablation["scales"].items() if f != 1.0}
+        lines += [
+            f"**Changed levels:** {', '.join(f'{n} x{f:g}' for n, f in changed.items())}",
+            f"**KL(before || after) of the next token:** {ablation['kl_divergence']:.4g}",
+            f"**Top 5 after:** {after}",
+            f"**Greedy continuation after:** `{ablation['continuation_after']}`",
+        ]
+    return "\n\n".join(lines)
 
 
 # ── LoRA ─────────────────────────────────────────────────────────────────────────────────────
@@ -245,8 +291,17 @@ def example_messages() -> list[list]:
     return [[{"text": prompt, "files": [str(path)]}, 128, 0.0, 1.0, 0] for path, prompt in zip(pictures, prompts)]
 
 
+def local_config(engine: Engine):
+    """The model's transformers config, or None when it cannot be read here (a remote server's
+    served model name); the Tiling and Deepstack tabs need it."""
+    try:
+        return model_config(engine)
+    except (G4VError, OSError, ValueError):
+        return None
+
+
 def build_app(engine: Engine, model: str, concurrency: int = 1, adapters_dir=None) -> gr.Blocks:
-    tiling_config = load_tiling_config(model)
+    config = local_config(engine)
     with gr.Blocks(title="Granite 4 Vision workbench") as demo:
         gr.Markdown("# Granite 4 Vision workbench")
         gr.Markdown(banner(model), elem_id="model-banner")
@@ -279,7 +334,7 @@ def build_app(engine: Engine, model: str, concurrency: int = 1, adapters_dir=Non
             with gr.Row():
                 tiling_image = gr.Image(type="filepath", label="Image", sources=["upload"], height=320)
                 with gr.Column():
-                    tiling_from_chat = gr.Button("Use the last chat image")
+                    tiling_from_chat = gr.Button("Use the last chat image", elem_id="tiling-from-chat")
                     tiling_table = gr.Dataframe(headers=["part", "layout", "tokens"], label="Token budget",
                                                 interactive=False)
             tiling_overlay = gr.Image(label="Grid, tiles, padding and unpadded region", interactive=False, format="png",
@@ -292,7 +347,7 @@ def build_app(engine: Engine, model: str, concurrency: int = 1, adapters_dir=Non
                     token_info = gr.Markdown()
             tiling_plan = gr.State(None)
 
-            analyse, select_index, select_click = make_tiling_fns(tiling_config)
+            analyse, select_index, select_click = make_tiling_fns(config)
             tiling_outputs = [tiling_overlay, tiling_table, tiling_plan, token_index, token_view, token_info]
             tiling_image.upload(analyse, tiling_image, tiling_outputs, api_name="tiling")
             tiling_from_chat.click(lambda path: path, last_chat_image, tiling_image, api_visibility="private").then(
@@ -301,6 +356,37 @@ def build_app(engine: Engine, model: str, concurrency: int = 1, adapters_dir=Non
                                api_name="tiling_token")
             token_view.select(select_click, [tiling_image, tiling_plan], [token_index, token_view, token_info],
                               api_visibility="private")
+
+        with gr.Tab("Deepstack", id="deepstack"):
+            gr.Markdown("What each of the 8 injections carries into the language model, where, and what "
+                        "changes when a level is zeroed or scaled.")
+            level_names = [level.name for level in describe_levels(config)] if config is not None else []
+            with gr.Row():
+                inspect_image = gr.Image(type="filepath", label="Image", sources=["upload"], height=240)
+                with gr.Column():
+                    inspect_from_chat = gr.Button("Use the last chat image", elem_id="deepstack-from-chat")
+                    inspect_prompt = gr.Textbox(label="Prompt", value="What colour is the shape?")
+                    inspect_ablate = gr.CheckboxGroup(level_names, label="Ablate (zero) these levels")
+                    inspect_scales = gr.Textbox(label="Scale levels", placeholder="e.g. deepstack0=0.5, spatial_TL=2")
+                    inspect_full = gr.Checkbox(label="Keep full tensors in the export")
+                    inspect_run = gr.Button("Inspect", variant="primary", elem_id="deepstack-run")
+            inspect_table = gr.Dataframe(headers=LEVEL_COLUMNS, label="Levels", interactive=False)
+            inspect_report = gr.Markdown()
+            with gr.Row():
+                inspect_norms = gr.Image(label="Injected vs residual norms", format="png", elem_id="deepstack-norms")
+                inspect_trajectory = gr.Image(label="Residual norm through the layers", format="png")
+            inspect_heat_tiles = gr.Image(label="Injected norm over the image (tiles)", format="png")
+            inspect_heat_base = gr.Image(label="Injected norm over the image (base view)", format="png")
+            inspect_export = gr.File(label="Export (summary.json, PNGs, capture.safetensors)")
+
+            inspect_from_chat.click(lambda path: path, last_chat_image, inspect_image, api_visibility="private")
+            inspect_run.click(
+                make_inspect_fn(engine),
+                [inspect_image, inspect_prompt, inspect_ablate, inspect_scales, inspect_full],
+                [inspect_table, inspect_norms, inspect_trajectory, inspect_heat_tiles, inspect_heat_base,
+                 inspect_report, inspect_export],
+                api_name="inspect",
+            )
 
         with gr.Tab("LoRA", id="lora"):
             gr.Markdown("Base model and adapter answers side by side, and where they differ token by token. "
@@ -311,7 +397,7 @@ def build_app(engine: Engine, model: str, concurrency: int = 1, adapters_dir=Non
                                            allow_custom_value=True)
                 lora_image = gr.Image(type="filepath", label="Image (optional)", sources=["upload"], height=200)
                 with gr.Column():
-                    lora_from_chat = gr.Button("Use the last chat image")
+                    lora_from_chat = gr.Button("Use the last chat image", elem_id="lora-from-chat")
                     lora_max_new_tokens = gr.Slider(1, 256, value=48, step=1, label="Max new tokens")
                     lora_temperature = gr.Slider(0.0, 2.0, value=0.0, step=0.05, label="Temperature (0 = greedy)")
                     lora_seed = gr.Number(value=0, precision=0, label="Seed")
@@ -359,7 +445,7 @@ def share_model_queue(demo: gr.Blocks, limit: int) -> None:
 def main(argv=None) -> None:
     args = parse_args(argv)
     try:
-        engine = create_engine(args.backend, args.model, device=args.device, dtype=args.dtype)
+        engine = create_engine(args.backend, args.model, **engine_options(args))
     except G4VError as err:
         raise SystemExit(f"error: {err}") from None
     demo = build_app(engine, args.model, args.concurrency, adapters_dir=args.adapters_dir)

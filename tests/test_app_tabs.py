@@ -66,3 +66,27 @@ def test_lora_refuses_unknown_and_outside_adapters(client, adapter, words):
     # and the app keeps serving
     base, _ = client.predict("demo-lora", None, "Hi", 4, 0.0, 0, api_name="/lora_side_by_side")
     assert isinstance(base, str)
+
+
+def test_deepstack_endpoint_reports_eight_levels_and_an_ablation(client):
+    table, norms, trajectory, heat_tiles, heat_base, report, export = client.predict(
+        handle_file(str(EXAMPLE)), "What colour is it?", ["deepstack0", "spatial_TL"], "deepstack1=0.5", False,
+        api_name="/inspect",
+    )
+    rows = table["data"]
+    assert len(rows) == 8
+    assert sorted(row[3] for row in rows) == sorted([3, 2, 1, 0, 4, 5, 6, 7])  # LLM layers of the bundled map
+    for picture in (norms, trajectory, heat_tiles, heat_base):
+        assert Image.open(picture).size[0] > 100
+    assert "KL" in report and "deepstack0 x0" in report
+    import zipfile
+
+    names = zipfile.ZipFile(export).namelist()
+    assert "summary.json" in names and "capture.safetensors" in names
+    summary = json.loads(zipfile.ZipFile(export).read("summary.json"))
+    assert summary["ablation"]["ablated"] == ["deepstack0", "spatial_TL"]
+
+
+def test_deepstack_refuses_unknown_levels(client):
+    with pytest.raises(Exception, match="level"):
+        client.predict(handle_file(str(EXAMPLE)), "Hi", [], "nosuchlevel=2", False, api_name="/inspect")

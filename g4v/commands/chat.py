@@ -3,6 +3,7 @@
 import sys
 
 from g4v.commands.common import add_backend_flag, add_model_flags
+from g4v.commands.engine_flags import add_engine_flags, engine_options
 from g4v.conversation import Message, SamplingSettings, validate_conversation
 from g4v.images import open_image
 
@@ -11,6 +12,7 @@ def add_parser(subparsers):
     parser = subparsers.add_parser("chat", help="answer a prompt about zero or more images")
     add_model_flags(parser)
     add_backend_flag(parser)
+    add_engine_flags(parser)
     parser.add_argument("--image", action="append", default=[], metavar="PATH", help="an image (repeatable)")
     parser.add_argument("--max-new-tokens", type=int, default=256)
     parser.add_argument("--temperature", type=float, default=0.0, help="0 (default) decodes greedily")
@@ -29,7 +31,8 @@ def run(args) -> int:
 
     from g4v.engines import create_engine
 
-    engine = create_engine(args.backend, args.model, device=args.device, dtype=args.dtype)
+    engine = create_engine(args.backend, args.model, **engine_options(args))
+    print(engine.info.details["choice"], file=sys.stderr)
     try:
         for piece in engine.stream(messages, settings):
             sys.stdout.write(piece)

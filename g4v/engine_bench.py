@@ -1,0 +1,182 @@
+"""``python -m g4v bench engines``: the same chat workload through each backend, timed in one run.
+
+The workload is what a busy workbench sees: ``chats`` conversations submitted at once, each with its
+own picture and a greedy answer of ``max_new_tokens`` tokens. For every backend it reports the
+median time to first token (from submission, so queueing counts), the throughput in generated
+tokens per second over the whole run, and both as ratios to the first backend measured (the
+transformers reference). Each backend gets one untimed warm-up request first, so one-off costs
+(lazy initialisation, first-call allocation) stay out of the numbers; start-up time is reported
+separately.
+
+Token counts come from the engines: vLLM and the OpenAI server report token ids with each piece.
+The transformers engine streams text only, so its counts come from one untimed greedy ``generate``
+per chat after the timed run (greedy decoding gives the same tokens again).
+"""
+
+import statistics
+import threading
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+from PIL import Image
+
+from g4v.conversation import Message, SamplingSettings
+from g4v.errors import G4VError
+
+PROMPT = "Describe this picture in detail."
+
+
+@dataclass
+class ChatTiming:
+    submitted: float
+    first_token: float | None = None
+    finished: float | None = None
+    tokens: int = 0
+    text: str = ""
+
+
+@dataclass
+class BackendResult:
+    backend: str
+    startup_s: float
+    wall_s: float
+    chats: list[ChatTiming] = field(default_factory=list)
+
+    @property
+    def tokens(self) -> int:
+        return sum(chat.tokens for chat in self.chats)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.wall_s if self.wall_s else 0.0
+
+    @property
+    def ttft_s(self) -> float:
+        return statistics.median(chat.first_token - chat.submitted for chat in self.chats)
+
+
+def workload_images(chats: int, size: tuple[int, int] = (256, 192)) -> list[Image.Image]:
+    """One distinct, deterministic picture per chat (distinct, so no backend can reuse another
+    chat's image features or prompt cache)."""
+    width, height = size
+    y, x = np.mgrid[0:height, 0:width]
+    images = []
+    for index in range(chats):
+        rng = np.random.default_rng(index)
+        base = np.stack([(x * (index + 1)) % 256, (y * 255) // height, (x + y + 40 * index) % 256], axis=-1)
+        pixels = np.clip(base + rng.integers(0, 32, size=base.shape), 0, 255).astype(np.uint8)
+        images.append(Image.fromarray(pixels, mode="RGB"))
+    return images
+
+
+def workload(chats: int) -> list[list[Message]]:
+    return [[Message("user", PROMPT, [image])] for image in workload_images(chats)]
+
+
+def run_chats(engine, conversations: list[list[Message]], settings: SamplingSettings, progress=None) -> BackendResult:
+    """Submit every conversation at once (one thread each) and time each answer's pieces."""
+    timings = [ChatTiming(submitted=0.0) for _ in conversations]
+    errors: list[BaseException] = []
+    token_stream = getattr(engine, "stream_outputs", None)
+
+    def chat(index: int) -> None:
+        timing = timings[index]
+        timing.submitted = time.perf_counter()
+        try:
+            if token_stream is not None:
+                pieces = ((text, len(ids)) for text, ids, _ in token_stream(conversations[index], settings))
+            else:
+                pieces = ((text, 0) for text in engine.stream(conversations[index], settings))
+            for text, count in pieces:
+                if timing.first_token is None and (text or count):
+                    timing.first_token = time.perf_counter()
+                timing.tokens += count
+                timing.text += text
+        except BaseException as err:  # noqa: BLE001 - re-raised in the caller's thread
+            errors.append(err)
+        timing.finished = time.perf_counter()
+        if progress is not None:
+            progress.update(1)
+
+    start = time.perf_counter()
+    threads = [threading.Thread(target=chat, args=(index,), daemon=True) for index in range(len(conversations))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    wall = time.perf_counter() - start
+    if errors:
+        raise errors[0]
+    result = BackendResult(backend=engine.info.backend, startup_s=0.0, wall_s=wall, chats=timings)
+    if token_stream is None:
+        count_tokens(engine, conversations, settings, result)
+    return result
+
+
+def count_tokens(engine, conversations, settings, result: BackendResult) -> None:
+    """Token counts for engines that stream text only (untimed; greedy repeats the same tokens)."""
+    for conversation, timing in zip(conversations, result.chats):
+        timing.tokens = len(engine.generate(conversation, settings).token_ids)
+
+
+def table(results: list[BackendResult], chats: int, max_new_tokens: int) -> str:
+    """A Markdown table; ratios are relative to the first backend."""
+    reference = results[0]
+    lines = [
+        f"{chats} concurrent chats, one image each, {max_new_tokens} new tokens, greedy",
+        "",
+        "| backend | start-up s | wall s | tokens | tokens/s | median TTFT s | tokens/s vs "
+        f"{reference.backend} | TTFT vs {reference.backend} |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for result in results:
+        speedup = result.tokens_per_s / reference.tokens_per_s if reference.tokens_per_s else float("nan")
+        ttft_ratio = result.ttft_s / reference.ttft_s if reference.ttft_s else float("nan")
+        lines.append(
+            f"| {result.backend} | {result.startup_s:.1f} | {result.wall_s:.2f} | {result.tokens} | "
+            f"{result.tokens_per_s:.1f} | {result.ttft_s:.3f} | {speedup:.2f}x | {ttft_ratio:.2f}x |"
+        )
+    return "\n".join(lines)
+
+
+def bench_backend(name: str, start_engine, conversations, settings, progress) -> BackendResult:
+    """Start one backend, warm it up, time the workload, and close it (so backends never share
+    the machine while one is timed)."""
+    began = time.perf_counter()
+    engine, cleanup = start_engine()
+    startup = time.perf_counter() - began
+    try:
+        engine.generate(conversations[0], SamplingSettings(max_new_tokens=4))  # warm-up, untimed
+        progress.set_description(f"{name}: {len(conversations)} chats")
+        result = run_chats(engine, conversations, settings, progress)
+    finally:
+        engine.close()
+        cleanup()
+    result.backend, result.startup_s = name, startup
+    return result
+
+
+def check_backends(backends: list[str], base_url: str | None, serve: bool) -> None:
+    from g4v.engines import vllm_installed
+
+    for backend in backends:
+        if backend not in ("hf", "vllm", "openai"):
+            raise G4VError(f"unknown backend {backend!r} to benchmark (expected hf, vllm or openai)")
+    if "vllm" in backends and not vllm_installed():
+        raise G4VError("vLLM is not installed here: run the benchmark with .venv-vllm/bin/python, or drop vllm")
+    if "openai" in backends and not base_url and not serve:
+        raise G4VError("the openai backend needs --base-url URL, or --serve to start a local vLLM server")
+
+
+def default_backends(base_url: str | None, serve: bool) -> list[str]:
+    """Every backend this environment can run: hf always, vllm when installed, openai when a server
+    is given or may be started."""
+    from g4v.engines import vllm_installed
+
+    backends = ["hf"]
+    if vllm_installed():
+        backends.append("vllm")
+    if base_url or serve:
+        backends.append("openai")
+    return backends

@@ -1,0 +1,394 @@
+"""The in-process vLLM backend: vLLM's own ``granite4_vision`` model behind the sync engine interface.
+
+vLLM serves requests from an asyncio engine (``AsyncLLM``) whose model runs in worker processes.
+The workbench is synchronous (CLI loops, Gradio generators, tests), so this module runs one event
+loop on a background thread and hands each request's outputs to the caller through a queue. That
+keeps every request streaming token by token, lets several requests share vLLM's continuous
+batching (a side-by-side view submits the base and the adapter request together), and lets a
+caller's cancel event abort the request inside vLLM.
+
+Two facts about vLLM shape how it must be used (see ``../shared/ENVIRONMENT.md``):
+
+* vLLM starts its engine-core and worker processes with ``spawn`` (always, on the CPU). A script
+  that builds a :class:`VLLMEngine` therefore needs the ``if __name__ == "__main__":`` guard,
+  or each child re-runs the script. ``python -m g4v`` and pytest are already safe.
+* On the CPU, vLLM reserves its KV cache from RAM, sized by the ``VLLM_CPU_KVCACHE_SPACE``
+  environment variable (GiB). It is read when the engine starts, so :func:`cpu_defaults` sets a
+  small default before the engine is built, unless the user set it.
+"""
+
+import asyncio
+import itertools
+import os
+import queue
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from g4v.conversation import Message, SamplingSettings, to_template_messages, validate_conversation
+from g4v.engines import gpu_present
+from g4v.engines.base import Engine, EngineInfo, Generation
+from g4v.errors import G4VError
+
+#: How often a waiting consumer looks at its cancel event (seconds).
+_POLL_S = 0.05
+#: How long closing a stream waits for vLLM to confirm the abort.
+_ABORT_WAIT_S = 30.0
+#: KV cache (GiB) reserved on the CPU when ``VLLM_CPU_KVCACHE_SPACE`` is unset: enough for a few
+#: chats on the bundled checkpoint, small enough for a laptop (vLLM's own default is far larger).
+_CPU_KV_CACHE_GIB = "1"
+#: LoRA slots on the CPU when the user sets none: three adapters plus the slot kept empty (below).
+_CPU_MAX_LORAS = 4
+_FINISH_REASONS = {"stop": "stop", "length": "length", "abort": "cancelled"}
+_END = object()
+
+
+@dataclass
+class VLLMSettings:
+    """The settings users tune, passed through to vLLM's engine arguments (``None``: vLLM's or
+    :func:`cpu_defaults`' choice). Names match vLLM's, so its documentation applies."""
+
+    dtype: str | None = None
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    max_model_len: int | None = None
+    max_num_batched_tokens: int | None = None
+    gpu_memory_utilization: float | None = None
+    enforce_eager: bool | None = None
+    #: LoRA slots are reserved at start-up, so adapters can only be served when this is on.
+    enable_lora: bool = True
+    max_lora_rank: int | None = None
+    max_loras: int | None = None
+    #: ``{"image": PATH}`` applies that LoRA to every request with an image (vLLM feature).
+    default_mm_loras: dict | None = None
+    #: Images one prompt may carry (vLLM reserves encoder memory for this many).
+    max_images: int = 4
+
+
+def cpu_defaults(settings: VLLMSettings) -> dict:
+    """Engine arguments that make vLLM's CPU build start quickly and agree with transformers.
+
+    float32 because the transformers reference runs float32 on the CPU (bf16 would change the
+    greedy tokens); eager mode because compiling takes minutes on a few cores for no gain at this
+    size; a share of RAM and a context that fit beside other programs.
+    """
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", _CPU_KV_CACHE_GIB)
+    return {
+        "dtype": settings.dtype or "float32",
+        "enforce_eager": True if settings.enforce_eager is None else settings.enforce_eager,
+        "gpu_memory_utilization": settings.gpu_memory_utilization or 0.3,
+        "max_model_len": settings.max_model_len or 4096,
+    }
+
+
+def engine_arguments(model: str, settings: VLLMSettings) -> dict:
+    """vLLM ``AsyncEngineArgs`` keywords for ``model`` under ``settings``."""
+    args = {
+        "model": model,
+        "tensor_parallel_size": settings.tensor_parallel_size,
+        "pipeline_parallel_size": settings.pipeline_parallel_size,
+        "limit_mm_per_prompt": {"image": settings.max_images},
+        "trust_remote_code": False,
+        "disable_log_stats": True,
+    }
+    passthrough = {
+        "dtype": settings.dtype,
+        "max_model_len": settings.max_model_len,
+        "max_num_batched_tokens": settings.max_num_batched_tokens,
+        "gpu_memory_utilization": settings.gpu_memory_utilization,
+        "enforce_eager": settings.enforce_eager,
+    }
+    args.update({key: value for key, value in passthrough.items() if value is not None})
+    if not gpu_present():
+        args.update(cpu_defaults(settings))
+    if settings.enable_lora:
+        args["enable_lora"] = True
+        args["max_lora_rank"] = settings.max_lora_rank or 16
+        args["max_loras"] = settings.max_loras or (2 if gpu_present() else _CPU_MAX_LORAS)
+        if settings.default_mm_loras:
+            args["default_mm_loras"] = settings.default_mm_loras
+    elif settings.default_mm_loras or settings.max_lora_rank:
+        raise G4VError("default_mm_loras and max_lora_rank need LoRA enabled (enable_lora)")
+    return args
+
+
+def adapter_capacity(arguments: dict) -> int:
+    """How many adapters one engine may hold.
+
+    On the CPU, vLLM 0.32's LoRA kernels (``vllm/lora/ops/torch_ops``) pick each token's adapter
+    by indexing the stacked slots with the token's slot number, and base-model tokens carry -1,
+    which Python indexing reads as the *last* slot. As long as that slot stays empty (zeros), base
+    requests batched with adapter requests stay exact; once it holds an adapter, they silently
+    get that adapter. vLLM fills slots in order, so holding at most ``max_loras - 1`` adapters
+    keeps the last one empty. GPU kernels treat -1 as "no adapter" and can use every slot.
+    """
+    slots = arguments.get("max_loras", 0)
+    if gpu_present():
+        return slots
+    return max(slots - 1 - bool(arguments.get("default_mm_loras")), 0)
+
+
+class _LoopThread:
+    """An asyncio event loop on a daemon thread, so synchronous code can drive ``AsyncLLM``."""
+
+    def __init__(self):
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="g4v-vllm-loop", daemon=True)
+        self.thread.start()
+
+    def submit(self, coroutine):
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop)
+
+    def run(self, coroutine, timeout: float | None = None):
+        return self.submit(coroutine).result(timeout)
+
+    def stop(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=10)
+
+
+class _Request:
+    """One request in flight: a pump task on the loop fills ``outputs``; the caller drains it."""
+
+    def __init__(self, request_id: str):
+        self.request_id = request_id
+        self.outputs: queue.Queue = queue.Queue()
+        #: Set once the pump has finished, i.e. once vLLM has finished or aborted the request.
+        self.done = threading.Event()
+        self.future = None
+        self.prompt_tokens = 0
+
+
+class VLLMEngine(Engine):
+    """Granite 4 Vision served by vLLM in this process (model workers in child processes)."""
+
+    def __init__(self, model: str, settings: VLLMSettings | None = None):
+        from g4v.loading import load_processor, resolve_source
+
+        self.settings = settings or VLLMSettings()
+        source = resolve_source(model)
+        # The same processor object the transformers engine renders prompts with, so both backends
+        # see the same prompt text; vLLM then tokenises it and expands the image placeholders.
+        self.processor = load_processor(source)
+        self.arguments = engine_arguments(source, self.settings)
+        self._loop = _LoopThread()
+        try:
+            self._llm = self._loop.run(self._start(self.arguments))
+        except G4VError:
+            self._loop.stop()
+            raise
+        self._adapters: dict[str, object] = {}  # name -> LoRARequest
+        self._request_ids = itertools.count(1)
+        self._lora_ids = itertools.count(1)
+        self.info = EngineInfo(
+            backend="vllm",
+            model=model,
+            device="cuda" if gpu_present() else "cpu",
+            dtype=str(self._llm.model_config.dtype).removeprefix("torch."),
+            details={key: value for key, value in self.arguments.items() if key != "model"},
+        )
+
+    @staticmethod
+    async def _start(arguments: dict):
+        """Build ``AsyncLLM`` inside the loop thread, so its output handler runs on that loop."""
+        try:
+            from vllm import AsyncEngineArgs
+            from vllm.v1.engine.async_llm import AsyncLLM
+        except ImportError:
+            raise G4VError("the vllm backend needs vLLM: pip install -r requirements-vllm.txt "
+                           "(GPU) or run scripts/setup_vllm_cpu_env.sh (CPU)") from None
+        try:
+            return AsyncLLM.from_engine_args(AsyncEngineArgs(**arguments))
+        except Exception as err:  # vLLM reports bad settings and start-up failures in many types
+            raise G4VError(f"vLLM could not start: {_first_line(err)}") from None
+
+    # ── prompts ──────────────────────────────────────────────────────────────────────────────
+
+    def context_window(self) -> int:
+        return int(self._llm.model_config.max_model_len)
+
+    def render_prompt(self, messages: list[Message]) -> str:
+        """The prompt text with one ``<image>`` placeholder per image, as transformers renders it."""
+        template_messages, _ = to_template_messages(messages)
+        return self.processor.apply_chat_template(template_messages, add_generation_prompt=True, tokenize=False)
+
+    def build_prompt(self, messages: list[Message]) -> dict:
+        """vLLM's prompt: text plus the images, which vLLM's processor expands into feature tokens."""
+        validate_conversation(messages, max_images=self.settings.max_images)
+        _, images = to_template_messages(messages)
+        prompt = {"prompt": self.render_prompt(messages)}
+        if images:
+            prompt["multi_modal_data"] = {"image": images}
+        return prompt
+
+    def sampling_params(self, settings: SamplingSettings):
+        """The same decoding as the transformers engine: greedy at temperature 0, else seeded
+        temperature/top-p sampling with top-k off."""
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        settings = settings.validated()
+        common = {"max_tokens": settings.max_new_tokens, "skip_special_tokens": True,
+                  "output_kind": RequestOutputKind.DELTA}
+        if settings.greedy:
+            return SamplingParams(temperature=0.0, **common)
+        return SamplingParams(temperature=settings.temperature, top_p=settings.top_p, top_k=0,
+                              seed=settings.seed, **common)
+
+    # ── adapters ─────────────────────────────────────────────────────────────────────────────
+
+    def register_adapter(self, name: str, path: str) -> None:
+        """Load the LoRA folder into vLLM now (so a bad adapter fails here, not mid-chat) and
+        give it a stable integer id, which is how vLLM tells adapters apart."""
+        from vllm.lora.request import LoRARequest
+
+        if not self.settings.enable_lora:
+            raise G4VError("this vLLM engine was started without LoRA (enable_lora=False)")
+        folder = Path(path)
+        if not (folder / "adapter_config.json").is_file():
+            raise G4VError(f"not a LoRA adapter folder (no adapter_config.json): {path}")
+        existing = self._adapters.get(name)
+        if existing is not None and existing.lora_path == str(folder):
+            return
+        if existing is None and len(self._adapters) >= adapter_capacity(self.arguments):
+            raise G4VError(
+                f"this vLLM engine holds at most {adapter_capacity(self.arguments)} adapters "
+                f"(max_loras={self.arguments['max_loras']}; on the CPU one slot stays empty so base "
+                "requests stay exact); restart it with a larger --max-loras"
+            )
+        request = LoRARequest(name, next(self._lora_ids), str(folder))
+        try:
+            self._loop.run(self._llm.add_lora(request))
+        except Exception as err:
+            raise G4VError(f"vLLM could not load adapter {name!r}: {_first_line(err)}") from None
+        self._adapters[name] = request
+
+    def adapters(self) -> list[str]:
+        return list(self._adapters)
+
+    def _lora_request(self, adapter: str | None):
+        if adapter is None:
+            return None
+        if adapter not in self._adapters:
+            raise G4VError(f"unknown adapter {adapter!r}")
+        return self._adapters[adapter]
+
+    # ── generation ───────────────────────────────────────────────────────────────────────────
+
+    def generate(self, messages: list[Message], settings: SamplingSettings, adapter: str | None = None) -> Generation:
+        request = self._submit(messages, settings, adapter)
+        return self._collect(request, self._drain(request, threading.Event()))
+
+    def stream(
+        self,
+        messages: list[Message],
+        settings: SamplingSettings,
+        cancel: threading.Event | None = None,
+        adapter: str | None = None,
+    ) -> Iterator[str]:
+        # Submit before the first yield, so bad input fails at the call site.
+        request = self._submit(messages, settings, adapter)
+        return self._stream_text(request, cancel or threading.Event())
+
+    def stream_outputs(self, messages, settings, cancel=None, adapter=None) -> Iterator[tuple[str, list[int], str | None]]:
+        """Like :meth:`stream`, but each piece comes with its new token ids and the finish reason
+        (``None`` until the last piece); the benchmark times tokens, not characters."""
+        request = self._submit(messages, settings, adapter)
+        return self._drain(request, cancel or threading.Event())
+
+    def _stream_text(self, request: _Request, cancel: threading.Event) -> Iterator[str]:
+        for text, _, _ in self._drain(request, cancel):
+            if text:
+                yield text
+
+    def _collect(self, request: _Request, outputs) -> Generation:
+        pieces, token_ids, finish = [], [], None
+        for text, ids, reason in outputs:
+            pieces.append(text)
+            token_ids.extend(ids)
+            finish = reason or finish
+        if token_ids and finish == "stop":
+            # No stop strings are sent, so "stop" means an end-of-text token ended the answer;
+            # vLLM counts it among the output tokens, the engine interface does not.
+            token_ids = token_ids[:-1]
+        return Generation(text="".join(pieces), token_ids=token_ids,
+                          finish_reason=_FINISH_REASONS.get(finish, finish or "cancelled"),
+                          prompt_tokens=request.prompt_tokens)
+
+    def _submit(self, messages: list[Message], settings: SamplingSettings, adapter: str | None) -> _Request:
+        """Start the request in vLLM; its outputs arrive on ``request.outputs``."""
+        params = self.sampling_params(settings)
+        lora = self._lora_request(adapter)
+        prompt = self.build_prompt(messages)
+        request = _Request(f"g4v-{next(self._request_ids)}")
+        request.future = self._loop.submit(self._pump(request, prompt, params, lora))
+        return request
+
+    async def _pump(self, request: _Request, prompt: dict, params, lora) -> None:
+        """Move vLLM's outputs for one request onto its queue. Cancelling this task makes
+        ``AsyncLLM.generate`` abort the request inside vLLM before the task ends."""
+        try:
+            async for output in self._llm.generate(prompt, params, request.request_id, lora_request=lora):
+                completion = output.outputs[0]
+                request.prompt_tokens = request.prompt_tokens or len(output.prompt_token_ids or ())
+                request.outputs.put((completion.text, list(completion.token_ids), completion.finish_reason))
+        except asyncio.CancelledError:
+            pass
+        except Exception as err:  # noqa: BLE001 - handed to the consumer's thread
+            request.outputs.put(err)
+        finally:
+            request.outputs.put(_END)
+            request.done.set()
+
+    def _drain(self, request: _Request, cancel: threading.Event) -> Iterator[tuple[str, list[int], str | None]]:
+        """Yield ``(text, token_ids, finish_reason)`` deltas until the request ends. On cancel, or
+        when the consumer closes this generator early, abort the request in vLLM and wait until
+        it is gone, so the engine's capacity is free for the next request."""
+        try:
+            while not cancel.is_set():
+                try:
+                    item = request.outputs.get(timeout=_POLL_S)
+                except queue.Empty:
+                    continue
+                if item is _END:
+                    return
+                if isinstance(item, Exception):
+                    raise _as_user_error(item)
+                yield item
+        finally:
+            if not request.done.is_set():
+                request.future.cancel()
+                request.done.wait(_ABORT_WAIT_S)
+
+    def pending_requests(self) -> int:
+        """Requests vLLM still holds (finished and aborted ones are gone)."""
+        return self._llm.get_num_unfinished_requests()
+
+    def close(self) -> None:
+        """Stop vLLM's engine-core and worker processes and the loop thread."""
+        llm, self._llm = getattr(self, "_llm", None), None
+        if llm is None:
+            return
+
+        async def shutdown():
+            llm.shutdown()
+
+        try:
+            self._loop.run(shutdown(), timeout=60)
+        finally:
+            self._loop.stop()
+
+
+def _as_user_error(err: Exception) -> Exception:
+    """vLLM's request validation errors (prompt too long, too many images) are the user's to fix;
+    anything else is a bug and keeps its type."""
+    name = type(err).__name__
+    if isinstance(err, ValueError) or name in ("VLLMValidationError", "VLLMClientError"):
+        return G4VError(f"vLLM refused the request: {_first_line(err)}")
+    return err
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip() or type(err).__name__
+    return text.splitlines()[0][:300]

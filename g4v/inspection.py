@@ -1,0 +1,150 @@
+"""One deepstack inspection request, end to end: capture, optional ablation, pictures, export.
+
+The CLI (``python -m g4v inspect``) and the app's Deepstack tab both call :func:`run_inspection`.
+It runs on the transformers engine (the one whose model can be instrumented) and holds the
+engine's lock for the whole request, so a chat answer running at the same time never sees the
+inspector's hooks.
+"""
+
+import json
+import shutil
+import tempfile
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+
+from PIL import Image
+
+from g4v.conversation import Message
+from g4v.deepstack import (AblationResult, Capture, Level, RunOutcome, capture_forward, compare_scaled,
+                           describe_levels, level_scales, run_outcome)
+from g4v.errors import G4VError
+from g4v.images import open_image
+from g4v.tiling import TilingPlan, plan_tiling
+
+CAPTURE_FILE = "capture.safetensors"
+SUMMARY_FILE = "summary.json"
+FIGURE_FILES = {  # figure name -> file written in the export
+    "norms": "norms.png",
+    "trajectory": "trajectory.png",
+    "heatmaps_tile": "heatmaps_tiles.png",
+    "heatmaps_base": "heatmaps_base.png",
+}
+
+
+@dataclass
+class InspectionResult:
+    levels: list[Level]
+    capture: Capture  # the unmodified run
+    outcome: RunOutcome  # its next-token distribution and greedy continuation
+    ablation: AblationResult | None  # the run with levels zeroed or scaled, when any were asked for
+    plan: TilingPlan
+    figures: dict[str, Image.Image]  # keys of FIGURE_FILES
+    summary: dict  # what summary.json holds
+    export_dir: Path  # summary.json, the PNGs, capture.safetensors
+    export_zip: Path | None  # the same folder zipped (make_zip=True)
+
+
+def run_inspection(engine, image, prompt: str, ablate=(), scale: dict | None = None, full: bool = False,
+                   max_new_tokens: int = 16, out_dir: str | Path | None = None,
+                   make_zip: bool = True) -> InspectionResult:
+    """Inspect what the 8 injections carry for ``image`` (a PIL image or path) and ``prompt``.
+
+    ``ablate``: levels (names or indices) to zero; ``scale``: ``{level: factor}``. Either one adds a
+    second run and its comparison (KL of the next-token distribution, top 5, greedy continuation).
+    ``full`` keeps the full tensors in ``capture.safetensors``. The export goes to ``out_dir`` (a new
+    temporary folder when None). Bad input raises :class:`G4VError`.
+    """
+    model, processor = _instrumentable(engine)
+    levels = describe_levels(model.config)
+    scales = level_scales(levels, ablate, scale)  # checks level names before any compute
+    if image is None:
+        raise G4VError("the deepstack inspector needs an image")
+    picture = open_image(image)
+    if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+        raise G4VError(f"max_new_tokens must be a whole number >= 0, got {max_new_tokens!r}")
+    inputs = engine.prepare_inputs([Message("user", prompt, [picture])], max_new_tokens)
+    plan = plan_tiling((picture.height, picture.width), model.config)
+
+    with getattr(engine, "_lock", None) or nullcontext():
+        capture, logits = capture_forward(model, inputs, full=full, levels=levels, logits_to_keep=1)
+        outcome = run_outcome(model, inputs, processor.tokenizer, logits, max_new_tokens)
+        ablation = None
+        if scales:
+            ablation = compare_scaled(model, inputs, processor.tokenizer, outcome, scales, max_new_tokens,
+                                      full=full, levels=levels)
+    if plan.num_image_tokens != capture.num_image_tokens:
+        raise RuntimeError(f"tiling plan has {plan.num_image_tokens} image tokens, the model saw "
+                           f"{capture.num_image_tokens}")
+
+    summary = build_summary(engine, prompt, picture, plan, capture, outcome, ablation, full)
+    figures = draw_figures(picture, plan, summary, capture)
+    export_dir = Path(out_dir) if out_dir is not None else Path(tempfile.mkdtemp(prefix="g4v-inspect-"))
+    write_export(export_dir, summary, figures, capture, ablation)
+    export_zip = Path(shutil.make_archive(str(export_dir), "zip", root_dir=export_dir)) if make_zip else None
+    return InspectionResult(levels, capture, outcome, ablation, plan, figures, summary, export_dir, export_zip)
+
+
+def _instrumentable(engine):
+    loaded = getattr(engine, "loaded", None)
+    if loaded is None or not hasattr(engine, "prepare_inputs"):
+        backend = getattr(getattr(engine, "info", None), "backend", type(engine).__name__)
+        raise G4VError(f"the deepstack inspector needs the transformers backend (hf), not {backend}")
+    return loaded.model, loaded.processor
+
+
+def build_summary(engine, prompt: str, picture: Image.Image, plan: TilingPlan, capture: Capture,
+                  outcome: RunOutcome, ablation: AblationResult | None, full: bool) -> dict:
+    info = getattr(engine, "info", None)
+    return {
+        "model": getattr(info, "model", None),
+        "prompt": prompt,
+        "image_size": [picture.height, picture.width],
+        "tiling": {"grid": list(plan.grid), "best_resolution": list(plan.best_resolution),
+                   "base_tokens": plan.base_tokens, "tile_tokens": plan.tile_tokens,
+                   "newline_tokens": plan.newline_tokens},
+        "num_image_tokens": capture.num_image_tokens,
+        "num_text_tokens": capture.num_text_tokens,
+        "full": full,
+        "levels": [cap.summary() for cap in capture.levels],
+        "trajectory": capture.trajectory.summary(),
+        "next_token_top5": [vars(t) for t in outcome.top5],
+        "continuation": outcome.continuation,
+        "ablation": ablation.summary() if ablation else None,
+        "files": {"summary": SUMMARY_FILE, "capture": CAPTURE_FILE, **FIGURE_FILES},
+    }
+
+
+def draw_figures(picture: Image.Image, plan: TilingPlan, summary: dict, capture: Capture) -> dict[str, Image.Image]:
+    from viz.deepstack import heatmaps_figure, norms_figure, trajectory_figure
+
+    tokens = [(token.kind, token.box) for token in plan.tokens]
+    norms = {cap.level.name: cap.injected_norm.tolist() for cap in capture.levels}
+    modified = summary["ablation"]
+    return {
+        "norms": norms_figure(summary["levels"]),
+        "trajectory": trajectory_figure(summary["trajectory"],
+                                        modified=_trajectory_of(modified) if modified else None),
+        "heatmaps_tile": heatmaps_figure(picture, tokens, norms, view="tile",
+                                         title="Injected norm per tile token (high-resolution view)"),
+        "heatmaps_base": heatmaps_figure(picture, tokens, norms, view="base",
+                                         title="Injected norm per base-view token (whole image at one tile)"),
+    }
+
+
+def _trajectory_of(ablation_summary: dict) -> dict:
+    return ablation_summary["trajectory_after"]
+
+
+def write_export(folder: Path, summary: dict, figures: dict[str, Image.Image], capture: Capture,
+                 ablation: AblationResult | None) -> None:
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
+    for name, picture in figures.items():
+        picture.save(folder / FIGURE_FILES[name])
+    tensors = capture.tensors()
+    if ablation is not None:
+        tensors.update({f"ablated.{name}": t for name, t in ablation.capture.tensors().items()})
+    save_file(tensors, str(folder / CAPTURE_FILE), metadata={"format": "pt"})

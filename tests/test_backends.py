@@ -1,0 +1,114 @@
+"""Backend choice and the remote engine's failure modes: no vLLM or server needed (the parity and
+streaming tests against real vLLM live in tests/vllm and run in the vLLM environment)."""
+
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from g4v.conversation import SamplingSettings
+from g4v.engines import BACKENDS, choose_backend, describe_choice, gpu_present, vllm_installed
+from g4v.errors import G4VError
+from g4v.paths import REPO_ROOT
+
+
+def closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_backends_are_listed():
+    assert set(BACKENDS) == {"auto", "hf", "vllm", "openai"}
+
+
+def test_auto_takes_vllm_only_with_vllm_and_a_gpu():
+    expected = "vllm" if vllm_installed() and gpu_present() else "hf"
+    assert choose_backend("auto") == expected
+    assert describe_choice("auto", expected).startswith(f"backend: {expected} (auto: ")
+
+
+def test_unknown_backend_is_a_user_error():
+    with pytest.raises(G4VError, match="unknown backend"):
+        choose_backend("tgi")
+
+
+def test_remote_base_url_is_normalised_and_checked():
+    from g4v.engines.remote import normalise_base_url
+
+    assert normalise_base_url("http://127.0.0.1:8000") == "http://127.0.0.1:8000/v1"
+    assert normalise_base_url("http://127.0.0.1:8000/v1/") == "http://127.0.0.1:8000/v1"
+    with pytest.raises(G4VError, match="must start with http"):
+        normalise_base_url("127.0.0.1:8000")
+
+
+def test_remote_sampling_fields():
+    from g4v.engines.remote import sampling_body
+
+    assert sampling_body(SamplingSettings(max_new_tokens=5)) == {"max_tokens": 5, "temperature": 0.0}
+    sampled = sampling_body(SamplingSettings(max_new_tokens=5, temperature=0.7, top_p=0.9, seed=3))
+    assert sampled == {"max_tokens": 5, "temperature": 0.7, "top_p": 0.9, "top_k": 0, "seed": 3}
+
+
+def test_remote_engine_with_no_server_is_one_line_error():
+    from g4v.engines.remote import RemoteEngine
+
+    with pytest.raises(G4VError, match="cannot reach the server") as caught:
+        RemoteEngine(f"http://127.0.0.1:{closed_port()}")
+    assert "\n" not in str(caught.value)
+
+
+def test_chat_cli_with_no_server_prints_one_line():
+    result = subprocess.run(
+        [sys.executable, "-m", "g4v", "chat", "--backend", "openai", "--base-url",
+         f"http://127.0.0.1:{closed_port()}", "hello"],
+        capture_output=True, text=True, cwd=REPO_ROOT, timeout=120,
+    )
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines() == [result.stderr.strip()]
+    assert result.stderr.startswith("error: cannot reach the server")
+
+
+def test_openai_backend_needs_a_base_url():
+    from g4v.engines import create_engine
+
+    with pytest.raises(G4VError, match="--base-url"):
+        create_engine("openai")
+
+
+def test_vllm_server_command_is_local_and_passes_settings_through():
+    from g4v.engines.vllm_engine import VLLMSettings
+    from g4v.engines.vllm_server import server_command
+
+    command = server_command("MODEL", 8123, VLLMSettings(max_num_batched_tokens=64, max_images=2), "base",
+                             {"a": "/adapters/a"})
+    joined = " ".join(command)
+    assert "--host 127.0.0.1 --port 8123" in joined
+    assert "--max-num-batched-tokens 64" in joined
+    assert '--limit-mm-per-prompt {"image": 2}' in joined
+    assert "--enable-lora" in joined and "--lora-modules a=/adapters/a" in joined
+    assert "trust-remote-code" not in joined
+
+
+def test_bench_rejects_backends_it_cannot_run():
+    from g4v.engine_bench import check_backends
+
+    with pytest.raises(G4VError, match="openai backend needs --base-url"):
+        check_backends(["hf", "openai"], base_url=None, serve=False)
+    with pytest.raises(G4VError, match="unknown backend"):
+        check_backends(["tgi"], base_url=None, serve=False)
+
+
+def test_cpu_vllm_keeps_the_last_lora_slot_empty():
+    """vLLM CPU's LoRA kernels read the last slot for base-model tokens, so on the CPU the engine
+    holds one adapter fewer than it has slots (and the server gets a spare slot)."""
+    from g4v.engines.vllm_engine import VLLMSettings, adapter_capacity, engine_arguments
+    from g4v.engines.vllm_server import server_command
+
+    if gpu_present():
+        pytest.skip("the CPU rule only")
+    arguments = engine_arguments("MODEL", VLLMSettings(max_loras=2))
+    assert adapter_capacity(arguments) == 1
+    command = server_command("MODEL", 8123, VLLMSettings(max_loras=2), "base", {"a": "/a", "b": "/b"})
+    assert command[command.index("--max-loras") + 1] == "3"

@@ -1,0 +1,88 @@
+"""Fixtures for the vLLM tests: one in-process vLLM engine and one vLLM server per session.
+
+These tests run only in the vLLM CPU environment (``scripts/setup_vllm_cpu_env.sh``, then
+``.venv-vllm/bin/python -m pytest tests/vllm``, or ``make test-vllm``). In an environment without
+vLLM this folder is skipped at collection, so the main suite stays clean.
+
+Start-up dominates the run (about 35 s for the engine and 60 s for the server on two cores), so
+each starts once. The in-process engine runs with a small ``max_num_batched_tokens`` so that
+chunked prefill splits every image's tokens across steps; the server runs with vLLM's default, so
+the parity cases cover both the split and the unsplit prefill.
+"""
+
+import pytest
+from g4v_cases import ADAPTER, CASES, CHUNK_TOKENS, GREEDY, make_lm_lora
+
+from g4v.engines import vllm_installed
+from g4v.paths import BUNDLED_MODEL_DIR
+
+if not vllm_installed():
+    collect_ignore_glob = ["test_*.py"]
+
+SERVED_NAME = "g4v-tiny"
+
+
+@pytest.fixture(scope="session")
+def lora_engine(tmp_path_factory):
+    """A transformers engine with the test LoRA attached (PEFT): the adapter's reference."""
+    from g4v.engines.hf import TransformersEngine
+
+    engine = TransformersEngine(str(BUNDLED_MODEL_DIR), device="cpu", dtype="float32")
+    folder = tmp_path_factory.mktemp("lora") / ADAPTER
+    make_lm_lora(engine, folder)
+    engine.adapter_folder = str(folder)
+    return engine
+
+
+@pytest.fixture(scope="session")
+def lora_folder(lora_engine) -> str:
+    return lora_engine.adapter_folder
+
+
+@pytest.fixture(scope="session")
+def vllm_engine(lora_folder):
+    """The in-process vLLM engine, with the test LoRA registered. Before any image request it
+    answers the text-only case once, as the fresh-engine reference for leftover-state checks."""
+    from g4v.engines.vllm_engine import VLLMEngine, VLLMSettings
+
+    engine = VLLMEngine(str(BUNDLED_MODEL_DIR), VLLMSettings(max_num_batched_tokens=CHUNK_TOKENS))
+    try:
+        engine.fresh_text_only = engine.generate(CASES["text_only"], GREEDY)
+        engine.register_adapter(ADAPTER, lora_folder)
+        yield engine
+    finally:
+        engine.close()
+
+
+@pytest.fixture(scope="session")
+def vllm_server(lora_folder, tmp_path_factory):
+    """A real vLLM OpenAI-compatible server on 127.0.0.1 serving the base model and the LoRA."""
+    from g4v.engines.vllm_server import VLLMServer
+
+    log = tmp_path_factory.mktemp("server") / "vllm-server.log"
+    server = VLLMServer(str(BUNDLED_MODEL_DIR), served_name=SERVED_NAME, lora_modules={ADAPTER: lora_folder},
+                        log_path=str(log))
+    with server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def remote_engine(vllm_server):
+    from g4v.engines.remote import RemoteEngine
+
+    engine = RemoteEngine(vllm_server.base_url)
+    yield engine
+    engine.close()
+
+
+@pytest.fixture(scope="session")
+def reference(hf_engine):
+    """Greedy transformers answers per case name, computed once."""
+    answers = {}
+
+    def answer(name: str):
+        if name not in answers:
+            answers[name] = hf_engine.generate(CASES[name], GREEDY)
+        return answers[name]
+
+    return answer

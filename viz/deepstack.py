@@ -1,0 +1,140 @@
+"""Pictures of the deepstack / spatial injections: plain numbers and boxes in, PIL images out.
+
+* :func:`norms_figure`: per level, the injected features' mean norm beside the residual stream's
+  mean norm at the image tokens just before and just after the injection;
+* :func:`trajectory_figure`: mean residual norm at every LLM layer, image vs text tokens, with the
+  injection layers marked (and, optionally, a modified run drawn dashed over it);
+* :func:`heatmaps_figure`: per level, the injected norm of each image token painted over the
+  original picture through the tiling token boxes.
+
+Inputs are the plain dicts of ``summary.json`` (``levels`` rows, the ``trajectory``) so that an export
+can be redrawn without the model. No torch here; matplotlib draws off-screen (no pyplot state).
+"""
+
+import io
+import math
+
+import numpy as np
+from matplotlib.figure import Figure
+from PIL import Image
+
+HEATMAP_MAX_SIDE = 384  # heatmap panels are drawn at most this many pixels on a side
+
+
+def figure_to_image(fig: Figure, dpi: int = 100) -> Image.Image:
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=dpi, bbox_inches="tight")
+    buffer.seek(0)
+    return Image.open(buffer).convert("RGB")
+
+
+def norms_figure(levels: list[dict], title: str = "Injected vs residual norms (image tokens)") -> Image.Image:
+    """Grouped bars per level: injected, residual before, residual after (mean L2 norms)."""
+    names = [f"{row['name']}\nLLM {row['llm_layer']}" for row in levels]
+    series = [
+        ("injected", "injected_norm_mean", "#d62728"),
+        ("residual before", "residual_norm_before_mean", "#7f7f7f"),
+        ("residual after", "residual_norm_after_mean", "#1f77b4"),
+    ]
+    x = np.arange(len(levels))
+    width = 0.27
+    fig = Figure(figsize=(max(6.0, 1.1 * len(levels) + 2), 4.2))
+    ax = fig.add_subplot()
+    for i, (label, key, colour) in enumerate(series):
+        values = [float(row[key]) for row in levels]
+        ax.bar(x + (i - 1) * width, values, width, label=label, color=colour)
+    if any("scale" in row and row["scale"] != 1.0 for row in levels):
+        for xi, row in zip(x, levels):
+            if row.get("scale", 1.0) != 1.0:
+                ax.annotate(f"x{row['scale']:g}", (xi, 0), xytext=(0, -28), textcoords="offset points",
+                            ha="center", fontsize=8, color="#d62728")
+    ax.set_xticks(x, names, fontsize=8)
+    ax.set_ylabel("mean L2 norm")
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    ax.grid(axis="y", alpha=0.3)
+    return figure_to_image(fig)
+
+
+def trajectory_figure(trajectory: dict, modified: dict | None = None,
+                      title: str = "Residual-stream norm by LLM layer") -> Image.Image:
+    """Mean residual norm entering each layer (last point: the last layer's output), image and
+    text tokens; injection layers as labelled vertical lines; ``modified`` dashed, if given."""
+    layers = trajectory["layers"]
+    fig = Figure(figsize=(8, 4.2))
+    ax = fig.add_subplot()
+    runs = [(trajectory, "-", "")] + ([(modified, "--", " (modified)")] if modified else [])
+    for run, style, suffix in runs:
+        ax.plot(layers, _floats(run["image_norm"]), style, color="#d62728", marker=".", label="image tokens" + suffix)
+        ax.plot(layers, _floats(run["text_norm"]), style, color="#1f77b4", marker=".", label="text tokens" + suffix)
+    for layer, name in trajectory.get("injection_layers", {}).items():
+        colour = "#2ca02c" if name.startswith("spatial") else "#9467bd"
+        ax.axvline(int(layer), color=colour, alpha=0.35, linewidth=1)
+        ax.annotate(name, (int(layer), 1.0), xycoords=("data", "axes fraction"), rotation=90, fontsize=7,
+                    va="top", ha="right", color=colour)
+    ax.set_xlabel("LLM layer (residual stream entering it, after its injection)")
+    ax.set_ylabel("mean L2 norm")
+    ax.set_title(title)
+    ax.legend(fontsize=8, loc="lower right")
+    ax.grid(alpha=0.3)
+    return figure_to_image(fig)
+
+
+def _floats(values) -> list[float]:
+    return [math.nan if v is None else float(v) for v in values]
+
+
+def paint_token_values(size_wh: tuple[int, int], boxes: list[tuple], values: list[float]) -> np.ndarray:
+    """A (height, width) float array: each box (left, top, right, bottom, in the array's pixels)
+    holds its value (the mean where boxes overlap); uncovered pixels are nan."""
+    width, height = size_wh
+    total = np.zeros((height, width))
+    count = np.zeros((height, width))
+    for (left, top, right, bottom), value in zip(boxes, values):
+        x0, y0 = int(round(left)), int(round(top))
+        x1, y1 = max(int(round(right)), x0 + 1), max(int(round(bottom)), y0 + 1)
+        if right <= left or bottom <= top:  # an empty box covers only padding
+            continue
+        total[y0:y1, x0:x1] += value
+        count[y0:y1, x0:x1] += 1
+    with np.errstate(invalid="ignore"):
+        return np.where(count > 0, total / np.maximum(count, 1), np.nan)
+
+
+def heatmaps_figure(image: Image.Image, tokens: list[tuple[str, tuple]], norms_by_level: dict[str, list[float]],
+                    view: str = "tile", title: str | None = None) -> Image.Image:
+    """One panel per level: the injected norm of each ``view`` token ("tile" or "base") over the image.
+
+    ``tokens``: ``(kind, box)`` per image token in packing order, ``box`` = (left, top, right, bottom)
+    in original-image pixels; ``norms_by_level``: level name -> one norm per image token (same order).
+    All panels share one colour scale, so levels can be compared.
+    """
+    scale = min(1.0, HEATMAP_MAX_SIDE / max(image.size))
+    shown = image.resize((max(1, round(image.width * scale)), max(1, round(image.height * scale))))
+    picked = [i for i, (kind, _) in enumerate(tokens) if kind == view]
+    boxes = [tuple(v * scale for v in tokens[i][1]) for i in picked]
+    maps = {name: paint_token_values(shown.size, boxes, [norms[i] for i in picked])
+            for name, norms in norms_by_level.items()}
+    finite = [m[np.isfinite(m)] for m in maps.values()]
+    finite = np.concatenate(finite) if finite else np.zeros(0)
+    vmin, vmax = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
+    if vmax <= vmin:
+        vmax = vmin + 1e-6
+
+    cols = min(4, max(1, len(maps)))
+    rows = max(1, math.ceil(len(maps) / cols))
+    aspect = shown.height / shown.width
+    fig = Figure(figsize=(3.2 * cols + 0.8, 3.2 * rows * aspect + 0.9))
+    axes = fig.subplots(rows, cols, squeeze=False)
+    mappable = None
+    for ax, (name, heat) in zip(axes.flat, maps.items()):
+        ax.imshow(shown)
+        mappable = ax.imshow(heat, cmap="inferno", alpha=0.6, vmin=vmin, vmax=vmax)
+        ax.set_title(f"{name}  (max {np.nanmax(heat) if np.isfinite(heat).any() else 0:.3g})", fontsize=8)
+        ax.axis("off")
+    for ax in list(axes.flat)[len(maps):]:
+        ax.axis("off")
+    if mappable is not None:
+        fig.colorbar(mappable, ax=axes.ravel().tolist(), shrink=0.8, label="injected L2 norm")
+    fig.suptitle(title or f"Injected norm per {view} token", fontsize=10)
+    return figure_to_image(fig)
