@@ -185,10 +185,9 @@ def bench(name: str, device: torch.device, dtype: torch.dtype, image_size_hw: tu
     seconds = time_modes(model, inputs, device, repeats)
     peaks = {mode: peak_memory(model, inputs, device, mode) for mode in MODES}
     image_tokens = int((inputs["input_ids"] == model.config.image_token_index).sum())
-    result = BenchResult(label, str(device), str(dtype).removeprefix("torch."), sum(p.numel() for p in model.parameters()),
-                         int(inputs["input_ids"].shape[1]), image_tokens, repeats, seconds, peaks)
-    del model
-    return result
+    parameters = sum(p.numel() for p in model.parameters())
+    return BenchResult(label, str(device), str(dtype).removeprefix("torch."), parameters,
+                       int(inputs["input_ids"].shape[1]), image_tokens, repeats, seconds, peaks)
 
 
 def format_result(result: BenchResult) -> str:
@@ -197,8 +196,8 @@ def format_result(result: BenchResult) -> str:
             f"{result.sequence_tokens} tokens ({result.image_tokens} image), best of {result.repeats}\n"
             f"  time  off {result.seconds['off'] * 1e3:.1f} ms | norms {result.seconds['norms'] * 1e3:.1f} ms "
             f"(x{r['time_norms']:.3f}) | full {result.seconds['full'] * 1e3:.1f} ms (x{r['time_full']:.3f})\n"
-            f"  peak  off {result.peak_bytes['off'] / 2**20:.1f} MiB | norms {result.peak_bytes['norms'] / 2**20:.1f} MiB "
-            f"(x{r['memory_norms']:.3f}) | full {result.peak_bytes['full'] / 2**20:.1f} MiB (x{r['memory_full']:.3f})")
+            f"  peak  off {result.peak_bytes['off'] / 2**20:.1f} MiB | "
+            f"norms {result.peak_bytes['norms'] / 2**20:.1f} MiB (x{r['memory_norms']:.3f}) | full {result.peak_bytes['full'] / 2**20:.1f} MiB (x{r['memory_full']:.3f})")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
