@@ -49,3 +49,25 @@ def test_bad_input_is_one_line_and_the_app_keeps_serving(client, tmp_path):
         chat(client, "   ")
     assert "prompt is empty" in str(err.value)
     assert chat(client, "Still there?").strip()
+
+
+@pytest.mark.parametrize("path", ["/etc/passwd", "app.py", "g4v/paths.py"])
+def test_app_serves_no_files_outside_its_folders(app_url, path):
+    import httpx
+
+    from g4v.paths import REPO_ROOT
+
+    target = path if path.startswith("/") else str(REPO_ROOT / path)
+    response = httpx.get(f"{app_url}gradio_api/file={target}", timeout=10)
+    assert response.status_code in (403, 404)
+    assert "root:" not in response.text and "def " not in response.text
+
+
+def test_app_serves_its_example_images(app_url):
+    import httpx
+
+    from g4v.paths import EXAMPLES_DIR
+
+    example = EXAMPLES_DIR / "red-circle-wide.png"
+    response = httpx.get(f"{app_url}gradio_api/file={example}", timeout=10)
+    assert response.status_code == 200 and response.content == example.read_bytes()
