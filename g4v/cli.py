@@ -12,7 +12,7 @@ import sys
 from g4v.errors import G4VError
 
 #: Command modules, in the order ``--help`` lists them.
-COMMANDS = ["chat", "tiling", "inspect", "merge_lora", "lora_diff", "bench"]
+COMMANDS = ["chat", "tiling", "inspect", "merge_lora", "lora_diff", "port_diff", "bench"]
 
 
 class OneLineParser(argparse.ArgumentParser):

@@ -1,0 +1,95 @@
+"""``python -m g4v port-diff [--model M] --image IMG --prompt P [--json] [--png OUT]``: where vLLM's
+port of Granite 4 Vision departs from transformers (per level, per layer, per config field).
+
+Runs only where vLLM is installed (the vLLM CPU environment: ``.venv-vllm``); both sides run in
+that one environment so they share the image processor."""
+
+import json
+import os
+
+from g4v.errors import G4VError
+
+
+def add_parser(subparsers):
+    parser = subparsers.add_parser("port-diff", help="compare vLLM's granite4_vision with transformers, level by level")
+    parser.add_argument("--model", default=None,
+                        help="model folder or hub id (default: $G4V_MODEL, else the bundled checkpoint)")
+    parser.add_argument("--image", required=True, metavar="PATH", help="the image")
+    parser.add_argument("--prompt", required=True, help="the question")
+    parser.add_argument("--max-new-tokens", type=int, default=16, help="greedy tokens compared (default 16)")
+    parser.add_argument("--atol", type=float, default=None,
+                        help="per-level feature tolerance (default 1e-5 in float32)")
+    parser.add_argument("--json", action="store_true", help="print the full result as JSON")
+    parser.add_argument("--png", default=None, metavar="PATH", help="also save heatmaps and trajectories as a PNG")
+    return parser
+
+
+def run(args) -> int:
+    from g4v.engines import vllm_installed
+    from g4v.images import open_image
+
+    if not vllm_installed():
+        raise G4VError("port-diff needs vLLM: run it from the vLLM environment "
+                       "(scripts/setup_vllm_cpu_env.sh, then .venv-vllm/bin/python -m g4v port-diff ...)")
+    picture = open_image(args.image)  # check the input before the (slow) model loads
+    # vLLM logs to stdout by default (its engine processes inherit this); keep stdout for the report.
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
+    if args.max_new_tokens < 0:
+        raise G4VError(f"--max-new-tokens must be >= 0, got {args.max_new_tokens}")
+    from g4v.port_diff import run_port_diff
+
+    result = run_port_diff(picture, args.prompt, model=args.model, max_new_tokens=args.max_new_tokens,
+                           atol=args.atol, draw=bool(args.png))
+    if args.png:
+        result.figure.save(args.png)
+    print(json.dumps(result.summary, indent=2) if args.json else report(result.summary))
+    return 0
+
+
+def report(data: dict) -> str:
+    lines = [f"model: {data['model']}", f"verdict: {'OK' if data.get('ok') else 'DIFFERS'}: {data.get('message')}"]
+    for key in ("load_error", "vllm_error"):
+        if data.get(key):
+            lines.append(f"{key.replace('_', ' ')}: {data[key]}")
+    if data.get("levels"):
+        lines.append(f"\nlevel          LLM  max|diff|   max rel    (tolerance {data['atol']:g})")
+        for row in data["levels"]:
+            abs_diff = "-" if row["max_abs_diff"] is None else f"{row['max_abs_diff']:.2e}"
+            rel = "-" if row["max_rel_diff"] is None else f"{row['max_rel_diff']:.2e}"
+            lines.append(f"  {row['name']:13} {row['llm_layer']:3}  {abs_diff:>9}  {rel:>9}  "
+                         f"{'ok' if row['ok'] else row['problem']}")
+    trajectory = data.get("trajectory")
+    if trajectory and trajectory.get("transformers"):
+        lines.append("\nlayer  image(hf)  image(vllm)  text(hf)  text(vllm)  max token rel")
+        hf, vl = trajectory["transformers"], trajectory["vllm"]
+        for i in trajectory["layers"]:
+            lines.append(f"  {i:3}  {_f(hf['image_norm'][i]):>9}  {_f(vl['image_norm'][i]):>11}  "
+                         f"{_f(hf['text_norm'][i]):>8}  {_f(vl['text_norm'][i]):>10}  "
+                         f"{trajectory['max_token_rel_diff'][i]:.2e}")
+    elif trajectory:
+        lines.append(f"\ntrajectory: {trajectory.get('problem')}")
+    nt = data.get("next_token")
+    if nt:
+        lines.append(f"\nnext token: KL {nt['kl_divergence']:.3g} ({nt['kl_over']}), top-5 overlap "
+                     f"{nt['top5_overlap']}/5, argmax {'agrees' if nt['argmax_agrees'] else 'differs'}")
+        lines.append(f"  transformers: {nt['continuation_transformers']!r}")
+        lines.append(f"  vLLM:         {nt['continuation_vllm']!r}")
+        first = nt["first_divergence"]
+        lines.append(f"  first divergence: {'none' if first is None else 'token ' + str(first)}")
+    audit = data.get("config_audit")
+    if audit:
+        lines.append(f"\nconfig audit ({audit['vllm_source']}): {audit['message']}")
+        for row in audit["fields"]:
+            mark = {True: "ok", False: "DIFFERS", None: "?"}[row["ok"]]
+            lines.append(f"  {mark:7} {row['field']}: checkpoint {_short(row['checkpoint'])}, "
+                         f"transformers {_short(row['transformers'])}, vLLM {_short(row['vllm'])}")
+    return "\n".join(lines)
+
+
+def _f(value) -> str:
+    return "-" if value is None else f"{value:.4f}"
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."

@@ -1,0 +1,68 @@
+"""``python -m g4v port-diff`` outside the vLLM environment, and its pictures (no model needed).
+
+The comparison itself is tested against real vLLM in ``tests/vllm/test_port_diff.py``; here: the
+command exists as ``port-diff``, refuses in one line where vLLM is missing, and the viz module draws
+a saved summary without torch.
+"""
+
+import math
+import subprocess
+import sys
+
+import pytest
+from PIL import Image
+
+from g4v.engines import vllm_installed
+from g4v.paths import EXAMPLES_DIR, REPO_ROOT
+
+
+def g4v(*args):
+    return subprocess.run([sys.executable, "-m", "g4v", *args], cwd=REPO_ROOT, capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_port_diff_is_listed_in_help():
+    result = g4v("--help")
+    assert result.returncode == 0
+    assert "port-diff" in result.stdout
+
+
+@pytest.mark.skipif(vllm_installed(), reason="checks the refusal where vLLM is missing")
+def test_without_vllm_says_to_use_the_vllm_environment():
+    result = g4v("port-diff", "--image", str(EXAMPLES_DIR / "red-circle-wide.png"), "--prompt", "hi")
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert result.returncode == 1
+    assert len(lines) == 1 and "Traceback" not in result.stderr
+    assert "vLLM environment" in lines[0] and ".venv-vllm" in lines[0]
+
+
+def test_missing_flags_are_one_line():
+    result = g4v("port-diff", "--prompt", "hi")
+    assert result.returncode == 2
+    assert len([line for line in result.stderr.splitlines() if line.strip()]) == 1
+
+
+def test_figure_draws_from_a_summary_without_torch():
+    code = (
+        "import sys, json; from PIL import Image; import viz.port_diff as v; "
+        "assert 'torch' not in sys.modules, 'viz must not import torch'; print('ok')"
+    )
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr
+
+    from viz.port_diff import port_diff_figure
+
+    image = Image.new("RGB", (120, 80), "white")
+    tokens = [("base", (0, 0, 60, 40)), ("base", (60, 0, 120, 40)), ("tile", (0, 40, 60, 80)),
+              ("tile", (60, 40, 120, 80)), ("newline", (0, 40, 120, 80))]
+    levels = [{"name": "deepstack0", "llm_layer": 3, "max_abs_diff": 3e-7, "ok": True},
+              {"name": "spatial_TL", "llm_layer": 4, "max_abs_diff": None, "ok": False}]
+    trajectory = {"layers": [0, 1, 2], "injection_layers": {"1": "deepstack0"}, "rtol": 1e-4,
+                  "transformers": {"image_norm": [1.0, 2.0, 2.5], "text_norm": [1.0, 1.0, 1.1]},
+                  "vllm": {"image_norm": [1.0, 2.0, 2.6], "text_norm": [1.0, 1.0, None]},
+                  "max_token_rel_diff": [1e-7, 2e-7, 4e-2]}
+    summary = {"levels": levels, "atol": 1e-5, "trajectory": trajectory}
+    picture = port_diff_figure(image, tokens, summary, {"deepstack0": [1e-7, 2e-7, 3e-7, 1e-7, 0.0]})
+    assert picture.width > 300 and picture.height > 600
+    empty = port_diff_figure(image, tokens, {"message": "vLLM could not start"}, {})
+    assert empty.width > 100 and not math.isnan(empty.height)
