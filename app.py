@@ -6,6 +6,7 @@ The Gradio wiring reads top to bottom; the work happens in plain functions of th
 """
 
 import argparse
+import json
 import os
 import threading
 from pathlib import Path
@@ -309,10 +310,10 @@ def banner(model: str) -> str:
 
 
 def example_messages() -> list[list]:
-    """Chat examples from assets/examples, with default sampling settings."""
-    pictures = sorted(EXAMPLES_DIR.glob("*.png"))
-    prompts = ["Which shapes do you see?", "What colour is the shape?", "How many shapes are there?"]
-    return [[{"text": prompt, "files": [str(path)]}, 128, 0.0, 1.0, 0] for path, prompt in zip(pictures, prompts)]
+    """Chat examples listed in assets/examples/examples.json, with default sampling settings."""
+    listed = json.loads((EXAMPLES_DIR / "examples.json").read_text())
+    return [[{"text": item["prompt"], "files": [str(EXAMPLES_DIR / item["file"])]}, 128, 0.0, 1.0, 0]
+            for item in listed]
 
 
 def local_config(engine: Engine):

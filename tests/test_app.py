@@ -19,7 +19,7 @@ def chat(client, text, files=(), max_new_tokens=12, temperature=0.0):
 
 
 def test_app_answers_a_message_with_an_image(client):
-    answer = chat(client, "What colour is the shape?", [EXAMPLES_DIR / "red-circle-wide.png"])
+    answer = chat(client, "What colour is the shape?", [EXAMPLES_DIR / "shapes-wide.png"])
     assert isinstance(answer, str) and answer.strip()
 
 
@@ -68,6 +68,6 @@ def test_app_serves_its_example_images(app_url):
 
     from g4v.paths import EXAMPLES_DIR
 
-    example = EXAMPLES_DIR / "red-circle-wide.png"
+    example = EXAMPLES_DIR / "shapes-wide.png"
     response = httpx.get(f"{app_url}gradio_api/file={example}", timeout=10)
     assert response.status_code == 200 and response.content == example.read_bytes()

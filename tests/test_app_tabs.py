@@ -10,7 +10,7 @@ from g4v.paths import EXAMPLES_DIR
 from g4v.tiling import load_tiling_config, plan_tiling
 from g4v.paths import BUNDLED_MODEL_DIR
 
-EXAMPLE = EXAMPLES_DIR / "three-shapes-square.png"
+EXAMPLE = EXAMPLES_DIR / "shapes-tall.png"
 
 
 @pytest.fixture(scope="module")

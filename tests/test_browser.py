@@ -6,7 +6,7 @@ import pytest
 from g4v.paths import EXAMPLES_DIR
 from tests.browser import CHROMIUM, browser_page
 
-EXAMPLE = str(EXAMPLES_DIR / "three-shapes-square.png")
+EXAMPLE = str(EXAMPLES_DIR / "shapes-tall.png")
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ import pytest
 from g4v.paths import EXAMPLES_DIR, REPO_ROOT
 from tests.conftest import make_image
 
-EXAMPLE = EXAMPLES_DIR / "red-circle-wide.png"
+EXAMPLE = EXAMPLES_DIR / "shapes-wide.png"
 
 
 def g4v(*args, timeout=180):

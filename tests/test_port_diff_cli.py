@@ -29,7 +29,7 @@ def test_port_diff_is_listed_in_help():
 
 @pytest.mark.skipif(vllm_installed(), reason="checks the refusal where vLLM is missing")
 def test_without_vllm_says_to_use_the_vllm_environment():
-    result = g4v("port-diff", "--image", str(EXAMPLES_DIR / "red-circle-wide.png"), "--prompt", "hi")
+    result = g4v("port-diff", "--image", str(EXAMPLES_DIR / "shapes-wide.png"), "--prompt", "hi")
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert result.returncode == 1
     assert len(lines) == 1 and "Traceback" not in result.stderr
