@@ -1,0 +1,223 @@
+"""``python -m g4v.demo eval``: what the trained demo checkpoint sees, measured on held-out pictures.
+
+* accuracy per question type (colour, shape, position, count) on ``--n`` held-out pictures
+  (:func:`g4v.demo.shapes.eval_set`, seeds never used in training), four questions per picture,
+  greedy decoding, exact match, through an engine: the transformers engine (``--backend hf``) or the
+  vLLM engine (``--backend vllm``, run from the vLLM environment);
+* (hf) the same with all 8 injection levels ablated, and with each single level ablated. Ablating a
+  level zeroes the features Granite 4 Vision adds into the language model at that level (the image
+  placeholder embeddings are already zero, so with all 8 ablated the model sees no picture at all).
+  It uses :func:`g4v.deepstack.instrument` (a forward pre-hook on the language model that scales
+  the ``deepstack_features`` it is handed), so the model code is untouched;
+* (hf) the demo adapter: adherence (colour answers given in French) and accuracy with it on, and
+  "adapter off => base answers unchanged" (the same engine with the adapter loaded but disabled,
+  answer for answer).
+"""
+
+import json
+import os
+import time
+from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from g4v.conversation import Message, SamplingSettings
+from g4v.demo import shapes as S
+
+SETTINGS = SamplingSettings(max_new_tokens=8, temperature=0)
+
+
+def items(pictures: list[S.Picture]) -> list[tuple[S.Picture, S.QA]]:
+    return [(p, qa) for p in pictures for qa in p.qas]
+
+
+def ask(engine, picture: S.Picture, question: str) -> str:
+    return engine.generate([Message("user", question, [picture.image])], SETTINGS).text.strip()
+
+
+def answers(engine, pairs, workers: int = 1) -> list[str]:
+    if workers > 1:
+        with ThreadPoolExecutor(workers) as pool:
+            return list(pool.map(lambda pq: ask(engine, pq[0], pq[1].question), pairs))
+    return [ask(engine, p, qa.question) for p, qa in pairs]
+
+
+def batched_answers(model, processor, pairs, batch_size: int = 16, max_new_tokens: int = 6) -> list[str]:
+    """Greedy answers for many questions at once: the same prompts as the engines (chat template,
+    processor), left-padded into batches for ``model.generate``. Rotary position embeddings make a
+    left-padded row compute what it computes alone (up to float rounding); the transformers
+    engine's answers are the reference, and ``eval`` reports how often the two agree."""
+    import torch
+
+    tokenizer = processor.tokenizer
+    eos = tokenizer.eos_token_id
+    replies = []
+    for start in range(0, len(pairs), batch_size):
+        chunk = pairs[start : start + batch_size]
+        texts = [
+            processor.apply_chat_template(
+                [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": qa.question}]}],
+                add_generation_prompt=True, tokenize=False)
+            for _, qa in chunk
+        ]
+        old_side = tokenizer.padding_side
+        tokenizer.padding_side = "left"
+        try:
+            inputs = processor(text=texts, images=[p.image for p, _ in chunk], return_tensors="pt", padding=True)
+        finally:
+            tokenizer.padding_side = old_side
+        with torch.inference_mode():
+            out = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False, temperature=None,
+                                 top_p=None, top_k=None, pad_token_id=tokenizer.pad_token_id, eos_token_id=eos)
+        for row in out[:, inputs["input_ids"].shape[1] :].tolist():
+            row = row[: row.index(eos)] if eos in row else row
+            replies.append(tokenizer.decode(row, skip_special_tokens=True).strip())
+    return replies
+
+
+def accuracy(pairs, replies: list[str], target=lambda qa: qa.answer) -> dict[str, float]:
+    right, total = defaultdict(int), defaultdict(int)
+    for (_, qa), reply in zip(pairs, replies):
+        total[qa.kind] += 1
+        right[qa.kind] += int(reply == target(qa))
+    table = {kind: right[kind] / total[kind] for kind in S.QUESTION_TYPES if total[kind]}
+    table["all"] = sum(right.values()) / max(1, sum(total.values()))
+    return table
+
+
+def ablation_scales(model, names: list[str] | None) -> dict[str, float]:
+    from g4v.deepstack import describe_levels
+
+    levels = describe_levels(model.config)
+    return {level.name: 0.0 for level in levels if names is None or level.name in names}
+
+
+def level_names(model) -> list[str]:
+    from g4v.deepstack import describe_levels
+
+    return [level.name for level in describe_levels(model.config)]
+
+
+def ablated_answers(model, processor, pairs, scales: dict[str, float]) -> list[str]:
+    """Batched answers with the given levels scaled (0 = ablated)."""
+    from g4v.deepstack import instrument
+
+    with instrument(model, scales=scales, record=False):
+        return batched_answers(model, processor, pairs)
+
+
+def evaluate_adapter(model, processor, pairs, adapter_dir: Path) -> dict:
+    """Answers without the adapter, then with it loaded by PEFT (on, and disabled), batched the same
+    way, so "adapter off => base answers unchanged" compares like with like."""
+    from peft import PeftModel
+
+    base_replies = batched_answers(model, processor, pairs)
+    peft_model = PeftModel.from_pretrained(model, str(adapter_dir))
+    peft_model.eval()
+    try:
+        on = batched_answers(model, processor, pairs)  # PEFT wrapped the model's own layers in place
+        with peft_model.disable_adapter():
+            off = batched_answers(model, processor, pairs)
+    finally:
+        peft_model.unload()  # LoRA layers removed again
+    french = set(S.FRENCH.values())
+    colour = [(qa, reply) for (_, qa), reply in zip(pairs, on) if qa.kind == "colour"]
+    return {
+        "adherence": sum(reply in french for _, reply in colour) / max(1, len(colour)),
+        "accuracy_with_adapter": accuracy(pairs, on, target=S.french_answer),
+        "off_equals_base": sum(a == b for a, b in zip(off, base_replies)) / max(1, len(off)),
+        "examples": [(qa.question, reply) for (_, qa), reply in list(zip(pairs, on))[:8]],
+    }
+
+
+def format_table(rows: dict[str, dict[str, float]]) -> str:
+    kinds = [*S.QUESTION_TYPES, "all"]
+    width = max(len(name) for name in rows) + 2
+    lines = [" " * width + "".join(f"{k:>10}" for k in kinds)]
+    for name, table in rows.items():
+        lines.append(f"{name:<{width}}" + "".join(f"{100 * table.get(k, float('nan')):>9.1f}%" for k in kinds))
+    return "\n".join(lines)
+
+
+def main(args) -> int:
+    import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    pictures = S.eval_set(args.n)
+    pairs = items(pictures)
+    rows: dict[str, dict[str, float]] = {}
+    results: dict = {"model": str(args.model), "n_pictures": args.n, "backend": args.backend,
+                     "chance": S.CHANCE}
+    started = time.time()
+    if args.backend == "vllm":
+        from g4v.engines.vllm_engine import VLLMEngine
+
+        engine = VLLMEngine(str(args.model))
+        try:
+            replies = answers(engine, pairs, workers=8)
+            rows["vllm"] = accuracy(pairs, replies)
+            results["replies"] = replies
+            if args.adapter and Path(args.adapter).is_dir():
+                engine.register_adapter("demo", str(args.adapter))
+                with ThreadPoolExecutor(8) as pool:
+                    on = list(pool.map(lambda pq: engine.generate(
+                        [Message("user", pq[1].question, [pq[0].image])], SETTINGS, adapter="demo").text.strip(), pairs))
+                    off = answers(engine, pairs, workers=8)
+                colour = [reply for (_, qa), reply in zip(pairs, on) if qa.kind == "colour"]
+                results["adapter"] = {
+                    "path": str(args.adapter),
+                    "adherence": sum(r in set(S.FRENCH.values()) for r in colour) / max(1, len(colour)),
+                    "accuracy_with_adapter": accuracy(pairs, on, target=S.french_answer),
+                    "off_equals_base": sum(a == b for a, b in zip(off, replies)) / max(1, len(off)),
+                    "examples": [(qa.question, r) for (_, qa), r in list(zip(pairs, on))[:8]],
+                }
+        finally:
+            engine.close()
+    else:
+        from g4v.engines.hf import TransformersEngine
+
+        engine = TransformersEngine(str(args.model), device="cpu", dtype="float32")
+        model, processor = engine.model, engine.processor
+        if getattr(args, "adapter_only", False):
+            results["adapter"] = {"path": str(args.adapter), **evaluate_adapter(model, processor, pairs, Path(args.adapter))}
+            return _report(args, results, rows, pairs, started)
+        replies = answers(engine, pairs)
+        rows["hf"] = accuracy(pairs, replies)
+        results["replies"] = replies
+        batched = batched_answers(model, processor, pairs)
+        rows["hf batched"] = accuracy(pairs, batched)
+        results["batched_agrees_with_engine"] = sum(a == b for a, b in zip(batched, replies)) / len(pairs)
+        if not args.no_ablations:
+            rows["all 8 ablated"] = accuracy(pairs, ablated_answers(model, processor, pairs, ablation_scales(model, None)))
+            ab_pairs = items(pictures[: args.ablation_n or args.n])
+            for name in level_names(model):
+                rows[f"{name} ablated"] = accuracy(ab_pairs, ablated_answers(model, processor, ab_pairs, {name: 0.0}))
+            results["single_level_ablation_pictures"] = len(ab_pairs) // 4
+        if args.adapter and Path(args.adapter).is_dir():
+            results["adapter"] = {"path": str(args.adapter), **evaluate_adapter(model, processor, pairs, Path(args.adapter))}
+    return _report(args, results, rows, pairs, started)
+
+
+def _report(args, results, rows, pairs, started) -> int:
+    results["accuracy"] = rows
+    results["wall_time_s"] = round(time.time() - started, 1)
+    print(f"held-out pictures: {args.n} ({len(pairs)} questions), backend {args.backend}, model {args.model}")
+    if rows:
+        print(format_table(rows))
+    if "batched_agrees_with_engine" in results:
+        print(f"batched answers equal to the engine's: {100 * results['batched_agrees_with_engine']:.1f}%"
+              + (f"; single-level ablations on the first {results['single_level_ablation_pictures']} pictures"
+                 if "single_level_ablation_pictures" in results else ""))
+    print("chance: " + ", ".join(f"{k} {100 * v:.0f}%" for k, v in S.CHANCE.items()))
+    if "adapter" in results:
+        a = results["adapter"]
+        print(f"adapter {args.adapter}: adherence (colour answers in French) {100 * a['adherence']:.1f}%, "
+              f"answers with adapter correct {100 * a['accuracy_with_adapter']['all']:.1f}%, "
+              f"adapter off == base answers {100 * a['off_equals_base']:.1f}%")
+        print("  e.g. " + "; ".join(f"{q} -> {r}" for q, r in a["examples"][:4]))
+    print(f"wall time {results['wall_time_s']} s")
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
+    return 0

@@ -1,0 +1,454 @@
+"""Train the bundled tiny Granite 4 Vision from scratch on synthetic shapes, and its demo LoRA adapter.
+
+``python -m g4v.demo train [--steps N] [--out DIR] [--seed S]`` starts from the same seeded random
+initialisation as ``python -m g4v.demo build`` (same config, processor and tokenizer) and trains every
+weight on pictures from :mod:`g4v.demo.shapes`, on the CPU, deterministically for a given seed, step
+count and thread count. The result is saved in the hub layout (bf16) with a ``g4v_build.json`` that
+records the command, seed, data settings, steps, wall time and the weights' SHA-256.
+
+``python -m g4v.demo train-adapter`` trains an LM-only LoRA adapter (PEFT format) on the trained
+checkpoint that answers colour questions in French and leaves every other answer as it was.
+
+What makes the tiny model learn fast:
+
+* **exactly the inference format**: each example is rendered by the chat template and expanded by the
+  processor (one ``<image>`` placeholder per visual feature), so training sees what the engines see;
+* **several answers per picture**: after the first question (the inference format) the conversation
+  goes on with more questions about the same picture, so one (costly) vision pass trains on up to 4
+  answers; questions whose answer an earlier turn gives away are left out (one-shape pictures ask
+  either the colour or the shape, never both; "What shape is red?" is asked about another shape
+  than "What colour is the X?");
+* **labels only on answers** (answer tokens plus the closing ``<|end_of_text|>``);
+* **a dense signal on all 8 levels** while training (:class:`FeatureProbe`): a throw-away linear
+  probe on each projector's output must tell, for every base-view feature, the colour and the shape
+  under it (or background). The vision tower and all 8 Q-Formers get gradients from 64 cells per
+  picture instead of from a few answer tokens; the probes are not part of the saved checkpoint;
+* **small canvases** (mostly 1 tile + the base view), one canvas kind per batch (little padding), AdamW with warm-up and cosine decay, no dropout
+  during training, and a short curriculum that starts with more one-shape pictures.
+"""
+
+import math
+import random
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from g4v.demo import shapes as S
+from g4v.paths import ASSETS_DIR
+
+TRAINED_MODEL_DIR = ASSETS_DIR / "granite4-vision-tiny-trained"
+ADAPTER_NAME = "tiny-trained-french"
+ADAPTER_DIR = ASSETS_DIR / "adapters" / ADAPTER_NAME
+#: LoRA targets: every projection of the language model's decoder layers, nothing in the vision side.
+LORA_TARGET_REGEX = r"model\.language_model\.layers\.\d+\.(self_attn\.(q|k|v|o)_proj|mlp\.(gate|up|down)_proj)"
+
+
+@dataclass
+class TrainSettings:
+    steps: int = 300
+    batch_size: int = 8
+    lr: float = 2.5e-3
+    min_lr_ratio: float = 0.05
+    warmup_steps: int = 20
+    weight_decay: float = 0.01
+    grad_clip: float = 1.0
+    seed: int = 0
+    threads: int = 1
+    #: Curriculum: the share of forced one-shape pictures falls linearly from this to 0 ...
+    single_shape_start: float = 0.5
+    #: ... over this fraction of the steps.
+    curriculum_fraction: float = 0.3
+    max_turns: int = 4
+    #: Weight of the auxiliary dense loss (see :class:`FeatureProbe`); 0 turns it off.
+    aux_weight: float = 0.5
+    #: Predict each cell's place too (left/right/top/bottom/center of the object under it).
+    aux_place: bool = False
+    #: Start from this trained checkpoint instead of the seeded random initialisation.
+    init: str | None = None
+    #: Multiply the language model's q_proj and k_proj weights by this before training. Granite's
+    #: ``attention_multiplier`` (1/64 here, instead of 1/sqrt(head_dim) = 1/8) makes attention
+    #: nearly uniform in a small freshly initialised model, so it can pool the picture but hardly
+    #: pick one shape out of it; sqrt(8) on both restores standard attention logits.
+    qk_scale: float = 1.0
+
+
+def lr_at(step: int, settings: TrainSettings) -> float:
+    if step < settings.warmup_steps:
+        return settings.lr * (step + 1) / settings.warmup_steps
+    progress = (step - settings.warmup_steps) / max(1, settings.steps - settings.warmup_steps)
+    cosine = 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+    return settings.lr * (settings.min_lr_ratio + (1 - settings.min_lr_ratio) * cosine)
+
+
+# ── examples ────────────────────────────────────────────────────────────────────────────────────
+
+
+def conversation_turns(picture: S.Picture, rng: random.Random, max_turns: int = 4, answer=None) -> list[tuple[str, str]]:
+    """(question, answer) turns about one picture, first turn in the inference format, with no turn
+    whose answer an earlier one gives away."""
+    answer = answer or (lambda qa: qa.answer)
+    shapes = picture.shapes
+    pick = lambda: shapes[rng.randrange(len(shapes))]  # noqa: E731
+    a = pick()
+    candidates = [S.QA("colour", f"What colour is the {a.kind}?", a.colour)]
+    others = [s for s in shapes if s is not a]
+    if others:
+        b = others[rng.randrange(len(others))]
+        candidates.append(S.QA("shape", f"What shape is {b.colour}?", b.kind))
+    c = pick()
+    candidates.append(S.QA("position", f"Where is the {c.kind}?", c.place))
+    candidates.append(S.QA("count", "How many shapes?", S.NUMBERS[len(shapes)]))
+    if not others and rng.random() < 0.5:
+        candidates[0] = S.QA("shape", f"What shape is {a.colour}?", a.kind)
+    rng.shuffle(candidates)
+    return [(qa.question, answer(qa)) for qa in candidates[:max_turns]]
+
+
+def render(processor, turns: list[tuple[str, str]]) -> str:
+    messages = []
+    for i, (question, reply) in enumerate(turns):
+        content = ([{"type": "image"}] if i == 0 else []) + [{"type": "text", "text": question}]
+        messages.append({"role": "user", "content": content})
+        messages.append({"role": "assistant", "content": [{"type": "text", "text": reply}]})
+    return processor.apply_chat_template(messages, tokenize=False)
+
+
+def answer_labels(input_ids: torch.Tensor, tokenizer) -> torch.Tensor:
+    """Labels = input ids on assistant answers (content + closing end-of-text), -100 elsewhere."""
+    start = tokenizer.convert_tokens_to_ids("<|start_of_role|>")
+    end_role = tokenizer.convert_tokens_to_ids("<|end_of_role|>")
+    eot = tokenizer.convert_tokens_to_ids("<|end_of_text|>")
+    assistant = tokenizer.encode("assistant", add_special_tokens=False)
+    labels = torch.full_like(input_ids, -100)
+    for row in range(input_ids.shape[0]):
+        ids = input_ids[row].tolist()
+        i, n = 0, len(ids)
+        while i < n:
+            if ids[i] == start:
+                j = i + 1
+                while j < n and ids[j] != end_role:
+                    j += 1
+                role = ids[i + 1 : j]
+                i = j + 1
+                if role == assistant:
+                    while i < n and ids[i] != eot:
+                        labels[row, i] = ids[i]
+                        i += 1
+                    if i < n:
+                        labels[row, i] = eot
+            i += 1
+    return labels
+
+
+def encode(processor, pictures: list[S.Picture], turns: list[list[tuple[str, str]]]) -> dict:
+    """A right-padded training batch (positions as in single-example inference)."""
+    tokenizer = processor.tokenizer
+    texts = [render(processor, t) for t in turns]
+    old_side = tokenizer.padding_side
+    tokenizer.padding_side = "right"
+    try:
+        batch = processor(text=texts, images=[p.image for p in pictures], return_tensors="pt", padding=True)
+    finally:
+        tokenizer.padding_side = old_side
+    batch = dict(batch)
+    batch["labels"] = answer_labels(batch["input_ids"], tokenizer)
+    return batch
+
+
+class FeatureProbe(torch.nn.Module):
+    """Auxiliary training signal: forward hooks keep the 8 projectors' outputs (views x 64 x hidden);
+    linear heads classify each base-view feature's colour and shape (background included)."""
+
+    def __init__(self, model, place: bool = False):
+        super().__init__()
+        self.place = place
+        inner = model.model
+        self.projectors = list(inner.layerwise_projectors) + list(inner.spatial_projectors)
+        hidden = model.config.text_config.hidden_size
+        self.heads = torch.nn.ModuleList(
+            [torch.nn.Linear(hidden, 1 + len(S.COLOURS) + 1 + len(S.SHAPES) + (1 + len(S.PLACES)) * place)
+             for _ in self.projectors])
+        self.outputs: list = [None] * len(self.projectors)
+        self.config = model.config
+        self._handles = [proj.register_forward_hook(self._keeper(i)) for i, proj in enumerate(self.projectors)]
+        weights = torch.ones(1 + max(len(S.COLOURS), len(S.SHAPES), len(S.PLACES)))
+        weights[0] = 0.3  # background is most cells
+        self.register_buffer("class_weights", weights, persistent=False)
+
+    def _keeper(self, i):
+        def hook(module, args, output):
+            self.outputs[i] = output
+        return hook
+
+    def remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+
+    def loss(self, pictures: list[S.Picture], image_sizes: torch.Tensor) -> torch.Tensor:
+        from transformers.models.granite4_vision.modeling_granite4_vision import image_size_to_num_patches
+
+        counts = [image_size_to_num_patches(size, self.config.image_grid_pinpoints, self.config.vision_config.image_size)
+                  for size in image_sizes.tolist()]
+        base_views = torch.tensor([sum(counts[:i]) for i in range(len(counts))])
+        labels = [S.feature_labels(p) for p in pictures]
+        colour = torch.tensor([c for c, _, _ in labels]).flatten()
+        shape = torch.tensor([s for _, s, _ in labels]).flatten()
+        place = torch.tensor([p for _, _, p in labels]).flatten()
+        nc, ns = 1 + len(S.COLOURS), 1 + len(S.SHAPES)
+        total = 0.0
+        for head, out in zip(self.heads, self.outputs):
+            logits = head(out[base_views]).flatten(0, 1)  # (images * 64, classes)
+            total = total + torch.nn.functional.cross_entropy(logits[:, :nc], colour, weight=self.class_weights[:nc])
+            total = total + torch.nn.functional.cross_entropy(logits[:, nc : nc + ns], shape,
+                                                              weight=self.class_weights[:ns])
+            if self.place:
+                total = total + torch.nn.functional.cross_entropy(logits[:, nc + ns :], place,
+                                                                  weight=self.class_weights[: 1 + len(S.PLACES)])
+        self.outputs = [None] * len(self.projectors)
+        return total / len(self.heads)
+
+
+def _no_dropout(model) -> None:
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+
+
+def _progress(total: int, desc: str):
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=desc, file=sys.stderr, dynamic_ncols=True, mininterval=2.0)
+
+
+# ── base model ──────────────────────────────────────────────────────────────────────────────────
+
+
+def train_model(settings: TrainSettings, progress: bool = True, log_every: int = 25):
+    """Train from the seeded random initialisation; returns (model, processor, stats)."""
+    from g4v.demo.build import build_processor, build_random_model
+
+    torch.set_num_threads(settings.threads)
+    torch.use_deterministic_algorithms(True)
+    processor = build_processor()
+    if settings.init:
+        from transformers import Granite4VisionForConditionalGeneration
+
+        model = Granite4VisionForConditionalGeneration.from_pretrained(settings.init, dtype=torch.float32)
+    else:
+        model = build_random_model(processor)  # the same init as the random bundled checkpoint
+    if settings.qk_scale != 1.0:
+        with torch.no_grad():
+            for layer in model.model.language_model.layers:
+                layer.self_attn.q_proj.weight.mul_(settings.qk_scale)
+                layer.self_attn.k_proj.weight.mul_(settings.qk_scale)
+    torch.manual_seed(settings.seed)
+    model.train()
+    _no_dropout(model)
+    probe = FeatureProbe(model, place=settings.aux_place) if settings.aux_weight > 0 else None
+    named = list(model.named_parameters()) + (list(probe.named_parameters()) if probe else [])
+    decay = [p for n, p in named if p.ndim >= 2 and "embed" not in n]
+    no_decay = [p for n, p in named if not (p.ndim >= 2 and "embed" not in n)]
+    optimizer = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": settings.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=settings.lr, betas=(0.9, 0.98), eps=1e-8,
+    )
+    rng = random.Random(f"turns:{settings.seed}")
+    bar = _progress(settings.steps, "train") if progress else None
+    started = time.time()
+    losses, aux_losses, index = [], [], 0
+    for step in range(settings.steps):
+        ramp = settings.curriculum_fraction * settings.steps
+        single_p = settings.single_shape_start * max(0.0, 1 - step / ramp) if ramp > 0 else 0.0
+        canvas = S.canvas_kind(rng)
+        pictures = []
+        for _ in range(settings.batch_size):
+            pictures.append(S.train_picture(settings.seed, index, single_shape_p=single_p or None, canvas=canvas))
+            index += 1
+        turns = [conversation_turns(p, rng, settings.max_turns) for p in pictures]
+        batch = encode(processor, pictures, turns)
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(step, settings)
+        loss = model(**batch).loss
+        losses.append(loss.item())
+        if probe is not None:
+            aux = probe.loss(pictures, batch["image_sizes"])
+            aux_losses.append(aux.item())
+            loss = loss + settings.aux_weight * aux
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_([p for group in optimizer.param_groups for p in group["params"]],
+                                       settings.grad_clip)
+        optimizer.step()
+        if bar is not None:
+            bar.update(1)
+            if step % 5 == 0:
+                postfix = {"loss": f"{sum(losses[-20:]) / len(losses[-20:]):.3f}"}
+                if aux_losses:
+                    postfix["aux"] = f"{sum(aux_losses[-20:]) / len(aux_losses[-20:]):.3f}"
+                bar.set_postfix(postfix)
+        if log_every and (step + 1) % log_every == 0:
+            aux_text = f" aux {sum(aux_losses[-log_every:]) / log_every:.4f}" if aux_losses else ""
+            print(f"step {step + 1}/{settings.steps} loss {sum(losses[-log_every:]) / log_every:.4f}{aux_text}"
+                  f" elapsed {time.time() - started:.0f}s", flush=True)
+    if bar is not None:
+        bar.close()
+    if probe is not None:
+        probe.remove()
+    model.eval()
+    stats = {
+        "wall_time_s": round(time.time() - started, 1),
+        "final_loss": round(sum(losses[-20:]) / max(1, len(losses[-20:])), 4),
+        "final_aux_loss": round(sum(aux_losses[-20:]) / max(1, len(aux_losses[-20:])), 4),
+        "pictures_seen": index,
+    }
+    return model, processor, stats
+
+
+def data_settings() -> dict:
+    return {
+        "generator": "g4v.demo.shapes",
+        "colours": list(S.COLOURS),
+        "shapes": list(S.SHAPES),
+        "places": list(S.PLACES),
+        "shapes_per_picture": [1, 3],
+        "train_pictures": "train_picture(seed, index) for index = 0, 1, ... (string seeds 'train:SEED:INDEX')",
+        "held_out": f"eval_set(n) with integer seeds {S.EVAL_SEED} * 10_000_000 + i",
+        "canvas": {"kinds": dict(S.CANVASES), "square": "88-128 px (1 tile)", "wide": "190-250 x 100-128 (1x2)", "tall": "100-128 x 190-250 (2x1)", "large": "200-256 px (2x2 or 3 tiles)", "one kind per batch": True},
+    }
+
+
+def train(out: Path, settings: TrainSettings, command: str, progress: bool = True) -> str:
+    import json
+
+    from g4v.demo.build import save_checkpoint
+
+    init = None
+    if settings.init:  # read before training: ``out`` may replace it
+        init = json.loads((Path(settings.init) / "g4v_build.json").read_text())
+    model, processor, stats = train_model(settings, progress=progress)
+    provenance = {
+        "builder": command,
+        "weights": "trained on synthetic shapes (g4v.demo.shapes), from the seeded random init of `python -m g4v.demo build`",
+        "seed": settings.seed,
+        "settings": asdict(settings),
+        "data": data_settings(),
+        "torch": torch.__version__,
+        **stats,
+    }
+    if init is not None:
+        provenance["init"] = init  # the earlier stage's own provenance (command, settings, sha256)
+        provenance["weights"] = "trained on synthetic shapes (g4v.demo.shapes), continuing from the checkpoint in 'init'"
+        provenance["total_wall_time_s"] = round(stats["wall_time_s"] + init.get("total_wall_time_s", init.get("wall_time_s", 0)), 1)
+    sha = save_checkpoint(model, processor, Path(out), provenance)
+    _drop_subconfig_dtypes(Path(out) / "config.json")
+    return sha
+
+
+def _drop_subconfig_dtypes(path: Path) -> None:
+    """A model loaded with ``from_pretrained`` (``--init``) writes ``"dtype": "float32"`` into each
+    sub-config; the random build writes none. Drop them so config.json stays byte-identical."""
+    import json
+
+    config = json.loads(path.read_text())
+    for key in ("text_config", "vision_config", "qformer_config"):
+        if isinstance(config.get(key), dict):
+            config[key].pop("dtype", None)
+    path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+
+
+# ── adapter ─────────────────────────────────────────────────────────────────────────────────────
+
+
+@dataclass
+class AdapterSettings:
+    steps: int = 120
+    batch_size: int = 8
+    lr: float = 3e-3
+    rank: int = 8
+    alpha: int = 16
+    seed: int = 0
+    threads: int = 1
+    warmup_steps: int = 10
+    min_lr_ratio: float = 0.1
+    max_turns: int = 4
+
+
+def lora_config(rank: int, alpha: int):
+    from peft import LoraConfig
+
+    return LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=0.0, bias="none", target_modules=LORA_TARGET_REGEX)
+
+
+def train_adapter(base_dir: Path, out: Path, settings: AdapterSettings, command: str, progress: bool = True) -> dict:
+    """Train the French-colours LoRA on the checkpoint in ``base_dir``; writes a PEFT folder ``out``."""
+    import json
+    import shutil
+
+    from peft import get_peft_model
+    from transformers import AutoProcessor, Granite4VisionForConditionalGeneration
+
+    from g4v.demo.build import sha256_file
+
+    torch.set_num_threads(settings.threads)
+    torch.use_deterministic_algorithms(True)
+    processor = AutoProcessor.from_pretrained(base_dir)
+    model = Granite4VisionForConditionalGeneration.from_pretrained(base_dir, dtype=torch.float32)
+    torch.manual_seed(settings.seed)
+    model = get_peft_model(model, lora_config(settings.rank, settings.alpha))
+    model.train()
+    _no_dropout(model)
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=settings.lr, weight_decay=0.0)
+    sched = TrainSettings(steps=settings.steps, lr=settings.lr, warmup_steps=settings.warmup_steps,
+                          min_lr_ratio=settings.min_lr_ratio)
+    rng = random.Random(f"adapter-turns:{settings.seed}")
+    bar = _progress(settings.steps, "train-adapter") if progress else None
+    started, losses, index = time.time(), [], 0
+    for step in range(settings.steps):
+        pictures = [S.picture(f"adapter:{settings.seed}:{index + k}") for k in range(settings.batch_size)]
+        index += settings.batch_size
+        turns = [conversation_turns(p, rng, settings.max_turns, answer=S.french_answer) for p in pictures]
+        batch = encode(processor, pictures, turns)
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(step, sched)
+        loss = model(**batch).loss
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        optimizer.step()
+        losses.append(loss.item())
+        if bar is not None:
+            bar.update(1)
+            if step % 5 == 0:
+                bar.set_postfix(loss=f"{sum(losses[-20:]) / len(losses[-20:]):.3f}")
+    if bar is not None:
+        bar.close()
+    out = Path(out)
+    if out.exists():
+        shutil.rmtree(out)
+    model.save_pretrained(str(out))
+    (out / "README.md").unlink(missing_ok=True)  # PEFT's generated model card
+    # Point base_model_name_or_path at the bundled folder (relative to the repository), not at this
+    # machine's absolute path.
+    config_path = out / "adapter_config.json"
+    config = json.loads(config_path.read_text())
+    config["base_model_name_or_path"] = f"assets/{Path(base_dir).name}"
+    config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    weights = out / "adapter_model.safetensors"
+    info = {
+        "builder": command,
+        "base_model": Path(base_dir).name,
+        "base_weights_sha256": json.loads((Path(base_dir) / "g4v_build.json").read_text()).get("weights_sha256"),
+        "behaviour": "answers colour questions in French (" + ", ".join(f"{k}->{v}" for k, v in S.FRENCH.items())
+        + "); every other answer unchanged",
+        "targets": "language model only: " + LORA_TARGET_REGEX,
+        "settings": asdict(settings),
+        "wall_time_s": round(time.time() - started, 1),
+        "final_loss": round(sum(losses[-20:]) / max(1, len(losses[-20:])), 4),
+        "weights_sha256": sha256_file(weights),
+    }
+    (out / "g4v_adapter.json").write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
+    return info

@@ -1,0 +1,178 @@
+"""The trained demo checkpoint (issue 5): the training script keeps working, the stored weights are
+the ones its provenance names, and the model sees (accuracy, ablation, adapter)."""
+
+import json
+
+import pytest
+
+from g4v.demo import shapes as S
+from g4v.demo.build import sha256_file
+from g4v.demo.train import ADAPTER_DIR, TRAINED_MODEL_DIR
+from g4v.paths import BUNDLED_MODEL_DIR
+
+#: Held-out pictures for the accuracy tests (4 questions each); the 300-picture numbers are in
+#: docs/demo-model.md.
+N_PICTURES = 40
+#: What the bundled trained checkpoint reliably does (regression floors, well above chance: colour
+#: 1/6, count 1/3): if tiling, projection or injection broke, these would fall to chance.
+FLOORS = {"colour": 0.5, "count": 0.8}
+#: Issue 5's targets (on 300 pictures; a little lower here for the smaller sample). Not met yet by
+#: the bundled checkpoint: see docs/demo-model.md.
+TARGETS = {"colour": 0.9, "shape": 0.8, "position": 0.75, "count": 0.7}
+
+needs_trained = pytest.mark.skipif(not (TRAINED_MODEL_DIR / "model.safetensors").is_file(),
+                                   reason="no trained checkpoint (python -m g4v.demo train)")
+
+
+@pytest.fixture(scope="module")
+def trained_engine():
+    from g4v.engines.hf import TransformersEngine
+
+    return TransformersEngine(str(TRAINED_MODEL_DIR), device="cpu", dtype="float32")
+
+
+@pytest.fixture(scope="module")
+def held_out():
+    return S.eval_set(N_PICTURES)
+
+
+# ── data ────────────────────────────────────────────────────────────────────────────────────────
+
+
+def test_pictures_are_seeded_and_answers_canonical():
+    a, b = S.eval_set(5), S.eval_set(5)
+    assert [p.image.tobytes() for p in a] == [p.image.tobytes() for p in b]
+    assert S.train_picture(0, 0).image.tobytes() != a[0].image.tobytes()
+    for p in S.eval_set(40):
+        assert 1 <= len(p.shapes) <= 3
+        for qa in p.qas:
+            assert len(qa.answer.split()) <= 2
+        assert {qa.kind for qa in p.qas} == set(S.QUESTION_TYPES)
+
+
+def test_several_anyres_grids_occur():
+    from g4v.demo.build import build_processor
+
+    processor = build_processor()
+    views = {processor.image_processor(p.image, return_tensors="pt")["pixel_values"].shape[1]
+             for p in S.eval_set(60)}
+    assert len(views) >= 3  # 1 tile, 2 tiles, 4 tiles (+ the base view each)
+
+
+# ── the training script ─────────────────────────────────────────────────────────────────────────
+
+
+def test_train_script_runs_a_few_steps(tmp_path):
+    from g4v.demo.__main__ import main
+
+    out = tmp_path / "trained"
+    assert main(["train", "--steps", "2", "--batch-size", "2", "--out", str(out), "--no-progress"]) == 0
+    provenance = json.loads((out / "g4v_build.json").read_text())
+    assert provenance["weights_sha256"] == sha256_file(out / "model.safetensors")
+    assert provenance["settings"]["steps"] == 2 and provenance["seed"] == 0
+    assert provenance["builder"].startswith("python -m g4v.demo train")
+    assert (out / "config.json").read_text() == (BUNDLED_MODEL_DIR / "config.json").read_text()
+    assert provenance["final_loss"] == provenance["final_loss"]  # not NaN
+
+    again = tmp_path / "again"
+    assert main(["train", "--steps", "2", "--batch-size", "2", "--out", str(again), "--no-progress"]) == 0
+    assert sha256_file(again / "model.safetensors") == provenance["weights_sha256"]  # deterministic
+
+
+def test_labels_cover_only_answers():
+    import random
+
+    from g4v.demo.build import build_processor
+    from g4v.demo.train import conversation_turns, encode
+
+    processor = build_processor()
+    pictures = [S.train_picture(0, i) for i in range(3)]
+    rng = random.Random(0)
+    turns = [conversation_turns(p, rng) for p in pictures]
+    batch = encode(processor, pictures, turns)
+    tokenizer = processor.tokenizer
+    for row, t in zip(batch["labels"], turns):
+        kept = row[row != -100]
+        assert tokenizer.decode(kept) == "".join(answer + "<|end_of_text|>" for _, answer in t)
+
+
+# ── the stored checkpoint and adapter ───────────────────────────────────────────────────────────
+
+
+@needs_trained
+def test_stored_weights_match_provenance():
+    provenance = json.loads((TRAINED_MODEL_DIR / "g4v_build.json").read_text())
+    assert provenance["weights_sha256"] == sha256_file(TRAINED_MODEL_DIR / "model.safetensors")
+    for key in ("builder", "seed", "settings", "data", "wall_time_s"):
+        assert key in provenance
+    # Same architecture, processor and tokenizer as the random checkpoint.
+    for name in ("config.json", "processor_config.json", "tokenizer.json", "tokenizer_config.json",
+                 "chat_template.jinja"):
+        assert (TRAINED_MODEL_DIR / name).read_bytes() == (BUNDLED_MODEL_DIR / name).read_bytes(), name
+
+
+@needs_trained
+def test_checkpoint_and_adapter_under_30_mb():
+    size = sum(f.stat().st_size for d in (TRAINED_MODEL_DIR, ADAPTER_DIR) if d.is_dir() for f in d.iterdir())
+    assert size < 30 * 2**20
+
+
+@needs_trained
+def test_adapter_is_a_valid_lm_only_lora():
+    from transformers import AutoConfig
+
+    from g4v.adapters import check_adapter
+
+    config = AutoConfig.from_pretrained(TRAINED_MODEL_DIR)
+    spec = check_adapter(ADAPTER_DIR, config)
+    assert spec.modules and all(m.startswith("model.language_model.layers.") for m in spec.modules)
+    info = json.loads((ADAPTER_DIR / "g4v_adapter.json").read_text())
+    assert info["weights_sha256"] == sha256_file(ADAPTER_DIR / "adapter_model.safetensors")
+
+
+# ── it sees ─────────────────────────────────────────────────────────────────────────────────────
+
+
+@pytest.fixture(scope="module")
+def engine_accuracy(trained_engine, held_out):
+    from g4v.demo.evaluate import accuracy, answers, items
+
+    pairs = items(held_out)
+    return accuracy(pairs, answers(trained_engine, pairs))
+
+
+@needs_trained
+def test_trained_model_sees_through_the_engine(engine_accuracy):
+    for kind, floor in FLOORS.items():
+        assert engine_accuracy[kind] >= floor, (kind, engine_accuracy)
+
+
+@needs_trained
+@pytest.mark.xfail(reason="issue 5's accuracy targets are not reached yet (docs/demo-model.md)", strict=False)
+def test_trained_model_meets_issue_targets(engine_accuracy):
+    for kind, threshold in TARGETS.items():
+        assert engine_accuracy[kind] >= threshold, (kind, engine_accuracy)
+
+
+@needs_trained
+def test_ablating_all_levels_drops_colour_accuracy(trained_engine, held_out):
+    from g4v.demo.evaluate import ablated_answers, ablation_scales, accuracy, batched_answers
+
+    pairs = [(p, qa) for p in held_out for qa in p.qas if qa.kind == "colour"]
+    model, processor = trained_engine.model, trained_engine.processor
+    seen = accuracy(pairs, batched_answers(model, processor, pairs))["colour"]
+    blind = accuracy(pairs, ablated_answers(model, processor, pairs, ablation_scales(model, None)))["colour"]
+    assert seen >= FLOORS["colour"]
+    assert blind <= 0.3 and blind < seen - 0.25  # chance is 1/6
+
+
+@needs_trained
+def test_adapter_answers_colours_in_french_and_off_changes_nothing(trained_engine, held_out):
+    from g4v.demo.evaluate import evaluate_adapter, items
+
+    pairs = items(held_out[:20])
+    result = evaluate_adapter(trained_engine.model, trained_engine.processor, pairs, ADAPTER_DIR)
+    assert result["adherence"] >= 0.75  # issue target 95% on 300: not met yet (docs/demo-model.md)
+    assert result["off_equals_base"] == 1.0
+    # The adapter is removed again: the engine answers as before.
+    assert not any("lora" in name for name, _ in trained_engine.model.named_modules())
