@@ -109,15 +109,29 @@ def heatmaps_figure(image: Image.Image, tokens: list[tuple[str, tuple]], norms_b
     in original-image pixels; ``norms_by_level``: level name -> one norm per image token (same order).
     All panels share one colour scale, so levels can be compared.
     """
+    return token_heatmap_grid(
+        image, tokens, norms_by_level, view,
+        cmap="inferno", alpha=0.6, colorbar_label="injected L2 norm",
+        panel_title=lambda name, peak: f"{name}  (max {peak:.3g})",
+        title=title or f"Injected norm per {view} token",
+    )
+
+
+def token_heatmap_grid(image: Image.Image, tokens: list[tuple[str, tuple]], values_by_level: dict[str, list[float]],
+                       view: str, cmap: str, alpha: float, colorbar_label: str, panel_title, title: str,
+                       empty_range: tuple[float, float] = (0.0, 1.0)) -> Image.Image:
+    """A grid of panels, one per level, each painting one value per ``view`` token over the image
+    with a shared colour scale. ``values_by_level``: level -> one value per image token (NaN to
+    leave a token unpainted); ``panel_title(name, peak)`` names each panel."""
     scale = min(1.0, HEATMAP_MAX_SIDE / max(image.size))
     shown = image.resize((max(1, round(image.width * scale)), max(1, round(image.height * scale))))
     picked = [i for i, (kind, _) in enumerate(tokens) if kind == view]
     boxes = [tuple(v * scale for v in tokens[i][1]) for i in picked]
-    maps = {name: paint_token_values(shown.size, boxes, [norms[i] for i in picked])
-            for name, norms in norms_by_level.items()}
+    maps = {name: paint_token_values(shown.size, boxes, [values[i] if i < len(values) else math.nan for i in picked])
+            for name, values in values_by_level.items()}
     finite = [m[np.isfinite(m)] for m in maps.values()]
     finite = np.concatenate(finite) if finite else np.zeros(0)
-    vmin, vmax = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
+    vmin, vmax = (float(finite.min()), float(finite.max())) if finite.size else empty_range
     if vmax <= vmin:
         vmax = vmin + 1e-6
 
@@ -129,12 +143,13 @@ def heatmaps_figure(image: Image.Image, tokens: list[tuple[str, tuple]], norms_b
     mappable = None
     for ax, (name, heat) in zip(axes.flat, maps.items()):
         ax.imshow(shown)
-        mappable = ax.imshow(heat, cmap="inferno", alpha=0.6, vmin=vmin, vmax=vmax)
-        ax.set_title(f"{name}  (max {np.nanmax(heat) if np.isfinite(heat).any() else 0:.3g})", fontsize=8)
+        mappable = ax.imshow(heat, cmap=cmap, alpha=alpha, vmin=vmin, vmax=vmax)
+        peak = float(np.nanmax(heat)) if np.isfinite(heat).any() else math.nan
+        ax.set_title(panel_title(name, peak), fontsize=8)
         ax.axis("off")
     for ax in list(axes.flat)[len(maps):]:
         ax.axis("off")
     if mappable is not None:
-        fig.colorbar(mappable, ax=axes.ravel().tolist(), shrink=0.8, label="injected L2 norm")
-    fig.suptitle(title or f"Injected norm per {view} token", fontsize=10)
+        fig.colorbar(mappable, ax=axes.ravel().tolist(), shrink=0.8, label=colorbar_label)
+    fig.suptitle(title, fontsize=10)
     return figure_to_image(fig)

@@ -13,11 +13,10 @@ No torch here.
 
 import math
 
-import numpy as np
 from matplotlib.figure import Figure
 from PIL import Image
 
-from viz.deepstack import HEATMAP_MAX_SIDE, figure_to_image, paint_token_values
+from viz.deepstack import figure_to_image, token_heatmap_grid
 
 
 def level_bars_figure(levels: list[dict], atol: float) -> Image.Image:
@@ -46,37 +45,13 @@ def diff_heatmaps_figure(image: Image.Image, tokens: list[tuple[str, tuple]], di
                          view: str = "tile") -> Image.Image:
     """One panel per level: each ``view`` token's max absolute difference over the image, one shared
     (log) colour scale so levels compare."""
-    scale = min(1.0, HEATMAP_MAX_SIDE / max(image.size))
-    shown = image.resize((max(1, round(image.width * scale)), max(1, round(image.height * scale))))
-    picked = [i for i, (kind, _) in enumerate(tokens) if kind == view]
-    boxes = [tuple(v * scale for v in tokens[i][1]) for i in picked]
-    maps = {}
-    for name, diffs in diff_by_level.items():
-        values = [math.log10(max(diffs[i], 1e-12)) if i < len(diffs) else math.nan for i in picked]
-        maps[name] = paint_token_values(shown.size, boxes, values)
-    finite = [m[np.isfinite(m)] for m in maps.values()]
-    finite = np.concatenate(finite) if finite else np.zeros(0)
-    vmin, vmax = (float(finite.min()), float(finite.max())) if finite.size else (-12.0, 0.0)
-    if vmax <= vmin:
-        vmax = vmin + 1e-6
-    cols = min(4, max(1, len(maps)))
-    rows = max(1, math.ceil(len(maps) / cols))
-    aspect = shown.height / shown.width
-    fig = Figure(figsize=(3.2 * cols + 0.8, 3.2 * rows * aspect + 0.9))
-    axes = fig.subplots(rows, cols, squeeze=False)
-    mappable = None
-    for ax, (name, heat) in zip(axes.flat, maps.items()):
-        ax.imshow(shown)
-        mappable = ax.imshow(heat, cmap="magma", alpha=0.65, vmin=vmin, vmax=vmax)
-        peak = np.nanmax(heat) if np.isfinite(heat).any() else math.nan
-        ax.set_title(f"{name}  (max 1e{peak:.1f})", fontsize=8)
-        ax.axis("off")
-    for ax in list(axes.flat)[len(maps):]:
-        ax.axis("off")
-    if mappable is not None:
-        fig.colorbar(mappable, ax=axes.ravel().tolist(), shrink=0.8, label="log10 max |vLLM - transformers|")
-    fig.suptitle(f"Per-token feature difference ({view} view)", fontsize=10)
-    return figure_to_image(fig)
+    log_diffs = {name: [math.log10(max(d, 1e-12)) for d in diffs] for name, diffs in diff_by_level.items()}
+    return token_heatmap_grid(
+        image, tokens, log_diffs, view,
+        cmap="magma", alpha=0.65, colorbar_label="log10 max |vLLM - transformers|",
+        panel_title=lambda name, peak: f"{name}  (max 1e{peak:.1f})",
+        title=f"Per-token feature difference ({view} view)", empty_range=(-12.0, 0.0),
+    )
 
 
 def trajectory_compare_figure(trajectory: dict) -> Image.Image:
