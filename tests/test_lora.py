@@ -227,7 +227,7 @@ def merged(tmp_path_factory):
     from g4v.cli import main
 
     out = tmp_path_factory.mktemp("merge") / "merged"
-    assert main(["merge-lora", "--adapter", ADAPTER_NAME, "--out", str(out)]) == 0
+    assert main(["merge-lora", "--model", MODEL, "--adapter", ADAPTER_NAME, "--out", str(out)]) == 0
     return out
 
 
