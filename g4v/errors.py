@@ -12,3 +12,9 @@ class G4VError(Exception):
     def __init__(self, message: str):
         # Keep it to one line, whatever the caller built.
         super().__init__(" ".join(str(message).split()))
+
+
+def first_line(err: BaseException, limit: int = 300) -> str:
+    """The first line of an exception's message (or its type name), for a one-line G4VError."""
+    text = str(err).strip() or type(err).__name__
+    return text.splitlines()[0][:limit]

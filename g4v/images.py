@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from g4v.errors import G4VError
+from g4v.errors import G4VError, first_line
 
 #: Larger pictures are refused before their pixels are decoded (decompression bombs).
 MAX_IMAGE_PIXELS = int(os.environ.get("G4V_MAX_IMAGE_PIXELS", 40_000_000))
@@ -51,7 +51,7 @@ def open_image(source, name: str | None = None, max_pixels: int | None = None) -
         image = ImageOps.exif_transpose(image)
         return to_rgb(image)
     except (OSError, SyntaxError, ValueError) as err:
-        raise G4VError(f"{label} is corrupt or truncated ({_first_line(err)})") from None
+        raise G4VError(f"{label} is corrupt or truncated ({first_line(err)})") from None
 
 
 def _identify(fp, label: str) -> Image.Image:
@@ -60,9 +60,9 @@ def _identify(fp, label: str) -> Image.Image:
     except UnidentifiedImageError:
         raise G4VError(f"{label} is not an image (unrecognised format)") from None
     except Image.DecompressionBombError as err:
-        raise G4VError(f"{label} is too large ({_first_line(err)})") from None
+        raise G4VError(f"{label} is too large ({first_line(err)})") from None
     except (OSError, SyntaxError, ValueError) as err:
-        raise G4VError(f"{label} is corrupt or unreadable ({_first_line(err)})") from None
+        raise G4VError(f"{label} is corrupt or unreadable ({first_line(err)})") from None
 
 
 def to_rgb(image: Image.Image) -> Image.Image:
@@ -81,8 +81,3 @@ def to_rgb(image: Image.Image) -> Image.Image:
     if image.mode != "RGB":
         return image.convert("RGB")
     return image
-
-
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip() or type(err).__name__
-    return text.splitlines()[0]

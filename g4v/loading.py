@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from g4v.errors import G4VError
+from g4v.errors import G4VError, first_line
 
 MODEL_TYPE = "granite4_vision"
 
@@ -89,7 +89,7 @@ def load_processor(model: str):
     try:
         return AutoProcessor.from_pretrained(source)
     except Exception as err:  # hub and file errors come in many types; the user needs one line
-        raise G4VError(f"could not load the processor of {model}: {_first_line(err)}") from None
+        raise G4VError(f"could not load the processor of {model}: {first_line(err)}") from None
 
 
 def load_model(model: str, device: str | None = None, dtype: str | None = None) -> LoadedModel:
@@ -103,13 +103,8 @@ def load_model(model: str, device: str | None = None, dtype: str | None = None) 
     try:
         loaded = AutoModelForImageTextToText.from_pretrained(source, dtype=torch_dtype)
     except Exception as err:
-        raise G4VError(f"could not load model {model}: {_first_line(err)}") from None
+        raise G4VError(f"could not load model {model}: {first_line(err)}") from None
     if loaded.config.model_type != MODEL_TYPE:
         raise G4VError(f"{model} is not a Granite 4 Vision checkpoint (model_type {loaded.config.model_type!r})")
     loaded = loaded.to(torch_device).eval()
     return LoadedModel(model=loaded, processor=processor, source=source, device=torch_device, dtype=torch_dtype)
-
-
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip() or type(err).__name__
-    return text.splitlines()[0][:300]

@@ -44,7 +44,7 @@ from PIL import Image
 from g4v.conversation import Message
 from g4v.deepstack import (Level, capture_forward, describe_levels, greedy_continuation, kl_divergence,
                            next_token_probs)
-from g4v.errors import G4VError
+from g4v.errors import G4VError, first_line
 from g4v.images import open_image
 
 #: Features agree when their max absolute difference is within this (float32 on both sides).
@@ -88,7 +88,7 @@ class VLLMProbe:
             self.llm = LLM(**self.arguments)
         except Exception as err:  # vLLM reports load failures in many types; the caller reports it
             self._restore_env()
-            raise G4VError(f"vLLM could not start: {_first_line(err)}") from None
+            raise G4VError(f"vLLM could not start: {first_line(err)}") from None
 
     def apply(self, func, **kwargs):
         """``func(model, **kwargs)`` in vLLM's worker; the first worker's answer."""
@@ -388,7 +388,7 @@ def audit_checkpoint(model: str | Path) -> ConfigAudit:
     try:
         config = AutoConfig.from_pretrained(source)
     except Exception as err:  # noqa: BLE001 - transformers reports bad configs in many types
-        raise G4VError(f"transformers could not read the config of {model}: {_first_line(err)}") from None
+        raise G4VError(f"transformers could not read the config of {model}: {first_line(err)}") from None
     facts, where = _static_facts(config)
     return audit_config(raw, config, facts, where)
 
@@ -623,7 +623,7 @@ def _static_facts(config) -> tuple[dict, str]:
     try:
         return static_vllm_facts(config), "Q-Former sizes from vLLM's projector class built here, without an engine"
     except Exception as err:  # noqa: BLE001 - the audit must still come back
-        return {}, f"vLLM did not start and its projector could not be built here ({_first_line(err)})"
+        return {}, f"vLLM did not start and its projector could not be built here ({first_line(err)})"
 
 
 def _finish(result: PortDiffResult, draw: bool) -> PortDiffResult:
@@ -638,8 +638,3 @@ def draw_port_diff(result: PortDiffResult) -> Image.Image:
 
     token_diff = {row.name: row.token_diff for row in result.levels if row.token_diff}
     return port_diff_figure(result.picture, result.tokens, result.summary, token_diff)
-
-
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip() or type(err).__name__
-    return text.splitlines()[0][:300]

@@ -65,8 +65,8 @@ def trajectory_figure(trajectory: dict, modified: dict | None = None,
     ax = fig.add_subplot()
     runs = [(trajectory, "-", "")] + ([(modified, "--", " (modified)")] if modified else [])
     for run, style, suffix in runs:
-        ax.plot(layers, _floats(run["image_norm"]), style, color="#d62728", marker=".", label="image tokens" + suffix)
-        ax.plot(layers, _floats(run["text_norm"]), style, color="#1f77b4", marker=".", label="text tokens" + suffix)
+        ax.plot(layers, floats_or_nan(run["image_norm"]), style, color="#d62728", marker=".", label="image tokens" + suffix)
+        ax.plot(layers, floats_or_nan(run["text_norm"]), style, color="#1f77b4", marker=".", label="text tokens" + suffix)
     for layer, name in trajectory.get("injection_layers", {}).items():
         colour = "#2ca02c" if name.startswith("spatial") else "#9467bd"
         ax.axvline(int(layer), color=colour, alpha=0.35, linewidth=1)
@@ -80,7 +80,7 @@ def trajectory_figure(trajectory: dict, modified: dict | None = None,
     return figure_to_image(fig)
 
 
-def _floats(values) -> list[float]:
+def floats_or_nan(values) -> list[float]:
     return [math.nan if v is None else float(v) for v in values]
 
 

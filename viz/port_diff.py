@@ -16,7 +16,7 @@ import math
 from matplotlib.figure import Figure
 from PIL import Image
 
-from viz.deepstack import figure_to_image, token_heatmap_grid
+from viz.deepstack import figure_to_image, floats_or_nan, token_heatmap_grid
 
 
 def level_bars_figure(levels: list[dict], atol: float) -> Image.Image:
@@ -62,8 +62,8 @@ def trajectory_compare_figure(trajectory: dict) -> Image.Image:
         run = trajectory.get(side)
         if not run:
             continue
-        ax.plot(layers, _floats(run["image_norm"]), style, color="#d62728", marker=".", label=f"image tokens ({side})")
-        ax.plot(layers, _floats(run["text_norm"]), style, color="#1f77b4", marker=".", label=f"text tokens ({side})")
+        ax.plot(layers, floats_or_nan(run["image_norm"]), style, color="#d62728", marker=".", label=f"image tokens ({side})")
+        ax.plot(layers, floats_or_nan(run["text_norm"]), style, color="#1f77b4", marker=".", label=f"text tokens ({side})")
     for layer, name in trajectory.get("injection_layers", {}).items():
         ax.axvline(int(layer), color="#9467bd", alpha=0.25, linewidth=1)
         ax.annotate(name, (int(layer), 1.0), xycoords=("data", "axes fraction"), rotation=90, fontsize=7,
@@ -81,10 +81,6 @@ def trajectory_compare_figure(trajectory: dict) -> Image.Image:
     ax.legend(fontsize=7, loc="lower right")
     ax.grid(alpha=0.3)
     return figure_to_image(fig)
-
-
-def _floats(values) -> list[float]:
-    return [math.nan if v is None else float(v) for v in values]
 
 
 def stack_vertically(images: list[Image.Image]) -> Image.Image:

@@ -37,9 +37,8 @@ from pathlib import Path
 import torch
 
 from g4v.demo import shapes as S
-from g4v.paths import ASSETS_DIR
+from g4v.paths import ASSETS_DIR, TRAINED_MODEL_DIR
 
-TRAINED_MODEL_DIR = ASSETS_DIR / "granite4-vision-tiny-trained"
 ADAPTER_NAME = "tiny-trained-french"
 ADAPTER_DIR = ASSETS_DIR / "adapters" / ADAPTER_NAME
 #: LoRA targets: every projection of the language model's decoder layers, nothing in the vision side.

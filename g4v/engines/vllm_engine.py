@@ -29,7 +29,7 @@ from pathlib import Path
 from g4v.conversation import Message, SamplingSettings, to_template_messages, validate_conversation
 from g4v.engines import gpu_present
 from g4v.engines.base import Engine, EngineInfo, Generation
-from g4v.errors import G4VError
+from g4v.errors import G4VError, first_line
 
 #: How often a waiting consumer looks at its cancel event (seconds).
 _POLL_S = 0.05
@@ -201,7 +201,7 @@ class VLLMEngine(Engine):
         try:
             return AsyncLLM.from_engine_args(AsyncEngineArgs(**arguments))
         except Exception as err:  # vLLM reports bad settings and start-up failures in many types
-            raise G4VError(f"vLLM could not start: {_first_line(err)}") from None
+            raise G4VError(f"vLLM could not start: {first_line(err)}") from None
 
     # ── prompts ──────────────────────────────────────────────────────────────────────────────
 
@@ -261,7 +261,7 @@ class VLLMEngine(Engine):
         try:
             self._loop.run(self._llm.add_lora(request))
         except Exception as err:
-            raise G4VError(f"vLLM could not load adapter {name!r}: {_first_line(err)}") from None
+            raise G4VError(f"vLLM could not load adapter {name!r}: {first_line(err)}") from None
         self._adapters[name] = request
 
     def adapters(self) -> list[str]:
@@ -385,10 +385,5 @@ def _as_user_error(err: Exception) -> Exception:
     anything else is a bug and keeps its type."""
     name = type(err).__name__
     if isinstance(err, ValueError) or name in ("VLLMValidationError", "VLLMClientError"):
-        return G4VError(f"vLLM refused the request: {_first_line(err)}")
+        return G4VError(f"vLLM refused the request: {first_line(err)}")
     return err
-
-
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip() or type(err).__name__
-    return text.splitlines()[0][:300]
