@@ -50,10 +50,21 @@ def _add_training_commands(sub) -> None:
     train_cmd.add_argument("--threads", type=int, default=t.threads, help="torch CPU threads")
     train_cmd.add_argument("--init", default=None, help="continue from this trained checkpoint (a second stage)")
     train_cmd.add_argument("--aux-weight", type=float, default=t.aux_weight, help="weight of the dense probe loss")
-    train_cmd.add_argument("--aux-place", action="store_true", help="the probe also predicts each cell's place")
+    train_cmd.add_argument("--aux-place", action=argparse.BooleanOptionalAction, default=t.aux_place,
+                           help="the probe also predicts each cell's place")
     train_cmd.add_argument("--warmup-steps", type=int, default=t.warmup_steps)
     train_cmd.add_argument("--qk-scale", type=float, default=t.qk_scale,
                            help="multiply the LM's q/k projection weights by this first (sharper attention)")
+    train_cmd.add_argument("--max-turns", type=int, default=t.max_turns, help="questions per picture (vision pass)")
+    train_cmd.add_argument("--single-shape-start", type=float, default=t.single_shape_start,
+                           help="share of one-shape pictures at the start of the curriculum")
+    train_cmd.add_argument("--pointer-weight", type=float, default=t.pointer_weight,
+                           help="weight of the attention-pointer loss (binding)")
+    train_cmd.add_argument("--pointer-layer", type=int, default=t.pointer_layer)
+    train_cmd.add_argument("--device", default=t.device, help="torch device (the bundled recipe is cpu)")
+    train_cmd.add_argument("--eval-every", type=int, default=t.eval_every,
+                           help="print validation accuracy every N steps (0: never)")
+    train_cmd.add_argument("--eval-n", type=int, default=t.eval_n, help="validation pictures")
     train_cmd.add_argument("--no-progress", action="store_true", help="no progress bar")
 
     adapter_cmd = sub.add_parser("train-adapter", help="train the French-colours LoRA adapter on the trained checkpoint")
@@ -87,7 +98,10 @@ def _run_training_command(args, argv) -> int:
 
         settings = TrainSettings(steps=args.steps, batch_size=args.batch_size, lr=args.lr, seed=args.seed,
                                  threads=args.threads, init=args.init, aux_weight=args.aux_weight,
-                                 aux_place=args.aux_place, warmup_steps=args.warmup_steps, qk_scale=args.qk_scale)
+                                 aux_place=args.aux_place, warmup_steps=args.warmup_steps, qk_scale=args.qk_scale,
+                                 max_turns=args.max_turns, single_shape_start=args.single_shape_start,
+                                 pointer_weight=args.pointer_weight, pointer_layer=args.pointer_layer,
+                                 device=args.device, eval_every=args.eval_every, eval_n=args.eval_n)
         sha = train(args.out, settings, command, progress=not args.no_progress)
         print(f"wrote {args.out} (weights sha256 {sha})")
     elif args.command == "train-adapter":

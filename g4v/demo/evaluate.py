@@ -66,6 +66,7 @@ def batched_answers(model, processor, pairs, batch_size: int = 16, max_new_token
             inputs = processor(text=texts, images=[p.image for p, _ in chunk], return_tensors="pt", padding=True)
         finally:
             tokenizer.padding_side = old_side
+        inputs = inputs.to(model.device)
         with torch.inference_mode():
             out = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False, temperature=None,
                                  top_p=None, top_k=None, pad_token_id=tokenizer.pad_token_id, eos_token_id=eos)

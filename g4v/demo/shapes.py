@@ -9,7 +9,7 @@ Questions and their one-word answers (exact-match accuracy):
 
 * ``colour``:   "What colour is the star?"  -> ``red``
 * ``shape``:    "What shape is red?"        -> ``star``
-* ``position``: "Where is the star?"        -> ``left`` / ``right`` / ``top`` / ``bottom`` / ``center``
+* ``position``: "Where is the star?"        -> ``left`` / ``right`` / ``top`` / ``bottom``
 * ``count``:    "How many shapes?"          -> ``one`` / ``two`` / ``three``
 
 Everything is drawn from a ``random.Random(seed)``, so a seed gives the same pictures on every
@@ -36,12 +36,15 @@ FRENCH = {"red": "rouge", "green": "vert", "blue": "bleu", "yellow": "jaune", "p
 SHAPES = ("circle", "square", "triangle", "star")
 #: Places and their centres as fractions of (width, height).
 PLACES = {
-    "left": (0.2, 0.5),
-    "right": (0.8, 0.5),
-    "top": (0.5, 0.18),
-    "bottom": (0.5, 0.82),
-    "center": (0.5, 0.5),
+    "left": (0.22, 0.5),
+    "right": (0.78, 0.5),
+    "top": (0.5, 0.22),
+    "bottom": (0.5, 0.78),
 }
+#: Shape radius as a fraction of the canvas's shorter side (drawn uniformly in this range). Big
+#: enough that a shape spans about 5 vision patches across, which is what lets the tiny vision
+#: tower tell a star from a circle; small enough that shapes in different places never overlap.
+SHAPE_RADIUS = (0.15, 0.18)
 NUMBERS = {1: "one", 2: "two", 3: "three"}
 QUESTION_TYPES = ("colour", "shape", "position", "count")
 #: Chance level of each question type (uniform guessing among its answers).
@@ -49,6 +52,8 @@ CHANCE = {"colour": 1 / len(COLOURS), "shape": 1 / len(SHAPES), "position": 1 / 
 
 #: Training pictures use string seeds ("train:SEED:INDEX"), held-out ones integer seeds: never the same.
 EVAL_SEED = 7
+#: Pictures watched during training (learning curves, choosing settings): never the held-out ones.
+VALIDATION_SEED = 8
 
 
 @dataclass
@@ -158,7 +163,7 @@ def make_picture(rng: random.Random, max_shapes: int = 3, single_shape_p: float 
         fx, fy = PLACES[place]
         cx = (fx + rng.uniform(-0.03, 0.03)) * width
         cy = (fy + rng.uniform(-0.02, 0.02)) * height
-        r = side * rng.uniform(0.12, 0.15)
+        r = side * rng.uniform(*SHAPE_RADIUS)
         _draw_shape(draw, kind, cx, cy, r, _jitter(COLOURS[colour], rng))
         shapes.append(Shape(kind, colour, place))
         _draw_shape(mask_draw, kind, cx, cy, r, len(shapes))
@@ -197,6 +202,11 @@ def train_picture(seed: int, index: int, **kwargs) -> Picture:
 def eval_set(n: int, seed: int = EVAL_SEED) -> list[Picture]:
     """``n`` held-out pictures (seeds far from the training range)."""
     return [picture(seed * 10_000_000 + i) for i in range(n)]
+
+
+def validation_set(n: int) -> list[Picture]:
+    """``n`` pictures for learning curves while training, apart from both training and held-out sets."""
+    return eval_set(n, seed=VALIDATION_SEED)
 
 
 def french_answer(qa: QA) -> str:

@@ -9,22 +9,31 @@ records the command, seed, data settings, steps, wall time and the weights' SHA-
 ``python -m g4v.demo train-adapter`` trains an LM-only LoRA adapter (PEFT format) on the trained
 checkpoint that answers colour questions in French and leaves every other answer as it was.
 
-What makes the tiny model learn fast:
+What makes the tiny model learn in 30 CPU minutes (each point was needed; docs/demo-model.md has
+what failed without it):
 
 * **exactly the inference format**: each example is rendered by the chat template and expanded by the
   processor (one ``<image>`` placeholder per visual feature), so training sees what the engines see;
-* **several answers per picture**: after the first question (the inference format) the conversation
-  goes on with more questions about the same picture, so one (costly) vision pass trains on up to 4
-  answers; questions whose answer an earlier turn gives away are left out (one-shape pictures ask
-  either the colour or the shape, never both; "What shape is red?" is asked about another shape
-  than "What colour is the X?");
+* **several answers per picture**: the first question (its type drawn uniformly) is the inference
+  format; the conversation then asks every other question about the same picture (up to
+  ``max_turns``), so one costly vision pass trains on up to 7 answers. Questions whose answer an
+  earlier turn gives away are left out (:func:`conversation_plan`);
 * **labels only on answers** (answer tokens plus the closing ``<|end_of_text|>``);
-* **a dense signal on all 8 levels** while training (:class:`FeatureProbe`): a throw-away linear
-  probe on each projector's output must tell, for every base-view feature, the colour and the shape
-  under it (or background). The vision tower and all 8 Q-Formers get gradients from 64 cells per
-  picture instead of from a few answer tokens; the probes are not part of the saved checkpoint;
-* **small canvases** (mostly 1 tile + the base view), one canvas kind per batch (little padding), AdamW with warm-up and cosine decay, no dropout
-  during training, and a short curriculum that starts with more one-shape pictures.
+* **a dense signal on all 8 levels** (:class:`FeatureProbe`): throw-away linear probes on each
+  projector's output must tell, for every base-view feature, the colour, shape and place of what lies
+  under it. The vision tower and the 8 Q-Formers get gradients from 64 cells per picture instead of
+  from a few answer tokens;
+* **a pointer for binding** (:class:`AttentionPointer`): one attention head of a late language-model
+  layer is asked to look, from each answer-predicting position, at the image tokens of the shape the
+  question names. It teaches the lookup ("the star" -> the star's cells -> its colour) that the
+  model otherwise does not find in this budget;
+* **sharper attention at the start** (``qk_scale``): Granite's ``attention_multiplier`` of 1/64
+  keeps a fresh small model's attention almost uniform; the q/k weights are scaled once, at init;
+* small canvases (mostly 1 tile + the base view), one canvas kind per batch (little padding), AdamW
+  with warm-up and cosine decay, no dropout while training, and a short curriculum that starts with
+  more one-shape pictures.
+
+Probes and pointer are training aids only: the saved checkpoint is a plain Granite 4 Vision.
 """
 
 import math
@@ -47,31 +56,41 @@ LORA_TARGET_REGEX = r"model\.language_model\.layers\.\d+\.(self_attn\.(q|k|v|o)_
 
 @dataclass
 class TrainSettings:
-    steps: int = 300
+    steps: int = 1300
     batch_size: int = 8
-    lr: float = 2.5e-3
+    lr: float = 5e-3
     min_lr_ratio: float = 0.05
-    warmup_steps: int = 20
+    warmup_steps: int = 50
     weight_decay: float = 0.01
     grad_clip: float = 1.0
     seed: int = 0
-    threads: int = 1
+    threads: int = 2
     #: Curriculum: the share of forced one-shape pictures falls linearly from this to 0 ...
     single_shape_start: float = 0.5
     #: ... over this fraction of the steps.
     curriculum_fraction: float = 0.3
-    max_turns: int = 4
+    max_turns: int = 8
     #: Weight of the auxiliary dense loss (see :class:`FeatureProbe`); 0 turns it off.
-    aux_weight: float = 0.5
-    #: Predict each cell's place too (left/right/top/bottom/center of the object under it).
-    aux_place: bool = False
+    aux_weight: float = 1.0
+    #: Predict each cell's place too (left/right/top/bottom of the object under it).
+    aux_place: bool = True
     #: Start from this trained checkpoint instead of the seeded random initialisation.
     init: str | None = None
     #: Multiply the language model's q_proj and k_proj weights by this before training. Granite's
     #: ``attention_multiplier`` (1/64 here, instead of 1/sqrt(head_dim) = 1/8) makes attention
     #: nearly uniform in a small freshly initialised model, so it can pool the picture but hardly
     #: pick one shape out of it; sqrt(8) on both restores standard attention logits.
-    qk_scale: float = 1.0
+    qk_scale: float = 2.83
+    #: Weight of the attention-pointer loss (see :class:`AttentionPointer`); 0 turns it off.
+    pointer_weight: float = 1.0
+    #: The language-model layer whose attention the pointer loss trains (head 0).
+    pointer_layer: int = 8
+    #: "cpu" (the bundled checkpoint's recipe) or a torch device such as "cuda" (for trying settings).
+    device: str = "cpu"
+    #: Every this many steps, print greedy accuracy per question type on ``eval_n`` validation
+    #: pictures (:func:`g4v.demo.shapes.validation_set`, never the held-out ones); 0 = never.
+    eval_every: int = 0
+    eval_n: int = 48
 
 
 def lr_at(step: int, settings: TrainSettings) -> float:
@@ -85,25 +104,45 @@ def lr_at(step: int, settings: TrainSettings) -> float:
 # ── examples ────────────────────────────────────────────────────────────────────────────────────
 
 
-def conversation_turns(picture: S.Picture, rng: random.Random, max_turns: int = 4, answer=None) -> list[tuple[str, str]]:
-    """(question, answer) turns about one picture, first turn in the inference format, with no turn
-    whose answer an earlier one gives away."""
-    answer = answer or (lambda qa: qa.answer)
+def conversation_plan(picture: S.Picture, rng: random.Random, max_turns: int = 4) -> list[tuple[S.QA, int | None]]:
+    """The questions about one picture, each with the index of the shape it is about (None for the
+    count). The first turn is in the inference format, its question type drawn uniformly; later turns
+    ask further questions about the same picture, none whose answer an earlier turn gives away (a
+    shape's colour and the shape of that colour are one fact, so only one of the two is asked)."""
     shapes = picture.shapes
-    pick = lambda: shapes[rng.randrange(len(shapes))]  # noqa: E731
-    a = pick()
-    candidates = [S.QA("colour", f"What colour is the {a.kind}?", a.colour)]
-    others = [s for s in shapes if s is not a]
-    if others:
-        b = others[rng.randrange(len(others))]
-        candidates.append(S.QA("shape", f"What shape is {b.colour}?", b.kind))
-    c = pick()
-    candidates.append(S.QA("position", f"Where is the {c.kind}?", c.place))
-    candidates.append(S.QA("count", "How many shapes?", S.NUMBERS[len(shapes)]))
-    if not others and rng.random() < 0.5:
-        candidates[0] = S.QA("shape", f"What shape is {a.colour}?", a.kind)
-    rng.shuffle(candidates)
-    return [(qa.question, answer(qa)) for qa in candidates[:max_turns]]
+
+    def ask(kind: str, index: int) -> tuple[S.QA, int | None]:
+        shape = shapes[index]
+        if kind == "colour":
+            return S.QA("colour", f"What colour is the {shape.kind}?", shape.colour), index
+        if kind == "shape":
+            return S.QA("shape", f"What shape is {shape.colour}?", shape.kind), index
+        if kind == "position":
+            return S.QA("position", f"Where is the {shape.kind}?", shape.place), index
+        return S.QA("count", "How many shapes?", S.NUMBERS[len(shapes)]), None
+
+    def fact(kind: str, index: int) -> tuple:
+        return {"colour": ("identity", index), "shape": ("identity", index),
+                "position": ("place", index)}.get(kind, ("count",))
+
+    first_kind = S.QUESTION_TYPES[rng.randrange(len(S.QUESTION_TYPES))]
+    first_index = rng.randrange(len(shapes))
+    asked = {fact(first_kind, first_index)}
+    rest = []
+    for index in range(len(shapes)):
+        for kind in ("colour" if rng.random() < 0.5 else "shape", "position"):
+            if fact(kind, index) not in asked:
+                rest.append(ask(kind, index))
+    if ("count",) not in asked:
+        rest.append(ask("count", 0))
+    rng.shuffle(rest)
+    return [ask(first_kind, first_index), *rest][:max_turns]
+
+
+def conversation_turns(picture: S.Picture, rng: random.Random, max_turns: int = 4, answer=None) -> list[tuple[str, str]]:
+    """(question, answer) turns about one picture (see :func:`conversation_plan`)."""
+    answer = answer or (lambda qa: qa.answer)
+    return [(qa.question, answer(qa)) for qa, _ in conversation_plan(picture, rng, max_turns)]
 
 
 def render(processor, turns: list[tuple[str, str]]) -> str:
@@ -171,6 +210,8 @@ class FeatureProbe(torch.nn.Module):
             [torch.nn.Linear(hidden, 1 + len(S.COLOURS) + 1 + len(S.SHAPES) + (1 + len(S.PLACES)) * place)
              for _ in self.projectors])
         self.outputs: list = [None] * len(self.projectors)
+        #: Mean over levels of the share of object cells whose attributes the heads got right (last batch).
+        self.accuracy: dict[str, float] = {}
         self.config = model.config
         self._handles = [proj.register_forward_hook(self._keeper(i)) for i, proj in enumerate(self.projectors)]
         weights = torch.ones(1 + max(len(S.COLOURS), len(S.SHAPES), len(S.PLACES)))
@@ -193,13 +234,22 @@ class FeatureProbe(torch.nn.Module):
                   for size in image_sizes.tolist()]
         base_views = torch.tensor([sum(counts[:i]) for i in range(len(counts))])
         labels = [S.feature_labels(p) for p in pictures]
-        colour = torch.tensor([c for c, _, _ in labels]).flatten()
-        shape = torch.tensor([s for _, s, _ in labels]).flatten()
-        place = torch.tensor([p for _, _, p in labels]).flatten()
+        device = self.class_weights.device
+        colour = torch.tensor([c for c, _, _ in labels], device=device).flatten()
+        shape = torch.tensor([s for _, s, _ in labels], device=device).flatten()
+        place = torch.tensor([p for _, _, p in labels], device=device).flatten()
         nc, ns = 1 + len(S.COLOURS), 1 + len(S.SHAPES)
         total = 0.0
+        on_object = colour > 0
+        right = {"colour": 0.0, "shape": 0.0, "place": 0.0}
         for head, out in zip(self.heads, self.outputs):
             logits = head(out[base_views]).flatten(0, 1)  # (images * 64, classes)
+            with torch.no_grad():  # how well each level tells the object cells' attributes (a diagnostic)
+                for name, cols, target in (("colour", slice(0, nc), colour), ("shape", slice(nc, nc + ns), shape),
+                                           ("place", slice(nc + ns, None), place)):
+                    if name != "place" or self.place:
+                        hits = logits[on_object, cols].argmax(-1) == target[on_object]
+                        right[name] += hits.float().mean().item() / len(self.heads)
             total = total + torch.nn.functional.cross_entropy(logits[:, :nc], colour, weight=self.class_weights[:nc])
             total = total + torch.nn.functional.cross_entropy(logits[:, nc : nc + ns], shape,
                                                               weight=self.class_weights[:ns])
@@ -207,7 +257,117 @@ class FeatureProbe(torch.nn.Module):
                 total = total + torch.nn.functional.cross_entropy(logits[:, nc + ns :], place,
                                                                   weight=self.class_weights[: 1 + len(S.PLACES)])
         self.outputs = [None] * len(self.projectors)
+        self.accuracy = right
         return total / len(self.heads)
+
+
+def answer_spans(labels: torch.Tensor) -> list[range]:
+    """The [start, stop) token ranges of the labelled answers (word pieces plus closing end-of-text)."""
+    answered = (labels != -100).tolist()
+    spans, start = [], None
+    for i, on in enumerate(answered + [False]):
+        if on and start is None:
+            start = i
+        elif not on and start is not None:
+            spans.append(range(start, i))
+            start = None
+    return spans
+
+
+class AttentionPointer:
+    """Auxiliary training signal for *binding*: at one language-model layer, one attention head of
+    the token that predicts an answer should look at the image tokens of the shape the question
+    names ("What colour is the star?" -> the star's cells, in the base view and in the tiles).
+
+    Without it the tiny model learns what pooling the whole picture gives (how many shapes, the
+    colour when there is one shape) and stalls there: finding one shape among a few hundred image
+    tokens from a word several tokens back is a search with almost no gradient until attention is
+    already sharp. A forward pre-hook keeps the layer's normalised input and rotary embeddings; the
+    loss recomputes that head's attention logits for the answer-predicting positions only and asks
+    for probability mass on the named shape's tokens (which tokens: :func:`g4v.tiling.plan_tiling`,
+    the same token map the Tiling panel draws)."""
+
+    def __init__(self, model, layer: int, head: int = 0, min_cover: float = 0.3):
+        self.attention = model.model.language_model.layers[layer].self_attn
+        self.head = head
+        self.min_cover = min_cover
+        self.config = model.config
+        self.image_token = model.config.image_token_index
+        self._handle = self.attention.register_forward_pre_hook(self._keep, with_kwargs=True)
+        self._inputs = None
+
+    def _keep(self, module, args, kwargs):
+        hidden = args[0] if args else kwargs["hidden_states"]
+        self._inputs = (hidden, kwargs["position_embeddings"])
+
+    def remove(self) -> None:
+        self._handle.remove()
+
+    def shape_tokens(self, picture: S.Picture) -> list[list[int]]:
+        """For each shape, the indices (in packing order) of the base/tile image tokens it covers."""
+        import numpy as np
+
+        from g4v.tiling import plan_tiling
+
+        mask = np.asarray(picture.mask)
+        plan = plan_tiling((picture.size[1], picture.size[0]), self.config)
+        covered = [[] for _ in picture.shapes]
+        for token in plan.tokens:
+            left, top, right, bottom = (int(round(v)) for v in token.box)
+            if token.kind == "newline" or right <= left or bottom <= top:
+                continue
+            cell = mask[top:bottom, left:right]
+            for index in range(len(picture.shapes)):
+                if (cell == index + 1).mean() >= self.min_cover:
+                    covered[index].append(token.index)
+        return covered
+
+    def loss(self, batch: dict, pictures: list[S.Picture], plans: list[list[tuple[S.QA, int | None]]]) -> torch.Tensor:
+        from transformers.models.granite4_vision.modeling_granite4_vision import apply_rotary_pos_emb
+
+        hidden, (cos, sin) = self._inputs
+        self._inputs = None
+        attention = self.attention
+        head_dim = attention.head_dim
+        group = attention.num_key_value_groups
+        rows, queries, targets = [], [], []
+        for row, (picture, plan) in enumerate(zip(pictures, plans)):
+            image_positions = (batch["input_ids"][row] == self.image_token).nonzero().flatten()
+            per_shape = self.shape_tokens(picture)
+            for (qa, shape_index), answer in zip(plan, answer_spans(batch["labels"][row])):
+                if shape_index is None or not per_shape[shape_index]:
+                    continue
+                # Every position that predicts a word piece of the answer ("b" "l" "ue": blue or black is
+                # only decided at the third piece) looks at the shape itself, not at the position before.
+                for position in range(answer.start - 1, answer.stop - 2):
+                    rows.append(row)
+                    queries.append(position)
+                    targets.append(image_positions[per_shape[shape_index]])
+        if not rows:
+            return hidden.new_zeros(())
+        batch_size, length, _ = hidden.shape
+        query = attention.q_proj(hidden).view(batch_size, length, -1, head_dim).transpose(1, 2)
+        key = attention.k_proj(hidden).view(batch_size, length, -1, head_dim).transpose(1, 2)
+        query, key = apply_rotary_pos_emb(query, key, cos, sin)
+        total = hidden.new_zeros(())
+        for row, position, target in zip(rows, queries, targets):
+            q = query[row, self.head, position]  # (head_dim,)
+            k = key[row, self.head // group, : position + 1]  # (position + 1, head_dim): causal
+            log_attention = torch.log_softmax((k @ q) * attention.scaling, dim=-1)
+            total = total - torch.logsumexp(log_attention[target], dim=-1)
+        return total / len(rows)
+
+
+def validation_accuracy(model, processor, n: int) -> dict[str, float]:
+    """Greedy first-turn accuracy per question type on ``n`` validation pictures (model left in train mode)."""
+    from g4v.demo.evaluate import accuracy, batched_answers, items
+
+    pairs = items(S.validation_set(n))
+    model.eval()
+    try:
+        return accuracy(pairs, batched_answers(model, processor, pairs, batch_size=32))
+    finally:
+        model.train()
 
 
 def _no_dropout(model) -> None:
@@ -230,7 +390,7 @@ def train_model(settings: TrainSettings, progress: bool = True, log_every: int =
     from g4v.demo.build import build_processor, build_random_model
 
     torch.set_num_threads(settings.threads)
-    torch.use_deterministic_algorithms(True)
+    torch.use_deterministic_algorithms(True, warn_only=settings.device != "cpu")
     processor = build_processor()
     if settings.init:
         from transformers import Granite4VisionForConditionalGeneration
@@ -244,9 +404,11 @@ def train_model(settings: TrainSettings, progress: bool = True, log_every: int =
                 layer.self_attn.q_proj.weight.mul_(settings.qk_scale)
                 layer.self_attn.k_proj.weight.mul_(settings.qk_scale)
     torch.manual_seed(settings.seed)
+    model.to(settings.device)
     model.train()
     _no_dropout(model)
-    probe = FeatureProbe(model, place=settings.aux_place) if settings.aux_weight > 0 else None
+    probe = FeatureProbe(model, place=settings.aux_place).to(settings.device) if settings.aux_weight > 0 else None
+    pointer = AttentionPointer(model, settings.pointer_layer) if settings.pointer_weight > 0 else None
     named = list(model.named_parameters()) + (list(probe.named_parameters()) if probe else [])
     decay = [p for n, p in named if p.ndim >= 2 and "embed" not in n]
     no_decay = [p for n, p in named if not (p.ndim >= 2 and "embed" not in n)]
@@ -257,7 +419,7 @@ def train_model(settings: TrainSettings, progress: bool = True, log_every: int =
     rng = random.Random(f"turns:{settings.seed}")
     bar = _progress(settings.steps, "train") if progress else None
     started = time.time()
-    losses, aux_losses, index = [], [], 0
+    losses, aux_losses, pointer_losses, curve, index = [], [], [], [], 0
     for step in range(settings.steps):
         ramp = settings.curriculum_fraction * settings.steps
         single_p = settings.single_shape_start * max(0.0, 1 - step / ramp) if ramp > 0 else 0.0
@@ -266,8 +428,9 @@ def train_model(settings: TrainSettings, progress: bool = True, log_every: int =
         for _ in range(settings.batch_size):
             pictures.append(S.train_picture(settings.seed, index, single_shape_p=single_p or None, canvas=canvas))
             index += 1
-        turns = [conversation_turns(p, rng, settings.max_turns) for p in pictures]
-        batch = encode(processor, pictures, turns)
+        plans = [conversation_plan(p, rng, settings.max_turns) for p in pictures]
+        turns = [[(qa.question, qa.answer) for qa, _ in plan] for plan in plans]
+        batch = {k: v.to(settings.device) for k, v in encode(processor, pictures, turns).items()}
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, settings)
         loss = model(**batch).loss
@@ -276,6 +439,10 @@ def train_model(settings: TrainSettings, progress: bool = True, log_every: int =
             aux = probe.loss(pictures, batch["image_sizes"])
             aux_losses.append(aux.item())
             loss = loss + settings.aux_weight * aux
+        if pointer is not None:
+            pointing = pointer.loss(batch, pictures, plans)
+            pointer_losses.append(pointing.item())
+            loss = loss + settings.pointer_weight * pointing
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_([p for group in optimizer.param_groups for p in group["params"]],
@@ -290,19 +457,32 @@ def train_model(settings: TrainSettings, progress: bool = True, log_every: int =
                 bar.set_postfix(postfix)
         if log_every and (step + 1) % log_every == 0:
             aux_text = f" aux {sum(aux_losses[-log_every:]) / log_every:.4f}" if aux_losses else ""
+            if pointer_losses:
+                aux_text += f" pointer {sum(pointer_losses[-log_every:]) / log_every:.4f}"
+            if probe is not None:
+                aux_text += " probe " + " ".join(f"{k} {100 * v:.0f}%" for k, v in probe.accuracy.items())
             print(f"step {step + 1}/{settings.steps} loss {sum(losses[-log_every:]) / log_every:.4f}{aux_text}"
                   f" elapsed {time.time() - started:.0f}s", flush=True)
+        if settings.eval_every and ((step + 1) % settings.eval_every == 0 or step + 1 == settings.steps):
+            curve.append({"step": step + 1, **validation_accuracy(model, processor, settings.eval_n)})
+            print(f"step {step + 1} validation " + " ".join(f"{k} {100 * v:.0f}%" for k, v in curve[-1].items()
+                                                             if k != "step"), flush=True)
     if bar is not None:
         bar.close()
     if probe is not None:
         probe.remove()
+    if pointer is not None:
+        pointer.remove()
     model.eval()
+    model.to("cpu")
     stats = {
         "wall_time_s": round(time.time() - started, 1),
         "final_loss": round(sum(losses[-20:]) / max(1, len(losses[-20:])), 4),
         "final_aux_loss": round(sum(aux_losses[-20:]) / max(1, len(aux_losses[-20:])), 4),
         "pictures_seen": index,
     }
+    if curve:
+        stats["validation_curve"] = curve
     return model, processor, stats
 
 
@@ -312,6 +492,7 @@ def data_settings() -> dict:
         "colours": list(S.COLOURS),
         "shapes": list(S.SHAPES),
         "places": list(S.PLACES),
+        "shape_radius": list(S.SHAPE_RADIUS),
         "shapes_per_picture": [1, 3],
         "train_pictures": "train_picture(seed, index) for index = 0, 1, ... (string seeds 'train:SEED:INDEX')",
         "held_out": f"eval_set(n) with integer seeds {S.EVAL_SEED} * 10_000_000 + i",
@@ -322,7 +503,7 @@ def data_settings() -> dict:
 def train(out: Path, settings: TrainSettings, command: str, progress: bool = True) -> str:
     import json
 
-    from g4v.demo.build import save_checkpoint
+    from g4v.demo.build import build_processor, save_checkpoint
 
     init = None
     if settings.init:  # read before training: ``out`` may replace it
@@ -341,7 +522,9 @@ def train(out: Path, settings: TrainSettings, command: str, progress: bool = Tru
         provenance["init"] = init  # the earlier stage's own provenance (command, settings, sha256)
         provenance["weights"] = "trained on synthetic shapes (g4v.demo.shapes), continuing from the checkpoint in 'init'"
         provenance["total_wall_time_s"] = round(stats["wall_time_s"] + init.get("total_wall_time_s", init.get("wall_time_s", 0)), 1)
-    sha = save_checkpoint(model, processor, Path(out), provenance)
+    # A fresh processor: validation's left padding stays set on the training one's tokenizer, and
+    # would be saved into tokenizer.json.
+    sha = save_checkpoint(model, build_processor(), Path(out), provenance)
     _drop_subconfig_dtypes(Path(out) / "config.json")
     return sha
 
@@ -363,16 +546,16 @@ def _drop_subconfig_dtypes(path: Path) -> None:
 
 @dataclass
 class AdapterSettings:
-    steps: int = 120
+    steps: int = 500
     batch_size: int = 8
-    lr: float = 3e-3
+    lr: float = 6e-3
     rank: int = 8
     alpha: int = 16
     seed: int = 0
     threads: int = 1
     warmup_steps: int = 10
     min_lr_ratio: float = 0.1
-    max_turns: int = 4
+    max_turns: int = 8
 
 
 def lora_config(rank: int, alpha: int):
