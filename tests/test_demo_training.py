@@ -180,6 +180,33 @@ def test_labels_cover_only_answers():
         assert tokenizer.decode(kept) == "".join(answer + "<|end_of_text|>" for _, answer in t)
 
 
+def test_vision_warm_up_trains_only_the_vision_tower(tmp_path):
+    from g4v.demo.__main__ import main
+
+    out = tmp_path / "warm"
+    assert main(["train", "--steps", "1", "--batch-size", "2", "--out", str(out), "--no-progress",
+                 "--vision-warmup-steps", "3", "--vision-lr", "3e-4"]) == 0
+    provenance = json.loads((out / "g4v_build.json").read_text())
+    assert provenance["settings"]["vision_warmup_steps"] == 3 and provenance["settings"]["vision_lr"] == 3e-4
+    assert 0.0 <= provenance["vision_warmup"]["final_shape_accuracy"] <= 1.0
+    assert provenance["wall_time_s"] >= provenance["vision_warmup"]["wall_time_s"]
+
+
+def test_object_shape_logits_pool_each_shape():
+    from g4v.demo.build import build_processor, build_random_model
+    from g4v.demo.train import object_shape_logits
+
+    processor = build_processor()
+    model = build_random_model(processor)
+    pictures = [S.train_picture(0, i) for i in range(4)]
+    pixel_values = processor.image_processor([p.image for p in pictures], return_tensors="pt",
+                                             do_pad=True)["pixel_values"]
+    head = __import__("torch").nn.Linear(model.config.vision_config.hidden_size, len(S.SHAPES))
+    logits, labels = object_shape_logits(model, head, pictures, pixel_values)
+    assert logits.shape == (sum(len(p.shapes) for p in pictures), len(S.SHAPES))
+    assert labels.tolist() == [S.SHAPES.index(s.kind) for p in pictures for s in p.shapes]
+
+
 # ── the stored checkpoint and adapter ───────────────────────────────────────────────────────────
 
 

@@ -61,6 +61,11 @@ def _add_training_commands(sub) -> None:
     train_cmd.add_argument("--pointer-weight", type=float, default=t.pointer_weight,
                            help="weight of the attention-pointer loss (binding)")
     train_cmd.add_argument("--pointer-layer", type=int, default=t.pointer_layer)
+    train_cmd.add_argument("--vision-warmup-steps", type=int, default=t.vision_warmup_steps,
+                           help="vision-only shape warm-up steps before the joint training (0: none)")
+    train_cmd.add_argument("--vision-warmup-lr", type=float, default=t.vision_warmup_lr)
+    train_cmd.add_argument("--vision-lr", type=float, default=t.vision_lr,
+                           help="learning rate of the vision tower in the joint training (default: --lr)")
     train_cmd.add_argument("--device", default=t.device, help="torch device (the bundled recipe is cpu)")
     train_cmd.add_argument("--eval-every", type=int, default=t.eval_every,
                            help="print validation accuracy every N steps (0: never)")
@@ -101,6 +106,8 @@ def _run_training_command(args, argv) -> int:
                                  aux_place=args.aux_place, warmup_steps=args.warmup_steps, qk_scale=args.qk_scale,
                                  max_turns=args.max_turns, single_shape_start=args.single_shape_start,
                                  pointer_weight=args.pointer_weight, pointer_layer=args.pointer_layer,
+                                 vision_warmup_steps=args.vision_warmup_steps,
+                                 vision_warmup_lr=args.vision_warmup_lr, vision_lr=args.vision_lr,
                                  device=args.device, eval_every=args.eval_every, eval_n=args.eval_n)
         sha = train(args.out, settings, command, progress=not args.no_progress)
         print(f"wrote {args.out} (weights sha256 {sha})")
