@@ -128,16 +128,25 @@ def _draw_shape(draw: ImageDraw.ImageDraw, kind: str, cx: float, cy: float, r: f
         raise ValueError(f"unknown shape {kind!r}")
 
 
+def question(kind: str, shapes: list[Shape], index: int) -> QA:
+    """The ``kind`` question about ``shapes[index]`` (the count question is about the whole picture):
+    the one place the question wording and its answer are written."""
+    shape = shapes[index]
+    if kind == "colour":
+        return QA("colour", f"What colour is the {shape.kind}?", shape.colour)
+    if kind == "shape":
+        return QA("shape", f"What shape is {shape.colour}?", shape.kind)
+    if kind == "position":
+        return QA("position", f"Where is the {shape.kind}?", shape.place)
+    if kind == "count":
+        return QA("count", "How many shapes?", NUMBERS[len(shapes)])
+    raise ValueError(f"unknown question type {kind!r}")
+
+
 def questions(shapes: list[Shape]) -> list[QA]:
     """One question of each type about a picture (the shape each is about chosen deterministically:
     the first shape; callers shuffle shapes when drawing, so that is a random one)."""
-    target = shapes[0]
-    return [
-        QA("colour", f"What colour is the {target.kind}?", target.colour),
-        QA("shape", f"What shape is {target.colour}?", target.kind),
-        QA("position", f"Where is the {target.kind}?", target.place),
-        QA("count", "How many shapes?", NUMBERS[len(shapes)]),
-    ]
+    return [question(kind, shapes, 0) for kind in QUESTION_TYPES]
 
 
 def make_picture(rng: random.Random, max_shapes: int = 3, single_shape_p: float | None = None,

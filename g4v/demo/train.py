@@ -118,14 +118,7 @@ def conversation_plan(picture: S.Picture, rng: random.Random, max_turns: int = 4
     shapes = picture.shapes
 
     def ask(kind: str, index: int) -> tuple[S.QA, int | None]:
-        shape = shapes[index]
-        if kind == "colour":
-            return S.QA("colour", f"What colour is the {shape.kind}?", shape.colour), index
-        if kind == "shape":
-            return S.QA("shape", f"What shape is {shape.colour}?", shape.kind), index
-        if kind == "position":
-            return S.QA("position", f"Where is the {shape.kind}?", shape.place), index
-        return S.QA("count", "How many shapes?", S.NUMBERS[len(shapes)]), None
+        return S.question(kind, shapes, index), (None if kind == "count" else index)
 
     def fact(kind: str, index: int) -> tuple:
         return {"colour": ("identity", index), "shape": ("identity", index),
@@ -247,13 +240,13 @@ class FeatureProbe(torch.nn.Module):
         nc, ns = 1 + len(S.COLOURS), 1 + len(S.SHAPES)
         total = 0.0
         on_object = colour > 0
-        right = {"colour": 0.0, "shape": 0.0, "place": 0.0}
+        right = {"colour": 0.0, "shape": 0.0, **({"place": 0.0} if self.place else {})}
         for head, out in zip(self.heads, self.outputs):
             logits = head(out[base_views]).flatten(0, 1)  # (images * 64, classes)
             with torch.no_grad():  # how well each level tells the object cells' attributes (a diagnostic)
                 for name, cols, target in (("colour", slice(0, nc), colour), ("shape", slice(nc, nc + ns), shape),
                                            ("place", slice(nc + ns, None), place)):
-                    if name != "place" or self.place:
+                    if name in right:
                         hits = logits[on_object, cols].argmax(-1) == target[on_object]
                         right[name] += hits.float().mean().item() / len(self.heads)
             total = total + torch.nn.functional.cross_entropy(logits[:, :nc], colour, weight=self.class_weights[:nc])
