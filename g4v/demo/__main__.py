@@ -56,6 +56,8 @@ def _add_training_commands(sub) -> None:
     train_cmd.add_argument("--qk-scale", type=float, default=t.qk_scale,
                            help="multiply the LM's q/k projection weights by this first (sharper attention)")
     train_cmd.add_argument("--max-turns", type=int, default=t.max_turns, help="questions per picture (vision pass)")
+    train_cmd.add_argument("--shape-share", type=float, default=t.shape_share,
+                           help="share of 'What shape is X?' among later turns' identity questions")
     train_cmd.add_argument("--single-shape-start", type=float, default=t.single_shape_start,
                            help="share of one-shape pictures at the start of the curriculum")
     train_cmd.add_argument("--pointer-weight", type=float, default=t.pointer_weight,
@@ -65,7 +67,7 @@ def _add_training_commands(sub) -> None:
                            help="vision-only shape warm-up steps before the joint training (0: none)")
     train_cmd.add_argument("--vision-warmup-lr", type=float, default=t.vision_warmup_lr)
     train_cmd.add_argument("--vision-lr", type=float, default=t.vision_lr,
-                           help="learning rate of the vision tower in the joint training (default: --lr)")
+                           help="learning rate of the vision tower in the joint training")
     train_cmd.add_argument("--device", default=t.device, help="torch device (the bundled recipe is cpu)")
     train_cmd.add_argument("--eval-every", type=int, default=t.eval_every,
                            help="print validation accuracy every N steps (0: never)")
@@ -104,7 +106,8 @@ def _run_training_command(args, argv) -> int:
         settings = TrainSettings(steps=args.steps, batch_size=args.batch_size, lr=args.lr, seed=args.seed,
                                  threads=args.threads, init=args.init, aux_weight=args.aux_weight,
                                  aux_place=args.aux_place, warmup_steps=args.warmup_steps, qk_scale=args.qk_scale,
-                                 max_turns=args.max_turns, single_shape_start=args.single_shape_start,
+                                 max_turns=args.max_turns, shape_share=args.shape_share,
+                                 single_shape_start=args.single_shape_start,
                                  pointer_weight=args.pointer_weight, pointer_layer=args.pointer_layer,
                                  vision_warmup_steps=args.vision_warmup_steps,
                                  vision_warmup_lr=args.vision_warmup_lr, vision_lr=args.vision_lr,
