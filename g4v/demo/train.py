@@ -605,8 +605,8 @@ def train(out: Path, settings: TrainSettings, command: str, progress: bool = Tru
         provenance["init"] = init  # the earlier stage's own provenance (command, settings, sha256)
         provenance["weights"] = "trained on synthetic shapes (g4v.demo.shapes), continuing from the checkpoint in 'init'"
         provenance["total_wall_time_s"] = round(stats["wall_time_s"] + init.get("total_wall_time_s", init.get("wall_time_s", 0)), 1)
-    # A fresh processor: validation's left padding stays set on the training one's tokenizer, and
-    # would be saved into tokenizer.json.
+    # A fresh processor: any padded call (training batches, validation) leaves padding switched on
+    # in the fast tokenizer's backend, and save_pretrained would write that into tokenizer.json.
     sha = save_checkpoint(model, build_processor(), Path(out), provenance)
     _drop_subconfig_dtypes(Path(out) / "config.json")
     return sha
