@@ -63,6 +63,8 @@ def _add_training_commands(sub) -> None:
     train_cmd.add_argument("--pointer-weight", type=float, default=t.pointer_weight,
                            help="weight of the attention-pointer loss (binding)")
     train_cmd.add_argument("--pointer-layer", type=int, default=t.pointer_layer)
+    train_cmd.add_argument("--readout-weight", type=float, default=t.readout_weight,
+                           help="weight of the pointer's readout loss (what the pointed-at shape is)")
     train_cmd.add_argument("--vision-warmup-steps", type=int, default=t.vision_warmup_steps,
                            help="vision-only shape warm-up steps before the joint training (0: none)")
     train_cmd.add_argument("--vision-warmup-lr", type=float, default=t.vision_warmup_lr)
@@ -109,6 +111,7 @@ def _run_training_command(args, argv) -> int:
                                  max_turns=args.max_turns, shape_share=args.shape_share,
                                  single_shape_start=args.single_shape_start,
                                  pointer_weight=args.pointer_weight, pointer_layer=args.pointer_layer,
+                                 readout_weight=args.readout_weight,
                                  vision_warmup_steps=args.vision_warmup_steps,
                                  vision_warmup_lr=args.vision_warmup_lr, vision_lr=args.vision_lr,
                                  device=args.device, eval_every=args.eval_every, eval_n=args.eval_n)

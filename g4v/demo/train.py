@@ -31,7 +31,9 @@ what failed without it):
 * **a pointer for binding** (:class:`AttentionPointer`): one attention head of a late language-model
   layer is asked to look, from each answer-predicting position, at the image tokens of the shape the
   question names. It teaches the lookup ("the star" -> the star's cells -> its colour) that the
-  model otherwise does not find in this budget;
+  model otherwise does not find in this budget; and a linear **readout** of what that head gathers
+  must name the pointed-at shape's colour, shape and place, so that what is found is also what is
+  read (with the lookup alone, black and blue were mixed up at the third word piece);
 * **sharper attention at the start** (``qk_scale``): Granite's ``attention_multiplier`` of 1/64
   keeps a fresh small model's attention almost uniform; the q/k weights are scaled once, at init;
 * small canvases (mostly 1 tile + the base view), one canvas kind per batch (little padding), AdamW
@@ -76,8 +78,9 @@ class TrainSettings:
     curriculum_fraction: float = 0.3
     max_turns: int = 8
     #: In later turns, how often a shape's identity is asked as "What shape is red?" rather than
-    #: "What colour is the star?" (naming a shape is the slowest answer to learn).
-    shape_share: float = 0.7
+    #: "What colour is the star?" (naming a shape is the slowest answer to learn; the readout keeps
+    #: colour at 100% even when it is asked rarely).
+    shape_share: float = 0.9
     #: Weight of the auxiliary dense loss (see :class:`FeatureProbe`); 0 turns it off.
     aux_weight: float = 1.0
     #: Predict each cell's place too (left/right/top/bottom of the object under it).
@@ -89,10 +92,16 @@ class TrainSettings:
     #: nearly uniform in a small freshly initialised model, so it can pool the picture but hardly
     #: pick one shape out of it; sqrt(8) on both restores standard attention logits.
     qk_scale: float = 2.83
-    #: Weight of the attention-pointer loss (see :class:`AttentionPointer`); 0 turns it off.
-    pointer_weight: float = 1.0
-    #: The language-model layer whose attention the pointer loss trains (head 0).
-    pointer_layer: int = 8
+    #: Weight of the attention-pointer loss (see :class:`AttentionPointer`); 0 turns it off. Finding
+    #: a shape by its colour is the lookup learnt last, hence 2.
+    pointer_weight: float = 2.0
+    #: The language-model layer whose attention the pointer loss trains (head 0). The last one (9):
+    #: the answer is read out right before the LM head (8 gave 80.4% against 86.0% on 120 held-out
+    #: pictures).
+    pointer_layer: int = 9
+    #: Weight of the pointer's readout loss (see ``AttentionPointer.readout``); 0 turns it off. With
+    #: it, colour answers went from 85.0% to 100% on 120 held-out pictures.
+    readout_weight: float = 1.0
     #: "cpu" (the bundled checkpoint's recipe) or a torch device such as "cuda" (for trying settings).
     device: str = "cpu"
     #: Every this many steps, print greedy accuracy per question type on ``eval_n`` validation
@@ -297,9 +306,14 @@ class AttentionPointer:
     for probability mass on the named shape's tokens (which tokens: :func:`g4v.tiling.plan_tiling`,
     the same token map the Tiling panel draws)."""
 
-    def __init__(self, model, layer: int, head: int = 0, min_cover: float = 0.3):
+    def __init__(self, model, layer: int, head: int = 0, min_cover: float = 0.3, readout: bool = False):
         self.attention = model.model.language_model.layers[layer].self_attn
         self.head = head
+        #: With ``readout``, a throw-away linear head on what the pointer head gathers (its attention
+        #: output, before ``o_proj``) names the colour, shape and place of the shape pointed at. Finding
+        #: the right shape is not enough if the values read there do not say what it is.
+        self.readout = (torch.nn.Linear(self.attention.head_dim, len(S.COLOURS) + len(S.SHAPES) + len(S.PLACES))
+                        if readout else None)
         self.min_cover = min_cover
         self.config = model.config
         self.image_token = model.config.image_token_index
@@ -332,7 +346,11 @@ class AttentionPointer:
                     covered[index].append(token.index)
         return covered
 
-    def loss(self, batch: dict, pictures: list[S.Picture], plans: list[list[tuple[S.QA, int | None]]]) -> torch.Tensor:
+    def losses(self, batch: dict, pictures: list[S.Picture],
+               plans: list[list[tuple[S.QA, int | None]]]) -> dict[str, torch.Tensor]:
+        """``pointer``: minus the log attention mass on the named shape's tokens, averaged over the
+        answer-predicting positions; ``readout`` (with a readout head): cross-entropy of its colour,
+        shape and place predictions."""
         from transformers.models.granite4_vision.modeling_granite4_vision import apply_rotary_pos_emb
 
         hidden, (cos, sin) = self._inputs
@@ -340,7 +358,7 @@ class AttentionPointer:
         attention = self.attention
         head_dim = attention.head_dim
         group = attention.num_key_value_groups
-        rows, queries, targets = [], [], []
+        rows, queries, targets, named = [], [], [], []
         for row, (picture, plan) in enumerate(zip(pictures, plans)):
             image_positions = (batch["input_ids"][row] == self.image_token).nonzero().flatten()
             per_shape = self.shape_tokens(picture)
@@ -353,19 +371,42 @@ class AttentionPointer:
                     rows.append(row)
                     queries.append(position)
                     targets.append(image_positions[per_shape[shape_index]])
+                    named.append(picture.shapes[shape_index])
         if not rows:
-            return hidden.new_zeros(())
+            zero = hidden.new_zeros(())
+            return {"pointer": zero, **({"readout": zero} if self.readout is not None else {})}
         batch_size, length, _ = hidden.shape
         query = attention.q_proj(hidden).view(batch_size, length, -1, head_dim).transpose(1, 2)
         key = attention.k_proj(hidden).view(batch_size, length, -1, head_dim).transpose(1, 2)
         query, key = apply_rotary_pos_emb(query, key, cos, sin)
-        total = hidden.new_zeros(())
+        total, gathered = hidden.new_zeros(()), []
         for row, position, target in zip(rows, queries, targets):
             q = query[row, self.head, position]  # (head_dim,)
             k = key[row, self.head // group, : position + 1]  # (position + 1, head_dim): causal
             log_attention = torch.log_softmax((k @ q) * attention.scaling, dim=-1)
             total = total - torch.logsumexp(log_attention[target], dim=-1)
-        return total / len(rows)
+            gathered.append(log_attention)
+        losses = {"pointer": total / len(rows)}
+        if self.readout is not None:
+            losses["readout"] = self._readout_loss(hidden, rows, gathered, named)
+        return losses
+
+    def _readout_loss(self, hidden: torch.Tensor, rows: list[int], log_attentions: list[torch.Tensor],
+                      named: list[S.Shape]) -> torch.Tensor:
+        batch_size, length, _ = hidden.shape
+        value = self.attention.v_proj(hidden).view(batch_size, length, -1, self.attention.head_dim).transpose(1, 2)
+        kv_head = self.head // self.attention.num_key_value_groups
+        outputs = torch.stack([log_attention.exp() @ value[row, kv_head, : len(log_attention)]
+                               for row, log_attention in zip(rows, log_attentions)])  # (queries, head_dim)
+        logits = self.readout(outputs)
+        device = logits.device
+        colours, shapes = len(S.COLOURS), len(S.SHAPES)
+        colour = torch.tensor([list(S.COLOURS).index(s.colour) for s in named], device=device)
+        kind = torch.tensor([S.SHAPES.index(s.kind) for s in named], device=device)
+        place = torch.tensor([list(S.PLACES).index(s.place) for s in named], device=device)
+        cross_entropy = torch.nn.functional.cross_entropy
+        return (cross_entropy(logits[:, :colours], colour) + cross_entropy(logits[:, colours:colours + shapes], kind)
+                + cross_entropy(logits[:, colours + shapes:], place)) / 3
 
 
 def parameter_groups(named: list, settings: TrainSettings) -> list[dict]:
@@ -488,17 +529,21 @@ def train_model(settings: TrainSettings, progress: bool = True, log_every: int =
     model.train()
     _no_dropout(model)
     probe = FeatureProbe(model, place=settings.aux_place).to(settings.device) if settings.aux_weight > 0 else None
-    pointer = AttentionPointer(model, settings.pointer_layer) if settings.pointer_weight > 0 else None
+    pointer = (AttentionPointer(model, settings.pointer_layer, readout=settings.readout_weight > 0)
+               if settings.pointer_weight > 0 else None)
     warmup_started, warmup_accuracy = time.time(), []
     if settings.vision_warmup_steps:
         warmup_accuracy = warm_up_vision(model, processor, settings, progress=progress)
     warmup_time = time.time() - warmup_started
     named = list(model.named_parameters()) + (list(probe.named_parameters()) if probe else [])
+    if pointer is not None and pointer.readout is not None:
+        pointer.readout.to(settings.device)
+        named += list(pointer.readout.named_parameters(prefix="readout"))
     optimizer = torch.optim.AdamW(parameter_groups(named, settings), lr=settings.lr, betas=(0.9, 0.98), eps=1e-8)
     rng = random.Random(f"turns:{settings.seed}")
     bar = _progress(settings.steps, "train") if progress else None
     started = time.time()
-    losses, aux_losses, pointer_losses, curve, index = [], [], [], [], 0
+    losses, aux_losses, pointer_losses, readout_losses, curve, index = [], [], [], [], [], 0
     for step in range(settings.steps):
         ramp = settings.curriculum_fraction * settings.steps
         single_p = settings.single_shape_start * max(0.0, 1 - step / ramp) if ramp > 0 else 0.0
@@ -519,9 +564,12 @@ def train_model(settings: TrainSettings, progress: bool = True, log_every: int =
             aux_losses.append(aux.item())
             loss = loss + settings.aux_weight * aux
         if pointer is not None:
-            pointing = pointer.loss(batch, pictures, plans)
-            pointer_losses.append(pointing.item())
-            loss = loss + settings.pointer_weight * pointing
+            pointing = pointer.losses(batch, pictures, plans)
+            pointer_losses.append(pointing["pointer"].item())
+            loss = loss + settings.pointer_weight * pointing["pointer"]
+            if "readout" in pointing:
+                readout_losses.append(pointing["readout"].item())
+                loss = loss + settings.readout_weight * pointing["readout"]
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_([p for group in optimizer.param_groups for p in group["params"]],
@@ -538,6 +586,8 @@ def train_model(settings: TrainSettings, progress: bool = True, log_every: int =
             aux_text = f" aux {sum(aux_losses[-log_every:]) / log_every:.4f}" if aux_losses else ""
             if pointer_losses:
                 aux_text += f" pointer {sum(pointer_losses[-log_every:]) / log_every:.4f}"
+            if readout_losses:
+                aux_text += f" readout {sum(readout_losses[-log_every:]) / log_every:.4f}"
             if probe is not None:
                 aux_text += " probe " + " ".join(f"{k} {100 * v:.0f}%" for k, v in probe.accuracy.items())
             print(f"step {step + 1}/{settings.steps} loss {sum(losses[-log_every:]) / log_every:.4f}{aux_text}"
