@@ -179,23 +179,22 @@ def make_picture(rng: random.Random, max_shapes: int = 3, single_shape_p: float 
     return Picture(image=image, shapes=shapes, qas=questions(shapes), mask=mask)
 
 
+def class_indices(shape: Shape) -> tuple[int, int, int]:
+    """The shape's colour, shape and place as indices into :data:`COLOURS` / :data:`SHAPES` / :data:`PLACES`."""
+    return list(COLOURS).index(shape.colour), SHAPES.index(shape.kind), list(PLACES).index(shape.place)
+
+
 def feature_labels(picture: Picture, side: int = 8) -> tuple[list[int], list[int], list[int]]:
     """Per-cell labels of a ``side`` x ``side`` grid over the whole picture (row-major), as the base
     view's features see it: colour, shape and place class, 0 = background, else 1 + index into
     :data:`COLOURS` / :data:`SHAPES` / :data:`PLACES`. Each cell takes the label at its centre."""
     cells = list(picture.mask.resize((side, side), Image.NEAREST).getdata())
-    colours, kinds, places = list(COLOURS), list(SHAPES), list(PLACES)
     colour_labels, shape_labels, place_labels = [], [], []
     for cell in cells:
-        if cell == 0:
-            colour_labels.append(0)
-            shape_labels.append(0)
-            place_labels.append(0)
-        else:
-            shape = picture.shapes[cell - 1]
-            colour_labels.append(1 + colours.index(shape.colour))
-            shape_labels.append(1 + kinds.index(shape.kind))
-            place_labels.append(1 + places.index(shape.place))
+        colour, kind, place = (-1, -1, -1) if cell == 0 else class_indices(picture.shapes[cell - 1])
+        colour_labels.append(1 + colour)
+        shape_labels.append(1 + kind)
+        place_labels.append(1 + place)
     return colour_labels, shape_labels, place_labels
 
 

@@ -312,8 +312,8 @@ class AttentionPointer:
         #: With ``readout``, a throw-away linear head on what the pointer head gathers (its attention
         #: output, before ``o_proj``) names the colour, shape and place of the shape pointed at. Finding
         #: the right shape is not enough if the values read there do not say what it is.
-        self.readout = (torch.nn.Linear(self.attention.head_dim, len(S.COLOURS) + len(S.SHAPES) + len(S.PLACES))
-                        if readout else None)
+        self.readout = (torch.nn.Linear(self.attention.head_dim, len(S.COLOURS) + len(S.SHAPES) + len(S.PLACES),
+                                        device=self.attention.q_proj.weight.device) if readout else None)
         self.min_cover = min_cover
         self.config = model.config
         self.image_token = model.config.image_token_index
@@ -401,9 +401,7 @@ class AttentionPointer:
         logits = self.readout(outputs)
         device = logits.device
         colours, shapes = len(S.COLOURS), len(S.SHAPES)
-        colour = torch.tensor([list(S.COLOURS).index(s.colour) for s in named], device=device)
-        kind = torch.tensor([S.SHAPES.index(s.kind) for s in named], device=device)
-        place = torch.tensor([list(S.PLACES).index(s.place) for s in named], device=device)
+        colour, kind, place = torch.tensor([S.class_indices(s) for s in named], device=device).unbind(-1)
         cross_entropy = torch.nn.functional.cross_entropy
         return (cross_entropy(logits[:, :colours], colour) + cross_entropy(logits[:, colours:colours + shapes], kind)
                 + cross_entropy(logits[:, colours + shapes:], place)) / 3
@@ -537,7 +535,6 @@ def train_model(settings: TrainSettings, progress: bool = True, log_every: int =
     warmup_time = time.time() - warmup_started
     named = list(model.named_parameters()) + (list(probe.named_parameters()) if probe else [])
     if pointer is not None and pointer.readout is not None:
-        pointer.readout.to(settings.device)
         named += list(pointer.readout.named_parameters(prefix="readout"))
     optimizer = torch.optim.AdamW(parameter_groups(named, settings), lr=settings.lr, betas=(0.9, 0.98), eps=1e-8)
     rng = random.Random(f"turns:{settings.seed}")
