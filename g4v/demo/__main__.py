@@ -63,6 +63,9 @@ def _add_training_commands(sub) -> None:
     train_cmd.add_argument("--pointer-weight", type=float, default=t.pointer_weight,
                            help="weight of the attention-pointer loss (binding)")
     train_cmd.add_argument("--pointer-layer", type=int, default=t.pointer_layer)
+    train_cmd.add_argument("--shape-pointer-layer", type=int, default=t.shape_pointer_layer,
+                           help="a second pointer, for 'What shape is ...?' questions only, at this layer")
+    train_cmd.add_argument("--shape-pointer-head", type=int, default=t.shape_pointer_head)
     train_cmd.add_argument("--readout-weight", type=float, default=t.readout_weight,
                            help="weight of the pointer's readout loss (what the pointed-at shape is)")
     train_cmd.add_argument("--vision-warmup-steps", type=int, default=t.vision_warmup_steps,
@@ -112,6 +115,8 @@ def _run_training_command(args, argv) -> int:
                                  single_shape_start=args.single_shape_start,
                                  pointer_weight=args.pointer_weight, pointer_layer=args.pointer_layer,
                                  readout_weight=args.readout_weight,
+                                 shape_pointer_layer=args.shape_pointer_layer,
+                                 shape_pointer_head=args.shape_pointer_head,
                                  vision_warmup_steps=args.vision_warmup_steps,
                                  vision_warmup_lr=args.vision_warmup_lr, vision_lr=args.vision_lr,
                                  device=args.device, eval_every=args.eval_every, eval_n=args.eval_n)

@@ -102,6 +102,11 @@ class TrainSettings:
     #: Weight of the pointer's readout loss (see ``AttentionPointer.readout``); 0 turns it off. With
     #: it, colour answers went from 85.0% to 100% on 120 held-out pictures.
     readout_weight: float = 1.0
+    #: A second pointer, for "What shape is red?" questions only, on (layer, head) of the language
+    #: model; None = none. Those questions need the shape *found by its colour*, the reverse of
+    #: the first pointer's main lookup, and one head shared by both learnt it least well.
+    shape_pointer_layer: int | None = None
+    shape_pointer_head: int = 0
     #: "cpu" (the bundled checkpoint's recipe) or a torch device such as "cuda" (for trying settings).
     device: str = "cpu"
     #: Every this many steps, print greedy accuracy per question type on ``eval_n`` validation
@@ -306,7 +311,8 @@ class AttentionPointer:
     for probability mass on the named shape's tokens (which tokens: :func:`g4v.tiling.plan_tiling`,
     the same token map the Tiling panel draws)."""
 
-    def __init__(self, model, layer: int, head: int = 0, min_cover: float = 0.3, readout: bool = False):
+    def __init__(self, model, layer: int, head: int = 0, min_cover: float = 0.3, readout: bool = False,
+                 kinds: frozenset[str] | None = None):
         self.attention = model.model.language_model.layers[layer].self_attn
         self.head = head
         #: With ``readout``, a throw-away linear head on what the pointer head gathers (its attention
@@ -315,6 +321,8 @@ class AttentionPointer:
         self.readout = (torch.nn.Linear(self.attention.head_dim, len(S.COLOURS) + len(S.SHAPES) + len(S.PLACES),
                                         device=self.attention.q_proj.weight.device) if readout else None)
         self.min_cover = min_cover
+        #: Question kinds (see :data:`g4v.demo.shapes.QUESTION_TYPES`) this pointer trains on; None = all.
+        self.kinds = kinds
         self.config = model.config
         self.image_token = model.config.image_token_index
         self._handle = self.attention.register_forward_pre_hook(self._keep, with_kwargs=True)
@@ -365,6 +373,8 @@ class AttentionPointer:
             for (qa, shape_index), answer in zip(plan, answer_spans(batch["labels"][row])):
                 if shape_index is None or not per_shape[shape_index]:
                     continue
+                if self.kinds is not None and qa.kind not in self.kinds:
+                    continue
                 # Every position that predicts a word piece of the answer ("b" "l" "ue": blue or black is
                 # only decided at the third piece) looks at the shape itself, not at the position before.
                 for position in range(answer.start - 1, answer.stop - 2):
@@ -405,6 +415,19 @@ class AttentionPointer:
         cross_entropy = torch.nn.functional.cross_entropy
         return (cross_entropy(logits[:, :colours], colour) + cross_entropy(logits[:, colours:colours + shapes], kind)
                 + cross_entropy(logits[:, colours + shapes:], place)) / 3
+
+
+def make_pointers(model, settings: TrainSettings) -> list[AttentionPointer]:
+    """The attention pointers the settings ask for: none (``pointer_weight`` 0), the pointer for
+    every question that names a shape, and optionally a second one for shape questions only."""
+    if settings.pointer_weight <= 0:
+        return []
+    readout = settings.readout_weight > 0
+    pointers = [AttentionPointer(model, settings.pointer_layer, readout=readout)]
+    if settings.shape_pointer_layer is not None:
+        pointers.append(AttentionPointer(model, settings.shape_pointer_layer, head=settings.shape_pointer_head,
+                                         readout=readout, kinds=frozenset({"shape"})))
+    return pointers
 
 
 def parameter_groups(named: list, settings: TrainSettings) -> list[dict]:
@@ -527,15 +550,15 @@ def train_model(settings: TrainSettings, progress: bool = True, log_every: int =
     model.train()
     _no_dropout(model)
     probe = FeatureProbe(model, place=settings.aux_place).to(settings.device) if settings.aux_weight > 0 else None
-    pointer = (AttentionPointer(model, settings.pointer_layer, readout=settings.readout_weight > 0)
-               if settings.pointer_weight > 0 else None)
+    pointers = make_pointers(model, settings)
     warmup_started, warmup_accuracy = time.time(), []
     if settings.vision_warmup_steps:
         warmup_accuracy = warm_up_vision(model, processor, settings, progress=progress)
     warmup_time = time.time() - warmup_started
     named = list(model.named_parameters()) + (list(probe.named_parameters()) if probe else [])
-    if pointer is not None and pointer.readout is not None:
-        named += list(pointer.readout.named_parameters(prefix="readout"))
+    for number, pointer in enumerate(pointers):
+        if pointer.readout is not None:
+            named += list(pointer.readout.named_parameters(prefix=f"readout{number}"))
     optimizer = torch.optim.AdamW(parameter_groups(named, settings), lr=settings.lr, betas=(0.9, 0.98), eps=1e-8)
     rng = random.Random(f"turns:{settings.seed}")
     bar = _progress(settings.steps, "train") if progress else None
@@ -560,13 +583,15 @@ def train_model(settings: TrainSettings, progress: bool = True, log_every: int =
             aux = probe.loss(pictures, batch["image_sizes"])
             aux_losses.append(aux.item())
             loss = loss + settings.aux_weight * aux
-        if pointer is not None:
-            pointing = pointer.losses(batch, pictures, plans)
-            pointer_losses.append(pointing["pointer"].item())
-            loss = loss + settings.pointer_weight * pointing["pointer"]
-            if "readout" in pointing:
-                readout_losses.append(pointing["readout"].item())
-                loss = loss + settings.readout_weight * pointing["readout"]
+        if pointers:
+            pointing = [pointer.losses(batch, pictures, plans) for pointer in pointers]
+            pointer_loss = sum(p["pointer"] for p in pointing)
+            pointer_losses.append(pointer_loss.item())
+            loss = loss + settings.pointer_weight * pointer_loss
+            if pointers[0].readout is not None:
+                readout_loss = sum(p["readout"] for p in pointing)
+                readout_losses.append(readout_loss.item())
+                loss = loss + settings.readout_weight * readout_loss
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_([p for group in optimizer.param_groups for p in group["params"]],
@@ -597,7 +622,7 @@ def train_model(settings: TrainSettings, progress: bool = True, log_every: int =
         bar.close()
     if probe is not None:
         probe.remove()
-    if pointer is not None:
+    for pointer in pointers:
         pointer.remove()
     model.eval()
     model.to("cpu")
