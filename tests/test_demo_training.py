@@ -192,11 +192,10 @@ def test_shape_pointer_aims_only_at_shape_questions():
     assert [(p.attention, p.head, p.kinds) for p in pointers] == [
         (layers[9].self_attn, 0, None), (layers[8].self_attn, 1, frozenset({"shape"}))]
     pictures = [S.train_picture(0, i, canvas="square") for i in range(2)]
-    for asked in ("colour", "shape"):
-        plans = [[(qa, index) for qa, index in conversation_plan(p, random.Random(i), 8, shape_share=0.0)
-                  if qa.kind == asked] for i, p in enumerate(pictures)]
-        if asked == "shape":  # "What shape is red?" is asked in the first turn only with share 0
-            plans = [[(S.question("shape", p.shapes, 0), 0)] for p in pictures]
+    colour_plans = [[(qa, index) for qa, index in conversation_plan(p, random.Random(i), 8, shape_share=0.0)
+                     if qa.kind == "colour"] for i, p in enumerate(pictures)]
+    shape_plans = [[(S.question("shape", p.shapes, 0), 0)] for p in pictures]
+    for asked, plans in (("colour", colour_plans), ("shape", shape_plans)):
         assert all(plans)
         batch = encode(processor, pictures, [[(qa.question, qa.answer) for qa, _ in plan] for plan in plans])
         model.zero_grad(set_to_none=True)
