@@ -60,12 +60,17 @@ def _add_training_commands(sub) -> None:
                            help="share of 'What shape is X?' among later turns' identity questions")
     train_cmd.add_argument("--single-shape-start", type=float, default=t.single_shape_start,
                            help="share of one-shape pictures at the start of the curriculum")
+    train_cmd.add_argument("--three-shape-share", type=float, default=t.three_shape_share,
+                           help="after the curriculum, share of pictures forced to hold three shapes")
     train_cmd.add_argument("--pointer-weight", type=float, default=t.pointer_weight,
                            help="weight of the attention-pointer loss (binding)")
     train_cmd.add_argument("--pointer-layer", type=int, default=t.pointer_layer)
     train_cmd.add_argument("--shape-pointer-layer", type=int, default=t.shape_pointer_layer,
                            help="a second pointer, for 'What shape is ...?' questions only, at this layer")
     train_cmd.add_argument("--shape-pointer-head", type=int, default=t.shape_pointer_head)
+    train_cmd.add_argument("--count-pointer-layer", type=int, default=t.count_pointer_layer,
+                           help="a pointer for 'How many shapes?', spread evenly over every shape, at this layer")
+    train_cmd.add_argument("--count-pointer-head", type=int, default=t.count_pointer_head)
     train_cmd.add_argument("--readout-weight", type=float, default=t.readout_weight,
                            help="weight of the pointer's readout loss (what the pointed-at shape is)")
     train_cmd.add_argument("--vision-warmup-steps", type=int, default=t.vision_warmup_steps,
@@ -113,10 +118,13 @@ def _run_training_command(args, argv) -> int:
                                  aux_place=args.aux_place, warmup_steps=args.warmup_steps, qk_scale=args.qk_scale,
                                  max_turns=args.max_turns, shape_share=args.shape_share,
                                  single_shape_start=args.single_shape_start,
+                                 three_shape_share=args.three_shape_share,
                                  pointer_weight=args.pointer_weight, pointer_layer=args.pointer_layer,
                                  readout_weight=args.readout_weight,
                                  shape_pointer_layer=args.shape_pointer_layer,
                                  shape_pointer_head=args.shape_pointer_head,
+                                 count_pointer_layer=args.count_pointer_layer,
+                                 count_pointer_head=args.count_pointer_head,
                                  vision_warmup_steps=args.vision_warmup_steps,
                                  vision_warmup_lr=args.vision_warmup_lr, vision_lr=args.vision_lr,
                                  device=args.device, eval_every=args.eval_every, eval_n=args.eval_n)

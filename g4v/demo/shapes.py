@@ -150,12 +150,15 @@ def questions(shapes: list[Shape]) -> list[QA]:
 
 
 def make_picture(rng: random.Random, max_shapes: int = 3, single_shape_p: float | None = None,
-                 canvas: str | None = None) -> Picture:
-    """Draw one picture with 1..max_shapes shapes; ``single_shape_p`` biases towards one shape;
+                 canvas: str | None = None, max_shapes_p: float | None = None) -> Picture:
+    """Draw one picture with 1..max_shapes shapes; ``single_shape_p`` biases towards one shape and
+    ``max_shapes_p`` towards ``max_shapes`` (None: no extra draw, so the same pictures as without);
     ``canvas`` fixes the canvas kind (training batches share one, so they need little padding)."""
     width, height = _canvas_size(rng, canvas or canvas_kind(rng))
     if single_shape_p is not None and rng.random() < single_shape_p:
         count = 1
+    elif max_shapes_p is not None and rng.random() < max_shapes_p:
+        count = max_shapes
     else:
         count = rng.randint(1, max_shapes)
     kinds = rng.sample(SHAPES, count)

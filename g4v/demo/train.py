@@ -34,6 +34,12 @@ what failed without it):
   model otherwise does not find in this budget; and a linear **readout** of what that head gathers
   must name the pointed-at shape's colour, shape and place, so that what is found is also what is
   read (with the lookup alone, black and blue were mixed up at the third word piece);
+* **a second pointer for the reverse lookup** ("What shape is red?" finds the shape by its colour):
+  head 1 of the same layer, trained on those questions only, with its own readout; and, because
+  that head was what counted, a **count pointer** (layer 8, head 1) whose attention spreads evenly
+  over every shape for "How many shapes?";
+* **more three-shape pictures** after the curriculum (``three_shape_share``): binding and counting
+  only go wrong with several shapes, and such a picture asks up to 7 questions per vision pass;
 * **sharper attention at the start** (``qk_scale``): Granite's ``attention_multiplier`` of 1/64
   keeps a fresh small model's attention almost uniform; the q/k weights are scaled once, at init;
 * small canvases (mostly 1 tile + the base view), one canvas kind per batch (little padding), AdamW
@@ -76,6 +82,10 @@ class TrainSettings:
     single_shape_start: float = 0.5
     #: ... over this fraction of the steps.
     curriculum_fraction: float = 0.3
+    #: After the curriculum, the share of pictures forced to hold three shapes (the rest draw one to
+    #: three evenly, so about half hold three); 0 = none. Binding ("What shape is red?") and counting
+    #: fail only with several shapes, and a three-shape picture asks up to 7 questions per vision pass.
+    three_shape_share: float = 0.3
     max_turns: int = 8
     #: In later turns, how often a shape's identity is asked as "What shape is red?" rather than
     #: "What colour is the star?" (naming a shape is the slowest answer to learn; the readout keeps
@@ -105,8 +115,14 @@ class TrainSettings:
     #: A second pointer, for "What shape is red?" questions only, on (layer, head) of the language
     #: model; None = none. Those questions need the shape *found by its colour*, the reverse of
     #: the first pointer's main lookup, and one head shared by both learnt it least well.
-    shape_pointer_layer: int | None = None
-    shape_pointer_head: int = 0
+    shape_pointer_layer: int | None = 9
+    shape_pointer_head: int = 1
+    #: A pointer for "How many shapes?" on (layer, head), None = none: its attention is asked to
+    #: spread evenly over every shape of the picture, so that what the head gathers holds one value
+    #: per shape (no readout: there is no single shape to name). Needed once layer 9's head 1 points
+    #: for shape questions: that head was what counted, and counting three shapes fell to 7 of 39.
+    count_pointer_layer: int | None = 8
+    count_pointer_head: int = 1
     #: "cpu" (the bundled checkpoint's recipe) or a torch device such as "cuda" (for trying settings).
     device: str = "cpu"
     #: Every this many steps, print greedy accuracy per question type on ``eval_n`` validation
@@ -371,17 +387,25 @@ class AttentionPointer:
             image_positions = (batch["input_ids"][row] == self.image_token).nonzero().flatten()
             per_shape = self.shape_tokens(picture)
             for (qa, shape_index), answer in zip(plan, answer_spans(batch["labels"][row])):
-                if shape_index is None or not per_shape[shape_index]:
-                    continue
                 if self.kinds is not None and qa.kind not in self.kinds:
+                    continue
+                if shape_index is not None and per_shape[shape_index]:
+                    shape_targets = [image_positions[per_shape[shape_index]]]
+                    shape = picture.shapes[shape_index]
+                elif qa.kind == "count" and self.kinds is not None:  # spread over every shape
+                    shape_targets = [image_positions[tokens] for tokens in per_shape if tokens]
+                    shape = None
+                else:
+                    continue
+                if not shape_targets:
                     continue
                 # Every position that predicts a word piece of the answer ("b" "l" "ue": blue or black is
                 # only decided at the third piece) looks at the shape itself, not at the position before.
                 for position in range(answer.start - 1, answer.stop - 2):
                     rows.append(row)
                     queries.append(position)
-                    targets.append(image_positions[per_shape[shape_index]])
-                    named.append(picture.shapes[shape_index])
+                    targets.append(shape_targets)
+                    named.append(shape)
         if not rows:
             zero = hidden.new_zeros(())
             return {"pointer": zero, **({"readout": zero} if self.readout is not None else {})}
@@ -390,15 +414,20 @@ class AttentionPointer:
         key = attention.k_proj(hidden).view(batch_size, length, -1, head_dim).transpose(1, 2)
         query, key = apply_rotary_pos_emb(query, key, cos, sin)
         total, gathered = hidden.new_zeros(()), []
-        for row, position, target in zip(rows, queries, targets):
+        for row, position, shape_targets in zip(rows, queries, targets):
             q = query[row, self.head, position]  # (head_dim,)
             k = key[row, self.head // group, : position + 1]  # (position + 1, head_dim): causal
             log_attention = torch.log_softmax((k @ q) * attention.scaling, dim=-1)
-            total = total - torch.logsumexp(log_attention[target], dim=-1)
+            # One shape: minus the log mass on it. Several (count questions): the mean of that over
+            # the shapes, which is smallest when the mass is all on shapes and spread evenly.
+            total = total - sum(torch.logsumexp(log_attention[t], dim=-1) for t in shape_targets) / len(shape_targets)
             gathered.append(log_attention)
         losses = {"pointer": total / len(rows)}
         if self.readout is not None:
-            losses["readout"] = self._readout_loss(hidden, rows, gathered, named)
+            pointed = [i for i, shape in enumerate(named) if shape is not None]
+            losses["readout"] = (self._readout_loss(hidden, [rows[i] for i in pointed], [gathered[i] for i in pointed],
+                                                    [named[i] for i in pointed])
+                                 if pointed else hidden.new_zeros(()))
         return losses
 
     def _readout_loss(self, hidden: torch.Tensor, rows: list[int], log_attentions: list[torch.Tensor],
@@ -427,6 +456,9 @@ def make_pointers(model, settings: TrainSettings) -> list[AttentionPointer]:
     if settings.shape_pointer_layer is not None:
         pointers.append(AttentionPointer(model, settings.shape_pointer_layer, head=settings.shape_pointer_head,
                                          readout=readout, kinds=frozenset({"shape"})))
+    if settings.count_pointer_layer is not None:
+        pointers.append(AttentionPointer(model, settings.count_pointer_layer, head=settings.count_pointer_head,
+                                         kinds=frozenset({"count"})))
     return pointers
 
 
@@ -570,7 +602,9 @@ def train_model(settings: TrainSettings, progress: bool = True, log_every: int =
         canvas = S.canvas_kind(rng)
         pictures = []
         for _ in range(settings.batch_size):
-            pictures.append(S.train_picture(settings.seed, index, single_shape_p=single_p or None, canvas=canvas))
+            three_p = settings.three_shape_share if settings.three_shape_share > 0 and not single_p else None
+            pictures.append(S.train_picture(settings.seed, index, single_shape_p=single_p or None, canvas=canvas,
+                                            max_shapes_p=three_p))
             index += 1
         plans = [conversation_plan(p, rng, settings.max_turns, settings.shape_share) for p in pictures]
         turns = [[(qa.question, qa.answer) for qa, _ in plan] for plan in plans]
@@ -589,7 +623,7 @@ def train_model(settings: TrainSettings, progress: bool = True, log_every: int =
             pointer_losses.append(pointer_loss.item())
             loss = loss + settings.pointer_weight * pointer_loss
             if pointers[0].readout is not None:
-                readout_loss = sum(p["readout"] for p in pointing)
+                readout_loss = sum(p["readout"] for p in pointing if "readout" in p)
                 readout_losses.append(readout_loss.item())
                 loss = loss + settings.readout_weight * readout_loss
         optimizer.zero_grad(set_to_none=True)
@@ -710,6 +744,10 @@ class AdapterSettings:
     threads: int = 1
     warmup_steps: int = 10
     min_lr_ratio: float = 0.1
+    #: After the curriculum, the share of pictures forced to hold three shapes (the rest draw one to
+    #: three evenly, so about half hold three); 0 = none. Binding ("What shape is red?") and counting
+    #: fail only with several shapes, and a three-shape picture asks up to 7 questions per vision pass.
+    three_shape_share: float = 0.3
     max_turns: int = 8
 
 
