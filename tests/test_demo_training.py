@@ -422,7 +422,7 @@ def test_adapter_answers_colours_in_french_and_off_changes_nothing(trained_engin
 
     pairs = items(held_out[:20])
     result = evaluate_adapter(trained_engine.model, trained_engine.processor, pairs, ADAPTER_DIR)
-    assert result["adherence"] >= 0.9  # 100% on 300 held-out pictures (docs/demo-model.md)
+    assert result["adherence"] >= 0.9  # 99.7% on 300 held-out pictures (docs/demo-model.md)
     assert result["off_equals_base"] == 1.0
     # The adapter is removed again: the engine answers as before.
     assert not any("lora" in name for name, _ in trained_engine.model.named_modules())
