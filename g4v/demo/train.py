@@ -599,10 +599,10 @@ def train_model(settings: TrainSettings, progress: bool = True, log_every: int =
     for step in range(settings.steps):
         ramp = settings.curriculum_fraction * settings.steps
         single_p = settings.single_shape_start * max(0.0, 1 - step / ramp) if ramp > 0 else 0.0
+        three_p = settings.three_shape_share if settings.three_shape_share > 0 and not single_p else None
         canvas = S.canvas_kind(rng)
         pictures = []
         for _ in range(settings.batch_size):
-            three_p = settings.three_shape_share if settings.three_shape_share > 0 and not single_p else None
             pictures.append(S.train_picture(settings.seed, index, single_shape_p=single_p or None, canvas=canvas,
                                             max_shapes_p=three_p))
             index += 1
@@ -744,10 +744,6 @@ class AdapterSettings:
     threads: int = 1
     warmup_steps: int = 10
     min_lr_ratio: float = 0.1
-    #: After the curriculum, the share of pictures forced to hold three shapes (the rest draw one to
-    #: three evenly, so about half hold three); 0 = none. Binding ("What shape is red?") and counting
-    #: fail only with several shapes, and a three-shape picture asks up to 7 questions per vision pass.
-    three_shape_share: float = 0.3
     max_turns: int = 8
 
 
