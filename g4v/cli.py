@@ -3,6 +3,10 @@
 Each command lives in its own module under :mod:`g4v.commands` with two functions:
 ``add_parser(subparsers)`` and ``run(args) -> int``. A :class:`~g4v.errors.G4VError` anywhere
 becomes one line on stderr and exit status 1; bad flags become one line and exit status 2.
+
+Python decodes command-line bytes that are not UTF-8 into lone surrogates (``\\udcff``) instead of
+failing, so such a prompt would travel until a tokenizer or a JSON writer chokes on it. The text
+arguments are checked here, for every command, before anything slow starts.
 """
 
 import argparse
@@ -13,6 +17,8 @@ from g4v.errors import G4VError
 
 #: Command modules, in the order ``--help`` lists them.
 COMMANDS = ["chat", "tiling", "inspect", "merge_lora", "lora_diff", "port_diff", "bench"]
+#: Arguments that are text, not file names (which may hold any bytes), by argparse ``dest``.
+TEXT_ARGUMENTS = {"prompt": "the prompt", "adapter": "--adapter"}
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -31,9 +37,30 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def check_text_arguments(args: argparse.Namespace) -> None:
+    """Refuse a text argument that holds bytes that are not UTF-8, naming it and the first bad byte."""
+    for dest, shown in TEXT_ARGUMENTS.items():
+        value = getattr(args, dest, None)
+        problem = utf8_problem(value) if isinstance(value, str) else None
+        if problem:
+            raise G4VError(f"{shown} is not valid UTF-8 text ({problem})")
+
+
+def utf8_problem(text: str) -> str | None:
+    """Where ``text`` stops being encodable as UTF-8, in words; None when it is fine."""
+    try:
+        text.encode("utf-8")
+        return None
+    except UnicodeEncodeError as err:
+        code = ord(text[err.start])
+        what = f"byte 0x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else "a lone surrogate"
+        return f"{what} at character {err.start + 1}"
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        check_text_arguments(args)
         return args.run(args)
     except G4VError as err:
         print(f"error: {err}", file=sys.stderr)

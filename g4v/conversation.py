@@ -13,6 +13,12 @@ from g4v.errors import G4VError
 
 ROLES = ("system", "user", "assistant")
 
+#: Images one message may carry (the app's upload box, the CLI's ``--image`` flags, the API).
+MAX_IMAGES_PER_MESSAGE = 4
+#: Images one conversation may carry; older turns are dropped past it (each image costs hundreds of
+#: tokens and a vision-tower pass on every turn).
+MAX_IMAGES_PER_CONVERSATION = 8
+
 
 @dataclass
 class Message:
@@ -64,6 +70,7 @@ def validate_conversation(messages: list[Message], max_images: int | None = None
             raise G4VError(f"unknown role {message.role!r} (expected one of {', '.join(ROLES)})")
         if message.images and message.role != "user":
             raise G4VError("only user messages can carry images")
+        _check_text(message.text)
     last = messages[-1]
     if last.role != "user":
         raise G4VError("the last message must come from the user")
@@ -73,6 +80,26 @@ def validate_conversation(messages: list[Message], max_images: int | None = None
         count = sum(len(m.images) for m in messages)
         if count > max_images:
             raise G4VError(f"too many images: {count} in this conversation, the limit is {max_images}")
+
+
+#: The processor expands this placeholder into one token per image feature, so typed text must not
+#: contain it: the counts of placeholders and pictures would disagree.
+IMAGE_PLACEHOLDER = "<image>"
+
+
+def _check_text(text) -> None:
+    """Refuse text a tokenizer cannot take or would misread, with the reason in one line."""
+    if not isinstance(text, str):
+        raise G4VError(f"the message text must be a string, got {type(text).__name__}")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise G4VError(f"the text is not valid Unicode at character {err.start + 1} "
+                       "(a lone surrogate, or bytes that are not UTF-8)") from None
+    if IMAGE_PLACEHOLDER in text:
+        # Named in words: a browser shows an error as HTML, where the tag itself would vanish.
+        raise G4VError("the text contains the model's image placeholder (the word image in angle brackets): "
+                       "attach pictures as files instead, or write it differently")
 
 
 def to_template_messages(messages: list[Message]) -> tuple[list[dict], list[Image.Image]]:

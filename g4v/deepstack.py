@@ -26,6 +26,7 @@ are kept only with ``full=True``. Every hook is removed when the ``with`` block 
 happens inside it, so nothing leaks into the next request.
 """
 
+import math
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
@@ -35,6 +36,11 @@ import torch
 from g4v.errors import G4VError
 
 SPATIAL_OFFSETS = ("TL", "TR", "BL", "BR")  # order of transformers' spatial_projectors (offset 0..3)
+
+#: The largest factor (in absolute value) a level may be scaled by. Injected features are of the
+#: residual stream's own size, so a factor this large already swamps every other signal; beyond it a
+#: bf16 or fp16 model only overflows to inf / NaN, which says nothing about the level.
+MAX_SCALE = 1e4
 
 
 # ── levels, from the config ─────────────────────────────────────────────────────────────────────
@@ -102,19 +108,38 @@ def find_level(levels: list[Level], spec) -> Level:
 
 
 def level_scales(levels: list[Level], ablate: Iterable = (), scale: dict | None = None) -> dict[str, float]:
-    """``{level name: factor}`` from levels to zero and ``{level: factor}`` to scale; checks every name."""
+    """``{level name: factor}`` from levels to zero and ``{level: factor}`` to scale; checks every name
+    and factor. A factor of exactly 1 changes nothing, so it is left out: the result holds only the
+    levels that a second run would really change (see :func:`unit_scale_levels` for the others)."""
+    return {name: f for name, f in requested_scales(levels, ablate, scale).items() if f != 1.0}
+
+
+def unit_scale_levels(levels: list[Level], ablate: Iterable = (), scale: dict | None = None) -> list[str]:
+    """The levels asked to be scaled by exactly 1 (so left unchanged), for reports to mention."""
+    return sorted(name for name, f in requested_scales(levels, ablate, scale).items() if f == 1.0)
+
+
+def requested_scales(levels: list[Level], ablate: Iterable = (), scale: dict | None = None) -> dict[str, float]:
+    """Every requested ``{level name: factor}``, factors of 1 included; ablating wins over scaling."""
     factors: dict[str, float] = {}
     for spec, factor in (scale or {}).items():
-        try:
-            factor = float(factor)
-        except (TypeError, ValueError):
-            raise G4VError(f"scale for level {spec!r} must be a number, got {factor!r}") from None
-        if factor != factor or factor in (float("inf"), float("-inf")):
-            raise G4VError(f"scale for level {spec!r} must be finite, got {factor}")
-        factors[find_level(levels, spec).name] = factor
+        factors[find_level(levels, spec).name] = _checked_factor(spec, factor)
     for spec in ablate:
         factors[find_level(levels, spec).name] = 0.0
     return factors
+
+
+def _checked_factor(spec, factor) -> float:
+    try:
+        factor = float(factor)
+    except (TypeError, ValueError):
+        raise G4VError(f"scale for level {spec!r} must be a number, got {factor!r}") from None
+    if not math.isfinite(factor):
+        raise G4VError(f"scale for level {spec!r} must be finite, got {factor}")
+    if abs(factor) > MAX_SCALE:
+        raise G4VError(f"scale for level {spec!r} is {factor:g}, outside -{MAX_SCALE:g} to {MAX_SCALE:g}: a "
+                       "larger factor only overflows the model's numbers instead of showing the level's effect")
+    return factor
 
 
 def parse_scale_specs(specs: Iterable[str]) -> dict[str, float]:
@@ -427,6 +452,9 @@ class RunOutcome:
     top5: list[TokenProb]
     continuation: str
     continuation_ids: list[int]
+    # (vocab,) float32, CPU: the same distribution as log-probabilities, finite even where a
+    # probability underflows to 0, so the KL between two runs stays a number.
+    next_token_logprobs: torch.Tensor
 
 
 @dataclass
@@ -456,9 +484,37 @@ def next_token_probs(logits: torch.Tensor) -> torch.Tensor:
     return torch.softmax(logits[0, -1].float(), dim=-1).cpu()
 
 
+def next_token_logprobs(logits: torch.Tensor) -> torch.Tensor:
+    """(batch, seq, vocab) logits -> (vocab,) float32 log-probabilities of the token after the prompt."""
+    return torch.log_softmax(logits[0, -1].float(), dim=-1).cpu()
+
+
 def kl_divergence(p: torch.Tensor, q: torch.Tensor) -> float:
     """KL(p || q) in nats for two probability vectors."""
     return float(torch.sum(torch.special.xlogy(p, p) - torch.special.xlogy(p, q)).clamp(min=0.0))
+
+
+def kl_divergence_of_logprobs(log_p: torch.Tensor, log_q: torch.Tensor) -> float:
+    """KL(p || q) in nats from log-probabilities: unlike :func:`kl_divergence` it stays finite when a
+    big change drives some of q's probabilities to exactly 0 in floating point."""
+    return float(torch.sum(log_p.exp() * (log_p - log_q)).clamp(min=0.0))
+
+
+def describe_scales(scales: dict[str, float]) -> str:
+    """``{"deepstack0": 1e308, "spatial_TL": 0}`` -> ``"deepstack0 by 1e+308, spatial_TL by 0"``."""
+    return ", ".join(f"{name} by {factor:g}" for name, factor in scales.items())
+
+
+def require_finite_logits(logits: torch.Tensor, scales: dict[str, float] | None = None) -> None:
+    """Refuse to report on NaN or infinite logits (an overflow in the model's dtype, or a huge
+    scale factor): numbers computed from them would be NaN, not an answer."""
+    if bool(torch.isfinite(logits[0, -1]).all()):
+        return
+    dtype = str(logits.dtype).removeprefix("torch.")
+    if scales:
+        raise G4VError(f"scaling {describe_scales(scales)} made the model's output non-finite (overflow in "
+                       f"{dtype}); try a smaller factor")
+    raise G4VError(f"the model's output is non-finite (NaN or infinite logits in {dtype}) for this input")
 
 
 def top_tokens(probs: torch.Tensor, tokenizer, k: int = 5) -> list[TokenProb]:
@@ -482,17 +538,23 @@ def greedy_continuation(model, inputs: dict, tokenizer, max_new_tokens: int,
 
 def run_outcome(model, inputs: dict, tokenizer, logits: torch.Tensor, max_new_tokens: int,
                 scales: dict[str, float] | None = None, levels: list[Level] | None = None) -> RunOutcome:
+    require_finite_logits(logits, scales)
     probs = next_token_probs(logits)
     ids = greedy_continuation(model, inputs, tokenizer, max_new_tokens, scales, levels) if max_new_tokens else []
-    return RunOutcome(probs, top_tokens(probs, tokenizer), tokenizer.decode(ids, skip_special_tokens=True), ids)
+    return RunOutcome(probs, top_tokens(probs, tokenizer), tokenizer.decode(ids, skip_special_tokens=True), ids,
+                      next_token_logprobs(logits))
 
 
 def compare_scaled(model, inputs: dict, tokenizer, base: RunOutcome, scales: dict[str, float],
                    max_new_tokens: int = 16, full: bool = False,
                    levels: list[Level] | None = None) -> AblationResult:
-    """Run again with ``scales`` applied; compare with ``base`` (the unmodified run's outcome)."""
+    """Run again with ``scales`` applied; compare with ``base`` (the unmodified run's outcome).
+
+    Raises :class:`G4VError` naming the factors when the scaled run's output is not finite."""
     capture, logits = capture_forward(model, inputs, scales=scales, full=full, levels=levels, logits_to_keep=1)
     after = run_outcome(model, inputs, tokenizer, logits, max_new_tokens, scales, levels)
-    kl = kl_divergence(base.next_token_probs, after.next_token_probs)
+    kl = kl_divergence_of_logprobs(base.next_token_logprobs, after.next_token_logprobs)
+    if not math.isfinite(kl):
+        raise G4VError(f"scaling {describe_scales(scales)} gave a non-finite KL divergence; try a smaller factor")
     return AblationResult(dict(scales), kl, base, after, capture)
 

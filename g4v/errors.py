@@ -18,3 +18,8 @@ def first_line(err: BaseException, limit: int = 300) -> str:
     """The first line of an exception's message (or its type name), for a one-line G4VError."""
     text = str(err).strip() or type(err).__name__
     return text.splitlines()[0][:limit]
+
+
+class PromptTooLong(G4VError):
+    """The prompt and the tokens asked for do not fit the model's context window. Engines raise it
+    before anything streams, so a chat can drop its oldest turns and try again."""

@@ -32,7 +32,7 @@ def open_image(source, name: str | None = None, max_pixels: int | None = None) -
         image = _identify(io.BytesIO(source), label)
     else:
         path = Path(source)
-        label = name or str(path)
+        label = name or path.name  # the file's name only: an app's upload path is the server's business
         if not path.exists():
             raise G4VError(f"image not found: {label}")
         if not path.is_file():

@@ -4,11 +4,18 @@ The CLI (``python -m g4v inspect``) and the app's Deepstack tab both call :func:
 It runs on the transformers engine (the one whose model can be instrumented) and holds the
 engine's lock for the whole request, so a chat answer running at the same time never sees the
 inspector's hooks.
+
+Exports without an ``out_dir`` (the app's) go to an :class:`ExportStore`: a server answering many
+requests must not fill the temporary folder with one export (several MB with full tensors) each.
 """
 
 import json
 import shutil
 import tempfile
+import threading
+import weakref
+import zipfile
+from collections import deque
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,7 +24,7 @@ from PIL import Image
 
 from g4v.conversation import Message
 from g4v.deepstack import (AblationResult, Capture, Level, RunOutcome, capture_forward, compare_scaled,
-                           describe_levels, level_scales, run_outcome)
+                           describe_levels, level_scales, run_outcome, unit_scale_levels)
 from g4v.errors import G4VError
 from g4v.images import open_image
 from g4v.tiling import TilingPlan, plan_tiling
@@ -30,6 +37,69 @@ FIGURE_FILES = {  # figure name -> file written in the export
     "heatmaps_tile": "heatmaps_tiles.png",
     "heatmaps_base": "heatmaps_base.png",
 }
+EXPORT_FILES = (SUMMARY_FILE, *FIGURE_FILES.values(), CAPTURE_FILE)  # what an export holds (and its zip)
+DEFAULT_KEEP = 8  # exports an ExportStore keeps unless told otherwise
+
+
+class ExportStore:
+    """A bounded home for exports: one temporary root folder, one subfolder per export, and only the
+    newest ``keep`` of them on disk (each export's zip lives inside its own subfolder, so it goes
+    with it). ``close()`` removes the root; so does interpreter exit, or garbage collection of the
+    store, whichever comes first.
+
+    The root is created inside ``parent`` (the system's temporary folder when None) and only the
+    root is ever deleted, never ``parent``. Keep ``keep`` at least as large as the number of
+    requests that may run at once, so no export is deleted while it is still being written.
+    """
+
+    def __init__(self, parent: str | Path | None = None, keep: int = DEFAULT_KEEP):
+        if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
+            raise G4VError(f"an export store must keep at least 1 export (a whole number), got {keep!r}")
+        if parent is not None:
+            Path(parent).mkdir(parents=True, exist_ok=True)
+        self.root = Path(tempfile.mkdtemp(prefix="g4v-inspect-", dir=parent))
+        self.keep = keep
+        self._folders: deque[Path] = deque()
+        self._made = 0
+        self._lock = threading.Lock()
+        # A finalizer rather than __del__: it also runs at interpreter exit (atexit), and only once.
+        self._remove_root = weakref.finalize(self, shutil.rmtree, str(self.root), ignore_errors=True)
+
+    @property
+    def closed(self) -> bool:
+        return not self._remove_root.alive
+
+    def new_folder(self) -> Path:
+        """A new, empty subfolder for one export; the oldest beyond ``keep`` are deleted."""
+        with self._lock:
+            if self.closed:
+                raise G4VError("the export store is closed")
+            self._made += 1
+            folder = self.root / f"inspect-{self._made:04d}"
+            folder.mkdir()
+            self._folders.append(folder)
+            while len(self._folders) > self.keep:
+                shutil.rmtree(self._folders.popleft(), ignore_errors=True)
+            return folder
+
+    def close(self) -> None:
+        """Delete the root folder and every export in it (later calls do nothing)."""
+        with self._lock:
+            self._remove_root()
+            self._folders.clear()
+
+
+_default_store: ExportStore | None = None
+_default_store_lock = threading.Lock()
+
+
+def default_export_store() -> ExportStore:
+    """The process's own store, for callers that pass neither ``out_dir`` nor ``exports``."""
+    global _default_store
+    with _default_store_lock:
+        if _default_store is None or _default_store.closed:
+            _default_store = ExportStore()
+        return _default_store
 
 
 @dataclass
@@ -42,22 +112,25 @@ class InspectionResult:
     figures: dict[str, Image.Image]  # keys of FIGURE_FILES
     summary: dict  # what summary.json holds
     export_dir: Path  # summary.json, the PNGs, capture.safetensors
-    export_zip: Path | None  # the same folder zipped (make_zip=True)
+    export_zip: Path | None  # those files zipped, inside export_dir (make_zip=True)
 
 
 def run_inspection(engine, image, prompt: str, ablate=(), scale: dict | None = None, full: bool = False,
                    max_new_tokens: int = 16, out_dir: str | Path | None = None,
-                   make_zip: bool = True) -> InspectionResult:
+                   make_zip: bool = True, exports: ExportStore | None = None) -> InspectionResult:
     """Inspect what the 8 injections carry for ``image`` (a PIL image or path) and ``prompt``.
 
     ``ablate``: levels (names or indices) to zero; ``scale``: ``{level: factor}``. Either one adds a
-    second run and its comparison (KL of the next-token distribution, top 5, greedy continuation).
-    ``full`` keeps the full tensors in ``capture.safetensors``. The export goes to ``out_dir`` (a new
-    temporary folder when None). Bad input raises :class:`G4VError`.
+    second run and its comparison (KL of the next-token distribution, top 5, greedy continuation);
+    a factor of 1 changes nothing, so it adds no run (the summary lists it in ``unchanged_levels``).
+    ``full`` keeps the full tensors in ``capture.safetensors``. The export goes to ``out_dir`` (the
+    caller's folder, never deleted) or else to a new folder of ``exports`` (the process's
+    :func:`default_export_store` when None). Bad input raises :class:`G4VError`.
     """
     model, processor = _instrumentable(engine)
     levels = describe_levels(model.config)
-    scales = level_scales(levels, ablate, scale)  # checks level names before any compute
+    scales = level_scales(levels, ablate, scale)  # checks level names and factors before any compute
+    unchanged = unit_scale_levels(levels, ablate, scale)
     if image is None:
         raise G4VError("the deepstack inspector needs an image")
     picture = open_image(image)
@@ -77,11 +150,11 @@ def run_inspection(engine, image, prompt: str, ablate=(), scale: dict | None = N
         raise RuntimeError(f"tiling plan has {plan.num_image_tokens} image tokens, the model saw "
                            f"{capture.num_image_tokens}")
 
-    summary = build_summary(engine, prompt, picture, plan, capture, outcome, ablation, full)
+    summary = build_summary(engine, prompt, picture, plan, capture, outcome, ablation, full, unchanged)
     figures = draw_figures(picture, plan, summary, capture)
-    export_dir = Path(out_dir) if out_dir is not None else Path(tempfile.mkdtemp(prefix="g4v-inspect-"))
+    export_dir = Path(out_dir) if out_dir is not None else (exports or default_export_store()).new_folder()
     write_export(export_dir, summary, figures, capture, ablation)
-    export_zip = Path(shutil.make_archive(str(export_dir), "zip", root_dir=export_dir)) if make_zip else None
+    export_zip = zip_export(export_dir) if make_zip else None
     return InspectionResult(levels, capture, outcome, ablation, plan, figures, summary, export_dir, export_zip)
 
 
@@ -94,7 +167,8 @@ def _instrumentable(engine):
 
 
 def build_summary(engine, prompt: str, picture: Image.Image, plan: TilingPlan, capture: Capture,
-                  outcome: RunOutcome, ablation: AblationResult | None, full: bool) -> dict:
+                  outcome: RunOutcome, ablation: AblationResult | None, full: bool,
+                  unchanged_levels: list[str] = ()) -> dict:
     info = getattr(engine, "info", None)
     return {
         "model": getattr(info, "model", None),
@@ -111,6 +185,7 @@ def build_summary(engine, prompt: str, picture: Image.Image, plan: TilingPlan, c
         "next_token_top5": [vars(t) for t in outcome.top5],
         "continuation": outcome.continuation,
         "ablation": ablation.summary() if ablation else None,
+        "unchanged_levels": list(unchanged_levels),  # asked to be scaled by 1: no run was needed
         "files": {"summary": SUMMARY_FILE, "capture": CAPTURE_FILE, **FIGURE_FILES},
     }
 
@@ -148,3 +223,13 @@ def write_export(folder: Path, summary: dict, figures: dict[str, Image.Image], c
     if ablation is not None:
         tensors.update({f"ablated.{name}": t for name, t in ablation.capture.tensors().items()})
     save_file(tensors, str(folder / CAPTURE_FILE), metadata={"format": "pt"})
+
+
+def zip_export(folder: Path) -> Path:
+    """The export's files zipped into ``folder/<folder name>.zip``: inside the folder, so whoever
+    deletes the folder deletes the zip too."""
+    archive = folder / f"{folder.name}.zip"
+    with zipfile.ZipFile(archive, "w", compression=zipfile.ZIP_DEFLATED) as bundle:
+        for name in EXPORT_FILES:
+            bundle.write(folder / name, arcname=name)
+    return archive

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from g4v.adapters import AdapterSpec, adapter_dirs, list_adapters, load_adapter_spec
+from g4v.adapters import AdapterSpec, adapter_base, adapter_dirs, list_adapters, load_adapter_spec, same_base
 from g4v.conversation import Message, SamplingSettings, validate_conversation
 from g4v.errors import G4VError
 from g4v.images import open_image
@@ -105,9 +105,42 @@ def _merge_streams(groups: list[list], cancel: threading.Event) -> Iterator[Side
 # ── what the app's LoRA tab calls ──────────────────────────────────────────────────────────────
 
 
-def adapter_choices(adapters_dir=None) -> list[str]:
-    """Adapter names for a dropdown: the folders under the configured adapter folders."""
-    return list_adapters(adapter_dirs(adapters_dir))
+@dataclass(frozen=True)
+class AdapterChoice:
+    """One adapter as the LoRA tab offers it: which base it was made for, and whether that is the
+    model being served (an adapter trained on another base loads, but answers gibberish)."""
+
+    name: str  # what to pass as ``adapter=`` (its path under the adapter folder)
+    base: str | None  # the config's base_model_name_or_path as written; None: it names none
+    matches: bool  # made for the model being served
+
+    @property
+    def label(self) -> str:
+        """``demo-lora (made for assets/granite4-vision-tiny)``, for a dropdown entry."""
+        return f"{self.name} (made for {self.base})" if self.base else f"{self.name} (base not named)"
+
+
+def describe_adapter(name: str, adapters_dir=None, model: str | None = None) -> AdapterChoice:
+    """Which base ``name`` was made for, and whether it is ``model`` (None: no model to match)."""
+    base = adapter_base(name, adapter_dirs(adapters_dir))
+    return AdapterChoice(name=name, base=base, matches=model is not None and same_base(base, model))
+
+
+def describe_adapters(adapters_dir=None, model: str | None = None) -> list[AdapterChoice]:
+    """Every adapter in the adapter folders, those made for ``model`` first, each group by name."""
+    found = [describe_adapter(name, adapters_dir, model) for name in list_adapters(adapter_dirs(adapters_dir))]
+    return sorted(found, key=lambda choice: (not choice.matches, choice.name))
+
+
+def adapter_choices(adapters_dir=None, model: str | None = None) -> list[str]:
+    """Adapter names for a dropdown, those made for ``model`` first (no model: by name)."""
+    return [choice.name for choice in describe_adapters(adapters_dir, model)]
+
+
+def preselected_adapter(adapters_dir=None, model: str | None = None) -> str | None:
+    """The adapter a dropdown should start on: the first one made for ``model``, else none
+    (preselecting an adapter made for another base would show gibberish as its first answer)."""
+    return next((choice.name for choice in describe_adapters(adapters_dir, model) if choice.matches), None)
 
 
 def activate_adapter(engine, choice: str, adapters_dir=None) -> AdapterSpec:

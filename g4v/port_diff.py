@@ -47,8 +47,16 @@ from g4v.deepstack import (Level, capture_forward, describe_levels, greedy_conti
 from g4v.errors import G4VError, first_line
 from g4v.images import open_image
 
-#: Features agree when their max absolute difference is within this (float32 on both sides).
-DEFAULT_ATOL = {torch.float32: 1e-5, torch.float16: 5e-2, torch.bfloat16: 5e-2}
+#: Per-level feature tolerance ``(atol, rtol)`` by dtype (see :class:`Tolerance` for the rule).
+#: The reference is ``torch.testing.assert_close``'s defaults, read from the installed torch
+#: (2.13, ``torch/testing/_comparison.py``, ``_DTYPE_PRECISIONS``): float32 atol 1e-5, rtol 1.3e-6;
+#: float16 atol 1e-5, rtol 1e-3; bfloat16 atol 1e-5, rtol 1.6e-2. Those rtols allow one operation's
+#: rounding; the features here come out of the vision tower, the Q-Formers and the projectors,
+#: computed by two implementations with their own kernels and summation orders, so rtol is wider:
+#: far wider in float32 (rounding accumulates over many steps, but a 0.1 % fault must still stand
+#: out), less so in float16 and bfloat16 (their own rounding of every input already dominates).
+#: atol stays torch's: it only matters where a whole token is near zero.
+DEFAULT_TOLERANCE = {torch.float32: (1e-5, 1e-4), torch.float16: (1e-5, 1e-2), torch.bfloat16: (1e-5, 5e-2)}
 #: Trajectory points agree when the mean norms differ by at most this share (float32).
 DEFAULT_TRAJECTORY_RTOL = {torch.float32: 1e-4, torch.float16: 2e-2, torch.bfloat16: 2e-2}
 _INSECURE = "VLLM_ALLOW_INSECURE_SERIALIZATION"
@@ -161,6 +169,67 @@ class VLLMProbe:
 # ── per-level features ──────────────────────────────────────────────────────────────────────────
 
 
+@dataclass(frozen=True)
+class Tolerance:
+    """When one level's features agree: elementwise ``|got - ref| <= atol + rtol * max(|ref|, rms)``.
+
+    That is ``torch.testing.assert_close``'s rule with one change: ``|ref|`` is floored at the RMS of
+    the token's reference features. Float rounding in a matrix product scales with the numbers an
+    element was computed from, not with the element itself, so an element that happens to be near
+    zero carries rounding of its token's size; with plain ``|ref|`` only ``atol`` covers it, and a
+    fixed ``atol`` is too tight for large features and too loose for small ones. A fault (a level
+    scaled, swapped or dropped) still shows on the elements that carry the token's weight.
+    """
+
+    atol: float
+    rtol: float
+    source: str  # where the numbers came from: a dtype's defaults, or given by the caller
+
+    def allowed(self, ref: torch.Tensor) -> torch.Tensor:
+        """The largest difference each element of ``ref`` (tokens, hidden) may show."""
+        rms = ref.pow(2).mean(dim=-1, keepdim=True).sqrt() if ref.numel() else ref
+        return self.atol + self.rtol * torch.maximum(ref.abs(), rms)
+
+    def used(self, got: torch.Tensor, ref: torch.Tensor) -> float:
+        """max over elements of |got - ref| / allowed: the level agrees when it is at most 1."""
+        if not ref.numel():
+            return 0.0
+        diff = (got - ref).abs()
+        # diff == 0 uses none of it, even where nothing is allowed (atol = rtol = 0: any other
+        # difference is then infinitely over).
+        return float(torch.where(diff == 0, 0.0, diff / self.allowed(ref)).max())
+
+    def within(self, got: torch.Tensor, ref: torch.Tensor) -> bool:
+        return got.shape == ref.shape and self.used(got, ref) <= 1.0
+
+    def summary(self) -> dict:
+        """For the JSON; ``rule`` is what the report and the picture print."""
+        rule = f"|vLLM - transformers| <= {self.atol:g} + {self.rtol:g} * max(|transformers|, token RMS)"
+        return {"atol": self.atol, "rtol": self.rtol, "source": self.source, "rule": rule}
+
+
+def default_tolerance(dtype: torch.dtype, atol: float | None = None, rtol: float | None = None) -> Tolerance:
+    """The dtype's defaults (:data:`DEFAULT_TOLERANCE`), with ``atol`` / ``rtol`` overriding each
+    side when given. Dtypes without an entry get the loosest one (bfloat16's)."""
+    name = str(dtype).removeprefix("torch.")
+    default_atol, default_rtol = DEFAULT_TOLERANCE.get(dtype, DEFAULT_TOLERANCE[torch.bfloat16])
+    given = [flag for flag, value in (("atol", atol), ("rtol", rtol)) if value is not None]
+    source = f"{name} defaults" if not given else f"{' and '.join(given)} given, {name} defaults otherwise"
+    return Tolerance(_tolerance_value("atol", atol, default_atol), _tolerance_value("rtol", rtol, default_rtol), source)
+
+
+def _tolerance_value(name: str, value, default: float) -> float:
+    if value is None:
+        return default
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise G4VError(f"{name} must be a number >= 0, got {value!r}") from None
+    if not math.isfinite(number) or number < 0:
+        raise G4VError(f"{name} must be a finite number >= 0, got {value!r}")
+    return number
+
+
 @dataclass
 class LevelDiff:
     name: str
@@ -172,13 +241,14 @@ class LevelDiff:
     mean_abs_diff: float | None
     reference_max_abs: float | None
     problem: str | None  # None when ok
+    tolerance_used: float | None = None  # max |diff| / allowed (Tolerance.used); ok when <= 1
     token_diff: list[float] = field(default_factory=list)  # per image token: max |vllm - ref|
 
     def summary(self) -> dict:
         return {"name": self.name, "llm_layer": self.llm_layer, "kind": self.kind, "ok": self.ok,
                 "max_abs_diff": self.max_abs_diff, "max_rel_diff": self.max_rel_diff,
                 "mean_abs_diff": self.mean_abs_diff, "reference_max_abs": self.reference_max_abs,
-                "problem": self.problem}
+                "tolerance_used": self.tolerance_used, "problem": self.problem}
 
 
 def split_levels(packed: torch.Tensor, llm_layers: list[int], hidden: int) -> dict[int, torch.Tensor]:
@@ -190,11 +260,12 @@ def split_levels(packed: torch.Tensor, llm_layers: list[int], hidden: int) -> di
 
 
 def compare_levels(levels: list[Level], reference: dict[str, torch.Tensor], candidate: dict[int, torch.Tensor],
-                   atol: float) -> list[LevelDiff]:
+                   tolerance: Tolerance) -> list[LevelDiff]:
     """Each reference level (by name) against what vLLM injects at the same LLM layer.
 
-    A level agrees when vLLM has it, with the same shape, and every element is within ``atol``.
-    A level that fails but matches *another* reference level is reported as swapped.
+    A level agrees when vLLM has it, with the same shape, and every element is within ``tolerance``.
+    A level that fails is explained when possible: it matches *another* reference level (swapped),
+    one side is zeros (dropped), or one factor explains the difference (scaled).
     """
     rows = []
     for level in levels:
@@ -207,7 +278,9 @@ def compare_levels(levels: list[Level], reference: dict[str, torch.Tensor], cand
                                   reference_max_abs=None,
                                   problem=f"{side} injects nothing at LLM layer {level.llm_layer}"))
             continue
-        ref, got = ref.float(), got.float()
+        # Compare in the wider of the two dtypes (float64 references stay float64).
+        dtype = torch.promote_types(torch.promote_types(ref.dtype, got.dtype), torch.float32)
+        ref, got = ref.to(dtype), got.to(dtype)
         if ref.shape != got.shape:
             rows.append(LevelDiff(**base, ok=False, max_abs_diff=None, max_rel_diff=None, mean_abs_diff=None,
                                   reference_max_abs=float(ref.abs().max()) if ref.numel() else 0.0,
@@ -218,35 +291,34 @@ def compare_levels(levels: list[Level], reference: dict[str, torch.Tensor], cand
         ref_norm = torch.linalg.vector_norm(ref, dim=-1)
         rel = torch.linalg.vector_norm(got - ref, dim=-1) / ref_norm.clamp(min=1e-12)
         max_abs = float(diff.max()) if diff.numel() else 0.0
-        ok = max_abs <= atol
-        problem = None
-        if not ok:
-            problem = f"differs by up to {max_abs:.3g} (tolerance {atol:.3g})"
-            twin = _matching_level(got, reference, exclude=level.name, atol=atol)
-            if twin:
-                problem += f"; vLLM's features here equal transformers' {twin} (levels swapped?)"
-            elif torch.count_nonzero(got) == 0:
-                problem += "; vLLM injects zeros here (level dropped?)"
-            elif torch.count_nonzero(ref) == 0:
-                problem += "; transformers injects zeros here (level dropped?)"
-            else:
-                # A uniform factor explains the difference when what is left after it is small.
-                ratio = float((got * ref).sum() / (ref * ref).sum().clamp(min=1e-30))
-                left = float(torch.linalg.vector_norm(got - ratio * ref) / torch.linalg.vector_norm(ref).clamp(min=1e-30))
-                if left < 0.1 * abs(ratio - 1):
-                    problem += f"; vLLM's features are transformers' times {ratio:.6g} (scaled?)"
+        used = tolerance.used(got, ref)
+        ok = used <= 1.0
+        problem = None if ok else _explain(got, ref, reference, level.name, max_abs, used, tolerance)
         rows.append(LevelDiff(**base, ok=ok, max_abs_diff=max_abs, max_rel_diff=float(rel.max()) if rel.numel() else 0.0,
                               mean_abs_diff=float(diff.mean()) if diff.numel() else 0.0,
                               reference_max_abs=float(ref.abs().max()) if ref.numel() else 0.0, problem=problem,
-                              token_diff=token_diff.tolist()))
+                              tolerance_used=used, token_diff=token_diff.float().tolist()))
     return rows
 
 
-def _matching_level(got: torch.Tensor, reference: dict[str, torch.Tensor], exclude: str, atol: float) -> str | None:
-    for name, ref in reference.items():
-        if name != exclude and ref.shape == got.shape and float((got - ref.float()).abs().max()) <= atol:
-            return name
-    return None
+def _explain(got: torch.Tensor, ref: torch.Tensor, reference: dict[str, torch.Tensor], name: str, max_abs: float,
+             used: float, tolerance: Tolerance) -> str:
+    """One line on a level that does not agree: by how much, and the likeliest reason."""
+    problem = f"differs by up to {max_abs:.3g}, {used:.3g}x what the tolerance allows"
+    twin = next((other for other, features in reference.items()
+                 if other != name and tolerance.within(got, features.to(got.dtype))), None)
+    if twin:
+        return problem + f"; vLLM's features here equal transformers' {twin} (levels swapped?)"
+    if torch.count_nonzero(got) == 0:
+        return problem + "; vLLM injects zeros here (level dropped?)"
+    if torch.count_nonzero(ref) == 0:
+        return problem + "; transformers injects zeros here (level dropped?)"
+    # A uniform factor explains the difference when what is left after it is small.
+    ratio = float((got * ref).sum() / (ref * ref).sum().clamp(min=1e-30))
+    left = float(torch.linalg.vector_norm(got - ratio * ref) / torch.linalg.vector_norm(ref).clamp(min=1e-30))
+    if left < 0.1 * abs(ratio - 1):
+        problem += f"; vLLM's features are transformers' times {ratio:.6g} (scaled?)"
+    return problem
 
 
 # ── the residual trajectory ─────────────────────────────────────────────────────────────────────
@@ -516,14 +588,15 @@ def reference_run(hf_engine, picture: Image.Image, prompt: str, max_new_tokens: 
 
 
 def run_port_diff(image, prompt: str, model: str | None = None, max_new_tokens: int = 16,
-                  atol: float | None = None, trajectory_rtol: float | None = None, hf_engine=None,
-                  probe: VLLMProbe | None = None, draw: bool = False) -> PortDiffResult:
+                  atol: float | None = None, rtol: float | None = None, trajectory_rtol: float | None = None,
+                  hf_engine=None, probe: VLLMProbe | None = None, draw: bool = False) -> PortDiffResult:
     """Compare vLLM's port with transformers on one image and prompt (the CLI and an app tab call this).
 
     ``hf_engine`` (a transformers engine, float32 on the CPU by default) and ``probe`` (a
     :class:`VLLMProbe`) are reused when given, else started here (and the probe closed again).
     When vLLM cannot start on this checkpoint, the result still carries the config audit and says
-    why (``summary["vllm_error"]``); only bad input raises :class:`G4VError`.
+    why (``summary["vllm_error"]``); only bad input raises :class:`G4VError`. ``atol`` and ``rtol``
+    override the per-level tolerance's defaults for the model's dtype (:func:`default_tolerance`).
     """
     from g4v.engines.hf import TransformersEngine
     from g4v.loading import resolve_source
@@ -536,6 +609,7 @@ def run_port_diff(image, prompt: str, model: str | None = None, max_new_tokens: 
         raise G4VError("the port inspector needs a prompt")
     if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
         raise G4VError(f"max_new_tokens must be a whole number >= 0, got {max_new_tokens!r}")
+    default_tolerance(torch.float32, atol, rtol)  # bad values fail here, before any model loads
     picture = open_image(image)
     source = resolve_source(model or (hf_engine.info.model if hf_engine is not None else default_model()))
     raw = read_raw_config(source) if Path(source).is_dir() else None
@@ -551,14 +625,14 @@ def run_port_diff(image, prompt: str, model: str | None = None, max_new_tokens: 
     config = hf_engine.model.config
     raw = raw if raw is not None else config.to_dict()
     dtype = hf_engine.model.dtype
-    atol = DEFAULT_ATOL.get(dtype, 5e-2) if atol is None else float(atol)
+    tolerance = default_tolerance(dtype, atol, rtol)
     trajectory_rtol = DEFAULT_TRAJECTORY_RTOL.get(dtype, 2e-2) if trajectory_rtol is None else float(trajectory_rtol)
 
     ref = reference_run(hf_engine, picture, prompt, max_new_tokens)
     plan = plan_tiling((picture.height, picture.width), config)
     tokens = [(token.kind, token.box) for token in plan.tokens]
     summary = {"model": source, "prompt": prompt, "image_size": [picture.height, picture.width],
-               "dtype": str(dtype).removeprefix("torch."), "atol": atol,
+               "dtype": str(dtype).removeprefix("torch."), "tolerance": tolerance.summary(),
                "num_image_tokens": ref["capture"].num_image_tokens, "num_text_tokens": ref["capture"].num_text_tokens,
                "vllm_error": None}
 
@@ -579,7 +653,7 @@ def run_port_diff(image, prompt: str, model: str | None = None, max_new_tokens: 
         inputs = ref["inputs"]
         embedded = probe.embed_levels(inputs["pixel_values"], inputs["image_sizes"])
         vllm_levels = split_levels(embedded["packed"][0], embedded["llm_layers"], embedded["hidden"])
-        level_rows = compare_levels(ref["levels"], ref["features"], vllm_levels, atol)
+        level_rows = compare_levels(ref["levels"], ref["features"], vllm_levels, tolerance)
 
         prompt_dict = {"prompt": hf_engine.render_prompt([Message("user", prompt, [picture])]),
                        "multi_modal_data": {"image": [picture]}}
@@ -612,7 +686,7 @@ def run_port_diff(image, prompt: str, model: str | None = None, max_new_tokens: 
 
 def _unloadable(source: str, prompt: str, picture: Image.Image, error: str) -> PortDiffResult:
     audit = audit_checkpoint(source)
-    summary = {"model": source, "prompt": prompt, "image_size": [picture.height, picture.width], "atol": None,
+    summary = {"model": source, "prompt": prompt, "image_size": [picture.height, picture.width], "tolerance": None,
                "vllm_error": None, "load_error": error, "levels": [], "trajectory": None, "next_token": None,
                "config_audit": audit.summary(), "ok": False,
                "message": f"could not load the checkpoint ({error}). Config audit: {audit.message}"}

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 from dataclasses import asdict, dataclass
 from fractions import Fraction
 from pathlib import Path
@@ -112,6 +113,26 @@ class TilingPlan:
     @property
     def num_tiles(self) -> int:
         return self.grid[0] * self.grid[1]
+
+    def check_matches(self, image_size_hw: Size) -> None:
+        """Refuse an image of another size than the one this plan was made for.
+
+        A plan's token boxes only mean something for its own image: the app keeps the plan between
+        events, and the image box can change under it (a new upload, an API call with another file).
+        """
+        height, width = image_size_hw
+        if (height, width) != self.image_size:
+            raise G4VError(f"the image changed since it was analysed ({self.image_size[1]}x{self.image_size[0]}, "
+                           f"now {width}x{height}): analyse it again")
+
+    def token(self, token_index) -> ImageToken:
+        """The token at ``token_index`` (an int, or a whole float such as a Number box sends); a bad
+        type or an index outside ``0 .. num_image_tokens - 1`` is a one-line G4VError."""
+        index = _whole_number(token_index, "token index")
+        if not 0 <= index < self.num_image_tokens:
+            raise G4VError(f"token index {index} is out of range: "
+                           f"this image has tokens 0-{self.num_image_tokens - 1}")
+        return self.tokens[index]
 
     def budget_rows(self) -> list[list]:
         """The token budget as table rows: [part, layout, tokens]."""
@@ -387,6 +408,18 @@ def _check_size(image_size_hw) -> Size:
     return height, width
 
 
+def _whole_number(value, what: str) -> int:
+    """``value`` as an int if it is a whole number (``3``, ``3.0``, ``numpy.int64(3)``), else a
+    G4VError. Strings, booleans, NaN, infinities and fractions are refused rather than guessed at."""
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return int(value)
+    if isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value) \
+            and float(value).is_integer():
+        return int(value)
+    shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
+    raise G4VError(f"{what} must be a whole number, got {shown}")
+
+
 def _round_box(box: Box) -> list[float]:
     return [round(float(v), 2) for v in box]
 
@@ -440,26 +473,34 @@ def tiling_report(image, config):
     return render_tiling_overlay(image, plan.as_dict()), plan.budget_rows(), plan
 
 
-def highlight_token(image, plan: TilingPlan, token_index: int):
-    """The original image with token ``token_index``'s box (and its tile, for a tile token) drawn."""
+def first_token_to_show(plan: TilingPlan) -> int:
+    """The token to select right after analysing: the first tile token, because tiles are what the
+    tiling view is about. A strip so thin that unpadding keeps no tile feature (a 1 x 8000 line)
+    has none; the base view always has tokens, so then its first one."""
+    return next((token.index for token in plan.tokens if token.kind == "tile"), 0)
+
+
+def highlight_token(image, plan: TilingPlan, token_index):
+    """The original image with token ``token_index``'s box (and its tile, for a tile token) drawn.
+
+    Checks, each as one line: the index is a whole number in range, and ``image`` has the size the
+    plan was made for (else the box would describe another picture)."""
     from g4v.images import open_image
     from viz.tiling import highlight_box
 
-    try:
-        token_index = int(token_index)
-    except (TypeError, ValueError):
-        raise G4VError(f"token index must be a whole number, got {token_index!r}") from None
-    if not 0 <= token_index < plan.num_image_tokens:
-        raise G4VError(f"token index {token_index} is out of range (this image has {plan.num_image_tokens} image tokens)")
+    token = plan.token(token_index)
     image = open_image(image)
-    token = plan.tokens[token_index]
+    plan.check_matches((image.height, image.width))
     label = f"#{token.index} {token.kind} r{token.row} c{token.col}"
     tile_box = plan.tiles[token.tile].box if token.tile is not None else None
     return highlight_box(image, token.box, label=label, context_box=tile_box)
 
 
 def token_at(plan: TilingPlan, x: float, y: float, kind: str = "tile") -> ImageToken | None:
-    """The first token of ``kind`` whose box contains original pixel (x, y) (for click-to-select)."""
+    """The first token of ``kind`` whose box contains original pixel (x, y) (for click-to-select).
+
+    None when no token of that kind covers the pixel: padding-only cells, or a strip with no tile
+    tokens at all. Base tokens split the whole image, so ``kind="base"`` finds one for every pixel."""
     for token in plan.tokens:
         left, top, right, bottom = token.box
         if token.kind == kind and left <= x < right and top <= y < bottom:

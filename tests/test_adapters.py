@@ -230,3 +230,142 @@ def test_the_errors_are_all_different(adapters_root, model_config, tmp_path):
         spoil(folder)
         messages.add(error_of(folder, model_config).replace(folder.name, "X"))
     assert len(messages) == len(cases)
+
+
+# ── what an adapter folder may link to (every file a load reads stays inside) ─────────────────
+
+
+@pytest.mark.parametrize("linked", [WEIGHTS_FILE, CONFIG_FILE])
+def test_a_file_linked_to_outside_the_folders_is_refused(adapters_root, tmp_path, linked):
+    """The folder is inside, one of its files points elsewhere: refused before anything reads it,
+    naming the file but not where it points (a server path)."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (adapters_root / "good" / linked).rename(outside / linked)
+    (adapters_root / "good" / linked).symlink_to(outside / linked)
+    for call in (lambda: resolve_adapter("good", [adapters_root]),
+                 lambda: load_adapter_spec("good", AutoConfig.from_pretrained(BUNDLED_MODEL_DIR), [adapters_root])):
+        with pytest.raises(G4VError) as info:
+            call()
+        message = str(info.value)
+        assert linked in message and "outside the adapter folders" in message
+        assert str(tmp_path) not in message and "\n" not in message
+
+
+def test_a_config_linked_to_any_file_is_not_read(adapters_root, tmp_path):
+    secret = tmp_path / "secret.json"
+    secret.write_text('{"peft_type": "LORA", "password": "hunter2"}')
+    (adapters_root / "good" / CONFIG_FILE).unlink()
+    (adapters_root / "good" / CONFIG_FILE).symlink_to(secret)
+    with pytest.raises(G4VError, match="adapter_config.json links outside the adapter folders"):
+        resolve_adapter("good", [adapters_root])
+
+
+def test_links_that_stay_inside_the_folders_are_accepted(adapters_root, model_config):
+    """Two adapters sharing one weights file through a link is fine: it never leaves the folders."""
+    shutil.copytree(adapters_root / "good", adapters_root / "twin")
+    (adapters_root / "twin" / WEIGHTS_FILE).unlink()
+    (adapters_root / "twin" / WEIGHTS_FILE).symlink_to(adapters_root / "good" / WEIGHTS_FILE)
+    spec = load_adapter_spec("twin", model_config, [adapters_root])
+    assert spec.name == "twin" and len(spec.modules) == 70
+
+
+@pytest.fixture
+def nested_root(tmp_path):
+    root = tmp_path / "adapters"
+    shutil.copytree(DEMO, root / "team" / "my-lora")
+    return root
+
+
+def test_nested_adapters_resolve_by_their_listed_name(nested_root, tmp_path, monkeypatch, model_config):
+    monkeypatch.chdir(tmp_path)  # the name means a folder under the adapter folders, not the CWD
+    assert list_adapters([nested_root]) == ["team/my-lora"]
+    assert resolve_adapter("team/my-lora", [nested_root]) == ("team/my-lora", (nested_root / "team" / "my-lora").resolve())
+    assert load_adapter_spec("team/my-lora", model_config, [nested_root]).name == "team/my-lora"
+    with pytest.raises(G4VError, match=r"unknown adapter 'team/nope' \(available: team/my-lora\)"):
+        resolve_adapter("team/nope", [nested_root])
+
+
+def test_a_nested_adapter_answers_like_the_same_adapter_unnested(hf_engine, nested_root):
+    from tests.conftest import make_image
+
+    from g4v.conversation import Message, SamplingSettings
+    from g4v.lora import activate_adapter
+
+    chat = [Message("user", "What is in this picture?", [make_image(96, 64, seed=5)])]
+    settings = SamplingSettings(max_new_tokens=8)
+    nested = activate_adapter(hf_engine, "team/my-lora", adapters_dir=str(nested_root)).name
+    plain = activate_adapter(hf_engine, ADAPTER_NAME).name
+    assert nested == "team/my-lora" and plain == ADAPTER_NAME
+    answer = hf_engine.generate(chat, settings, adapter=nested)
+    assert answer.token_ids == hf_engine.generate(chat, settings, adapter=plain).token_ids
+    assert answer.token_ids != hf_engine.generate(chat, settings).token_ids
+
+
+# ── names a user types ─────────────────────────────────────────────────────────────────────────
+
+
+@pytest.mark.parametrize("typed, words", [
+    ("a" * 5000, "adapter name is too long (5000 characters; the limit is 255)"),
+    ("team/" + "b" * 300, "adapter name is too long (300 characters; the limit is 255)"),
+    ("é" * 200, "adapter name is too long (400 bytes in UTF-8; the limit is 255)"),
+    ("/" + "c/" * 3000, "adapter path is too long"),
+    ("bad\udcffname", "adapter name is not valid UTF-8 text"),
+    ("bad\ud800name", "adapter name is not valid UTF-8 text"),
+])
+def test_unusable_names_get_one_line(adapters_root, typed, words):
+    with pytest.raises(G4VError) as info:
+        resolve_adapter(typed, [adapters_root])
+    message = str(info.value)
+    assert words in message and "\n" not in message and len(message) < 300
+    assert str(adapters_root) not in message
+
+
+def test_the_lora_tab_refuses_a_long_typed_name_in_one_line(hf_engine):
+    """The tab's dropdown takes typed values; the name reaches the same check."""
+    from g4v.lora import lora_side_by_side
+
+    with pytest.raises(G4VError, match=r"^adapter name is too long \(5000 characters; the limit is 255\)$"):
+        list(lora_side_by_side(hf_engine, "x" * 5000, "Hi"))
+
+
+# ── which base an adapter was made for ─────────────────────────────────────────────────────────
+
+
+def test_adapters_say_which_base_they_belong_to():
+    from g4v.lora import describe_adapter
+    from g4v.paths import TRAINED_MODEL_DIR
+
+    demo = describe_adapter(ADAPTER_NAME, model=str(BUNDLED_MODEL_DIR))
+    assert demo.base == "assets/granite4-vision-tiny" and demo.matches
+    assert "made for assets/granite4-vision-tiny" in demo.label
+    assert not describe_adapter(ADAPTER_NAME, model=str(TRAINED_MODEL_DIR)).matches
+    assert describe_adapter("tiny-trained-french", model="assets/granite4-vision-tiny-trained").matches
+    assert not describe_adapter("tiny-trained-french", model="ibm-granite/granite-vision-4.1-4b").matches
+
+
+def test_matching_adapters_come_first():
+    from g4v.lora import adapter_choices, preselected_adapter
+
+    trained, tiny = "assets/granite4-vision-tiny-trained", "assets/granite4-vision-tiny"
+    assert adapter_choices(model=trained)[0] == "tiny-trained-french"
+    assert adapter_choices(model=tiny)[0] == ADAPTER_NAME
+    assert sorted(adapter_choices(model=trained)) == sorted(adapter_choices()) == sorted(list_adapters())
+    assert preselected_adapter(model=trained) == "tiny-trained-french"
+    assert preselected_adapter(model=tiny) == ADAPTER_NAME
+    assert preselected_adapter(model="ibm-granite/granite-vision-4.1-4b") is None
+
+
+def test_bases_compare_as_folders_or_hub_ids(tmp_path, monkeypatch):
+    from g4v.adapters import same_base
+    from g4v.paths import REPO_ROOT
+
+    monkeypatch.chdir(tmp_path)
+    assert same_base("assets/granite4-vision-tiny", str(BUNDLED_MODEL_DIR))
+    assert same_base(str(BUNDLED_MODEL_DIR), str(REPO_ROOT / "assets" / ".." / "assets" / "granite4-vision-tiny"))
+    assert same_base("ibm-granite/granite-vision-4.1-4b", "ibm-granite/granite-vision-4.1-4b")
+    assert not same_base("ibm-granite/granite-vision-4.1-4b", "ibm-granite/granite-vision-3.3-2b")
+    assert not same_base("assets/granite4-vision-tiny", "assets/granite4-vision-tiny-trained")
+    assert not same_base(None, str(BUNDLED_MODEL_DIR))
+    (tmp_path / "link").symlink_to(BUNDLED_MODEL_DIR)
+    assert same_base("assets/granite4-vision-tiny", "link")  # the model path is as the user typed it

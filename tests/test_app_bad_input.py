@@ -1,6 +1,7 @@
 """Bad and unusual input through the app's API: clear one-line refusals, answers for what is
 supported, and an app that keeps serving."""
 
+import json
 import re
 
 import numpy as np
@@ -60,6 +61,8 @@ REFUSED = [
     ("too many new tokens", "Hi", [], {"max_new_tokens": 100000}, "max_new_tokens|maximum value"),
     ("negative temperature", "Hi", [], {"temperature": -1.0}, "temperature|minimum value"),
     ("top_p of zero", "Hi", [], {"top_p": 0.0}, "top_p|minimum value"),
+    ("typed image placeholder", "What is <image> here?", [], {}, "image placeholder"),
+    ("fractional max_new_tokens", "Hi", [], {"max_new_tokens": 8.5}, "max_new_tokens must be a whole number"),
 ]
 
 ANSWERED = [
@@ -77,9 +80,14 @@ ANSWERED = [
 def test_refused_with_one_clear_line(client, files, case, text, names, settings, words):
     with pytest.raises(Exception) as err:
         send(client, text, names, files, **settings)
-    message = str(err.value)
+    assert_one_clean_line(str(err.value), words)
+
+
+def assert_one_clean_line(message: str, words: str) -> None:
+    """One line that names the problem, without tracebacks, server paths or library internals."""
     assert re.search(words, message), message
-    assert "Traceback" not in message and "\n" not in message.strip()
+    assert "Traceback" not in message and "\n" not in message.strip(), message
+    assert "/tmp" not in message and "gradio" not in message.lower() and "site-packages" not in message, message
 
 
 @pytest.mark.parametrize("case, names", ANSWERED, ids=[c[0] for c in ANSWERED])
@@ -90,3 +98,88 @@ def test_unusual_but_valid_images_are_answered(client, files, case, names):
 
 def test_app_still_serves_after_bad_input(client, files):
     assert send(client, "Still there?", ["ok.png"], files, max_new_tokens=4) is not None
+
+
+def raw_call(app_url: str, api_name: str, body: str) -> str:
+    """Gradio's REST API with a hand-written JSON body: what a non-Python client can send and
+    gradio_client cannot (a lone surrogate as ``\\udc80``, ``NaN``). Returns the event stream."""
+    import httpx
+
+    started = httpx.post(f"{app_url}gradio_api/call/{api_name}", content=body,
+                         headers={"Content-Type": "application/json"}, timeout=30)
+    started.raise_for_status()
+    return httpx.get(f"{app_url}gradio_api/call/{api_name}/{started.json()['event_id']}", timeout=120).text
+
+
+RAW_REFUSED = [  # (case, JSON body for /chat, words)
+    ("lone surrogate", '{"data": [{"text": "broken \\udc80 text", "files": []}, 8, 0.0, 1.0, 0]}', "not valid Unicode"),
+    ("null message", '{"data": [null, 8, 0.0, 1.0, 0]}', "message is empty"),
+    ("NaN max_new_tokens", '{"data": [{"text": "Hi", "files": []}, NaN, 0.0, 1.0, 0]}', "max_new_tokens must be a finite number"),
+    ("NaN temperature", '{"data": [{"text": "Hi", "files": []}, 8, NaN, 1.0, 0]}', "temperature must be a finite number"),
+]
+
+
+@pytest.mark.parametrize("case, body, words", RAW_REFUSED, ids=[c[0] for c in RAW_REFUSED])
+def test_raw_api_values_are_refused_in_one_line(app_url, case, body, words):
+    events = raw_call(app_url, "chat", body)
+    assert "event: error" in events, events
+    message = events.split("event: error", 1)[1].split("data:", 1)[1].strip().splitlines()[0]
+    assert_one_clean_line(json.loads(message) if message.startswith('"') else message, words)
+
+
+IMAGE_ENDPOINTS = {  # endpoint -> its arguments around the image
+    "/tiling": lambda image: (image,),
+    "/inspect": lambda image: (image, "What colour is it?", [], "", False),
+    "/lora_side_by_side": lambda image: ("demo-lora", image, "What colour is it?", 4, 0.0, 0),
+    "/lora_diff": lambda image: ("demo-lora", image, "What colour is it?", 4),
+}
+BAD_FILES = [("notes.png", "notes.png is not an image"), ("truncated.png", "truncated.png is corrupt"),
+             ("huge.png", "huge.png is too large")]
+
+
+@pytest.mark.parametrize("endpoint", sorted(IMAGE_ENDPOINTS))
+@pytest.mark.parametrize("name, words", BAD_FILES, ids=[f[0] for f in BAD_FILES])
+def test_image_tabs_refuse_bad_files_by_name_without_server_paths(client, files, endpoint, name, words):
+    """The file is checked by the workbench (the pixel limit from the header, before decoding),
+    not by Gradio's preprocessing, and the error names the file, not where the server keeps it."""
+    with pytest.raises(Exception) as err:
+        client.predict(*IMAGE_ENDPOINTS[endpoint](handle_file(str(files[name]))), api_name=endpoint)
+    assert_one_clean_line(str(err.value), words)
+
+
+def test_an_adapter_name_of_5000_characters_is_refused_in_one_line(client, files):
+    with pytest.raises(Exception) as err:
+        client.predict("a" * 5000, handle_file(str(files["ok.png"])), "What colour is it?", 4, 0.0, 0,
+                       api_name="/lora_side_by_side")
+    assert_one_clean_line(str(err.value), "adapter")
+    assert "a" * 300 not in str(err.value)
+
+
+def test_uploads_over_the_size_limit_are_refused(client, tmp_path):
+    from webapp.common import MAX_UPLOAD_SIZE
+
+    big = tmp_path / "big.png"
+    big.write_bytes(b"\0" * (int(MAX_UPLOAD_SIZE.removesuffix("mb")) * 1024 * 1024 + 1))
+    with pytest.raises(Exception) as err:
+        client.predict(handle_file(str(big)), api_name="/tiling")
+    assert "size" in str(err.value).lower() or "413" in str(err.value), str(err.value)
+
+
+def test_a_long_image_conversation_keeps_being_answered(app_url, files):
+    """One API session sends more picture turns than fit the context window (about 14 on this
+    checkpoint) and the conversation limit; the oldest turns are dropped and every turn answers."""
+    session = Client(app_url, verbose=False)
+    for turn in range(16):
+        answer = send(session, f"Turn {turn}: what colour is it?", ["ok.png"], files, max_new_tokens=4)
+        assert isinstance(answer, str), turn
+
+
+def test_telemetry_is_off_and_only_examples_are_served(app_url):
+    import httpx
+
+    from g4v.paths import BUNDLED_MODEL_DIR
+
+    assert httpx.get(f"{app_url}config", timeout=10).json()["analytics_enabled"] is False
+    for private in ("config.json", "model.safetensors"):
+        response = httpx.get(f"{app_url}gradio_api/file={BUNDLED_MODEL_DIR / private}", timeout=10)
+        assert response.status_code in (403, 404), private

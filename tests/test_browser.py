@@ -24,8 +24,8 @@ def test_chat_tiling_and_deepstack_in_a_browser(app_url, shots):
         assert "Demo checkpoint in use" in page.inner_text("#model-banner")
 
         # Chat: attach an image, type, send, and watch the answer stream in.
-        page.locator("input[type=file]").first.set_input_files(EXAMPLE)
-        page.locator("textarea").first.fill("Which shapes do you see?")
+        page.locator("#chat-box input[type=file]").set_input_files(EXAMPLE)
+        page.locator("#chat-box textarea").fill("Which shapes do you see?")
         page.wait_for_timeout(500)
         page.keyboard.press("Enter")
         bot = page.locator(".message.bot, [data-testid='bot']").last
@@ -55,3 +55,61 @@ def test_chat_tiling_and_deepstack_in_a_browser(app_url, shots):
         page.wait_for_function("() => { const i = document.querySelector('#deepstack-norms img');"
                                " return i && i.naturalWidth > 0 }")
         page.screenshot(path=str(shots / "3-deepstack.png"), full_page=True)
+
+
+def toast_text(page) -> str:
+    page.wait_for_selector("[data-testid='toast-body']", timeout=60_000)
+    return " ".join(page.locator("[data-testid='toast-body']").all_inner_texts())
+
+
+def close_toasts(page):
+    for close in page.locator("[data-testid='toast-close']").all():
+        close.click()
+
+
+def test_a_refused_message_leaves_the_chat_usable(app_url, shots):
+    """Refusals before the answer starts (a typed image placeholder, five pictures) and after it
+    was accepted (too long for the context window): each shows one line, leaves the box enabled
+    with the message still in it, and the next message in the same page is answered."""
+    with browser_page() as page:
+        page.goto(app_url)
+        box = page.locator("#chat-box textarea")
+        upload = page.locator("#chat-box input[type=file]")
+
+        box.fill("What is <image> here?")
+        page.keyboard.press("Enter")
+        assert "image placeholder" in toast_text(page)
+        assert box.is_enabled() and box.input_value() == "What is <image> here?"
+        close_toasts(page)
+
+        upload.set_input_files([EXAMPLE] * 5)
+        box.fill("All five?")
+        page.wait_for_timeout(500)
+        page.keyboard.press("Enter")
+        assert "too many images" in toast_text(page)
+        assert box.is_enabled() and box.input_value() == "All five?"
+        assert page.locator("#chat-box .thumbnail-item, #chat-box [data-testid='file-preview'] img, #chat-box img").count() >= 5
+        close_toasts(page)
+        page.reload()
+        page.wait_for_selector("#chat-box textarea")
+
+        too_long = "shape " * 6000
+        box.fill(too_long)
+        page.keyboard.press("Enter")
+        assert "too long" in toast_text(page)
+        page.wait_for_function("() => !document.querySelector('#chat-box textarea').disabled")
+        assert box.input_value().strip() == too_long.strip()
+        assert page.locator("[data-testid='user']").count() == 0  # the refused turn left the history
+        close_toasts(page)
+        page.screenshot(path=str(shots / "4-refused.png"), full_page=True)
+
+        box.fill("")
+        upload.set_input_files(EXAMPLE)
+        box.fill("Which shapes do you see?")
+        page.wait_for_timeout(500)
+        page.keyboard.press("Enter")
+        page.wait_for_function("() => { const m = document.querySelectorAll('[data-testid=\"bot\"]');"
+                               " return m.length && m[m.length - 1].innerText.trim().length > 0 }")
+        page.wait_for_function("() => !document.querySelector('#chat-box textarea').disabled")
+        assert page.locator("[data-testid='user']").count() >= 1
+        page.screenshot(path=str(shots / "5-after-refusal.png"), full_page=True)

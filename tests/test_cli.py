@@ -80,3 +80,72 @@ def test_bad_input_gives_one_line(bad_files, tmp_path, case, words):
 def test_bad_flags_give_one_line():
     assert_one_line_error(g4v("chat", "--max-new-tokens", "many", "hi"), "--max-new-tokens")
     assert_one_line_error(g4v("chat"), "prompt")
+
+
+# ── limits shared with the app, and text that is not text ──────────────────────────────────────
+
+
+def test_chat_refuses_more_images_than_the_app_allows():
+    from g4v.conversation import MAX_IMAGES_PER_MESSAGE
+
+    images = ["--image", str(EXAMPLE)] * (MAX_IMAGES_PER_MESSAGE + 1)
+    assert_one_line_error(g4v("chat", *images, "hi"), f"too many images: {MAX_IMAGES_PER_MESSAGE + 1}",
+                          f"the limit is {MAX_IMAGES_PER_MESSAGE}")
+
+
+#: Bytes that are not UTF-8, as Python hands them to the program (argv decoded with surrogateescape).
+NOT_UTF8 = b"\xff\xfe".decode("utf-8", "surrogateescape")
+LONG_NAME = "a" * 5000
+
+
+@pytest.mark.parametrize("args, words", [
+    (["chat", NOT_UTF8], ["the prompt is not valid UTF-8 text (byte 0xff at character 1)"]),
+    (["chat", "--adapter", NOT_UTF8, "hi"], ["--adapter", "not valid UTF-8"]),
+    (["inspect", "--image", str(EXAMPLE), "--out", "{tmp}/out", "--prompt", NOT_UTF8], ["the prompt is not valid UTF-8 text (byte 0xff at character 1)"]),
+    (["lora-diff", "--adapter", "demo-lora", "--prompt", NOT_UTF8], ["the prompt is not valid UTF-8 text (byte 0xff at character 1)"]),
+    (["lora-diff", "--adapter", NOT_UTF8, "--prompt", "hi"], ["--adapter", "not valid UTF-8"]),
+    (["merge-lora", "--adapter", NOT_UTF8, "--out", "{tmp}/merged"], ["--adapter", "not valid UTF-8"]),
+    (["chat", "--adapter", LONG_NAME, "hi"], ["adapter name is too long (5000 characters; the limit is 255)"]),
+    (["lora-diff", "--adapter", LONG_NAME, "--prompt", "hi"], ["adapter name is too long"]),
+    (["merge-lora", "--adapter", LONG_NAME, "--out", "{tmp}/merged"], ["adapter name is too long"]),
+])
+def test_text_flags_that_are_not_usable_give_one_line(tmp_path, args, words):
+    """Checked before any model loads (a model load writes its own progress lines to stderr)."""
+    result = g4v(*[arg.format(tmp=tmp_path) for arg in args])
+    assert_one_line_error(result, *words)
+    assert result.returncode == 1 and LONG_NAME not in result.stderr and "/assets/" not in result.stderr
+
+
+# ── chat with an adapter ───────────────────────────────────────────────────────────────────────
+
+
+def test_chat_streams_the_adapters_answer(hf_engine):
+    from g4v.conversation import Message, SamplingSettings
+    from g4v.images import open_image
+    from g4v.lora import activate_adapter
+    from g4v.paths import BUNDLED_MODEL_DIR
+
+    result = g4v("chat", "--model", str(BUNDLED_MODEL_DIR), "--device", "cpu", "--dtype", "float32",
+                 "--adapter", "demo-lora", "--image", str(EXAMPLE), "--max-new-tokens", "12", "What is it?")
+    assert result.returncode == 0, result.stderr
+    messages = [Message("user", "What is it?", [open_image(str(EXAMPLE))])]
+    settings = SamplingSettings(max_new_tokens=12)
+    name = activate_adapter(hf_engine, "demo-lora").name
+    assert result.stdout == hf_engine.generate(messages, settings, adapter=name).text + "\n"
+    assert result.stdout != hf_engine.generate(messages, settings).text + "\n"
+
+
+def test_chat_reads_adapters_from_the_adapters_dir(tmp_path):
+    import shutil
+
+    from g4v.paths import ASSETS_DIR, BUNDLED_MODEL_DIR
+
+    shutil.copytree(ASSETS_DIR / "adapters" / "demo-lora", tmp_path / "team" / "mine")
+    common = ("chat", "--model", str(BUNDLED_MODEL_DIR), "--device", "cpu", "--dtype", "float32",
+              "--max-new-tokens", "6", "hi")
+    ours = g4v(*common[:-1], "--adapter", "team/mine", "--adapters-dir", str(tmp_path), "hi")
+    bundled = g4v(*common[:-1], "--adapter", "demo-lora", "hi")
+    assert ours.returncode == 0, ours.stderr
+    assert ours.stdout == bundled.stdout
+    assert_one_line_error(g4v(*common[:-1], "--adapter", "demo-lora", "--adapters-dir", str(tmp_path), "hi"),
+                          "unknown adapter 'demo-lora'")

@@ -7,7 +7,7 @@ import shutil
 import numpy as np
 import pytest
 import torch
-from conftest import make_image
+from tests.conftest import make_image
 from peft import PeftModel
 from safetensors import safe_open
 

@@ -16,6 +16,10 @@ from g4v.engines import vllm_installed
 from g4v.paths import EXAMPLES_DIR, REPO_ROOT
 
 
+TOLERANCE = {"atol": 1e-5, "rtol": 1e-4, "source": "float32 defaults",
+             "rule": "|vLLM - transformers| <= 1e-05 + 0.0001 * max(|transformers|, token RMS)"}
+
+
 def g4v(*args):
     return subprocess.run([sys.executable, "-m", "g4v", *args], cwd=REPO_ROOT, capture_output=True, text=True,
                           timeout=120)
@@ -55,14 +59,50 @@ def test_figure_draws_from_a_summary_without_torch():
     image = Image.new("RGB", (120, 80), "white")
     tokens = [("base", (0, 0, 60, 40)), ("base", (60, 0, 120, 40)), ("tile", (0, 40, 60, 80)),
               ("tile", (60, 40, 120, 80)), ("newline", (0, 40, 120, 80))]
-    levels = [{"name": "deepstack0", "llm_layer": 3, "max_abs_diff": 3e-7, "ok": True},
-              {"name": "spatial_TL", "llm_layer": 4, "max_abs_diff": None, "ok": False}]
+    levels = [{"name": "deepstack0", "llm_layer": 3, "max_abs_diff": 3e-7, "tolerance_used": 0.02, "ok": True},
+              {"name": "spatial_TL", "llm_layer": 4, "max_abs_diff": None, "tolerance_used": None, "ok": False},
+              {"name": "spatial_TR", "llm_layer": 5, "max_abs_diff": 1e-9, "tolerance_used": math.inf, "ok": False}]
     trajectory = {"layers": [0, 1, 2], "injection_layers": {"1": "deepstack0"}, "rtol": 1e-4,
                   "transformers": {"image_norm": [1.0, 2.0, 2.5], "text_norm": [1.0, 1.0, 1.1]},
                   "vllm": {"image_norm": [1.0, 2.0, 2.6], "text_norm": [1.0, 1.0, None]},
                   "max_token_rel_diff": [1e-7, 2e-7, 4e-2]}
-    summary = {"levels": levels, "atol": 1e-5, "trajectory": trajectory}
+    summary = {"levels": levels, "tolerance": TOLERANCE, "trajectory": trajectory}
     picture = port_diff_figure(image, tokens, summary, {"deepstack0": [1e-7, 2e-7, 3e-7, 1e-7, 0.0]})
     assert picture.width > 300 and picture.height > 600
     empty = port_diff_figure(image, tokens, {"message": "vLLM could not start"}, {})
     assert empty.width > 100 and not math.isnan(empty.height)
+
+
+def test_tolerance_and_ci_flags_are_listed():
+    result = g4v("port-diff", "--help")
+    assert result.returncode == 0
+    for flag in ("--atol", "--rtol", "--fail-on-diff"):
+        assert flag in result.stdout
+
+
+@pytest.mark.parametrize("flag, value", [("--atol", "-1e-5"), ("--rtol", "abc"), ("--rtol", "nan")])
+def test_bad_tolerance_flag_is_one_line(flag, value):
+    result = g4v("port-diff", "--image", str(EXAMPLES_DIR / "shapes-wide.png"), "--prompt", "hi", f"{flag}={value}")
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert result.returncode == 2
+    assert len(lines) == 1 and flag in lines[0] and value in lines[0]
+
+
+def test_fail_on_diff_exit_status():
+    from g4v.commands.port_diff import EXIT_DIFFERS, exit_status
+
+    assert EXIT_DIFFERS not in (0, 1, 2)  # 1: bad input, 2: bad flags
+    assert exit_status({"ok": True}, fail_on_diff=True) == 0
+    assert exit_status({"ok": False}, fail_on_diff=True) == EXIT_DIFFERS
+    assert exit_status({"ok": False}, fail_on_diff=False) == 0  # without the flag the report is the answer
+
+
+def test_report_names_the_tolerance_and_its_use():
+    from g4v.commands.port_diff import report
+
+    levels = [{"name": "deepstack0", "llm_layer": 3, "max_abs_diff": 3e-7, "max_rel_diff": 4e-7,
+               "tolerance_used": 0.021, "ok": True, "problem": None}]
+    text = report({"model": "m", "ok": True, "message": "all levels agree", "levels": levels, "tolerance": TOLERANCE})
+    assert f"{TOLERANCE['rule']} (float32 defaults)" in text
+    row = next(line for line in text.splitlines() if "deepstack0" in line)
+    assert "0.021" in row and row.rstrip().endswith("ok")

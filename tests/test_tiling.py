@@ -20,11 +20,12 @@ from transformers.image_utils import ChannelDimension
 from transformers.models.granite4_vision.modeling_granite4_vision import Granite4VisionModel
 from transformers.models.llava_next.modeling_llava_next import get_anyres_image_grid_shape, image_size_to_num_patches
 
-from conftest import make_image
+from tests.conftest import make_image
 from g4v.errors import G4VError
 from g4v.paths import BUNDLED_MODEL_DIR, REAL_CONFIG_DIR, REPO_ROOT
-from g4v.tiling import highlight_token, load_tiling_config, plan_tiling, tiling_report, token_at
-from viz.tiling import render_tiling_overlay
+from g4v.images import MAX_IMAGE_PIXELS
+from g4v.tiling import first_token_to_show, highlight_token, load_tiling_config, plan_tiling, tiling_report, token_at
+from viz.tiling import display_size, render_tiling_overlay
 
 CONFIGS = ["bundled", "real"]
 NUM_RANDOM_SIZES = 1000
@@ -290,6 +291,94 @@ def test_bad_input_is_one_line_g4v_error(configs, tmp_path):
     plan = plan_tiling((20, 20), configs["bundled"])
     with pytest.raises(G4VError, match="out of range"):
         highlight_token(make_image(20, 20), plan, plan.num_image_tokens)
+
+
+# ── Extreme aspect ratios: images so thin that unpadding keeps no tile feature ───────────────────
+
+#: (height, width) pairs from a 1-pixel stamp to strips and a 20000-pixel line, both ways round.
+EXTREME_SIZES = [(1, 1), (1, 600), (3, 600), (600, 3), (1, 8000), (8000, 1), (2, 8000), (8000, 2),
+                 (1, 20000), (20000, 1), (64, 20000), (20000, 64)]
+#: The pixel limit the app accepts, as a line each way round and as a square.
+LIMIT_SIZES = [(1, MAX_IMAGE_PIXELS), (MAX_IMAGE_PIXELS, 1), (int(MAX_IMAGE_PIXELS ** 0.5),) * 2]
+
+
+def reference_first_token(packer, config, size) -> int:
+    """The first token the model packs from a tile view (view >= 1), else 0: from the model's packing."""
+    views = model_packing(packer, config, size)[:, 0]
+    from_tiles = torch.nonzero(views >= 1).flatten()
+    return int(from_tiles[0]) if len(from_tiles) else 0
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+@pytest.mark.parametrize("size", EXTREME_SIZES)
+def test_extreme_sizes_report_select_and_highlight(name, size, configs, packers):
+    """The app's whole path (overlay, first token, highlight, click) works for strips and stamps."""
+    config = configs[name]
+    height, width = size
+    image = Image.new("RGB", (width, height), (128, 128, 128))
+    overlay, table, plan = tiling_report(image, config)
+    assert overlay.mode == "RGB" and table[-1][2] == plan.num_image_tokens
+
+    first = first_token_to_show(plan)
+    assert first == reference_first_token(packers[name], config, size)
+    assert plan.tokens[first].kind == ("tile" if plan.tile_tokens else "base")
+    assert highlight_token(image, plan, first).size == display_size(*image.size)
+    assert highlight_token(image, plan, plan.num_image_tokens - 1).size == display_size(*image.size)
+
+    for x, y in [(0, 0), (width - 1, height - 1), (width // 2, height // 2)]:
+        token = token_at(plan, x, y) or token_at(plan, x, y, kind="base")
+        left, top, right, bottom = token.box
+        assert left <= x < right and top <= y < bottom
+        assert highlight_token(image, plan, token.index).size == display_size(*image.size)
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_extreme_and_limit_sizes_count_like_the_processor(name, configs, processors, packers):
+    """Token counts and the first token for strips and for the pixel limit, against transformers."""
+    config, processor, packer = configs[name], processors[name], packers[name]
+    sizes = EXTREME_SIZES + LIMIT_SIZES
+    reference_counts = processor._get_num_multimodal_tokens(image_sizes=sizes)["num_image_tokens"]
+    for size, counted in zip(sizes, reference_counts):
+        plan = plan_tiling(size, config)
+        packed = model_packing(packer, config, size)
+        assert plan.num_image_tokens == placeholders_inserted(processor, size) == counted == packed.shape[0], size
+        assert np.array_equal(expected_identity(plan), packed.long().numpy()), size
+        assert first_token_to_show(plan) == reference_first_token(packer, config, size), size
+
+
+@pytest.mark.parametrize("name, size", [("bundled", (3, 600)), ("bundled", (1, 8000)), ("bundled", (8000, 1)),
+                                        ("real", (1, 8000)), ("real", (600, 3))])
+def test_extreme_sizes_end_to_end_placeholders(name, size, configs, processors):
+    """The whole processor on real pixels writes as many image tokens as the plan has."""
+    processor = processors[name]
+    inputs = processor(text=f"look {processor.image_token} here", images=[make_image(size[1], size[0], seed=2)],
+                       return_tensors="pt")
+    placeholders = int((inputs["input_ids"] == processor.image_token_id).sum())
+    assert plan_tiling(size, configs[name]).num_image_tokens == placeholders
+
+
+def test_highlight_refuses_an_image_the_plan_was_not_made_for(configs):
+    plan = plan_tiling((300, 500), configs["bundled"])
+    for other in [make_image(300, 500), make_image(501, 300), make_image(1, 8000)]:  # (width, height)
+        with pytest.raises(G4VError, match="^the image changed since it was analysed.*analyse it again$"):
+            highlight_token(other, plan, 0)
+    assert highlight_token(make_image(500, 300), plan, 0).size == (500, 300)
+
+
+def test_token_index_errors_name_the_valid_range(configs):
+    image = make_image(500, 300)
+    plan = plan_tiling((300, 500), configs["bundled"])
+    last = plan.num_image_tokens - 1
+    for index in [5000, plan.num_image_tokens, -1]:
+        with pytest.raises(G4VError) as caught:
+            highlight_token(image, plan, index)
+        assert str(caught.value) == f"token index {index} is out of range: this image has tokens 0-{last}"
+    for bad in [None, float("nan"), float("inf"), "abc", "3", 3.5, True, [3]]:
+        with pytest.raises(G4VError, match="^token index must be a whole number, got ") as caught:
+            highlight_token(image, plan, bad)
+        assert "\n" not in str(caught.value)
+    assert highlight_token(image, plan, 3.0).size == image.size  # a Number box sends 3.0
+    assert highlight_token(image, plan, np.int64(3)).size == image.size
 
 
 # ── Drawing ───────────────────────────────────────────────────────────────────────────────────────

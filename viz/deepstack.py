@@ -9,6 +9,7 @@
 
 Inputs are the plain dicts of ``summary.json`` (``levels`` rows, the ``trajectory``) so that an export
 can be redrawn without the model. No torch here; matplotlib draws off-screen (no pyplot state).
+Every picture stays within ``viz.tiling.MAX_PICTURE_SIDE`` pixels on a side, whatever the image.
 """
 
 import io
@@ -18,14 +19,28 @@ import numpy as np
 from matplotlib.figure import Figure
 from PIL import Image
 
-HEATMAP_MAX_SIDE = 384  # heatmap panels are drawn at most this many pixels on a side
+from viz.tiling import MAX_PICTURE_SIDE, display_size
+
+HEATMAP_MAX_SIDE = 384  # heatmap panels show the image at most this many pixels on a side
+HEATMAP_MIN_SIDE = 96  # and at least this many: a very thin image is stretched to aspect 1:4 at most
+PANEL_INCHES = 3.2  # a heatmap panel's width in a row of 4
 
 
 def figure_to_image(fig: Figure, dpi: int = 100) -> Image.Image:
+    """The figure as an RGB picture, never more than ``MAX_PICTURE_SIDE`` pixels on a side: a figure
+    too large in inches is shrunk first (its text keeps its size, so it stays readable), and what
+    the tight bounding box still adds is scaled away (so PIL's decompression-bomb guard never sees a
+    huge PNG)."""
+    largest_inches = max(fig.get_size_inches())
+    if largest_inches * dpi > MAX_PICTURE_SIDE:
+        fig.set_size_inches(fig.get_size_inches() * (MAX_PICTURE_SIDE / dpi / largest_inches))
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=dpi, bbox_inches="tight")
     buffer.seek(0)
-    return Image.open(buffer).convert("RGB")
+    picture = Image.open(buffer).convert("RGB")
+    if max(picture.size) > MAX_PICTURE_SIDE:
+        picture.thumbnail((MAX_PICTURE_SIDE, MAX_PICTURE_SIDE))
+    return picture
 
 
 def norms_figure(levels: list[dict], title: str = "Injected vs residual norms (image tokens)") -> Image.Image:
@@ -122,11 +137,16 @@ def token_heatmap_grid(image: Image.Image, tokens: list[tuple[str, tuple]], valu
                        empty_range: tuple[float, float] = (0.0, 1.0)) -> Image.Image:
     """A grid of panels, one per level, each painting one value per ``view`` token over the image
     with a shared colour scale. ``values_by_level``: level -> one value per image token (NaN to
-    leave a token unpainted); ``panel_title(name, peak)`` names each panel."""
-    scale = min(1.0, HEATMAP_MAX_SIDE / max(image.size))
-    shown = image.resize((max(1, round(image.width * scale)), max(1, round(image.height * scale))))
+    leave a token unpainted); ``panel_title(name, peak)`` names each panel.
+
+    The image is shown at :func:`viz.tiling.display_size` with the heatmap bounds, so a panel is
+    never a 1-pixel line, and the figure's size in inches depends only on the panels' shape."""
+    shown_width, shown_height = display_size(image.width, image.height, HEATMAP_MAX_SIDE, HEATMAP_MIN_SIDE)
+    scale_x, scale_y = shown_width / image.width, shown_height / image.height
+    shown = image.convert("RGB").resize((shown_width, shown_height))
     picked = [i for i, (kind, _) in enumerate(tokens) if kind == view]
-    boxes = [tuple(v * scale for v in tokens[i][1]) for i in picked]
+    boxes = [(left * scale_x, top * scale_y, right * scale_x, bottom * scale_y)
+             for left, top, right, bottom in (tokens[i][1] for i in picked)]
     maps = {name: paint_token_values(shown.size, boxes, [values[i] if i < len(values) else math.nan for i in picked])
             for name, values in values_by_level.items()}
     finite = [m[np.isfinite(m)] for m in maps.values()]
@@ -135,17 +155,23 @@ def token_heatmap_grid(image: Image.Image, tokens: list[tuple[str, tuple]], valu
     if vmax <= vmin:
         vmax = vmin + 1e-6
 
-    cols = min(4, max(1, len(maps)))
+    # 4 panels a row; 8 narrower ones for a tall image, 2 wider ones for a wide image, so that a row
+    # is always 4 * PANEL_INCHES wide and, with the aspect ratio bounded, 8 panels stay under about
+    # 8.5 inches of height in all.
+    aspect = shown_height / shown_width  # between 1/4 and 4, by display_size's bounds
+    per_row = 8 if aspect > 1.25 else 2 if aspect < 1 / 3 else 4
+    cols = min(max(1, len(maps)), per_row)
     rows = max(1, math.ceil(len(maps) / cols))
-    aspect = shown.height / shown.width
-    fig = Figure(figsize=(3.2 * cols + 0.8, 3.2 * rows * aspect + 0.9))
+    panel_width = PANEL_INCHES * 4 / per_row
+    panel_height = panel_width * aspect
+    fig = Figure(figsize=(panel_width * cols + 0.8, panel_height * rows + 0.9), layout="constrained")
     axes = fig.subplots(rows, cols, squeeze=False)
     mappable = None
     for ax, (name, heat) in zip(axes.flat, maps.items()):
         ax.imshow(shown)
         mappable = ax.imshow(heat, cmap=cmap, alpha=alpha, vmin=vmin, vmax=vmax)
         peak = float(np.nanmax(heat)) if np.isfinite(heat).any() else math.nan
-        ax.set_title(panel_title(name, peak), fontsize=8)
+        ax.set_title(_fit_title(panel_title(name, peak), panel_width), fontsize=8)
         ax.axis("off")
     for ax in list(axes.flat)[len(maps):]:
         ax.axis("off")
@@ -153,3 +179,9 @@ def token_heatmap_grid(image: Image.Image, tokens: list[tuple[str, tuple]], valu
         fig.colorbar(mappable, ax=axes.ravel().tolist(), shrink=0.8, label=colorbar_label)
     fig.suptitle(title, fontsize=10)
     return figure_to_image(fig)
+
+
+def _fit_title(text: str, panel_width: float) -> str:
+    """A panel title such as ``"deepstack0  (max 1.2)"`` on two lines when the panel is too narrow
+    (in inches) for one, so neighbouring titles do not run into each other."""
+    return text.replace("  (", "\n(", 1) if panel_width < 2.5 else text

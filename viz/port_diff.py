@@ -1,6 +1,7 @@
 """Pictures of the vLLM port inspector (``g4v.port_diff``): plain numbers and boxes in, PIL images out.
 
-* :func:`level_bars_figure`: max absolute difference per level (log scale) against the tolerance;
+* :func:`level_bars_figure`: per level, the share of the tolerance its worst element uses (log
+  scale; 1 is the limit), with the tolerance rule and its numbers in the title;
 * :func:`diff_heatmaps_figure`: per level, each image token's max absolute difference painted over
   the picture through the tiling token boxes (tile view and base view);
 * :func:`trajectory_compare_figure`: transformers' and vLLM's mean residual norms per LLM layer
@@ -19,26 +20,40 @@ from PIL import Image
 from viz.deepstack import figure_to_image, floats_or_nan, token_heatmap_grid
 
 
-def level_bars_figure(levels: list[dict], atol: float) -> Image.Image:
+def level_bars_figure(levels: list[dict], tolerance: dict) -> Image.Image:
+    """Bars of ``tolerance_used`` (max |diff| / what the tolerance allows there), not of the raw
+    difference: the tolerance scales with each element's magnitude, so one line at 1 is the limit
+    for every level. Each bar is labelled with its max absolute difference."""
     names = [f"{row['name']}\nLLM {row['llm_layer']}" for row in levels]
-    values = [row["max_abs_diff"] if row["max_abs_diff"] is not None else math.nan for row in levels]
-    floor = min([v for v in values if v and v > 0] + [atol]) / 10
-    shown = [max(v, floor) if v == v else floor for v in values]
+    values = [_number_or_nan(row.get("tolerance_used")) for row in levels]
+    finite = [v for v in values if math.isfinite(v)]
+    floor = min([v for v in finite if v > 0] + [1.0]) / 10
+    ceiling = max(finite + [1.0]) * 10  # where an infinite share (zero tolerance) is drawn
+    shown = [min(max(v, floor), ceiling) if v == v else floor for v in values]
     colours = ["#2ca02c" if row["ok"] else "#d62728" for row in levels]
-    fig = Figure(figsize=(max(6.0, 1.0 * len(levels) + 2), 3.6))
+    fig = Figure(figsize=(max(6.0, 1.0 * len(levels) + 2), 3.8))
     ax = fig.add_subplot()
     ax.bar(range(len(levels)), shown, color=colours)
-    ax.axhline(atol, color="#7f7f7f", linestyle="--", linewidth=1, label=f"tolerance {atol:g}")
+    ax.axhline(1.0, color="#7f7f7f", linestyle="--", linewidth=1, label="tolerance (1 = limit)")
     for i, row in enumerate(levels):
-        if row["max_abs_diff"] is None:
-            ax.annotate("missing", (i, floor), ha="center", va="bottom", fontsize=7, color="#d62728")
+        if row.get("max_abs_diff") is None:
+            label, colour = "missing", "#d62728"
+        else:
+            label, colour = f"{row['max_abs_diff']:.1e}", "#333333"
+        ax.annotate(label, (i, shown[i]), ha="center", va="bottom", fontsize=7, color=colour)
     ax.set_yscale("log")
     ax.set_xticks(range(len(levels)), names, fontsize=8)
-    ax.set_ylabel("max |vLLM - transformers|")
-    ax.set_title("Per-level feature difference (green: within tolerance)")
+    ax.set_ylabel("max |diff| / allowed")
+    rule = f"{tolerance.get('rule')} ({tolerance.get('source')})" if tolerance else "tolerance unknown"
+    ax.set_title(f"Per-level feature difference, share of the tolerance (green: within)\n{rule}", fontsize=9)
     ax.legend(fontsize=8)
     ax.grid(axis="y", alpha=0.3)
     return figure_to_image(fig)
+
+
+def _number_or_nan(value) -> float:
+    """None (no comparison) -> NaN; inf (anything over a zero tolerance) stays, clipped when drawn."""
+    return math.nan if value is None else float(value)
 
 
 def diff_heatmaps_figure(image: Image.Image, tokens: list[tuple[str, tuple]], diff_by_level: dict[str, list[float]],
@@ -99,7 +114,7 @@ def port_diff_figure(image: Image.Image, tokens: list[tuple[str, tuple]], summar
     """The whole report as one picture (what ``--png`` saves)."""
     parts = []
     if summary.get("levels"):
-        parts.append(level_bars_figure(summary["levels"], summary["atol"]))
+        parts.append(level_bars_figure(summary["levels"], summary.get("tolerance")))
     if diff_by_level:
         parts.append(diff_heatmaps_figure(image, tokens, diff_by_level, view="tile"))
         parts.append(diff_heatmaps_figure(image, tokens, diff_by_level, view="base"))

@@ -2,6 +2,12 @@
 
 Input is plain data: a PIL image and the plan as the dict ``g4v.tiling.TilingPlan.as_dict()`` returns
 (the same JSON ``python -m g4v tiling --json`` prints). Boxes are ``(left, top, right, bottom)``.
+
+Every picture the workbench draws (here and in the other ``viz`` modules) stays within
+``MAX_PICTURE_SIDE`` pixels on a side, whatever the input image: a 1 x 20000 image must not turn
+into a 100000-pixel-tall PNG (slow to draw, huge in memory, refused by PIL's decompression-bomb
+guard when read back). Images are shown at :func:`display_size`, which also stretches very thin
+images to ``MIN_PICTURE_SIDE`` so they stay visible.
 """
 
 from __future__ import annotations
@@ -24,11 +30,36 @@ PADDING_COLOUR = "#7f7f7f"
 DROPPED_COLOUR = "#e6194b"
 UNPADDED_COLOUR = "#00e5ff"
 
+MAX_PICTURE_SIDE = 2400  # pixels: no picture drawn here is wider or taller
+MIN_PICTURE_SIDE = 64  # pixels: an image is never shown thinner than this
+
+
+def display_size(width: int, height: int, max_side: int = MAX_PICTURE_SIDE,
+                 min_side: int = MIN_PICTURE_SIDE) -> tuple[int, int]:
+    """``(width, height)`` to show an image at: shrunk, keeping its aspect ratio, until neither side
+    exceeds ``max_side``; then a side thinner than ``min_side`` is widened to it (distorting the
+    aspect ratio on purpose: a 1-pixel line would show nothing)."""
+    scale = min(1.0, max_side / max(width, height, 1))
+    return (min(max_side, max(min_side, round(width * scale))),
+            min(max_side, max(min_side, round(height * scale))))
+
+
+def original_point(x: float, y: float, image_size: tuple[int, int]) -> tuple[float, float]:
+    """A point of a picture shown at :func:`display_size` (e.g. a click on :func:`highlight_box`'s
+    output) -> the same point in the original image of ``image_size`` (width, height)."""
+    width, height = image_size
+    shown_width, shown_height = display_size(width, height)
+    return x * width / shown_width, y * height / shown_height
+
 
 def render_tiling_overlay(image: Image.Image, plan: dict, dpi: int = 100) -> Image.Image:
     """One RGB picture: the padded canvas as the model sees it (tiles, feature cells, padding, the
-    unpadded region, the cut-off features), the base view beside it, and the token-budget table below."""
-    figure = Figure(figsize=(13, 8), dpi=dpi, facecolor="white")
+    unpadded region, the cut-off features), the base view beside it, and the token-budget table below.
+    The figure has a fixed size in inches, whatever the image; ``dpi`` is capped to keep it within
+    ``MAX_PICTURE_SIDE``."""
+    size_inches = (13, 8)
+    dpi = min(dpi, MAX_PICTURE_SIDE / max(size_inches))
+    figure = Figure(figsize=size_inches, dpi=dpi, facecolor="white")
     grid = figure.add_gridspec(2, 2, width_ratios=[3, 1], height_ratios=[4, 1], hspace=0.15, wspace=0.08)
     _draw_canvas(figure.add_subplot(grid[0, 0]), image, plan)
     _draw_base_view(figure.add_subplot(grid[0, 1]), image, plan)
@@ -146,16 +177,27 @@ def _rectangle(axes, box, **style) -> None:
 def highlight_box(image: Image.Image, box, label: str | None = None, context_box=None,
                   colour=(230, 25, 75)) -> Image.Image:
     """A copy of ``image`` with ``box`` filled and outlined (and ``context_box``, e.g. its tile,
-    outlined in yellow); the rest dimmed a little so a small box stands out. Same size as ``image``."""
+    outlined in yellow); the rest dimmed a little so a small box stands out. Boxes are in the
+    image's own pixels. The copy has the image's size unless that is beyond the picture bounds:
+    then it is :func:`display_size` (map points on it back with :func:`original_point`)."""
+    original_width, original_height = image.size
+    width, height = display_size(original_width, original_height)
     base = image.convert("RGB")
-    width, height = base.size
+    if (width, height) != base.size:
+        base = base.resize((width, height), Image.Resampling.BICUBIC)
+    scale_x, scale_y = width / original_width, height / original_height
+
+    def shown(original_box):
+        left, top, right, bottom = original_box
+        return _pixel_box((left * scale_x, top * scale_y, right * scale_x, bottom * scale_y), width, height)
+
     line = max(2, round(min(width, height) / 150))
     overlay = Image.new("RGBA", base.size, (0, 0, 0, 70))  # dim everything
     draw = ImageDraw.Draw(overlay)
-    left, top, right, bottom = _pixel_box(box, width, height)
+    left, top, right, bottom = shown(box)
     draw.rectangle((left, top, right, bottom), fill=(*colour, 90))
     if context_box is not None:
-        draw.rectangle(_pixel_box(context_box, width, height), outline=(255, 212, 0, 255), width=line)
+        draw.rectangle(shown(context_box), outline=(255, 212, 0, 255), width=line)
     draw.rectangle((left, top, right, bottom), outline=(*colour, 255), width=line)
     if label:
         text_y = top - 14 if top >= 14 else min(bottom + 2, height - 12)

@@ -1,10 +1,11 @@
-"""``python -m g4v chat [--model M] --image PATH ... "PROMPT"``: stream one answer to stdout."""
+"""``python -m g4v chat [--model M] [--adapter A] --image PATH ... "PROMPT"``: stream one answer to stdout."""
 
 import sys
 
-from g4v.commands.common import add_backend_flag, add_model_flags
+from g4v.commands.common import add_adapters_dir_flag, add_backend_flag, add_model_flags
 from g4v.commands.engine_flags import add_engine_flags, engine_options
-from g4v.conversation import Message, SamplingSettings, validate_conversation
+from g4v.conversation import MAX_IMAGES_PER_MESSAGE, Message, SamplingSettings, validate_conversation
+from g4v.errors import G4VError
 from g4v.images import open_image
 
 
@@ -13,7 +14,11 @@ def add_parser(subparsers):
     add_model_flags(parser)
     add_backend_flag(parser)
     add_engine_flags(parser)
-    parser.add_argument("--image", action="append", default=[], metavar="PATH", help="an image (repeatable)")
+    parser.add_argument("--image", action="append", default=[], metavar="PATH",
+                        help=f"an image (repeatable, at most {MAX_IMAGES_PER_MESSAGE})")
+    parser.add_argument("--adapter", default=None,
+                        help="answer with this LoRA adapter (a name or folder inside the adapter folders)")
+    add_adapters_dir_flag(parser)
     parser.add_argument("--max-new-tokens", type=int, default=256)
     parser.add_argument("--temperature", type=float, default=0.0, help="0 (default) decodes greedily")
     parser.add_argument("--top-p", type=float, default=1.0)
@@ -22,22 +27,44 @@ def add_parser(subparsers):
     return parser
 
 
+def open_images(paths: list[str]) -> list:
+    """The ``--image`` files, opened and checked; no more than one message may carry in the app."""
+    if len(paths) > MAX_IMAGES_PER_MESSAGE:
+        raise G4VError(f"too many images: {len(paths)} in one message (--image), the limit is {MAX_IMAGES_PER_MESSAGE}")
+    return [open_image(path) for path in paths]
+
+
 def run(args) -> int:
     # Check everything the user typed before the (slow) model load.
-    images = [open_image(path) for path in args.image]
-    messages = [Message("user", args.prompt, images)]
+    messages = [Message("user", args.prompt, open_images(args.image))]
     validate_conversation(messages)
     settings = SamplingSettings(args.max_new_tokens, args.temperature, args.top_p, args.seed).validated()
+    if args.adapter is not None:
+        from g4v.adapters import adapter_dirs, resolve_adapter
+
+        resolve_adapter(args.adapter, adapter_dirs(args.adapters_dir))
 
     from g4v.engines import create_engine
 
     engine = create_engine(args.backend, args.model, **engine_options(args))
     print(engine.info.details["choice"], file=sys.stderr)
     try:
-        for piece in engine.stream(messages, settings):
+        adapter = _activate(engine, args.adapter, args.adapters_dir)
+        for piece in engine.stream(messages, settings, adapter=adapter):
             sys.stdout.write(piece)
             sys.stdout.flush()
         sys.stdout.write("\n")
     finally:
         engine.close()
     return 0
+
+
+def _activate(engine, choice: str | None, adapters_dir) -> str | None:
+    """The engine's name for the ``--adapter`` (checked against its model), or None for the base."""
+    if choice is None:
+        return None
+    from g4v.lora import activate_adapter
+
+    spec = activate_adapter(engine, choice, adapters_dir)
+    print(f"adapter: {spec.name}", file=sys.stderr)
+    return spec.name

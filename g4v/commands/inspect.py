@@ -75,6 +75,10 @@ def _print_report(result) -> None:
               f"{row['injected_norm_mean']:>9.3f} {row['residual_norm_before_mean']:>8.3f} "
               f"{row['residual_norm_after_mean']:>8.3f}")
     ablation = result.summary["ablation"]
+    unchanged = result.summary["unchanged_levels"]
+    if unchanged:
+        rerun = "" if ablation else ", so there was no second run"
+        print(f"a factor of 1 leaves {', '.join(unchanged)} unchanged{rerun}")
     if ablation:
         print(f"scaled {ablation['scales']}: KL(before || after) = {ablation['kl_divergence']:.4g} nats")
         print(f"  before: {ablation['continuation_before']!r}")

@@ -3,9 +3,9 @@ adapter's answer departs from the base model's, token by token (transformers bac
 
 import json
 
+from g4v.commands.chat import open_images
 from g4v.commands.common import add_adapters_dir_flag, add_model_flags
 from g4v.conversation import Message, SamplingSettings, validate_conversation
-from g4v.images import open_image
 
 
 def add_parser(subparsers):
@@ -24,7 +24,7 @@ def add_parser(subparsers):
 
 def run(args) -> int:
     # Check everything the user typed before the (slow) model load.
-    messages = [Message("user", args.prompt, [open_image(path) for path in args.image])]
+    messages = [Message("user", args.prompt, open_images(args.image))]
     validate_conversation(messages)
     settings = SamplingSettings(max_new_tokens=args.max_new_tokens).validated()
     from g4v.adapters import adapter_dirs, resolve_adapter

@@ -1,13 +1,23 @@
-"""``python -m g4v port-diff [--model M] --image IMG --prompt P [--json] [--png OUT]``: where vLLM's
-port of Granite 4 Vision departs from transformers (per level, per layer, per config field).
+"""``python -m g4v port-diff [--model M] --image IMG --prompt P [--atol A] [--rtol R] [--json] [--png OUT]
+[--fail-on-diff]``: where vLLM's port of Granite 4 Vision departs from transformers (per level, per
+layer, per config field).
 
 Runs only where vLLM is installed (the vLLM CPU environment: ``.venv-vllm``); both sides run in
-that one environment so they share the image processor."""
+that one environment so they share the image processor.
 
+Exit status: 0 when the report was printed, 1 for bad input (one ``error:`` line), 2 for bad flags;
+with ``--fail-on-diff``, :data:`EXIT_DIFFERS` when the verdict is DIFFERS (the report is printed
+all the same), so CI can tell "the port departs" from "the tool could not run"."""
+
+import argparse
 import json
+import math
 import os
 
 from g4v.errors import G4VError
+
+#: ``--fail-on-diff``'s exit status when the verdict is DIFFERS (1 and 2 are taken by errors).
+EXIT_DIFFERS = 3
 
 
 def add_parser(subparsers):
@@ -17,8 +27,12 @@ def add_parser(subparsers):
     parser.add_argument("--image", required=True, metavar="PATH", help="the image")
     parser.add_argument("--prompt", required=True, help="the question")
     parser.add_argument("--max-new-tokens", type=int, default=16, help="greedy tokens compared (default 16)")
-    parser.add_argument("--atol", type=float, default=None,
-                        help="per-level feature tolerance (default 1e-5 in float32)")
+    parser.add_argument("--atol", type=_tolerance_flag, default=None,
+                        help="per-level absolute tolerance (default: torch.testing's for the dtype, 1e-5)")
+    parser.add_argument("--rtol", type=_tolerance_flag, default=None,
+                        help="per-level relative tolerance, times max(|ref|, token RMS) (default 1e-4 in float32)")
+    parser.add_argument("--fail-on-diff", action="store_true",
+                        help=f"exit with status {EXIT_DIFFERS} when the verdict is DIFFERS (for CI)")
     parser.add_argument("--json", action="store_true", help="print the full result as JSON")
     parser.add_argument("--png", default=None, metavar="PATH", help="also save heatmaps and trajectories as a PNG")
     return parser
@@ -39,11 +53,27 @@ def run(args) -> int:
     from g4v.port_diff import run_port_diff
 
     result = run_port_diff(picture, args.prompt, model=args.model, max_new_tokens=args.max_new_tokens,
-                           atol=args.atol, draw=bool(args.png))
+                           atol=args.atol, rtol=args.rtol, draw=bool(args.png))
     if args.png:
         result.figure.save(args.png)
     print(json.dumps(result.summary, indent=2) if args.json else report(result.summary))
-    return 0
+    return exit_status(result.summary, args.fail_on_diff)
+
+
+def exit_status(summary: dict, fail_on_diff: bool) -> int:
+    """0, or :data:`EXIT_DIFFERS` when asked to fail and the verdict is DIFFERS."""
+    return EXIT_DIFFERS if fail_on_diff and not summary.get("ok") else 0
+
+
+def _tolerance_flag(text: str) -> float:
+    """argparse type for ``--atol`` / ``--rtol``: a finite number >= 0 (argparse names the flag)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text!r}")
+    return value
 
 
 def report(data: dict) -> str:
@@ -52,11 +82,14 @@ def report(data: dict) -> str:
         if data.get(key):
             lines.append(f"{key.replace('_', ' ')}: {data[key]}")
     if data.get("levels"):
-        lines.append(f"\nlevel          LLM  max|diff|   max rel    (tolerance {data['atol']:g})")
+        tolerance = data.get("tolerance") or {}
+        lines.append(f"\nper-level tolerance: {tolerance.get('rule')} ({tolerance.get('source')})")
+        lines.append("level          LLM  max|diff|   max rel  tol. used")
         for row in data["levels"]:
             abs_diff = "-" if row["max_abs_diff"] is None else f"{row['max_abs_diff']:.2e}"
             rel = "-" if row["max_rel_diff"] is None else f"{row['max_rel_diff']:.2e}"
-            lines.append(f"  {row['name']:13} {row['llm_layer']:3}  {abs_diff:>9}  {rel:>9}  "
+            used = "-" if row.get("tolerance_used") is None else f"{row['tolerance_used']:.2g}"
+            lines.append(f"  {row['name']:13} {row['llm_layer']:3}  {abs_diff:>9}  {rel:>9}  {used:>9}  "
                          f"{'ok' if row['ok'] else row['problem']}")
     trajectory = data.get("trajectory")
     if trajectory and trajectory.get("transformers"):

@@ -19,7 +19,7 @@ from transformers import StoppingCriteria, StoppingCriteriaList, TextIteratorStr
 
 from g4v.conversation import Message, SamplingSettings, to_template_messages, validate_conversation
 from g4v.engines.base import Engine, EngineInfo, Generation
-from g4v.errors import G4VError
+from g4v.errors import G4VError, PromptTooLong
 from g4v.loading import LoadedModel, load_model
 
 _DECODE = {"skip_special_tokens": True, "clean_up_tokenization_spaces": False}
@@ -73,7 +73,7 @@ class TransformersEngine(Engine):
         inputs = self.processor(text=[prompt], images=images or None, return_tensors="pt")
         prompt_tokens = inputs["input_ids"].shape[1]
         if prompt_tokens + max_new_tokens > self.context_window():
-            raise G4VError(
+            raise PromptTooLong(
                 f"the prompt is too long: {prompt_tokens} tokens plus {max_new_tokens} new tokens exceed "
                 f"the context window of {self.context_window()}"
             )

@@ -21,6 +21,7 @@ import asyncio
 import itertools
 import os
 import queue
+import re
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -29,7 +30,7 @@ from pathlib import Path
 from g4v.conversation import Message, SamplingSettings, to_template_messages, validate_conversation
 from g4v.engines import gpu_present
 from g4v.engines.base import Engine, EngineInfo, Generation
-from g4v.errors import G4VError, first_line
+from g4v.errors import G4VError, PromptTooLong, first_line
 
 #: How often a waiting consumer looks at its cancel event (seconds).
 _POLL_S = 0.05
@@ -380,10 +381,16 @@ class VLLMEngine(Engine):
             self._loop.stop()
 
 
+#: How vLLM words "the prompt does not fit max_model_len".
+_CONTEXT_EXCEEDED = re.compile(r"maximum (model|context) length|longer than the maximum", re.IGNORECASE)
+
+
 def _as_user_error(err: Exception) -> Exception:
     """vLLM's request validation errors (prompt too long, too many images) are the user's to fix;
     anything else is a bug and keeps its type."""
     name = type(err).__name__
+    if _CONTEXT_EXCEEDED.search(str(err)):
+        return PromptTooLong(f"the prompt is too long for this model: {first_line(err)}")
     if isinstance(err, ValueError) or name in ("VLLMValidationError", "VLLMClientError"):
         return G4VError(f"vLLM refused the request: {first_line(err)}")
     return err

@@ -3,10 +3,12 @@
 vLLM's ``granite4_vision`` and transformers run side by side in this environment. On the bundled
 checkpoint every level and the residual trajectory must agree; the comparison must flag a level
 that is swapped, dropped or scaled (the reference side is perturbed here, since the real port is
-correct); a Q-Former config vLLM does not honour must be reported field by field.
+correct, or a fault is planted in vLLM's worker); a Q-Former config vLLM does not honour must be
+reported field by field.
 
-vLLM starts twice in this file (about 50 s each on two cores): once in process for the module,
-once in the CLI subprocess, which runs on a checkpoint whose Q-Former config vLLM ignores.
+vLLM starts three times in this file (about 50 s each on two cores): once in process for the
+module, and once per CLI subprocess (the bundled checkpoint, which agrees, and a checkpoint whose
+Q-Former config vLLM ignores, which differs): ``--fail-on-diff``'s exit status for each.
 """
 
 import json
@@ -17,8 +19,9 @@ import sys
 import pytest
 import torch
 from g4v_cases import picture
+from port_faults import plant_scaled_level, remove_planted_fault
 
-from g4v.paths import BUNDLED_MODEL_DIR, REPO_ROOT
+from g4v.paths import BUNDLED_MODEL_DIR, EXAMPLES_DIR, REPO_ROOT
 
 pytestmark = pytest.mark.vllm
 
@@ -59,6 +62,9 @@ def sides(hf_engine, probe, image):
 
 
 def test_every_level_agrees_within_1e_5(result):
+    from g4v.port_diff import default_tolerance
+
+    assert result.summary["tolerance"] == default_tolerance(torch.float32).summary()
     levels = result.summary["levels"]
     assert [row["name"] for row in levels] == ["deepstack0", "deepstack1", "deepstack2", "deepstack3",
                                                "spatial_TL", "spatial_TR", "spatial_BL", "spatial_BR"]
@@ -66,6 +72,7 @@ def test_every_level_agrees_within_1e_5(result):
         assert row["ok"], row
         assert row["max_abs_diff"] <= 1e-5, row
         assert row["max_rel_diff"] <= 1e-4, row
+        assert 0 <= row["tolerance_used"] < 0.5, row  # well inside the tolerance, not at its edge
         assert row["reference_max_abs"] > 1e-3, "the features compared must not be trivially zero"
     num_image_tokens = result.summary["num_image_tokens"]
     assert all(len(level.token_diff) == num_image_tokens for level in result.levels)
@@ -106,43 +113,78 @@ def test_config_audit_reads_vllm_modules(result, hf_engine):
 
 
 def test_swapped_level_is_flagged(sides):
-    from g4v.port_diff import DEFAULT_ATOL, compare_levels
+    from g4v.port_diff import compare_levels, default_tolerance
 
     ref, vllm = sides
     features = dict(ref["features"])
     features["deepstack0"], features["deepstack1"] = features["deepstack1"], features["deepstack0"]
-    rows = {row.name: row for row in compare_levels(ref["levels"], features, vllm, DEFAULT_ATOL[torch.float32])}
+    rows = {row.name: row for row in compare_levels(ref["levels"], features, vllm, default_tolerance(torch.float32))}
     assert not rows["deepstack0"].ok and not rows["deepstack1"].ok
     assert "deepstack1" in rows["deepstack0"].problem and "swapped" in rows["deepstack0"].problem
     assert all(rows[name].ok for name in rows if name not in ("deepstack0", "deepstack1"))
 
 
 def test_dropped_level_is_flagged(sides):
-    from g4v.port_diff import DEFAULT_ATOL, compare_levels
+    from g4v.port_diff import compare_levels, default_tolerance
 
     ref, vllm = sides
-    atol = DEFAULT_ATOL[torch.float32]
+    tolerance = default_tolerance(torch.float32)
     missing = {name: t for name, t in ref["features"].items() if name != "spatial_TR"}
-    rows = {row.name: row for row in compare_levels(ref["levels"], missing, vllm, atol)}
+    rows = {row.name: row for row in compare_levels(ref["levels"], missing, vllm, tolerance)}
     assert not rows["spatial_TR"].ok and rows["spatial_TR"].max_abs_diff is None
     assert "nothing" in rows["spatial_TR"].problem
     zeroed = {**ref["features"], "deepstack3": torch.zeros_like(ref["features"]["deepstack3"])}
-    rows = {row.name: row for row in compare_levels(ref["levels"], zeroed, vllm, atol)}
+    rows = {row.name: row for row in compare_levels(ref["levels"], zeroed, vllm, tolerance)}
     assert not rows["deepstack3"].ok and "dropped" in rows["deepstack3"].problem
     assert sum(not row.ok for row in rows.values()) == 1
 
 
 def test_scaled_level_is_flagged(sides):
-    from g4v.port_diff import DEFAULT_ATOL, compare_levels
+    from g4v.port_diff import compare_levels, default_tolerance
 
     ref, vllm = sides
     scaled = {**ref["features"], "spatial_BL": ref["features"]["spatial_BL"] * 1.001}
-    rows = {row.name: row for row in compare_levels(ref["levels"], scaled, vllm, DEFAULT_ATOL[torch.float32])}
+    rows = {row.name: row for row in compare_levels(ref["levels"], scaled, vllm, default_tolerance(torch.float32))}
     bad = rows["spatial_BL"]
-    assert not bad.ok and bad.max_abs_diff > 1e-5
+    assert not bad.ok and bad.tolerance_used > 1
     assert 5e-4 < bad.max_rel_diff < 2e-3  # the per-token relative difference sees the 0.1 %
     assert "scaled" in bad.problem
     assert sum(not row.ok for row in rows.values()) == 1
+
+
+def test_zero_tolerance_sees_the_rounding(sides):
+    """``--atol 0 --rtol 0`` asks for bit-identical features; vLLM's kernels round differently from
+    transformers', so every level then differs (by rounding only: far inside the default)."""
+    from g4v.port_diff import compare_levels, default_tolerance
+
+    ref, vllm = sides
+    exact = compare_levels(ref["levels"], ref["features"], vllm, default_tolerance(torch.float32, atol=0, rtol=0))
+    assert not any(row.ok for row in exact)
+    assert all(0 < row.max_abs_diff < 1e-5 for row in exact)
+    assert all("swapped" not in row.problem and "scaled" not in row.problem for row in exact)
+
+
+def test_fault_planted_in_vllm_is_caught_end_to_end(hf_engine, probe):
+    """One level scaled by 1.001 inside vLLM itself: the whole inspector says DIFFERS, names the
+    level and the factor, and lets the others pass. A picture no other test sends, so vLLM's
+    encoder cache cannot answer with features computed before the fault."""
+    from g4v.commands.port_diff import EXIT_DIFFERS, exit_status
+    from g4v.port_diff import run_port_diff
+
+    index = 5  # spatial_TR
+    probe.apply(plant_scaled_level, index=index, factor=1.001)
+    try:
+        summary = run_port_diff(picture(200, 140, seed=11), PROMPT, hf_engine=hf_engine, probe=probe,
+                                max_new_tokens=2).summary
+    finally:
+        probe.apply(remove_planted_fault)
+    levels = {row["name"]: row for row in summary["levels"]}
+    faulty = summary["levels"][index]["name"]
+    assert faulty == "spatial_TR"
+    assert [name for name, row in levels.items() if not row["ok"]] == [faulty]
+    assert "scaled" in levels[faulty]["problem"] and "1.001" in levels[faulty]["problem"]
+    assert not summary["ok"] and faulty in summary["message"]
+    assert exit_status(summary, fail_on_diff=True) == EXIT_DIFFERS
 
 
 def test_trajectory_departure_is_located(sides):
@@ -202,23 +244,39 @@ def test_checkpoint_that_does_not_load_still_gets_its_audit(tmp_path, image):
     assert result.figure is not None
 
 
+def _port_diff_cli(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    return subprocess.run([sys.executable, "-m", "g4v", "port-diff", *args], cwd=REPO_ROOT, env=env,
+                          capture_output=True, text=True, timeout=400)
+
+
+def test_cli_fail_on_diff_exits_0_when_the_port_agrees():
+    """The default (trained) checkpoint on an example picture: its features are larger than the
+    random checkpoint's and so is their float32 rounding (the old absolute rule said DIFFERS here)."""
+    done = _port_diff_cli("--image", str(EXAMPLES_DIR / "shapes-wide.png"), "--prompt", PROMPT,
+                          "--max-new-tokens", "2", "--fail-on-diff")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "verdict: OK" in done.stdout
+    assert "per-level tolerance: |vLLM - transformers| <= 1e-05 + 0.0001 * max(|transformers|, token RMS) " \
+           "(float32 defaults)" in done.stdout
+
+
 def test_cli_json_on_a_checkpoint_vllm_misreads(tmp_path):
     """Two Q-Former heads in config.json: the weights load everywhere, transformers (5.19) builds
-    two heads, vLLM silently builds one. The CLI reports the field and the levels it breaks."""
+    two heads, vLLM silently builds one. The CLI reports the field and the levels it breaks, and
+    ``--fail-on-diff`` turns the verdict into exit status 3."""
     folder = _checkpoint_with_qformer(tmp_path, num_attention_heads=2)
     image_path = tmp_path / "picture.png"
     picture(150, 260, seed=3).save(image_path)
     png = tmp_path / "port.png"
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
-    done = subprocess.run([sys.executable, "-m", "g4v", "port-diff", "--model", folder, "--image", str(image_path),
-                           "--prompt", PROMPT, "--max-new-tokens", "4", "--json", "--png", str(png)],
-                          cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=400)
-    assert done.returncode == 0, done.stderr[-2000:]
+    done = _port_diff_cli("--model", folder, "--image", str(image_path), "--prompt", PROMPT, "--max-new-tokens", "4",
+                          "--json", "--png", str(png), "--fail-on-diff")
+    assert done.returncode == 3, done.stderr[-2000:]
     data = json.loads(done.stdout)  # stdout holds the JSON and nothing else (vLLM logs to stderr)
     assert set(data) >= {"levels", "trajectory", "next_token", "config_audit", "ok", "message"}
     assert len(data["levels"]) == 8
     for row in data["levels"]:
-        assert set(row) >= {"name", "llm_layer", "max_abs_diff", "max_rel_diff"}
+        assert set(row) >= {"name", "llm_layer", "max_abs_diff", "max_rel_diff", "tolerance_used"}
         assert isinstance(row["llm_layer"], int) and isinstance(row["max_abs_diff"], float)
     assert set(data["trajectory"]) >= {"layers", "transformers", "vllm", "first_departure", "ok"}
     assert set(data["next_token"]) >= {"kl_divergence", "top5_overlap", "first_divergence"}

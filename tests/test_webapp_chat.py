@@ -1,0 +1,120 @@
+"""The Chat tab's conversation handling, on the real transformers engine: long conversations are
+trimmed to what fits (and the answer is the engine's own answer to the trimmed conversation), a
+history picture that has gone is left out, and bad values get one line."""
+
+import math
+import threading
+
+import pytest
+
+from g4v.conversation import MAX_IMAGES_PER_CONVERSATION, Message, SamplingSettings
+from g4v.errors import G4VError, PromptTooLong
+from tests.conftest import make_image
+from webapp.chat import answer, drop_oldest_turn, read_history, read_message, start_answer, within_image_limit
+from webapp.common import sampling_settings
+
+GREEDY = SamplingSettings(max_new_tokens=6)
+
+
+@pytest.fixture(scope="module")
+def picture_files(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("chat-pictures")
+    paths = []
+    for i in range(12):
+        paths.append(folder / f"p{i}.png")
+        make_image(64 + 8 * i, 48, seed=i).save(paths[-1])
+    return [str(p) for p in paths]
+
+
+def entry(role, text, files=()):
+    return {"role": role, "content": [*({"type": "file", "file": {"path": f}} for f in files),
+                                      {"type": "text", "text": text}]}
+
+
+def image_turns(files, answer_text="It is a shape."):
+    history = []
+    for i, path in enumerate(files):
+        history += [entry("user", f"Picture {i}?", [path]), entry("assistant", answer_text)]
+    return history
+
+
+def test_drop_oldest_turn_keeps_the_system_message_and_drops_one_exchange():
+    conversation = [Message("system", "Be brief."), Message("user", "a"), Message("assistant", "b"),
+                    Message("user", "c"), Message("assistant", "d"), Message("user", "e")]
+    assert [m.text for m in drop_oldest_turn(conversation)] == ["Be brief.", "c", "d", "e"]
+
+
+def test_too_many_pictures_drop_the_oldest_turns(picture_files):
+    history = read_history(image_turns(picture_files[:10])).messages
+    messages, dropped = within_image_limit(history + [read_message({"text": "And now?", "files": picture_files[10:12]})])
+    assert sum(len(m.images) for m in messages) <= MAX_IMAGES_PER_CONVERSATION
+    assert dropped == 12 - MAX_IMAGES_PER_CONVERSATION  # one picture per dropped turn
+    assert messages[0].text == f"Picture {dropped}?" and messages[-1].text == "And now?"
+
+
+def test_a_conversation_past_the_context_window_is_answered_on_its_newest_turns(hf_engine, picture_files):
+    """Each turn's long text pushes the prompt past the 4096-token window; the answer must equal the
+    engine's own answer to the newest turns that fit, which the test finds by itself."""
+    long_text = "shape " * 700
+    history = []
+    for i in range(8):
+        history += [entry("user", f"{long_text} {i}?"), entry("assistant", "Yes.")]
+    message = read_message({"text": "Which one?", "files": []})
+    streamed = "".join(list(answer(hf_engine, message, history, GREEDY, threading.Event()))[-1:])
+
+    full = read_history(history).messages + [message]
+    with pytest.raises(PromptTooLong):
+        hf_engine.prepare_inputs(full, GREEDY.max_new_tokens)
+    fitting = full
+    while True:  # the longest tail that fits, found independently of the app's loop
+        try:
+            hf_engine.prepare_inputs(fitting, GREEDY.max_new_tokens)
+            break
+        except PromptTooLong:
+            fitting = fitting[2:]
+    assert 1 < len(fitting) < len(full)
+    assert streamed == hf_engine.generate(fitting, GREEDY).text
+
+
+def test_a_message_too_long_on_its_own_is_refused_in_one_line(hf_engine):
+    message = read_message({"text": "shape " * 6000, "files": []})
+    with pytest.raises(G4VError, match="too long") as err:
+        start_answer(hf_engine, [message], GREEDY, threading.Event())
+    assert "\n" not in str(err.value)
+
+
+def test_a_history_picture_that_is_gone_is_left_out(hf_engine, tmp_path, picture_files):
+    gone = tmp_path / "deleted.png"
+    make_image(80, 60).save(gone)
+    history = [entry("user", "What is it?", [str(gone)]), entry("assistant", "A square.")]
+    gone.unlink()
+    past = read_history(history)
+    assert past.missing_images == 1 and past.messages[0].images == []
+    message = read_message({"text": "And this one?", "files": [picture_files[0]]})
+    streamed = list(answer(hf_engine, message, history, GREEDY, threading.Event()))[-1]
+    assert streamed == hf_engine.generate(past.messages + [message], GREEDY).text
+
+
+@pytest.mark.parametrize("value, words", [
+    ({"text": "What is <image>?", "files": []}, "image placeholder"),
+    ({"text": "lone \udc80 surrogate", "files": []}, "not valid Unicode"),
+    (None, "message is empty"),
+    ({"text": "   ", "files": []}, "prompt is empty"),
+])
+def test_bad_messages_get_one_line(value, words):
+    with pytest.raises(G4VError, match=words) as err:
+        read_message(value)
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("settings, words", [
+    ((math.nan, 0.0, 1.0, 0), "max_new_tokens must be a finite number"),
+    ((8.5, 0.0, 1.0, 0), "max_new_tokens must be a whole number"),
+    ((8, math.inf, 1.0, 0), "temperature must be a finite number"),
+    ((8, 0.0, "x", 0), "top_p must be a finite number"),
+    ((8, 0.0, 1.0, math.nan), "seed must be a finite number"),
+    ((10**6, 0.0, 1.0, 0), "the limit is"),
+])
+def test_bad_sampling_values_get_one_line(settings, words):
+    with pytest.raises(G4VError, match=words):
+        sampling_settings(*settings)

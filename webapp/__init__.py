@@ -1,0 +1,1 @@
+"""The web UI: one module per tab, Gradio only; the work happens in the g4v package."""

@@ -1,0 +1,263 @@
+"""The Chat tab: a streamed, multi-turn, multi-image chat with the loaded engine.
+
+It is built from a ``gr.Chatbot`` and a ``gr.MultimodalTextbox`` rather than ``gr.ChatInterface``:
+ChatInterface (Gradio 6.31) clears and disables its textbox before the answer starts and leaves it
+disabled when the answer fails. Here a message is checked first and only then taken out of the box,
+so a refusal leaves the box usable with the text and pictures still in it; a request that fails
+later puts the message back. Nothing a user sent is lost.
+
+Long conversations stay answerable: the oldest turns are dropped, with a note, when the pictures
+exceed :data:`~g4v.conversation.MAX_IMAGES_PER_CONVERSATION` or the prompt no longer fits the
+model's context window; a history picture that Gradio's cache has since deleted is left out.
+
+The same function answers the ``/chat`` API endpoint (``message, max_new_tokens, temperature,
+top_p, seed``), with the conversation kept per client session.
+"""
+
+import os
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import gradio as gr
+
+from g4v.conversation import (MAX_IMAGES_PER_CONVERSATION, MAX_IMAGES_PER_MESSAGE, Message, SamplingSettings,
+                              validate_conversation)
+from g4v.errors import G4VError, PromptTooLong
+from g4v.images import open_image
+from webapp.common import MAX_NEW_TOKENS_LIMIT, MODEL_QUEUE, sampling_settings, shows_errors
+
+
+# ── Gradio messages -> g4v conversation ────────────────────────────────────────────────────────
+
+
+def file_path(item) -> str | None:
+    """The server path of an uploaded file in any of the shapes Gradio uses for it."""
+    if isinstance(item, str):
+        return item
+    if isinstance(item, dict):
+        if item.get("type") == "file":
+            item = item.get("file") or {}
+        return item.get("path")
+    return getattr(item, "path", None)
+
+
+def content_parts(content) -> tuple[list[str], list[str]]:
+    """(texts, file paths) of one Gradio message's content."""
+    texts, files = [], []
+    for part in content if isinstance(content, (list, tuple)) else [content]:
+        if isinstance(part, str):
+            texts.append(part)
+        elif isinstance(part, dict) and part.get("type") == "text":
+            texts.append(part.get("text") or "")
+        elif (path := file_path(part)) is not None:
+            files.append(path)
+    return texts, files
+
+
+def read_message(message) -> Message:
+    """The textbox value (``{"text", "files"}``) as a checked user message with opened pictures."""
+    if not isinstance(message, dict):
+        raise G4VError("the message is empty: type a question")
+    files = [file_path(f) for f in message.get("files") or []]
+    if len(files) > MAX_IMAGES_PER_MESSAGE:
+        raise G4VError(f"too many images: {len(files)} in one message, the limit is {MAX_IMAGES_PER_MESSAGE}")
+    if any(path is None for path in files):
+        raise G4VError("an attached file could not be read: attach it again")
+    user = Message("user", message.get("text") or "", [open_image(path, name=Path(path).name) for path in files])
+    validate_conversation([user])
+    return user
+
+
+@dataclass
+class History:
+    """The earlier turns as g4v messages, and what could not be carried over."""
+
+    messages: list[Message] = field(default_factory=list)
+    missing_images: int = 0  # history pictures no longer on disk (Gradio's cache deleted them)
+
+
+def read_history(history: list) -> History:
+    """Chat history entries -> g4v messages. Consecutive entries of one role are merged (Gradio
+    stores an uploaded file and the text sent with it as separate entries)."""
+    out = History()
+    for entry in history or []:
+        entry = entry if isinstance(entry, dict) else {"role": getattr(entry, "role", None),
+                                                       "content": getattr(entry, "content", None)}
+        role = entry.get("role")
+        texts, files = content_parts(entry.get("content"))
+        images = []
+        for path in files:
+            if path and os.path.isfile(path):
+                images.append(open_image(path, name=Path(path).name))
+            else:
+                out.missing_images += 1
+        text = "\n".join(t for t in texts if t)
+        if out.messages and out.messages[-1].role == role:
+            previous = out.messages[-1]
+            previous.text = "\n".join(t for t in (previous.text, text) if t)
+            previous.images.extend(images)
+        else:
+            out.messages.append(Message(role, text, images))
+    return out
+
+
+# ── fitting a long conversation ────────────────────────────────────────────────────────────────
+
+
+def drop_oldest_turn(messages: list[Message]) -> list[Message]:
+    """The conversation without its oldest exchange (a user message and the replies up to the next
+    user message); a leading system message stays."""
+    head = [m for m in messages[:1] if m.role == "system"]
+    rest = messages[len(head):]
+    next_user = next((i for i, m in enumerate(rest) if i > 0 and m.role == "user"), len(rest))
+    return head + rest[next_user:]
+
+
+def within_image_limit(messages: list[Message], limit: int = MAX_IMAGES_PER_CONVERSATION) -> tuple[list[Message], int]:
+    """Drop the oldest turns until the conversation carries at most ``limit`` pictures; returns the
+    conversation and how many turns were dropped. The newest message is never dropped."""
+    dropped = 0
+    while sum(len(m.images) for m in messages) > limit and len(messages) > 1:
+        messages, dropped = drop_oldest_turn(messages), dropped + 1
+    return messages, dropped
+
+
+def start_answer(engine, messages: list[Message], settings: SamplingSettings, cancel: threading.Event):
+    """``engine.stream`` on the longest tail of the conversation that fits the context window.
+
+    Engines check the prompt's length before the first piece streams and raise
+    :class:`PromptTooLong`; each time, the oldest turn goes. Returns ``(stream, turns dropped)``.
+    """
+    dropped = 0
+    while True:
+        try:
+            stream = engine.stream(messages, settings, cancel=cancel)
+            first = next(stream, None)  # some engines (vLLM) report the length with the first piece
+            return _chain(first, stream), dropped
+        except PromptTooLong:
+            if len(messages) <= 1:
+                raise G4VError("the message alone is too long for the model's context window: shorten it, "
+                               "send fewer pictures or ask for fewer new tokens") from None
+            messages, dropped = drop_oldest_turn(messages), dropped + 1
+
+
+def _chain(first, stream):
+    """``first`` then the rest of ``stream``; closing this closes ``stream`` (which stops generation)."""
+    if first is not None:
+        yield first
+    yield from stream
+
+
+def conversation_notes(history: History, dropped_turns: int) -> list[str]:
+    notes = []
+    if history.missing_images:
+        notes.append(f"{history.missing_images} earlier picture(s) are no longer available and were left out")
+    if dropped_turns:
+        notes.append(f"the {dropped_turns} oldest turn(s) were left out to fit the model's limits; "
+                     "press Clear to start a new conversation")
+    return notes
+
+
+def answer(engine, message: Message, history: list, settings: SamplingSettings, cancel: threading.Event):
+    """Stream the answer to ``message`` after ``history``: yields the text so far. Notes about left
+    out turns and pictures are shown as warnings."""
+    past = read_history(history)
+    messages = past.messages + [message]
+    validate_conversation(messages)
+    messages, dropped_for_images = within_image_limit(messages)
+    stream, dropped_for_length = start_answer(engine, messages, settings, cancel)
+    for note in conversation_notes(past, dropped_for_images + dropped_for_length):
+        gr.Warning(note)
+    text = ""
+    for piece in stream:  # closing this generator (the stop button) stops generation
+        text += piece
+        yield text
+
+
+def user_entry(message: dict) -> dict:
+    """The message as one chat-history entry: pictures first, then the text."""
+    files = [{"path": file_path(f)} for f in message.get("files") or []]  # Gradio shows images as images
+    text = [{"type": "text", "text": message["text"]}] if message.get("text") else []
+    return {"role": "user", "content": files + text}
+
+
+def newest_image(message: dict | None, history: list) -> str | None:
+    """The newest picture of the conversation, for the "Use the last chat image" buttons."""
+    paths = []
+    for entry in history or []:
+        paths.extend(content_parts(entry.get("content") if isinstance(entry, dict) else None)[1])
+    paths.extend(file_path(f) for f in (message or {}).get("files") or [])
+    return next((p for p in reversed(paths) if p and os.path.isfile(p)), None)
+
+
+# ── the tab ─────────────────────────────────────────────────────────────────────────────────────
+
+
+def chat_tab(engine, last_chat_image: gr.State, examples: list[dict], concurrency: int = 1,
+             gpu_task=lambda fn: fn) -> None:
+    """Render the Chat tab into the current ``gr.Blocks``."""
+
+    @shows_errors
+    def accept(message, history):
+        """Check the message; only then clear the box (disabled while the answer streams)."""
+        read_message(message)
+        return gr.MultimodalTextbox(value=None, interactive=False), [*history, user_entry(message)], message, history
+
+    @gpu_task
+    @shows_errors
+    def respond(message, history, max_new_tokens, temperature, top_p, seed):
+        """Stream the answer into the chat; the box comes back enabled at the end. If the answer
+        fails, the message goes back into the box and the history is as it was, then the error
+        shows: the updates are sent before the error, so no later event has to run for them."""
+        shown = [*history, user_entry(message)]
+        image = newest_image(message, history)
+        text = ""
+        try:
+            settings = sampling_settings(max_new_tokens, temperature, top_p, seed)
+            for text in answer(engine, read_message(message), history, settings, threading.Event()):
+                yield [*shown, {"role": "assistant", "content": text}], image, gr.skip()
+        except Exception:
+            yield history, gr.skip(), gr.MultimodalTextbox(value=message, interactive=True)
+            raise
+        yield [*shown, {"role": "assistant", "content": text}], image, gr.MultimodalTextbox(interactive=True)
+
+    @gpu_task
+    @shows_errors
+    def api_chat(message, history, max_new_tokens, temperature, top_p, seed):
+        """The ``/chat`` endpoint: the answer as it streams; the session keeps the conversation."""
+        settings = sampling_settings(max_new_tokens, temperature, top_p, seed)
+        user = read_message(message)
+        text = ""
+        for text in answer(engine, user, history, settings, threading.Event()):
+            yield text, history
+        yield text, [*history, user_entry(message), {"role": "assistant", "content": text}]
+
+    chatbot = gr.Chatbot(label="Chat", height=460, elem_id="chatbot")
+    box = gr.MultimodalTextbox(file_types=["image"], file_count="multiple", sources=["upload"],
+                               placeholder="Ask about an image...", show_label=False, elem_id="chat-box")
+    with gr.Row():
+        stop = gr.Button("Stop", size="sm", elem_id="chat-stop")
+        clear = gr.Button("Clear", size="sm", elem_id="chat-clear")
+    with gr.Accordion("Sampling", open=False):
+        max_new_tokens = gr.Slider(1, MAX_NEW_TOKENS_LIMIT, value=128, step=1, label="Max new tokens")
+        temperature = gr.Slider(0.0, 2.0, value=0.0, step=0.05, label="Temperature (0 = greedy)")
+        top_p = gr.Slider(0.05, 1.0, value=1.0, step=0.05, label="Top-p")
+        seed = gr.Number(value=0, precision=0, label="Seed (-1 = random)")
+    gr.Examples(examples, inputs=[box], label="Examples")
+    sending = gr.State(None)  # the message being answered, put back in the box if the answer fails
+    before = gr.State([])  # the history before it
+    api_history = gr.State([])  # the /chat endpoint's conversation, per client session
+
+    accepted = box.submit(accept, [box, chatbot], [box, chatbot, sending, before], api_visibility="private")
+    answered = accepted.success(
+        respond, [sending, before, max_new_tokens, temperature, top_p, seed], [chatbot, last_chat_image, box],
+        api_visibility="private", concurrency_id=MODEL_QUEUE, concurrency_limit=concurrency)
+    stop.click(lambda: gr.MultimodalTextbox(interactive=True), None, box, cancels=[answered], api_visibility="private")
+    clear.click(lambda: ([], gr.MultimodalTextbox(interactive=True)), None, [chatbot, box], cancels=[answered],
+                api_visibility="private")
+
+    api_answer = gr.Textbox(visible=False)
+    gr.Button(visible=False).click(
+        api_chat, [box, api_history, max_new_tokens, temperature, top_p, seed], [api_answer, api_history],
+        api_name="chat", concurrency_id=MODEL_QUEUE, concurrency_limit=concurrency)

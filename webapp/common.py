@@ -1,0 +1,124 @@
+"""What every tab shares: the image upload, the error decorator, the sampling inputs, the limits.
+
+Gradio-only helpers; the work itself happens in plain functions of the ``g4v`` package.
+"""
+
+import functools
+import inspect
+import logging
+import math
+import os
+
+import gradio as gr
+
+from g4v.conversation import SamplingSettings
+from g4v.errors import G4VError
+
+log = logging.getLogger("g4v.webapp")
+
+#: The longest answer a request may ask for.
+MAX_NEW_TOKENS_LIMIT = 1024
+#: The largest file an upload may be (Gradio refuses bigger ones before they reach a handler).
+MAX_UPLOAD_SIZE = os.environ.get("G4V_MAX_UPLOAD_SIZE", "25mb")
+#: Every model-bound event shares this concurrency group, across tabs, so that at most
+#: ``--concurrency`` of them run on the model at once and the rest wait in the bounded queue.
+MODEL_QUEUE = "model"
+
+
+def shows_errors(fn):
+    """Let ``fn`` (a function or a generator function) raise :class:`G4VError` and the user see one
+    line: it becomes ``gr.Error``. Anything else is a bug: its traceback goes to the server log and
+    the user gets a line without library internals or server paths."""
+
+    def translate(err: BaseException) -> gr.Error:
+        if isinstance(err, G4VError):
+            return gr.Error(str(err))
+        log.exception("unexpected error in %s", fn.__name__)
+        return gr.Error(f"the workbench failed unexpectedly ({type(err).__name__}); the details are in the server log")
+
+    if inspect.isgeneratorfunction(fn):
+        @functools.wraps(fn)
+        def stream(*args, **kwargs):
+            try:
+                yield from fn(*args, **kwargs)
+            except (gr.Error, GeneratorExit):
+                raise
+            except Exception as err:
+                raise translate(err) from None
+        return stream
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except gr.Error:
+            raise
+        except Exception as err:
+            raise translate(err) from None
+    return call
+
+
+class ImageFile(gr.Image):
+    """An image upload that hands its handler the uploaded file's path without opening it.
+
+    ``gr.Image`` decodes (and converts) the picture while preprocessing, before any handler runs:
+    a file that is not an image then fails with Gradio's multi-line error, and a huge picture is
+    decoded before ``g4v.images.open_image`` can refuse it from its header. Here every check
+    happens in ``open_image``. Gradio has already moved the upload into its cache and checked the
+    path is one it received, so the path is safe to open. A template component: the browser shows
+    it as a plain ``gr.Image``.
+    """
+
+    is_template = True
+
+    def preprocess(self, payload):
+        if payload is None:
+            return None
+        if payload.path is None:
+            raise gr.Error("send the image as an uploaded file")
+        return str(payload.path)
+
+
+def image_input(**kwargs) -> ImageFile:
+    """An upload-only image input whose handler gets the file's path, unopened (see ImageFile).
+    ImageFile keeps gr.Image's own constructor: Gradio sends the browser the parameters of the
+    class's ``__init__``, so an ``__init__`` of its own would hide them."""
+    return ImageFile(type="filepath", image_mode=None, sources=["upload"], **kwargs)
+
+
+def sampling_settings(max_new_tokens, temperature=0.0, top_p=1.0, seed=0,
+                      limit: int = MAX_NEW_TOKENS_LIMIT) -> SamplingSettings:
+    """Checked settings from the UI's sliders, or from API values that no slider bounded (NaN,
+    fractions, strings): one :class:`G4VError` naming the first bad value."""
+    seed = None if seed in (None, "", -1) else _whole(seed, "seed")
+    return SamplingSettings(
+        max_new_tokens=_whole(max_new_tokens, "max_new_tokens"),
+        temperature=_number(temperature, "temperature"),
+        top_p=_number(top_p, "top_p"),
+        seed=seed,
+    ).validated(limit)
+
+
+def _number(value, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise G4VError(f"{name} must be a finite number, got {value!r}")
+    return float(value)
+
+
+def _whole(value, name: str) -> int:
+    number = _number(value, name)
+    if number != int(number):
+        raise G4VError(f"{name} must be a whole number, got {value!r}")
+    return int(number)
+
+
+def use_last_chat_image(button: gr.Button, last_chat_image: gr.State, image: gr.Image):
+    """Wire a "Use the last chat image" button: it copies the newest chat image into ``image``.
+    Returns the event, so a tab can chain its own step after it."""
+
+    def pick(path):
+        if not path or not os.path.isfile(path):
+            raise gr.Error("no chat image yet: send a picture in the Chat tab first")
+        return path
+
+    return button.click(pick, last_chat_image, image, api_visibility="private")

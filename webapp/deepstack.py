@@ -1,0 +1,75 @@
+"""The Deepstack tab: what each of the 8 injections carries into the language model, and what
+changes when levels are zeroed or scaled."""
+
+import gradio as gr
+
+from g4v.deepstack import describe_levels, parse_scale_specs
+from g4v.inspection import run_inspection
+from webapp.common import MODEL_QUEUE, image_input, shows_errors, use_last_chat_image
+
+LEVEL_COLUMNS = ["level", "kind", "vision layer", "LLM layer", "injected norm", "residual before", "residual after"]
+
+
+def ablation_report(summary: dict) -> str:
+    top = ", ".join(f"`{t['text']}` {t['prob']:.3f}" for t in summary["next_token_top5"])
+    lines = [f"**Next token (top 5):** {top}", f"**Greedy continuation:** `{summary['continuation']}`"]
+    if summary.get("unchanged_levels"):
+        lines.append(f"**Unchanged (factor 1, no second run):** {', '.join(summary['unchanged_levels'])}")
+    ablation = summary.get("ablation")
+    if ablation:
+        after = ", ".join(f"`{t['text']}` {t['prob']:.3f}" for t in ablation["top5_after"])
+        changed = {name: f for name, f in ablation["scales"].items() if f != 1.0}
+        lines += [
+            f"**Changed levels:** {', '.join(f'{n} x{f:g}' for n, f in changed.items())}",
+            f"**KL(before || after) of the next token:** {ablation['kl_divergence']:.4g}",
+            f"**Top 5 after:** {after}",
+            f"**Greedy continuation after:** `{ablation['continuation_after']}`",
+        ]
+    return "\n\n".join(lines)
+
+
+def make_inspect(engine, exports, gpu_task):
+    @gpu_task
+    @shows_errors
+    def inspect(image_path, prompt, ablate, scales_text, full):
+        """Capture the 8 injections for one image and prompt; ablate or scale levels if asked."""
+        scales = parse_scale_specs(part.strip() for part in (scales_text or "").split(",") if part.strip())
+        result = run_inspection(engine, image_path, prompt, ablate=ablate or (), scale=scales, full=bool(full),
+                                exports=exports)
+        rows = [[lv["name"], lv["kind"], lv["vision_layer"], lv["llm_layer"], round(lv["injected_norm_mean"], 3),
+                 round(lv["residual_norm_before_mean"], 3), round(lv["residual_norm_after_mean"], 3)]
+                for lv in result.summary["levels"]]
+        figures = result.figures
+        return (rows, figures["norms"], figures["trajectory"], figures["heatmaps_tile"], figures["heatmaps_base"],
+                ablation_report(result.summary), str(result.export_zip))
+
+    return inspect
+
+
+def deepstack_tab(engine, config, last_chat_image: gr.State, exports, concurrency: int = 1,
+                  gpu_task=lambda fn: fn) -> None:
+    gr.Markdown("What each of the 8 injections carries into the language model, where, and what "
+                "changes when a level is zeroed or scaled.")
+    level_names = [level.name for level in describe_levels(config)] if config is not None else []
+    with gr.Row():
+        image = image_input(label="Image", height=240)
+        with gr.Column():
+            from_chat = gr.Button("Use the last chat image", elem_id="deepstack-from-chat")
+            prompt = gr.Textbox(label="Prompt", value="What colour is the shape?")
+            ablate = gr.CheckboxGroup(level_names, label="Ablate (zero) these levels")
+            scales = gr.Textbox(label="Scale levels", placeholder="e.g. deepstack0=0.5, spatial_TL=2")
+            full = gr.Checkbox(label="Keep full tensors in the export")
+            run = gr.Button("Inspect", variant="primary", elem_id="deepstack-run")
+    table = gr.Dataframe(headers=LEVEL_COLUMNS, label="Levels", interactive=False)
+    report = gr.Markdown()
+    with gr.Row():
+        norms = gr.Image(label="Injected vs residual norms", format="png", elem_id="deepstack-norms")
+        trajectory = gr.Image(label="Residual norm through the layers", format="png")
+    heat_tiles = gr.Image(label="Injected norm over the image (tiles)", format="png")
+    heat_base = gr.Image(label="Injected norm over the image (base view)", format="png")
+    export = gr.File(label="Export (summary.json, PNGs, capture.safetensors)")
+
+    use_last_chat_image(from_chat, last_chat_image, image)
+    run.click(make_inspect(engine, exports, gpu_task), [image, prompt, ablate, scales, full],
+              [table, norms, trajectory, heat_tiles, heat_base, report, export],
+              api_name="inspect", concurrency_id=MODEL_QUEUE, concurrency_limit=concurrency)

@@ -1,0 +1,75 @@
+"""The whole page: a banner, then one tab per panel, each built by its own module."""
+
+import json
+from pathlib import Path
+
+import gradio as gr
+
+from g4v.engines import Engine
+from g4v.errors import G4VError
+from g4v.lora import model_config
+from g4v.paths import EXAMPLES_DIR, REAL_MODEL_ID, TRAINED_MODEL_DIR, is_bundled
+from webapp.chat import chat_tab
+from webapp.deepstack import deepstack_tab
+from webapp.lora import lora_tab
+from webapp.port import port_tab
+from webapp.tiling import tiling_tab
+
+#: Gradio deletes the files it cached for this app (uploads, returned pictures, exports) once they
+#: are this old, checking this often; and all of them when the server stops.
+CACHE_CLEANUP = (600, 3600)  # (every seconds, older than seconds)
+
+
+def banner(model: str) -> str:
+    switch = (f"For the real model run `python app.py --model {REAL_MODEL_ID}` (or set `G4V_MODEL`) on a "
+              "machine with a GPU and access to the Hugging Face Hub.")
+    if is_bundled(model) and Path(model).resolve() == TRAINED_MODEL_DIR.resolve():
+        return ("**Demo checkpoint in use**: a tiny Granite 4 Vision (the real architecture, 6 M parameters) "
+                "trained here on synthetic pictures of shapes. It answers questions about the colour, kind, "
+                "position and number of simple shapes, and little else. " + switch)
+    if is_bundled(model):
+        return ("**Demo checkpoint in use**: a tiny Granite 4 Vision with the real architecture and random "
+                "weights, bundled so the workbench runs offline. Its answers are not meaningful. " + switch)
+    return f"Model: `{model}`"
+
+
+def example_messages() -> list[dict]:
+    """Chat examples listed in assets/examples/examples.json, as textbox values."""
+    listed = json.loads((EXAMPLES_DIR / "examples.json").read_text())
+    return [{"text": item["prompt"], "files": [str(EXAMPLES_DIR / item["file"])]} for item in listed]
+
+
+def local_config(engine: Engine):
+    """The model's transformers config, or None when it cannot be read here (a remote server's
+    served model name); the Tiling and Deepstack tabs need it."""
+    try:
+        return model_config(engine)
+    except (G4VError, OSError, ValueError):
+        return None
+
+
+def build_app(engine: Engine, model: str, concurrency: int = 1, adapters_dir=None, exports=None,
+              gpu_task=lambda fn: fn) -> gr.Blocks:
+    """The workbench page. ``exports`` keeps the Deepstack exports (a bounded, self-cleaning folder)."""
+    from g4v.inspection import ExportStore
+
+    config = local_config(engine)
+    with gr.Blocks(title="Granite 4 Vision workbench", analytics_enabled=False, delete_cache=CACHE_CLEANUP) as demo:
+        # Inside Gradio's cache folder, so Gradio serves the exports without copying them, and the
+        # store's pruning is the only copy's lifetime. At least twice the model's concurrency, so
+        # no export is pruned while it is still being written.
+        exports = exports or ExportStore(parent=demo.GRADIO_CACHE, keep=max(8, 2 * concurrency))
+        gr.Markdown("# Granite 4 Vision workbench")
+        gr.Markdown(banner(model), elem_id="model-banner")
+        last_chat_image = gr.State(None)  # the newest image sent in Chat, for the inspection tabs
+        with gr.Tab("Chat", id="chat"):
+            chat_tab(engine, last_chat_image, example_messages(), concurrency, gpu_task)
+        with gr.Tab("Tiling", id="tiling"):
+            tiling_tab(config, last_chat_image)
+        with gr.Tab("Deepstack", id="deepstack"):
+            deepstack_tab(engine, config, last_chat_image, exports, concurrency, gpu_task)
+        with gr.Tab("vLLM port", id="port"):
+            port_tab(model, last_chat_image)
+        with gr.Tab("LoRA", id="lora"):
+            lora_tab(engine, model, adapters_dir, last_chat_image, concurrency, gpu_task)
+    return demo

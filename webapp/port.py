@@ -1,0 +1,48 @@
+"""The vLLM port tab: where vLLM's port of Granite 4 Vision departs from transformers, per injection
+level, per layer, per config field. It runs ``python -m g4v port-diff`` in the vLLM environment."""
+
+import gradio as gr
+
+from g4v.port_diff_runner import run_port_diff_in_vllm_env, vllm_python
+from webapp.common import image_input, shows_errors, use_last_chat_image
+
+PORT_COLUMNS = ["level", "LLM layer", "max |diff|", "max relative diff", "tolerance used", "verdict"]
+SETUP_HINT = ("The vLLM environment was not found, so this tab cannot run here. Build it with "
+              "`scripts/setup_vllm_cpu_env.sh` (a few minutes, about 6 GiB), or point `G4V_VLLM_PYTHON` "
+              "at a Python that has vLLM, then restart the app.")
+
+
+def make_port_diff(model: str):
+    @shows_errors
+    def port_diff(image_path, prompt):
+        """vLLM's granite4_vision against transformers for one image (runs in the vLLM environment)."""
+        report = run_port_diff_in_vllm_env(image_path, prompt, model)
+        summary = report.summary
+        rows = [[lv["name"], lv["llm_layer"], lv["max_abs_diff"], lv["max_rel_diff"], lv.get("tolerance_used"),
+                 "ok" if lv["ok"] else lv.get("problem") or "differs"] for lv in summary.get("levels") or []]
+        tolerance = summary.get("tolerance") or {}
+        verdict = (f"**{'Agrees' if summary.get('ok') else 'Differs'}**: {summary.get('message', '')}"
+                   + (f"\n\nPer-level tolerance: `{tolerance['rule']}` ({tolerance['source']})" if tolerance else ""))
+        return verdict, rows, str(report.png), summary
+
+    return port_diff
+
+
+def port_tab(model: str, last_chat_image: gr.State) -> None:
+    available = vllm_python() is not None
+    gr.Markdown("Where vLLM's port of Granite 4 Vision departs from transformers: per injection level, "
+                "per layer, per config field. Runs in the vLLM environment; about a minute on a CPU.")
+    if not available:
+        gr.Markdown(SETUP_HINT, elem_id="port-setup-hint")
+    with gr.Row():
+        image = image_input(label="Image", height=200)
+        with gr.Column():
+            from_chat = gr.Button("Use the last chat image", elem_id="port-from-chat")
+            prompt = gr.Textbox(label="Prompt", value="What colour is the shape?")
+            run = gr.Button("Compare", variant="primary", interactive=available)
+    verdict = gr.Markdown()
+    table = gr.Dataframe(headers=PORT_COLUMNS, label="Levels", interactive=False)
+    picture = gr.Image(label="Per-token differences and trajectories", format="png")
+    details = gr.JSON(label="Everything (trajectory, next token, config audit)")
+    use_last_chat_image(from_chat, last_chat_image, image)
+    run.click(make_port_diff(model), [image, prompt], [verdict, table, picture, details], api_name="port_diff")
