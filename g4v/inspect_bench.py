@@ -87,7 +87,7 @@ def build_model(name: str, device: torch.device, dtype: torch.dtype):
     from transformers import Granite4VisionForConditionalGeneration
 
     from g4v.paths import BUNDLED_MODEL_DIR, REAL_CONFIG_DIR
-    from g4v.tiling import load_tiling_config
+    from g4v.loading import load_config
 
     if name == "bundled":
         model = Granite4VisionForConditionalGeneration.from_pretrained(str(BUNDLED_MODEL_DIR), dtype=dtype)
@@ -95,9 +95,9 @@ def build_model(name: str, device: torch.device, dtype: torch.dtype):
     if name == "larger":
         config, label = larger_config(), "larger random-weight config"
     elif name == "real":
-        config, label = load_tiling_config(REAL_CONFIG_DIR), "granite-vision-4.1-4b config, random weights"
+        config, label = load_config(REAL_CONFIG_DIR), "granite-vision-4.1-4b config, random weights"
     else:
-        config, label = load_tiling_config(name), f"{name} (random weights)"
+        config, label = load_config(name), f"{name} (random weights)"
     torch.manual_seed(0)
     with torch.device(device):
         model = Granite4VisionForConditionalGeneration._from_config(config, dtype=dtype)

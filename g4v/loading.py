@@ -108,3 +108,65 @@ def load_model(model: str, device: str | None = None, dtype: str | None = None) 
         raise G4VError(f"{model} is not a Granite 4 Vision checkpoint (model_type {loaded.config.model_type!r})")
     loaded = loaded.to(torch_device).eval()
     return LoadedModel(model=loaded, processor=processor, source=source, device=torch_device, dtype=torch_dtype)
+
+
+# ── configs without weights ─────────────────────────────────────────────────────────────────────
+
+
+def load_config(source: str | Path):
+    """A Granite4VisionConfig from a model folder (its config.json), a config.json file or a hub id
+    (only its config.json is fetched); never weights. The Tiling tab and CLI, the adapter checks
+    and the inspectors all read configs through here."""
+    path = Path(str(source)).expanduser()
+    if not path.exists():
+        if str(source).strip() and not looks_like_local_path(str(source)) and str(source).count("/") == 1:
+            return _hub_config(str(source))
+        raise G4VError(f"config not found: {source}")
+    config_file = path / "config.json" if path.is_dir() else path
+    data = read_raw_config(config_file)
+    if data.get("model_type") != MODEL_TYPE:
+        raise G4VError(f"{config_file} is not a Granite 4 Vision config (model_type {data.get('model_type')!r})")
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(str(config_file))
+    except Exception as err:  # transformers raises many types for bad configs; the user needs one line
+        raise G4VError(f"could not read {config_file}: {first_line(err)}") from None
+
+
+def read_raw_config(source: str | Path) -> dict:
+    """``config.json`` (of a folder, or the file itself) exactly as written: transformers' config
+    class may rewrite some fields (5.23 resets the Q-Former's head count), so what the checkpoint
+    *says* is read here."""
+    path = Path(source)
+    config_file = path / "config.json" if path.is_dir() else path
+    if not config_file.is_file():
+        raise G4VError(f"model folder has no config.json: {source}")
+    try:
+        data = json.loads(config_file.read_text())
+    except (OSError, ValueError, UnicodeDecodeError):
+        raise G4VError(f"unreadable config file: {config_file}") from None
+    if not isinstance(data, dict):
+        raise G4VError(f"{config_file} is not a JSON object")
+    return data
+
+
+def engine_config(engine):
+    """The transformers config of an engine's model: the loaded model's own, else the config file
+    of the model it serves (vLLM in process; a remote server's model when it is a local folder)."""
+    loaded = getattr(engine, "loaded", None)
+    if loaded is not None:
+        return loaded.model.config
+    return load_config(resolve_source(engine.info.model))
+
+
+def _hub_config(model_id: str):
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(model_id)
+    except Exception as err:  # offline, unknown id, ...: one line
+        raise G4VError(f"could not fetch the config of {model_id}: {first_line(err)}") from None
+    if getattr(config, "model_type", None) != MODEL_TYPE:
+        raise G4VError(f"{model_id} is not a Granite 4 Vision model (model_type {config.model_type!r})")
+    return config

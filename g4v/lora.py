@@ -20,6 +20,7 @@ from g4v.adapters import AdapterSpec, adapter_base, adapter_dirs, list_adapters,
 from g4v.conversation import Message, SamplingSettings, validate_conversation
 from g4v.errors import G4VError
 from g4v.images import open_image
+from g4v.loading import engine_config
 
 
 @dataclass
@@ -146,22 +147,10 @@ def preselected_adapter(adapters_dir=None, model: str | None = None) -> str | No
 def activate_adapter(engine, choice: str, adapters_dir=None) -> AdapterSpec:
     """Resolve and check ``choice`` against the engine's model, and register it with the engine
     if it is new. Returns the checked adapter; ``spec.name`` is what to pass as ``adapter=``."""
-    spec = load_adapter_spec(choice, model_config(engine), adapter_dirs(adapters_dir))
+    spec = load_adapter_spec(choice, engine_config(engine), adapter_dirs(adapters_dir))
     if spec.name not in engine.adapters():
         engine.register_adapter(spec.name, str(spec.path))
     return spec
-
-
-def model_config(engine):
-    """The transformers config of the engine's model (loaded model, or its config file)."""
-    loaded = getattr(engine, "loaded", None)
-    if loaded is not None:
-        return loaded.model.config
-    from transformers import AutoConfig
-
-    from g4v.loading import resolve_source
-
-    return AutoConfig.from_pretrained(resolve_source(engine.info.model))
 
 
 def chat_input(prompt: str, images=()) -> list[Message]:

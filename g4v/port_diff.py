@@ -46,6 +46,7 @@ from g4v.deepstack import (Level, capture_forward, describe_levels, greedy_conti
                            next_token_probs)
 from g4v.errors import G4VError, first_line
 from g4v.images import open_image
+from g4v.loading import read_raw_config
 
 #: Per-level feature tolerance ``(atol, rtol)`` by dtype (see :class:`Tolerance` for the rule).
 #: The reference is ``torch.testing.assert_close``'s defaults, read from the installed torch
@@ -422,18 +423,6 @@ class ConfigAudit:
                 "mismatches": [row["field"] for row in self.rows if row["ok"] is False]}
 
 
-def read_raw_config(model_dir: str | Path) -> dict:
-    """``config.json`` exactly as written: transformers' config class may rewrite some fields
-    (5.23 resets the Q-Former's head count), so what the checkpoint *says* is read here."""
-    path = Path(model_dir) / "config.json"
-    if not path.is_file():
-        raise G4VError(f"no config.json in {model_dir}")
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as err:
-        raise G4VError(f"{path} is not valid JSON: {err}") from None
-
-
 def static_vllm_facts(hf_config) -> dict:
     """What vLLM builds for one projector, from vLLM's own ``WindowQFormerDownsampler`` class built
     here without weights: the audit's fallback when vLLM's engine cannot load the checkpoint."""
@@ -708,7 +697,7 @@ def _finish(result: PortDiffResult, draw: bool) -> PortDiffResult:
 
 def draw_port_diff(result: PortDiffResult) -> Image.Image:
     """Per-level difference heatmaps over the picture, the per-level bars and the trajectories."""
-    from viz.port_diff import port_diff_figure
+    from viz.port import port_diff_figure
 
     token_diff = {row.name: row.token_diff for row in result.levels if row.token_diff}
     return port_diff_figure(result.picture, result.tokens, result.summary, token_diff)

@@ -13,22 +13,16 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from g4v.engines import vllm_python
 from g4v.errors import G4VError
 from g4v.paths import REPO_ROOT
 
-DEFAULT_VLLM_PYTHON = REPO_ROOT / ".venv-vllm" / "bin" / "python"
 
 
 @dataclass
 class PortDiffReport:
     summary: dict  # what ``port-diff --json`` prints
     png: Path  # per-level heatmaps and trajectories
-
-
-def vllm_python() -> Path | None:
-    """The vLLM environment's interpreter: ``$G4V_VLLM_PYTHON``, else ``.venv-vllm``; None if absent."""
-    candidate = Path(os.environ.get("G4V_VLLM_PYTHON") or DEFAULT_VLLM_PYTHON)
-    return candidate if candidate.is_file() else None
 
 
 def run_port_diff_in_vllm_env(image_path: str, prompt: str, model: str, max_new_tokens: int = 16,

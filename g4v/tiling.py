@@ -383,19 +383,6 @@ class _CanvasToOriginal:
         return (x(left), y(top), x(right), y(bottom))
 
 
-def _hub_config(model_id: str):
-    from transformers import AutoConfig
-
-    try:
-        config = AutoConfig.from_pretrained(model_id)
-    except Exception as err:  # offline, unknown id, ...: one line
-        first = (str(err).strip() or type(err).__name__).splitlines()[0][:300]
-        raise G4VError(f"could not fetch the config of {model_id}: {first}") from None
-    if getattr(config, "model_type", None) != "granite4_vision":
-        raise G4VError(f"{model_id} is not a Granite 4 Vision model (model_type {config.model_type!r})")
-    return config
-
-
 def _check_size(image_size_hw) -> Size:
     try:
         height, width = (int(v) for v in image_size_hw)
@@ -427,35 +414,6 @@ def _round_box(box: Box) -> list[float]:
 # ── Config loading (no weights) ───────────────────────────────────────────────────────────────────
 
 
-def load_tiling_config(source: str | Path):
-    """A Granite4VisionConfig from a model folder (its config.json), a config.json file or a hub id
-    (only its config.json is fetched); never weights."""
-    from g4v.loading import looks_like_local_path
-
-    path = Path(str(source)).expanduser()
-    if not path.exists():
-        if str(source).strip() and not looks_like_local_path(str(source)) and str(source).count("/") == 1:
-            return _hub_config(str(source))
-        raise G4VError(f"config not found: {source}")
-    config_file = path / "config.json" if path.is_dir() else path
-    if not config_file.is_file():
-        raise G4VError(f"model folder has no config.json: {source}")
-    try:
-        data = json.loads(config_file.read_text())
-    except (OSError, ValueError, UnicodeDecodeError):
-        raise G4VError(f"unreadable config file: {config_file}") from None
-    if not isinstance(data, dict) or data.get("model_type") != "granite4_vision":
-        kind = data.get("model_type") if isinstance(data, dict) else None
-        raise G4VError(f"{config_file} is not a Granite 4 Vision config (model_type {kind!r})")
-    from transformers import AutoConfig
-
-    try:
-        return AutoConfig.from_pretrained(str(config_file))
-    except Exception as err:  # transformers raises many types for bad configs; the user needs one line
-        first = (str(err).strip() or type(err).__name__).splitlines()[0][:300]
-        raise G4VError(f"could not read {config_file}: {first}") from None
-
-
 # ── For the app: overlay, table and token highlight (drawing lives in viz) ────────────────────────
 
 
@@ -468,7 +426,7 @@ def tiling_report(image, config):
 
     image = open_image(image)
     if isinstance(config, (str, Path)):
-        config = load_tiling_config(config)
+        config = load_config(config)
     plan = plan_tiling((image.height, image.width), config)
     return render_tiling_overlay(image, plan.as_dict()), plan.budget_rows(), plan
 

@@ -7,7 +7,8 @@ from gradio_client import Client, handle_file
 from PIL import Image
 
 from g4v.paths import EXAMPLES_DIR
-from g4v.tiling import load_tiling_config, plan_tiling
+from g4v.loading import load_config
+from g4v.tiling import plan_tiling
 from g4v.paths import BUNDLED_MODEL_DIR
 
 EXAMPLE = EXAMPLES_DIR / "shapes-tall.png"
@@ -20,7 +21,7 @@ def client(app_url):
 
 def test_tiling_endpoint_matches_the_plan(client):
     overlay, table, first_token, token_view, info = client.predict(handle_file(str(EXAMPLE)), api_name="/tiling")
-    plan = plan_tiling(Image.open(EXAMPLE).size[::-1], load_tiling_config(BUNDLED_MODEL_DIR))
+    plan = plan_tiling(Image.open(EXAMPLE).size[::-1], load_config(BUNDLED_MODEL_DIR))
     rows = {row[0]: row[2] for row in table["data"]}
     assert rows["total"] == plan.num_image_tokens
     assert rows["base view"] == plan.base_tokens and rows["newlines"] == plan.newline_tokens
@@ -94,7 +95,7 @@ def test_deepstack_refuses_unknown_levels(client):
 
 def test_port_diff_endpoint_compares_vllm_with_transformers(client):
     """Runs the real comparison in the vLLM environment (``make test`` builds it first)."""
-    from g4v.port_diff_runner import vllm_python
+    from g4v.engines import vllm_python
 
     assert vllm_python() is not None, "the vLLM environment is missing: scripts/setup_vllm_cpu_env.sh"
     verdict, table, picture, summary = client.predict(handle_file(str(EXAMPLE)), "What colour is it?",

@@ -52,9 +52,9 @@ def hooks_at_rest(hf_engine):
 
 
 def test_real_config_layer_map_on_meta_device():
-    from g4v.tiling import load_tiling_config
+    from g4v.loading import load_config
 
-    config = load_tiling_config(REAL_CONFIG_DIR)
+    config = load_config(REAL_CONFIG_DIR)
     with torch.device("meta"):
         model = Granite4VisionForConditionalGeneration(config)
     levels = ds.describe_levels(model.config)
@@ -270,7 +270,7 @@ def test_cli_writes_summary_pngs_and_capture(tmp_path, output_dir, image, capsys
 
 
 def test_heatmap_paints_each_token_box():
-    from viz.deepstack import paint_token_values
+    from viz.figures import paint_token_values
 
     heat = paint_token_values((10, 6), [(0, 0, 5, 3), (5, 0, 10, 3), (0, 3, 10, 3)], [1.0, 2.0, 9.0])
     assert heat.shape == (6, 10)

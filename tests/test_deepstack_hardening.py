@@ -16,7 +16,8 @@ from g4v.cli import main as cli_main
 from g4v.conversation import Message
 from g4v.errors import G4VError
 from g4v.paths import BUNDLED_MODEL_DIR, REAL_CONFIG_DIR, REPO_ROOT
-from g4v.tiling import load_tiling_config, plan_tiling
+from g4v.loading import load_config
+from g4v.tiling import plan_tiling
 from tests.conftest import make_image
 
 PROMPT = "What is in the picture?"
@@ -27,7 +28,7 @@ EXTREME_SIZES = [(3, 600), (600, 3), (1, 20000), (20000, 1)]  # (width, height)
 
 
 def _assert_bounded(picture: Image.Image, what: str) -> None:
-    from viz.tiling import MAX_PICTURE_SIDE, MIN_PICTURE_SIDE
+    from viz.figures import MAX_PICTURE_SIDE, MIN_PICTURE_SIDE
 
     assert MIN_PICTURE_SIDE <= picture.width <= MAX_PICTURE_SIDE, (what, picture.size)
     assert MIN_PICTURE_SIDE <= picture.height <= MAX_PICTURE_SIDE, (what, picture.size)
@@ -48,7 +49,7 @@ def test_every_picture_is_bounded_for_extreme_aspect_ratios(width, height, confi
     from viz.tiling import highlight_box, render_tiling_overlay
 
     image = make_image(width, height, seed=5)
-    plan = plan_tiling((height, width), load_tiling_config(config_dir))
+    plan = plan_tiling((height, width), load_config(config_dir))
     tokens = [(token.kind, token.box) for token in plan.tokens]
     norms = {f"level{i}": [float((i + j) % 11) for j in range(len(tokens))] for i in range(8)}
     for view in ("tile", "base"):
@@ -74,8 +75,8 @@ def test_a_huge_figure_is_scaled_down_not_refused():
     pictures: a figure far beyond the bound comes back at the bound instead."""
     from matplotlib.figure import Figure
 
-    from viz.deepstack import figure_to_image
-    from viz.tiling import MAX_PICTURE_SIDE
+    from viz.figures import figure_to_image
+    from viz.figures import MAX_PICTURE_SIDE
 
     fig = Figure(figsize=(3, 2000))  # 300 x 200000 pixels at 100 dpi
     fig.add_subplot().plot([0, 1], [0, 1])
@@ -84,7 +85,8 @@ def test_a_huge_figure_is_scaled_down_not_refused():
 
 
 def test_highlight_keeps_small_images_and_maps_clicks_back():
-    from viz.tiling import MAX_PICTURE_SIDE, display_size, highlight_box, original_point
+    from viz.figures import MAX_PICTURE_SIDE, display_size, original_point
+    from viz.tiling import highlight_box
 
     assert highlight_box(Image.new("RGB", (500, 300)), (0, 0, 10, 10)).size == (500, 300)
     assert original_point(123, 45, (500, 300)) == (123, 45)

@@ -179,7 +179,8 @@ def test_greedy_choices_reproduce_each_answer(diff):
 
 
 def test_diff_json_and_pictures(diff, output_dir):
-    from viz.lora import diff_html, diff_plot, diff_png, figure_png
+    from viz.figures import figure_to_image
+    from viz.lora import diff_html, diff_plot, diff_png
 
     data = json.loads(json.dumps(diff.to_json()))
     assert {"base_text", "adapter_text", "first_divergence", "base_tokens", "adapter_tokens"} <= set(data)
@@ -188,7 +189,7 @@ def test_diff_json_and_pictures(diff, output_dir):
     assert html.count("<span") == len(data["base_tokens"]) + len(data["adapter_tokens"])
     assert "#1f4fd1" in html  # the first divergence is marked
     picture = diff_png(data)
-    plot = figure_png(diff_plot(data))
+    plot = figure_to_image(diff_plot(data))
     assert picture.size[0] == 900 and plot.size[0] > 400
     picture.save(output_dir / "lora_diff.png")
     plot.save(output_dir / "lora_diff_plot.png")

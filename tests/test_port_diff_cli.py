@@ -48,13 +48,13 @@ def test_missing_flags_are_one_line():
 
 def test_figure_draws_from_a_summary_without_torch():
     code = (
-        "import sys, json; from PIL import Image; import viz.port_diff as v; "
+        "import sys, json; from PIL import Image; import viz.port as v; "
         "assert 'torch' not in sys.modules, 'viz must not import torch'; print('ok')"
     )
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr
 
-    from viz.port_diff import port_diff_figure
+    from viz.port import port_diff_figure
 
     image = Image.new("RGB", (120, 80), "white")
     tokens = [("base", (0, 0, 60, 40)), ("base", (60, 0, 120, 40)), ("tile", (0, 40, 60, 80)),

@@ -24,8 +24,10 @@ from tests.conftest import make_image
 from g4v.errors import G4VError
 from g4v.paths import BUNDLED_MODEL_DIR, REAL_CONFIG_DIR, REPO_ROOT
 from g4v.images import MAX_IMAGE_PIXELS
-from g4v.tiling import first_token_to_show, highlight_token, load_tiling_config, plan_tiling, tiling_report, token_at
-from viz.tiling import display_size, render_tiling_overlay
+from g4v.loading import load_config
+from g4v.tiling import first_token_to_show, highlight_token, plan_tiling, tiling_report, token_at
+from viz.figures import display_size
+from viz.tiling import render_tiling_overlay
 
 CONFIGS = ["bundled", "real"]
 NUM_RANDOM_SIZES = 1000
@@ -36,7 +38,7 @@ NUM_RANDOM_SIZES = 1000
 
 @pytest.fixture(scope="module")
 def configs():
-    return {"bundled": load_tiling_config(BUNDLED_MODEL_DIR), "real": load_tiling_config(REAL_CONFIG_DIR)}
+    return {"bundled": load_config(BUNDLED_MODEL_DIR), "real": load_config(REAL_CONFIG_DIR)}
 
 
 @pytest.fixture(scope="module")
@@ -281,13 +283,13 @@ def test_bad_input_is_one_line_g4v_error(configs, tmp_path):
     with pytest.raises(G4VError, match="two whole numbers"):
         plan_tiling((10.5, 10), configs["bundled"])
     with pytest.raises(G4VError, match="not found"):
-        load_tiling_config(tmp_path / "missing")
+        load_config(tmp_path / "missing")
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
     with pytest.raises(G4VError, match="not a Granite 4 Vision config"):
-        load_tiling_config(tmp_path)
+        load_config(tmp_path)
     (tmp_path / "broken.json").write_text("{")
     with pytest.raises(G4VError, match="unreadable"):
-        load_tiling_config(tmp_path / "broken.json")
+        load_config(tmp_path / "broken.json")
     plan = plan_tiling((20, 20), configs["bundled"])
     with pytest.raises(G4VError, match="out of range"):
         highlight_token(make_image(20, 20), plan, plan.num_image_tokens)

@@ -8,15 +8,16 @@ import gradio as gr
 import pytest
 
 from tests.conftest import make_image
-from viz.tiling import display_size
+from viz.figures import display_size
 from g4v.paths import BUNDLED_MODEL_DIR
-from g4v.tiling import first_token_to_show, load_tiling_config
+from g4v.loading import load_config
+from g4v.tiling import first_token_to_show
 from webapp.tiling import make_handlers
 
 
 @pytest.fixture(scope="module")
 def handlers():
-    return make_handlers(load_tiling_config(BUNDLED_MODEL_DIR))
+    return make_handlers(load_config(BUNDLED_MODEL_DIR))
 
 
 @pytest.mark.parametrize("size", [(1, 8000), (3, 600), (8000, 1), (1, 1), (300, 500)])

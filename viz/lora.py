@@ -8,11 +8,12 @@ choices differ is boxed. No torch here; matplotlib draws off-screen (no pyplot s
 """
 
 import html
-import io
 
 import numpy as np
 from matplotlib.figure import Figure
 from PIL import Image, ImageDraw, ImageFont
+
+from viz.figures import figure_to_image
 
 #: |delta| (nats) at which the colour saturates.
 DELTA_SCALE = 4.0
@@ -132,8 +133,3 @@ def diff_plot(diff: dict) -> Figure:
     return figure
 
 
-def figure_png(figure: Figure) -> Image.Image:
-    buffer = io.BytesIO()
-    figure.savefig(buffer, format="png", dpi=100)
-    buffer.seek(0)
-    return Image.open(buffer).convert("RGB")

@@ -3,11 +3,7 @@
 Input is plain data: a PIL image and the plan as the dict ``g4v.tiling.TilingPlan.as_dict()`` returns
 (the same JSON ``python -m g4v tiling --json`` prints). Boxes are ``(left, top, right, bottom)``.
 
-Every picture the workbench draws (here and in the other ``viz`` modules) stays within
-``MAX_PICTURE_SIDE`` pixels on a side, whatever the input image: a 1 x 20000 image must not turn
-into a 100000-pixel-tall PNG (slow to draw, huge in memory, refused by PIL's decompression-bomb
-guard when read back). Images are shown at :func:`display_size`, which also stretches very thin
-images to ``MIN_PICTURE_SIDE`` so they stay visible.
+Every picture stays within ``viz.figures.MAX_PICTURE_SIDE`` pixels on a side, whatever the image.
 """
 
 from __future__ import annotations
@@ -20,36 +16,16 @@ matplotlib.use("Agg")  # files only, never a window
 
 import numpy as np  # noqa: E402
 from matplotlib import patches as mpatches  # noqa: E402
-from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from PIL import Image, ImageDraw  # noqa: E402
+
+from viz.figures import MAX_PICTURE_SIDE, display_size, figure_to_image  # noqa: E402
 
 TILE_COLOUR = "#ffd400"
 CELL_COLOUR = "#ffffff"
 PADDING_COLOUR = "#7f7f7f"
 DROPPED_COLOUR = "#e6194b"
 UNPADDED_COLOUR = "#00e5ff"
-
-MAX_PICTURE_SIDE = 2400  # pixels: no picture drawn here is wider or taller
-MIN_PICTURE_SIDE = 64  # pixels: an image is never shown thinner than this
-
-
-def display_size(width: int, height: int, max_side: int = MAX_PICTURE_SIDE,
-                 min_side: int = MIN_PICTURE_SIDE) -> tuple[int, int]:
-    """``(width, height)`` to show an image at: shrunk, keeping its aspect ratio, until neither side
-    exceeds ``max_side``; then a side thinner than ``min_side`` is widened to it (distorting the
-    aspect ratio on purpose: a 1-pixel line would show nothing)."""
-    scale = min(1.0, max_side / max(width, height, 1))
-    return (min(max_side, max(min_side, round(width * scale))),
-            min(max_side, max(min_side, round(height * scale))))
-
-
-def original_point(x: float, y: float, image_size: tuple[int, int]) -> tuple[float, float]:
-    """A point of a picture shown at :func:`display_size` (e.g. a click on :func:`highlight_box`'s
-    output) -> the same point in the original image of ``image_size`` (width, height)."""
-    width, height = image_size
-    shown_width, shown_height = display_size(width, height)
-    return x * width / shown_width, y * height / shown_height
 
 
 def render_tiling_overlay(image: Image.Image, plan: dict, dpi: int = 100) -> Image.Image:
@@ -64,10 +40,7 @@ def render_tiling_overlay(image: Image.Image, plan: dict, dpi: int = 100) -> Ima
     _draw_canvas(figure.add_subplot(grid[0, 0]), image, plan)
     _draw_base_view(figure.add_subplot(grid[0, 1]), image, plan)
     _draw_budget_table(figure.add_subplot(grid[1, :]), plan["budget"])
-    canvas = FigureCanvasAgg(figure)
-    canvas.draw()
-    rgba = np.asarray(canvas.buffer_rgba())  # (H, W, 4) uint8
-    return Image.fromarray(rgba[..., :3].copy(), mode="RGB")
+    return figure_to_image(figure, dpi=dpi, tight=False)
 
 
 def save_tiling_overlay(image: Image.Image, plan: dict, path: str | Path) -> Path:
@@ -179,7 +152,7 @@ def highlight_box(image: Image.Image, box, label: str | None = None, context_box
     """A copy of ``image`` with ``box`` filled and outlined (and ``context_box``, e.g. its tile,
     outlined in yellow); the rest dimmed a little so a small box stands out. Boxes are in the
     image's own pixels. The copy has the image's size unless that is beyond the picture bounds:
-    then it is :func:`display_size` (map points on it back with :func:`original_point`)."""
+    then it is :func:`display_size` (map points on it back with :func:`viz.figures.original_point`)."""
     original_width, original_height = image.size
     width, height = display_size(original_width, original_height)
     base = image.convert("RGB")

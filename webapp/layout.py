@@ -7,7 +7,7 @@ import gradio as gr
 
 from g4v.engines import Engine
 from g4v.errors import G4VError
-from g4v.lora import model_config
+from g4v.loading import engine_config
 from g4v.paths import EXAMPLES_DIR, REAL_MODEL_ID, TRAINED_MODEL_DIR, is_bundled
 from webapp.chat import chat_tab
 from webapp.deepstack import deepstack_tab
@@ -43,7 +43,7 @@ def local_config(engine: Engine):
     """The model's transformers config, or None when it cannot be read here (a remote server's
     served model name); the Tiling and Deepstack tabs need it."""
     try:
-        return model_config(engine)
+        return engine_config(engine)
     except (G4VError, OSError, ValueError):
         return None
 

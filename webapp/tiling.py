@@ -4,7 +4,7 @@ import gradio as gr
 
 from g4v.errors import G4VError
 from g4v.tiling import first_token_to_show, highlight_token, tiling_report, token_at
-from viz.tiling import original_point
+from viz.figures import original_point
 from webapp.common import image_input, shows_errors, use_last_chat_image
 
 

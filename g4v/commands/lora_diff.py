@@ -45,12 +45,13 @@ def run(args) -> int:
 
 
 def _save_pictures(data: dict, png: str | None, plot: str | None) -> None:
-    from viz.lora import diff_plot, diff_png, figure_png
+    from viz.figures import figure_to_image
+    from viz.lora import diff_plot, diff_png
 
     if png:
         diff_png(data).save(png)
     if plot:
-        figure_png(diff_plot(data)).save(plot)
+        figure_to_image(diff_plot(data)).save(plot)
 
 
 def _report(data: dict) -> str:

@@ -25,12 +25,13 @@ def add_parser(subparsers):
 
 
 def run(args) -> int:
+    from g4v.loading import load_config
     from g4v.paths import default_model
-    from g4v.tiling import load_tiling_config, plan_tiling
+    from g4v.tiling import plan_tiling
 
     image = open_image(args.image)
     png_path = _checked_png_path(args.png) if args.png else None
-    config = load_tiling_config(args.config or args.model or default_model())
+    config = load_config(args.config or args.model or default_model())
     plan = plan_tiling((image.height, image.width), config)
 
     if png_path is not None:

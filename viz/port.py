@@ -17,7 +17,7 @@ import math
 from matplotlib.figure import Figure
 from PIL import Image
 
-from viz.deepstack import figure_to_image, floats_or_nan, token_heatmap_grid
+from viz.figures import figure_to_image, floats_or_nan, stack_vertically, token_heatmap_grid
 
 
 def level_bars_figure(levels: list[dict], tolerance: dict) -> Image.Image:
@@ -96,17 +96,6 @@ def trajectory_compare_figure(trajectory: dict) -> Image.Image:
     ax.legend(fontsize=7, loc="lower right")
     ax.grid(alpha=0.3)
     return figure_to_image(fig)
-
-
-def stack_vertically(images: list[Image.Image]) -> Image.Image:
-    width = max(image.width for image in images)
-    height = sum(image.height for image in images)
-    sheet = Image.new("RGB", (width, height), "white")
-    y = 0
-    for image in images:
-        sheet.paste(image, ((width - image.width) // 2, y))
-        y += image.height
-    return sheet
 
 
 def port_diff_figure(image: Image.Image, tokens: list[tuple[str, tuple]], summary: dict,
