@@ -7,10 +7,18 @@ in plain functions of the :mod:`g4v` package.
 """
 
 import argparse
+import atexit
 import os
+import shutil
 import signal
+import tempfile
 
-os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # before Gradio is imported: no telemetry
+# Before Gradio is imported: no telemetry, and a cache folder of this app's own. Gradio serves any
+# file inside its cache folder, so a shared one (/tmp/gradio) would serve other programs' files.
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+if "GRADIO_TEMP_DIR" not in os.environ:
+    os.environ["GRADIO_TEMP_DIR"] = tempfile.mkdtemp(prefix="g4v-gradio-")
+    atexit.register(shutil.rmtree, os.environ["GRADIO_TEMP_DIR"], ignore_errors=True)
 
 from g4v.commands.engine_flags import add_engine_flags, engine_options  # noqa: E402
 from g4v.engines import BACKENDS, create_engine  # noqa: E402

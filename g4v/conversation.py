@@ -18,6 +18,8 @@ MAX_IMAGES_PER_MESSAGE = 4
 #: Images one conversation may carry; older turns are dropped past it (each image costs hundreds of
 #: tokens and a vision-tower pass on every turn).
 MAX_IMAGES_PER_CONVERSATION = 8
+#: The longest answer a request may ask for (app, API and CLI).
+MAX_NEW_TOKENS = 1024
 
 
 @dataclass

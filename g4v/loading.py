@@ -2,9 +2,12 @@
 
 The bundled checkpoint and ``ibm-granite/granite-vision-4.1-4b`` go through the same
 ``from_pretrained`` calls; only the source differs. ``trust_remote_code`` is never set: the model
-classes are transformers' own.
+classes are transformers' own. The way back out is here too: :func:`save_weights` writes a model's
+weights in the hub layout that transformers and vLLM both load (the demo builder and the LoRA merge
+write their checkpoints with it).
 """
 
+import hashlib
 import json
 import os
 from dataclasses import dataclass
@@ -170,3 +173,41 @@ def _hub_config(model_id: str):
     if getattr(config, "model_type", None) != MODEL_TYPE:
         raise G4VError(f"{model_id} is not a Granite 4 Vision model (model_type {config.model_type!r})")
     return config
+
+
+# ── writing weights ─────────────────────────────────────────────────────────────────────────────
+
+#: The weights file of a checkpoint that g4v writes (the bundled ones, a merged LoRA).
+CHECKPOINT_WEIGHTS_FILE = "model.safetensors"
+
+
+def save_weights(model: torch.nn.Module, folder: Path, dtype: torch.dtype) -> str:
+    """Write ``model.safetensors`` into ``folder`` in the hub layout, every tensor in ``dtype``;
+    returns its SHA-256. The demo builder and the LoRA merge both write their checkpoints here."""
+    from safetensors.torch import save_file
+
+    tensors = to_hub_layout(model.state_dict(), dtype)
+    path = Path(folder) / CHECKPOINT_WEIGHTS_FILE
+    save_file(tensors, str(path), metadata={"format": "pt"})
+    return sha256_file(path)
+
+
+def to_hub_layout(state_dict: dict[str, torch.Tensor], dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """Rename transformers' in-memory names to the hub layout that both transformers and vLLM load:
+    the vision tower under ``model.vision_tower.vision_model.*`` (transformers saves
+    ``model.vision_tower.*``, which vLLM rejects; transformers loads both)."""
+    hub = {}
+    for name, tensor in state_dict.items():
+        if name.startswith("model.vision_tower.") and not name.startswith("model.vision_tower.vision_model."):
+            name = "model.vision_tower.vision_model." + name[len("model.vision_tower.") :]
+        hub[name] = tensor.detach().to(dtype).contiguous().clone()
+    return hub
+
+
+def sha256_file(path: Path) -> str:
+    """A file's SHA-256 (hex), read in 1 MiB blocks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()

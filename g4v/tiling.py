@@ -26,7 +26,6 @@ import math
 import numbers
 from dataclasses import asdict, dataclass
 from fractions import Fraction
-from pathlib import Path
 
 from g4v.errors import G4VError
 
@@ -411,24 +410,7 @@ def _round_box(box: Box) -> list[float]:
     return [round(float(v), 2) for v in box]
 
 
-# ── Config loading (no weights) ───────────────────────────────────────────────────────────────────
-
-
-# ── For the app: overlay, table and token highlight (drawing lives in viz) ────────────────────────
-
-
-def tiling_report(image, config):
-    """``(overlay, table_rows, plan)`` for an image (PIL image, path or bytes) and a config (object, or
-    a model folder / config file to load): the overlay as a PIL image, the token budget as
-    [part, layout, tokens] rows, and the :class:`TilingPlan`."""
-    from g4v.images import open_image
-    from viz.tiling import render_tiling_overlay
-
-    image = open_image(image)
-    if isinstance(config, (str, Path)):
-        config = load_config(config)
-    plan = plan_tiling((image.height, image.width), config)
-    return render_tiling_overlay(image, plan.as_dict()), plan.budget_rows(), plan
+# ── Queries on a plan (the Tiling tab's token picking) ─────────────────────────────────────────────
 
 
 def first_token_to_show(plan: TilingPlan) -> int:
@@ -436,22 +418,6 @@ def first_token_to_show(plan: TilingPlan) -> int:
     tiling view is about. A strip so thin that unpadding keeps no tile feature (a 1 x 8000 line)
     has none; the base view always has tokens, so then its first one."""
     return next((token.index for token in plan.tokens if token.kind == "tile"), 0)
-
-
-def highlight_token(image, plan: TilingPlan, token_index):
-    """The original image with token ``token_index``'s box (and its tile, for a tile token) drawn.
-
-    Checks, each as one line: the index is a whole number in range, and ``image`` has the size the
-    plan was made for (else the box would describe another picture)."""
-    from g4v.images import open_image
-    from viz.tiling import highlight_box
-
-    token = plan.token(token_index)
-    image = open_image(image)
-    plan.check_matches((image.height, image.width))
-    label = f"#{token.index} {token.kind} r{token.row} c{token.col}"
-    tile_box = plan.tiles[token.tile].box if token.tile is not None else None
-    return highlight_box(image, token.box, label=label, context_box=tile_box)
 
 
 def token_at(plan: TilingPlan, x: float, y: float, kind: str = "tile") -> ImageToken | None:

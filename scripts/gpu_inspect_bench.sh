@@ -28,6 +28,6 @@ fi
 "$PYTHON" -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__, torch.cuda.get_device_name(0))" \
   | tee "$OUT_DIR/inspect_bench_gpu.txt"
 # A 768 x 1536 picture: 2 x 4 tiles + base view on the real config (1320 image tokens).
-"$PYTHON" -m g4v.inspect_bench --models real larger --device cuda --dtype bfloat16 \
+"$PYTHON" -m g4v.inspect.bench --models real larger --device cuda --dtype bfloat16 \
   --image-size "${G4V_IMAGE_SIZE:-768x1536}" --repeats "${G4V_REPEATS:-10}" \
   --json "$OUT_DIR/inspect_bench_gpu.json" 2>&1 | grep -v '^Loading' | tee -a "$OUT_DIR/inspect_bench_gpu.txt"

@@ -15,12 +15,13 @@ from tests.conftest import make_image
 from peft import LoraConfig, PeftModel, get_peft_model
 from transformers import AutoConfig
 
-from g4v.adapters import CONFIG_FILE, check_adapter, load_adapter_spec
 from g4v.conversation import Message, SamplingSettings
 from g4v.demo.adapter import ADAPTER_NAME, TARGET_MODULES
 from g4v.engines.hf import TransformersEngine
 from g4v.errors import G4VError
 from g4v.loading import load_model
+from g4v.lora.checks import check_adapter, load_adapter_spec
+from g4v.lora.folders import CONFIG_FILE
 from g4v.paths import ASSETS_DIR, BUNDLED_MODEL_DIR
 
 MODEL = str(BUNDLED_MODEL_DIR)
@@ -74,7 +75,7 @@ def test_check_adapter_refuses_them_in_one_line(adapters_root, model_config, ini
 
 @pytest.mark.parametrize("init", ["pissa", "olora"])
 def test_the_engine_keeps_serving_the_base(adapters_root, init):
-    from g4v.lora import activate_adapter
+    from g4v.lora.side_by_side import activate_adapter
 
     engine = TransformersEngine(MODEL, device="cpu", dtype="float32")
     chat = [Message("user", "What is it?", [make_image(64, 64)])]
@@ -114,7 +115,7 @@ def test_unknown_values_are_refused(tmp_path, model_config, value):
 
 
 def test_merge_lora_refuses_them_and_writes_nothing(adapters_root, tmp_path):
-    from g4v.lora_merge import merge_lora
+    from g4v.lora.merge import merge_lora
 
     with pytest.raises(G4VError, match=REWRITES):
         merge_lora(MODEL, "pissa", tmp_path / "merged", adapters_dir=str(adapters_root))

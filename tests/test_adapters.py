@@ -9,18 +9,10 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import AutoConfig
 
-from g4v.adapters import (
-    ADAPTERS_ENV,
-    CONFIG_FILE,
-    WEIGHTS_FILE,
-    adapter_dirs,
-    check_adapter,
-    list_adapters,
-    load_adapter_spec,
-    resolve_adapter,
-)
 from g4v.demo.adapter import ADAPTER_NAME
 from g4v.errors import G4VError
+from g4v.lora.checks import check_adapter, load_adapter_spec
+from g4v.lora.folders import ADAPTERS_ENV, CONFIG_FILE, WEIGHTS_FILE, adapter_dirs, list_adapters, resolve_adapter
 from g4v.paths import ASSETS_DIR, BUNDLED_MODEL_DIR
 
 DEMO = ASSETS_DIR / "adapters" / ADAPTER_NAME
@@ -290,7 +282,7 @@ def test_a_nested_adapter_answers_like_the_same_adapter_unnested(hf_engine, nest
     from tests.conftest import make_image
 
     from g4v.conversation import Message, SamplingSettings
-    from g4v.lora import activate_adapter
+    from g4v.lora.side_by_side import activate_adapter
 
     chat = [Message("user", "What is in this picture?", [make_image(96, 64, seed=5)])]
     settings = SamplingSettings(max_new_tokens=8)
@@ -323,7 +315,7 @@ def test_unusable_names_get_one_line(adapters_root, typed, words):
 
 def test_the_lora_tab_refuses_a_long_typed_name_in_one_line(hf_engine):
     """The tab's dropdown takes typed values; the name reaches the same check."""
-    from g4v.lora import lora_side_by_side
+    from g4v.lora.side_by_side import lora_side_by_side
 
     with pytest.raises(G4VError, match=r"^adapter name is too long \(5000 characters; the limit is 255\)$"):
         list(lora_side_by_side(hf_engine, "x" * 5000, "Hi"))
@@ -333,7 +325,7 @@ def test_the_lora_tab_refuses_a_long_typed_name_in_one_line(hf_engine):
 
 
 def test_adapters_say_which_base_they_belong_to():
-    from g4v.lora import describe_adapter
+    from g4v.lora.side_by_side import describe_adapter
     from g4v.paths import TRAINED_MODEL_DIR
 
     demo = describe_adapter(ADAPTER_NAME, model=str(BUNDLED_MODEL_DIR))
@@ -345,7 +337,7 @@ def test_adapters_say_which_base_they_belong_to():
 
 
 def test_matching_adapters_come_first():
-    from g4v.lora import adapter_choices, preselected_adapter
+    from g4v.lora.side_by_side import adapter_choices, preselected_adapter
 
     trained, tiny = "assets/granite4-vision-tiny-trained", "assets/granite4-vision-tiny"
     assert adapter_choices(model=trained)[0] == "tiny-trained-french"
@@ -357,7 +349,7 @@ def test_matching_adapters_come_first():
 
 
 def test_bases_compare_as_folders_or_hub_ids(tmp_path, monkeypatch):
-    from g4v.adapters import same_base
+    from g4v.lora.folders import same_base
     from g4v.paths import REPO_ROOT
 
     monkeypatch.chdir(tmp_path)

@@ -3,6 +3,9 @@ supported, and an app that keeps serving."""
 
 import json
 import re
+import shutil
+import tempfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -90,14 +93,24 @@ def assert_one_clean_line(message: str, words: str) -> None:
     assert "/tmp" not in message and "gradio" not in message.lower() and "site-packages" not in message, message
 
 
+def engine_answer(engine, text, names, files, max_new_tokens=8) -> str:
+    """The model's own greedy answer to this one message (a fresh API session has no history)."""
+    from g4v.conversation import Message, SamplingSettings
+    from g4v.images import open_image
+
+    message = Message("user", text, [open_image(files[n]) for n in names])
+    return engine.generate([message], SamplingSettings(max_new_tokens=max_new_tokens)).text
+
+
 @pytest.mark.parametrize("case, names", ANSWERED, ids=[c[0] for c in ANSWERED])
-def test_unusual_but_valid_images_are_answered(client, files, case, names):
-    answer = send(client, "What is in this picture?", names, files)
-    assert isinstance(answer, str)
+def test_unusual_but_valid_images_are_answered(app_url, hf_engine, files, case, names):
+    answer = send(Client(app_url, verbose=False), "What is in this picture?", names, files)
+    assert answer == engine_answer(hf_engine, "What is in this picture?", names, files)
 
 
-def test_app_still_serves_after_bad_input(client, files):
-    assert send(client, "Still there?", ["ok.png"], files, max_new_tokens=4) is not None
+def test_app_still_serves_after_bad_input(app_url, client, hf_engine, files):
+    answer = send(Client(app_url, verbose=False), "Still there?", ["ok.png"], files, max_new_tokens=4)
+    assert answer == engine_answer(hf_engine, "Still there?", ["ok.png"], files, max_new_tokens=4)
 
 
 def raw_call(app_url: str, api_name: str, body: str) -> str:
@@ -174,7 +187,7 @@ def test_a_long_image_conversation_keeps_being_answered(app_url, files):
         assert isinstance(answer, str), turn
 
 
-def test_telemetry_is_off_and_only_examples_are_served(app_url):
+def test_telemetry_is_off_and_only_examples_are_served(app_url, tmp_path):
     import httpx
 
     from g4v.paths import BUNDLED_MODEL_DIR
@@ -183,3 +196,12 @@ def test_telemetry_is_off_and_only_examples_are_served(app_url):
     for private in ("config.json", "model.safetensors"):
         response = httpx.get(f"{app_url}gradio_api/file={BUNDLED_MODEL_DIR / private}", timeout=10)
         assert response.status_code in (403, 404), private
+    # Another program's file in the shared Gradio cache folder is not this app's to serve.
+    shared = Path(tempfile.gettempdir()) / "gradio" / f"g4v-test-{tmp_path.name}"
+    shared.mkdir(parents=True, exist_ok=True)
+    (shared / "secret.txt").write_text("someone else's")
+    try:
+        response = httpx.get(f"{app_url}gradio_api/file={shared / 'secret.txt'}", timeout=10)
+        assert response.status_code in (403, 404) and "someone else" not in response.text
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)

@@ -40,7 +40,7 @@ def test_tiling_token_endpoint_selects_a_token(client):
 
 def test_lora_side_by_side_endpoint_equals_separate_runs(client, hf_engine):
     from g4v.conversation import Message, SamplingSettings
-    from g4v.lora import activate_adapter
+    from g4v.lora.side_by_side import activate_adapter
 
     base, adapted = client.predict("demo-lora", handle_file(str(EXAMPLE)), "What colour is it?", 10, 0.0, 0,
                                    api_name="/lora_side_by_side")
@@ -52,21 +52,36 @@ def test_lora_side_by_side_endpoint_equals_separate_runs(client, hf_engine):
     assert base != adapted
 
 
-def test_lora_diff_endpoint_reports_tokens(client):
+def test_lora_diff_endpoint_equals_the_library_run(client, hf_engine):
+    from g4v.conversation import Message, SamplingSettings
+    from g4v.lora.side_by_side import activate_adapter
+    from g4v.lora.token_diff import lora_diff
+    from tests.test_golden_cli import assert_same
+
     html, plot, data = client.predict("demo-lora", handle_file(str(EXAMPLE)), "What colour is it?", 8,
                                       api_name="/lora_diff")
-    assert "<" in html and plot is not None
-    assert {"base_text", "adapter_text", "first_divergence"} <= set(data)
+    messages = [Message("user", "What colour is it?", [Image.open(EXAMPLE).convert("RGB")])]
+    name = activate_adapter(hf_engine, "demo-lora").name
+    expected = lora_diff(hf_engine, messages, name, SamplingSettings(max_new_tokens=8)).to_json()
+    assert_same(data, expected)
+    assert data["base_text"] != data["adapter_text"] and plot is not None
+    assert all(token["text"] in html for token in data["base_tokens"] if token["text"].strip().isalnum())
 
 
-@pytest.mark.parametrize("adapter, words", [("no-such-adapter", "adapter"), ("/etc", "outside")])
-def test_lora_refuses_unknown_and_outside_adapters(client, adapter, words):
+@pytest.mark.parametrize("adapter, words", [("no-such-adapter", "adapter"), ("/etc", "outside"),
+                                             ("../granite4-vision-tiny-trained", "outside")])
+def test_lora_refuses_unknown_and_outside_adapters(app_url, client, hf_engine, adapter, words):
+    from g4v.conversation import Message, SamplingSettings
+    from g4v.paths import REPO_ROOT
+
     with pytest.raises(Exception) as err:
         client.predict(adapter, None, "Hi", 4, 0.0, 0, api_name="/lora_side_by_side")
-    assert words in str(err.value) and "\n" not in str(err.value).strip()
-    # and the app keeps serving
-    base, _ = client.predict("demo-lora", None, "Hi", 4, 0.0, 0, api_name="/lora_side_by_side")
-    assert isinstance(base, str)
+    message = str(err.value)
+    assert words in message and "\n" not in message.strip()
+    assert str(REPO_ROOT) not in message and "/tmp" not in message  # no server paths
+    # and the app keeps serving: the base column is the model's own answer
+    base, _ = Client(app_url, verbose=False).predict("demo-lora", None, "Hi", 4, 0.0, 0, api_name="/lora_side_by_side")
+    assert base == hf_engine.generate([Message("user", "Hi")], SamplingSettings(max_new_tokens=4)).text
 
 
 def test_deepstack_endpoint_reports_eight_levels_and_an_ablation(client):

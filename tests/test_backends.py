@@ -92,7 +92,7 @@ def test_vllm_server_command_is_local_and_passes_settings_through():
 
 
 def test_bench_rejects_backends_it_cannot_run():
-    from g4v.engine_bench import check_backends
+    from g4v.engines.bench import check_backends
 
     with pytest.raises(G4VError, match="openai backend needs --base-url"):
         check_backends(["hf", "openai"], base_url=None, serve=False)
@@ -112,3 +112,67 @@ def test_cpu_vllm_keeps_the_last_lora_slot_empty():
     assert adapter_capacity(arguments) == 1
     command = server_command("MODEL", 8123, VLLMSettings(max_loras=2), "base", {"a": "/a", "b": "/b"})
     assert command[command.index("--max-loras") + 1] == "3"
+
+
+# ── vLLM flags: one per VLLMSettings field (g4v.commands.settings_flags) ─────────────────────────
+
+#: The flags ``python -m g4v chat --help`` listed when the vLLM flags were written out by hand
+#: (before they were derived from VLLMSettings): all must stay.
+CHAT_FLAGS_BEFORE = (
+    "--adapter --adapters-dir --api-key --backend --base-url --default-mm-loras --device --dtype --enforce-eager "
+    "--gpu-memory-utilization --help --image --max-lora-rank --max-loras --max-model-len --max-new-tokens "
+    "--max-num-batched-tokens --model --no-lora --pipeline-parallel-size --seed --temperature "
+    "--tensor-parallel-size --top-p").split()
+#: VLLMSettings fields with no flag of their own (``--dtype`` is shared with the hf backend).
+NOT_VLLM_FLAGS = {"dtype", "max_images"}
+
+
+def _chat_parser():
+    from g4v.cli import build_parser
+
+    return build_parser()._subparsers._group_actions[0].choices["chat"]
+
+
+def test_chat_help_still_lists_every_flag():
+    import re
+
+    listed = set(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", _chat_parser().format_help()))
+    assert set(CHAT_FLAGS_BEFORE) <= listed, sorted(set(CHAT_FLAGS_BEFORE) - listed)
+
+
+def test_vllm_flags_are_the_settings_fields():
+    """Each VLLMSettings field but dtype and max_images has a flag named after it (enable_lora: its
+    --no-lora switch), whose default is the field's: checked field by field, independently of the
+    helper that derives them."""
+    import dataclasses
+
+    from g4v.engines.vllm_engine import VLLMSettings
+
+    by_dest = {action.dest: action for action in _chat_parser()._actions}
+    for field in dataclasses.fields(VLLMSettings):
+        if field.name in NOT_VLLM_FLAGS:
+            continue
+        action = by_dest[field.name]
+        flag = "--no-lora" if field.name == "enable_lora" else "--" + field.name.replace("_", "-")
+        assert action.option_strings[0] == flag
+        assert action.default == field.default, field.name
+
+
+def test_vllm_settings_come_from_the_flags_given():
+    from g4v.commands.engine_flags import engine_options
+    from g4v.engines.vllm_engine import VLLMSettings
+
+    parser = _chat_parser()
+    assert engine_options(parser.parse_args(["hi"]))["vllm"] == VLLMSettings()
+    args = parser.parse_args(["--dtype", "bfloat16", "--no-lora", "--enforce-eager", "--max-model-len", "512",
+                              "--gpu-memory-utilization", "0.5", "--default-mm-loras", '{"image": "/a"}', "hi"])
+    assert engine_options(args)["vllm"] == VLLMSettings(dtype="bfloat16", enable_lora=False, enforce_eager=True,
+                                                        max_model_len=512, gpu_memory_utilization=0.5,
+                                                        default_mm_loras={"image": "/a"})
+
+
+def test_default_mm_loras_must_be_a_json_object():
+    result = subprocess.run([sys.executable, "-m", "g4v", "chat", "--default-mm-loras", "[1]", "hi"],
+                            capture_output=True, text=True, cwd=REPO_ROOT, timeout=120)
+    assert result.returncode == 2
+    assert "expected a JSON object" in result.stderr and len(result.stderr.strip().splitlines()) == 1

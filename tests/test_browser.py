@@ -67,6 +67,13 @@ def close_toasts(page):
         close.click()
 
 
+def box_is_clickable(page) -> bool:
+    """A person can click into the box: nothing (such as an error panel) lies over it."""
+    return page.evaluate("() => { const box = document.querySelector('#chat-box textarea');"
+                         " box.scrollIntoView({block: 'start'}); const r = box.getBoundingClientRect();"
+                         " return document.elementFromPoint(r.x + 10, r.y + 10) === box; }")
+
+
 def test_a_refused_message_leaves_the_chat_usable(app_url, shots):
     """Refusals before the answer starts (a typed image placeholder, five pictures) and after it
     was accepted (too long for the context window): each shows one line, leaves the box enabled
@@ -81,13 +88,18 @@ def test_a_refused_message_leaves_the_chat_usable(app_url, shots):
         assert "image placeholder" in toast_text(page)
         assert box.is_enabled() and box.input_value() == "What is <image> here?"
         close_toasts(page)
+        assert box_is_clickable(page)
+        box.click()  # a real click (Playwright checks that nothing intercepts it), then edit by typing
+        page.keyboard.press("End")
+        page.keyboard.type(" Really?")
+        assert box.input_value() == "What is <image> here? Really?"
 
         upload.set_input_files([EXAMPLE] * 5)
         box.fill("All five?")
         page.wait_for_timeout(500)
         page.keyboard.press("Enter")
         assert "too many images" in toast_text(page)
-        assert box.is_enabled() and box.input_value() == "All five?"
+        assert box.is_enabled() and box.input_value() == "All five?" and box_is_clickable(page)
         assert page.locator("#chat-box .thumbnail-item, #chat-box [data-testid='file-preview'] img, #chat-box img").count() >= 5
         close_toasts(page)
         page.reload()
@@ -101,6 +113,7 @@ def test_a_refused_message_leaves_the_chat_usable(app_url, shots):
         assert box.input_value().strip() == too_long.strip()
         assert page.locator("[data-testid='user']").count() == 0  # the refused turn left the history
         close_toasts(page)
+        assert box_is_clickable(page)
         page.screenshot(path=str(shots / "4-refused.png"), full_page=True)
 
         box.fill("")

@@ -93,6 +93,13 @@ def test_chat_refuses_more_images_than_the_app_allows():
                           f"the limit is {MAX_IMAGES_PER_MESSAGE}")
 
 
+def test_chat_refuses_more_new_tokens_than_the_app_allows():
+    from g4v.conversation import MAX_NEW_TOKENS
+
+    assert_one_line_error(g4v("chat", "--max-new-tokens", str(MAX_NEW_TOKENS + 1), "hi"),
+                          f"max_new_tokens is {MAX_NEW_TOKENS + 1}", f"the limit is {MAX_NEW_TOKENS}")
+
+
 #: Bytes that are not UTF-8, as Python hands them to the program (argv decoded with surrogateescape).
 NOT_UTF8 = b"\xff\xfe".decode("utf-8", "surrogateescape")
 LONG_NAME = "a" * 5000
@@ -122,7 +129,7 @@ def test_text_flags_that_are_not_usable_give_one_line(tmp_path, args, words):
 def test_chat_streams_the_adapters_answer(hf_engine):
     from g4v.conversation import Message, SamplingSettings
     from g4v.images import open_image
-    from g4v.lora import activate_adapter
+    from g4v.lora.side_by_side import activate_adapter
     from g4v.paths import BUNDLED_MODEL_DIR
 
     result = g4v("chat", "--model", str(BUNDLED_MODEL_DIR), "--device", "cpu", "--dtype", "float32",

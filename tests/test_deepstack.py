@@ -9,10 +9,12 @@ from PIL import Image
 from safetensors.torch import load_file
 from transformers import Granite4VisionForConditionalGeneration
 
-from g4v import deepstack as ds
 from g4v.cli import main as cli_main
 from g4v.conversation import Message, SamplingSettings
 from g4v.errors import G4VError
+from g4v.inspect.ablation import compare_scaled, greedy_continuation, kl_divergence, run_outcome
+from g4v.inspect.capture import capture_forward, instrument
+from g4v.inspect.levels import describe_levels, find_level, level_scales, parse_scale_specs
 from g4v.paths import BUNDLED_MODEL_DIR, REAL_CONFIG_DIR
 from tests.conftest import make_image
 
@@ -32,7 +34,7 @@ def inputs(hf_engine, image):
 @pytest.fixture(scope="module")
 def full_capture(hf_engine, inputs):
     """(capture, logits) of one instrumented pass with full tensors, no level modified."""
-    return ds.capture_forward(hf_engine.model, inputs, full=True)
+    return capture_forward(hf_engine.model, inputs, full=True)
 
 
 def _hook_count(model) -> int:
@@ -57,7 +59,7 @@ def test_real_config_layer_map_on_meta_device():
     config = load_config(REAL_CONFIG_DIR)
     with torch.device("meta"):
         model = Granite4VisionForConditionalGeneration(config)
-    levels = ds.describe_levels(model.config)
+    levels = describe_levels(model.config)
     deepstack = [level for level in levels if level.kind == "deepstack"]
     spatial = [level for level in levels if level.kind == "spatial"]
     assert [level.llm_layer for level in deepstack] == [9, 6, 3, 0]
@@ -67,19 +69,19 @@ def test_real_config_layer_map_on_meta_device():
     assert [level.offset for level in spatial] == ["TL", "TR", "BL", "BR"]
     # The hooks fit this model's 40 layers, and all of them come off again.
     at_rest = _hook_count(model)
-    with ds.instrument(model, levels, scales={"spatial_BR": 0.0}, full=True):
+    with instrument(model, levels, scales={"spatial_BR": 0.0}, full=True):
         assert _hook_count(model) == at_rest + 1 + 1 + 2 * 40
     assert _hook_count(model) == at_rest
 
 
 def test_level_lookup_and_one_line_errors(hf_engine):
-    levels = ds.describe_levels(hf_engine.model.config)
-    assert ds.find_level(levels, "SPATIAL_tl").name == "spatial_TL"
-    assert ds.find_level(levels, "3").name == "deepstack3"
-    assert ds.level_scales(levels, ["0"], {"spatial_BR": "0.5"}) == {"deepstack0": 0.0, "spatial_BR": 0.5}
-    for bad in (lambda: ds.find_level(levels, "deepstack9"), lambda: ds.find_level(levels, 8),
-                lambda: ds.level_scales(levels, [], {"spatial_TL": "x"}),
-                lambda: ds.parse_scale_specs(["spatial_TL"]), lambda: ds.parse_scale_specs(["a=b"])):
+    levels = describe_levels(hf_engine.model.config)
+    assert find_level(levels, "SPATIAL_tl").name == "spatial_TL"
+    assert find_level(levels, "3").name == "deepstack3"
+    assert level_scales(levels, ["0"], {"spatial_BR": "0.5"}) == {"deepstack0": 0.0, "spatial_BR": 0.5}
+    for bad in (lambda: find_level(levels, "deepstack9"), lambda: find_level(levels, 8),
+                lambda: level_scales(levels, [], {"spatial_TL": "x"}),
+                lambda: parse_scale_specs(["spatial_TL"]), lambda: parse_scale_specs(["a=b"])):
         with pytest.raises(G4VError) as err:
             bad()
         assert "\n" not in str(err.value)
@@ -127,7 +129,7 @@ def test_stream_matches_the_model_own_hidden_states(hf_engine, inputs, full_capt
     for i in range(1, layers):
         expected = before_by_layer.get(i, capture.residual_stream[i])
         torch.testing.assert_close(expected, hidden[i][0], rtol=0, atol=0)
-    levels = ds.describe_levels(hf_engine.model.config)
+    levels = describe_levels(hf_engine.model.config)
     assert capture.trajectory.injection_layers == {level.llm_layer: level.name for level in levels}
 
 
@@ -141,8 +143,8 @@ def test_no_ablation_logits_equal_the_plain_forward_exactly(hf_engine, inputs, f
 
 def test_zeroing_all_levels_equals_the_model_without_image_features(hf_engine, inputs):
     model = hf_engine.model
-    levels = ds.describe_levels(model.config)
-    capture, logits = ds.capture_forward(model, inputs, scales={level.name: 0.0 for level in levels})
+    levels = describe_levels(model.config)
+    capture, logits = capture_forward(model, inputs, scales={level.name: 0.0 for level in levels})
     # Without image features the model's forward only zeroes the placeholder embeddings
     # (Granite4VisionModel.forward), so feed it exactly that and no pixels.
     with torch.inference_mode():
@@ -156,8 +158,8 @@ def test_zeroing_all_levels_equals_the_model_without_image_features(hf_engine, i
 
 def test_scaling_one_level_changes_the_stream_from_its_layer_on(hf_engine, inputs, full_capture):
     base, _ = full_capture
-    level = ds.find_level(ds.describe_levels(hf_engine.model.config), "spatial_TR")
-    scaled, _ = ds.capture_forward(hf_engine.model, inputs, scales={level.name: 2.0})
+    level = find_level(describe_levels(hf_engine.model.config), "spatial_TR")
+    scaled, _ = capture_forward(hf_engine.model, inputs, scales={level.name: 2.0})
     torch.testing.assert_close(scaled.levels[level.index].injected_norm, 2 * base.levels[level.index].injected_norm)
     image_before, image_after = base.trajectory.image_norm, scaled.trajectory.image_norm
     assert image_after[: level.llm_layer] == pytest.approx(image_before[: level.llm_layer], rel=1e-6)
@@ -166,14 +168,14 @@ def test_scaling_one_level_changes_the_stream_from_its_layer_on(hf_engine, input
 
 def test_ablation_report(hf_engine, inputs, hooks_at_rest):
     model, tokenizer = hf_engine.model, hf_engine.tokenizer
-    _, logits = ds.capture_forward(model, inputs, logits_to_keep=1)
-    base = ds.run_outcome(model, inputs, tokenizer, logits, max_new_tokens=4)
-    assert ds.kl_divergence(base.next_token_probs, base.next_token_probs) == 0.0
-    changed = ds.compare_scaled(model, inputs, tokenizer, base, {"deepstack3": 0.0, "spatial_TL": 5.0}, max_new_tokens=4)
+    _, logits = capture_forward(model, inputs, logits_to_keep=1)
+    base = run_outcome(model, inputs, tokenizer, logits, max_new_tokens=4)
+    assert kl_divergence(base.next_token_probs, base.next_token_probs) == 0.0
+    changed = compare_scaled(model, inputs, tokenizer, base, {"deepstack3": 0.0, "spatial_TL": 5.0}, max_new_tokens=4)
     expected_kl = torch.sum(base.next_token_probs * (base.next_token_probs / changed.after.next_token_probs).log())
     assert changed.kl_divergence == pytest.approx(float(expected_kl), rel=1e-2) and changed.kl_divergence > 0
     with torch.inference_mode():  # the greedy continuation is the model's own, under the same scaling
-        first_new = ds.greedy_continuation(model, inputs, tokenizer, 1, scales=changed.scales)
+        first_new = greedy_continuation(model, inputs, tokenizer, 1, scales=changed.scales)
     assert changed.after.continuation_ids[:1] == first_new
     assert int(changed.after.next_token_probs.argmax()) == first_new[0] or tokenizer.eos_token_id == int(
         changed.after.next_token_probs.argmax())
@@ -190,9 +192,9 @@ def test_requests_after_an_inspection_match_a_fresh_engine(hf_engine, inputs, ho
     from g4v.engines.hf import TransformersEngine
 
     model, tokenizer = hf_engine.model, hf_engine.tokenizer
-    capture, logits = ds.capture_forward(model, inputs, full=True, logits_to_keep=1)
-    base = ds.run_outcome(model, inputs, tokenizer, logits, max_new_tokens=0)
-    ds.compare_scaled(model, inputs, tokenizer, base, {"deepstack3": 0.0, "spatial_BL": 3.0}, max_new_tokens=2)
+    capture, logits = capture_forward(model, inputs, full=True, logits_to_keep=1)
+    base = run_outcome(model, inputs, tokenizer, logits, max_new_tokens=0)
+    compare_scaled(model, inputs, tokenizer, base, {"deepstack3": 0.0, "spatial_BL": 3.0}, max_new_tokens=2)
     assert _hook_count(model) == hooks_at_rest
 
     settings = SamplingSettings(max_new_tokens=6)
@@ -205,14 +207,14 @@ def test_requests_after_an_inspection_match_a_fresh_engine(hf_engine, inputs, ho
 
 def test_hooks_come_off_when_the_forward_fails(hf_engine, hooks_at_rest):
     with pytest.raises(RuntimeError, match="boom"):
-        with ds.instrument(hf_engine.model, scales={"spatial_TL": 0.0}):
+        with instrument(hf_engine.model, scales={"spatial_TL": 0.0}):
             assert _hook_count(hf_engine.model) > hooks_at_rest
             raise RuntimeError("boom")
     assert _hook_count(hf_engine.model) == hooks_at_rest
 
 
 def test_run_inspection_for_the_app(hf_engine, image, tmp_path):
-    from g4v.inspection import FIGURE_FILES, run_inspection
+    from g4v.inspect.run import FIGURE_FILES, run_inspection
 
     result = run_inspection(hf_engine, image, PROMPT, max_new_tokens=0, out_dir=tmp_path / "export")
     assert result.ablation is None and result.summary["ablation"] is None

@@ -11,10 +11,12 @@ import pytest
 import torch
 from PIL import Image
 
-from g4v import deepstack as ds
 from g4v.cli import main as cli_main
 from g4v.conversation import Message
 from g4v.errors import G4VError
+from g4v.inspect.ablation import compare_scaled, run_outcome
+from g4v.inspect.capture import capture_forward, instrument, language_model_of
+from g4v.inspect.levels import MAX_SCALE, describe_levels, level_scales
 from g4v.paths import BUNDLED_MODEL_DIR, REAL_CONFIG_DIR, REPO_ROOT
 from g4v.loading import load_config
 from g4v.tiling import plan_tiling
@@ -55,6 +57,8 @@ def test_every_picture_is_bounded_for_extreme_aspect_ratios(width, height, confi
     for view in ("tile", "base"):
         heat = heatmaps_figure(image, tokens, norms, view=view)
         _assert_bounded(heat, f"heatmap {view}")
+        if not any(kind == view for kind, _ in tokens):
+            continue  # a strip with no tokens of this view gets a one-line note (tested below)
         # The image panel stays visible however thin the picture: the heat colours cover a real part
         # of the figure, not a one-pixel line.
         assert _painted_fraction(heat) > 0.05, (view, heat.size)
@@ -104,7 +108,7 @@ def test_highlight_keeps_small_images_and_maps_clicks_back():
 
 @pytest.mark.parametrize("width,height", EXTREME_SIZES)
 def test_run_inspection_on_extreme_images(hf_engine, width, height, tmp_path):
-    from g4v.inspection import FIGURE_FILES, run_inspection
+    from g4v.inspect.run import FIGURE_FILES, run_inspection
 
     result = run_inspection(hf_engine, make_image(width, height, seed=7), PROMPT, max_new_tokens=0,
                             out_dir=tmp_path / "export", make_zip=False)
@@ -122,7 +126,8 @@ def _entries(folder: Path) -> list[Path]:
 
 
 def test_export_store_keeps_the_newest_and_cleans_up(hf_engine, tmp_path):
-    from g4v.inspection import FIGURE_FILES, ExportStore, run_inspection
+    from g4v.inspect.exports import ExportStore
+    from g4v.inspect.run import FIGURE_FILES, run_inspection
 
     keep = 2
     store = ExportStore(tmp_path, keep=keep)
@@ -145,7 +150,8 @@ def test_export_store_keeps_the_newest_and_cleans_up(hf_engine, tmp_path):
 
 
 def test_without_out_dir_exports_go_to_a_bounded_store(hf_engine):
-    from g4v.inspection import default_export_store, run_inspection
+    from g4v.inspect.exports import default_export_store
+    from g4v.inspect.run import run_inspection
 
     image = make_image(300, 140, seed=3)
     store = default_export_store()
@@ -156,7 +162,7 @@ def test_without_out_dir_exports_go_to_a_bounded_store(hf_engine):
 
 
 def test_the_export_root_is_removed_at_interpreter_exit(tmp_path):
-    script = ("import sys; from g4v.inspection import ExportStore\n"
+    script = ("import sys; from g4v.inspect.exports import ExportStore\n"
               "store = ExportStore(sys.argv[1], keep=1)\n"
               "(store.new_folder() / 'summary.json').write_text('{}')\n"
               "print(store.root)\n")
@@ -168,7 +174,7 @@ def test_the_export_root_is_removed_at_interpreter_exit(tmp_path):
 
 
 def test_export_store_refuses_bad_settings(tmp_path):
-    from g4v.inspection import ExportStore
+    from g4v.inspect.exports import ExportStore
 
     for keep in (0, -1, 1.5, "3"):
         with pytest.raises(G4VError):
@@ -185,14 +191,14 @@ def _one_line(err: pytest.ExceptionInfo) -> str:
 
 
 def test_absurd_factors_are_refused_with_one_line(hf_engine):
-    levels = ds.describe_levels(hf_engine.model.config)
+    levels = describe_levels(hf_engine.model.config)
     for factor in (1e308, -1e308, 1e4 * 1.0001, float("inf")):
         with pytest.raises(G4VError) as err:
-            ds.level_scales(levels, [], {"deepstack0": factor})
+            level_scales(levels, [], {"deepstack0": factor})
         assert "deepstack0" in _one_line(err)
-    assert ds.level_scales(levels, [], {"deepstack0": -ds.MAX_SCALE}) == {"deepstack0": -ds.MAX_SCALE}
+    assert level_scales(levels, [], {"deepstack0": -MAX_SCALE}) == {"deepstack0": -MAX_SCALE}
 
-    from g4v.inspection import run_inspection
+    from g4v.inspect.run import run_inspection
 
     with pytest.raises(G4VError) as err:
         run_inspection(hf_engine, make_image(300, 140), PROMPT, scale={"deepstack0": 1e308}, max_new_tokens=0)
@@ -203,10 +209,10 @@ def test_overflow_in_a_scaled_run_is_an_error_not_nan(hf_engine):
     """Past the bound check (called directly), a factor that overflows gives one line naming it."""
     model, tokenizer = hf_engine.model, hf_engine.tokenizer
     inputs = hf_engine.prepare_inputs([Message("user", PROMPT, [make_image(300, 140, seed=3)])])
-    _, logits = ds.capture_forward(model, inputs, logits_to_keep=1)
-    base = ds.run_outcome(model, inputs, tokenizer, logits, max_new_tokens=0)
+    _, logits = capture_forward(model, inputs, logits_to_keep=1)
+    base = run_outcome(model, inputs, tokenizer, logits, max_new_tokens=0)
     with pytest.raises(G4VError) as err:
-        ds.compare_scaled(model, inputs, tokenizer, base, {"deepstack0": 1e308}, max_new_tokens=2)
+        compare_scaled(model, inputs, tokenizer, base, {"deepstack0": 1e308}, max_new_tokens=2)
     text = _one_line(err)
     assert "deepstack0" in text and "1e+308" in text and "non-finite" in text
 
@@ -214,12 +220,12 @@ def test_overflow_in_a_scaled_run_is_an_error_not_nan(hf_engine):
 def _language_model_calls(model):
     """Count the language model's forward calls with a real forward pre-hook (removed by the caller)."""
     calls = []
-    handle = ds.language_model_of(model).register_forward_pre_hook(lambda module, args: calls.append(1))
+    handle = language_model_of(model).register_forward_pre_hook(lambda module, args: calls.append(1))
     return calls, handle
 
 
 def test_a_factor_of_one_runs_no_second_pass(hf_engine):
-    from g4v.inspection import run_inspection
+    from g4v.inspect.run import run_inspection
 
     calls, handle = _language_model_calls(hf_engine.model)
     try:
@@ -231,8 +237,8 @@ def test_a_factor_of_one_runs_no_second_pass(hf_engine):
     assert result.ablation is None and result.summary["ablation"] is None
     assert result.summary["unchanged_levels"] == ["deepstack0", "spatial_TL"]
 
-    levels = ds.describe_levels(hf_engine.model.config)
-    assert ds.level_scales(levels, ["spatial_BR"], {"deepstack0": 1.0, "deepstack1": 2}) == {
+    levels = describe_levels(hf_engine.model.config)
+    assert level_scales(levels, ["spatial_BR"], {"deepstack0": 1.0, "deepstack1": 2}) == {
         "deepstack1": 2.0, "spatial_BR": 0.0}
 
 
@@ -262,17 +268,17 @@ def test_the_cli_refuses_absurd_factors_in_one_line(tmp_path, spec):
 
 def test_a_factor_just_below_the_bound_gives_the_true_kl(hf_engine):
     """KL(before || after) of the next token, computed here from our own two forward passes."""
-    from g4v.inspection import run_inspection
+    from g4v.inspect.run import run_inspection
 
     model = hf_engine.model
     image = make_image(300, 140, seed=3)
-    factor = ds.MAX_SCALE * 0.999
+    factor = MAX_SCALE * 0.999
     result = run_inspection(hf_engine, image, PROMPT, scale={"spatial_TL": factor}, max_new_tokens=0,
                             make_zip=False)
     inputs = hf_engine.prepare_inputs([Message("user", PROMPT, [image])], 0)
     with torch.inference_mode():
         plain = model(**inputs).logits[0, -1].double()
-        with ds.instrument(model, scales={"spatial_TL": factor}, record=False):
+        with instrument(model, scales={"spatial_TL": factor}, record=False):
             scaled = model(**inputs).logits[0, -1].double()
     assert torch.isfinite(scaled).all()
     expected = torch.nn.functional.kl_div(torch.log_softmax(scaled, -1), torch.log_softmax(plain, -1),
@@ -280,3 +286,49 @@ def test_a_factor_just_below_the_bound_gives_the_true_kl(hf_engine):
     kl = result.ablation.kl_divergence
     assert np.isfinite(kl) and kl > 0
     assert kl == pytest.approx(float(expected), rel=1e-3, abs=1e-6)
+
+
+def test_a_float64_model_is_captured_like_a_float32_one(hf_engine):
+    """Norms accumulate in float32, or in float64 for a float64 model (torch refuses to narrow)."""
+    from transformers import Granite4VisionForConditionalGeneration
+
+    model64 = Granite4VisionForConditionalGeneration.from_pretrained(str(BUNDLED_MODEL_DIR), dtype=torch.float64).eval()
+    inputs = hf_engine.prepare_inputs([Message("user", PROMPT, [make_image(300, 140, seed=3)])])
+    inputs64 = {**inputs, "pixel_values": inputs["pixel_values"].double()}
+    capture32, _ = capture_forward(hf_engine.model, inputs, logits_to_keep=1)
+    capture64, _ = capture_forward(model64, inputs64, logits_to_keep=1)
+    assert capture64.num_image_tokens == capture32.num_image_tokens > 0
+    for cap64, cap32 in zip(capture64.levels, capture32.levels, strict=True):
+        assert cap64.injected_norm.dtype == torch.float32
+        torch.testing.assert_close(cap64.injected_norm, cap32.injected_norm, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(capture64.trajectory.text_norm, capture32.trajectory.text_norm, rtol=1e-4)
+
+
+def test_a_view_without_tokens_says_so_instead_of_empty_panels():
+    """A 1 x 20000 strip keeps no tile token; its tile heatmap is a note, not panels titled 'max nan'."""
+    from PIL import Image
+
+    from viz.deepstack import heatmaps_figure
+
+    config = load_config(BUNDLED_MODEL_DIR)
+    plan = plan_tiling((1, 20000), config)
+    assert plan.tile_tokens == 0 and plan.base_tokens > 0
+    tokens = [(token.kind, token.box) for token in plan.tokens]
+    norms = {"deepstack0": [1.0] * plan.num_image_tokens}
+    image = Image.new("RGB", (20000, 1), (90, 120, 200))
+    note = heatmaps_figure(image, tokens, norms, view="tile")
+    painted = heatmaps_figure(image, tokens, norms, view="base")
+    assert note.height < painted.height  # one line of text, not a grid of panels
+
+
+@pytest.mark.parametrize("specs, words", [
+    (["deepstack0=1", "deepstack0=2"], "scaled twice"),
+    (["deepstack0"], "LEVEL=FACTOR"),
+    (["deepstack0=0x10"], "is not a number"),
+])
+def test_scale_specs_are_refused_in_words_for_the_tab_and_the_cli(specs, words):
+    from g4v.inspect.levels import parse_scale_specs
+
+    with pytest.raises(G4VError, match=words) as err:
+        parse_scale_specs(specs)
+    assert "--scale" not in str(err.value)  # the tab has no flags

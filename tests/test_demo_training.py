@@ -6,9 +6,9 @@ import json
 import pytest
 
 from g4v.demo import shapes as S
-from g4v.demo.build import sha256_file
-from g4v.demo.train import ADAPTER_DIR, TRAINED_MODEL_DIR
-from g4v.paths import BUNDLED_MODEL_DIR
+from g4v.demo.adapter_training import ADAPTER_DIR
+from g4v.loading import sha256_file
+from g4v.paths import BUNDLED_MODEL_DIR, TRAINED_MODEL_DIR
 
 #: Held-out pictures for the accuracy tests (4 questions each); the 300-picture numbers are in
 #: docs/demo-model.md.
@@ -77,7 +77,7 @@ def test_conversation_plan_gives_no_answer_away():
     import random
     from collections import Counter
 
-    from g4v.demo.train import conversation_plan
+    from g4v.demo.data import conversation_plan
 
     rng = random.Random(0)
     first_kinds = Counter()
@@ -100,7 +100,7 @@ def test_conversation_plan_gives_no_answer_away():
 def test_shape_share_sets_how_later_turns_ask_a_shapes_identity():
     import random
 
-    from g4v.demo.train import conversation_plan
+    from g4v.demo.data import conversation_plan
 
     pictures = [S.train_picture(4, i) for i in range(60)]
     for share, asked, never in ((1.0, "shape", "colour"), (0.0, "colour", "shape")):
@@ -114,7 +114,7 @@ def test_shape_share_sets_how_later_turns_ask_a_shapes_identity():
 
 def test_pointer_targets_lie_where_the_shape_is():
     from g4v.demo.build import build_processor, build_random_model
-    from g4v.demo.train import AttentionPointer
+    from g4v.demo.aids import AttentionPointer
     from g4v.tiling import plan_tiling
 
     model = build_random_model(build_processor())
@@ -140,7 +140,8 @@ def _pointer_batch(readout: bool):
     import random
 
     from g4v.demo.build import build_processor, build_random_model
-    from g4v.demo.train import AttentionPointer, conversation_plan, encode
+    from g4v.demo.aids import AttentionPointer
+    from g4v.demo.data import conversation_plan, encode
 
     processor = build_processor()
     model = build_random_model(processor)
@@ -188,7 +189,9 @@ def test_shape_pointer_aims_only_at_shape_questions():
     import random
 
     from g4v.demo.build import build_processor, build_random_model
-    from g4v.demo.train import TrainSettings, conversation_plan, encode, make_pointers
+    from g4v.demo.data import conversation_plan, encode
+    from g4v.demo.loop import make_pointers
+    from g4v.demo.recipe import TrainSettings
 
     processor = build_processor()
     model = build_random_model(processor)
@@ -224,7 +227,10 @@ def test_count_pointer_spreads_over_every_shape():
     """The count pointer's loss on "How many shapes?" is the mean, over the picture's shapes, of the
     one-shape pointer loss at the same head: smallest when the mass is on the shapes, evenly."""
     from g4v.demo.build import build_processor, build_random_model
-    from g4v.demo.train import AttentionPointer, TrainSettings, encode, make_pointers
+    from g4v.demo.aids import AttentionPointer
+    from g4v.demo.data import encode
+    from g4v.demo.loop import make_pointers
+    from g4v.demo.recipe import TrainSettings
 
     processor = build_processor()
     model = build_random_model(processor)
@@ -271,11 +277,82 @@ def test_train_script_runs_a_few_steps(tmp_path):
     assert sha256_file(again / "model.safetensors") == provenance["weights_sha256"]  # deterministic
 
 
+#: The flags ``python -m g4v.demo train --help`` and ``train-adapter --help`` listed when each was
+#: written out by hand (before the flags were derived from the settings classes): all must stay.
+TRAIN_FLAGS_BEFORE = (
+    "--aux-place --aux-weight --batch-size --count-pointer-head --count-pointer-layer --device --eval-every "
+    "--eval-n --help --init --lr --max-turns --no-aux-place --no-progress --out --pointer-layer --pointer-weight "
+    "--qk-scale --readout-weight --seed --shape-pointer-head --shape-pointer-layer --shape-share "
+    "--single-shape-start --steps --threads --three-shape-share --vision-lr --vision-warmup-lr "
+    "--vision-warmup-steps --warmup-steps").split()
+ADAPTER_FLAGS_BEFORE = "--base --help --lr --no-progress --out --seed --steps --threads".split()
+
+
+def _demo_help(command: str, capsys) -> str:
+    from g4v.demo.__main__ import main
+
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    return capsys.readouterr().out
+
+
+def _demo_subparser(command: str):
+    import argparse
+
+    from g4v.demo.__main__ import _add_training_commands
+
+    sub = argparse.ArgumentParser().add_subparsers()
+    _add_training_commands(sub)
+    return sub.choices[command]
+
+
+@pytest.mark.parametrize("command, before", [("train", TRAIN_FLAGS_BEFORE), ("train-adapter", ADAPTER_FLAGS_BEFORE)])
+def test_training_help_still_lists_every_flag(command, before, capsys):
+    import re
+
+    listed = set(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", _demo_help(command, capsys)))
+    assert set(before) <= listed, sorted(set(before) - listed)
+
+
+@pytest.mark.parametrize("command, settings_class", [("train", "TrainSettings"), ("train-adapter", "AdapterSettings")])
+def test_training_flags_are_the_settings_fields(command, settings_class):
+    """One flag per field, --kebab-case, its default the field's (checked field by field here,
+    independently of the helper that derives them)."""
+    import dataclasses
+
+    from g4v.demo import recipe
+
+    cls = getattr(recipe, settings_class)
+    by_dest = {action.dest: action for action in _demo_subparser(command)._actions}
+    for field in dataclasses.fields(cls):
+        action = by_dest[field.name]
+        assert action.option_strings[0] == "--" + field.name.replace("_", "-")
+        assert action.default == field.default, field.name
+        assert action.help, field.name
+    own = {"help", "out", "no_progress"} | ({"base"} if command == "train-adapter" else set())
+    assert set(by_dest) == own | {field.name for field in dataclasses.fields(cls)}
+
+
+def test_training_settings_come_from_the_flags_given():
+    from dataclasses import replace
+
+    from g4v.commands.settings_flags import settings_from_args
+    from g4v.demo.recipe import AdapterSettings, TrainSettings
+
+    parser = _demo_subparser("train")
+    given = ["--steps", "3", "--no-aux-place", "--vision-lr", "1e-4", "--init", "ckpt", "--count-pointer-layer", "7"]
+    assert settings_from_args(TrainSettings, parser.parse_args(given)) == replace(
+        TrainSettings(), steps=3, aux_place=False, vision_lr=1e-4, init="ckpt", count_pointer_layer=7)
+    assert settings_from_args(TrainSettings, parser.parse_args([])) == TrainSettings()
+    adapter = _demo_subparser("train-adapter").parse_args(["--lr", "0.01", "--rank", "4"])
+    assert settings_from_args(AdapterSettings, adapter) == AdapterSettings(lr=0.01, rank=4)
+
+
 def test_labels_cover_only_answers():
     import random
 
     from g4v.demo.build import build_processor
-    from g4v.demo.train import conversation_turns, encode
+    from g4v.demo.data import conversation_turns, encode
 
     processor = build_processor()
     pictures = [S.train_picture(0, i) for i in range(3)]
@@ -302,7 +379,7 @@ def test_vision_warm_up_trains_only_the_vision_tower(tmp_path):
 
 def test_object_shape_logits_pool_each_shape():
     from g4v.demo.build import build_processor, build_random_model
-    from g4v.demo.train import object_shape_logits
+    from g4v.demo.aids import object_shape_logits
 
     processor = build_processor()
     model = build_random_model(processor)
@@ -337,7 +414,7 @@ def test_training_defaults_are_the_stored_recipe():
     settings recorded beside them (the validation curve's options change no weight)."""
     from dataclasses import asdict
 
-    from g4v.demo.train import TrainSettings
+    from g4v.demo.recipe import TrainSettings
 
     stored = json.loads((TRAINED_MODEL_DIR / "g4v_build.json").read_text())["settings"]
     defaults = asdict(TrainSettings())
@@ -350,7 +427,7 @@ def test_training_defaults_are_the_stored_recipe():
 def test_adapter_script_runs_a_few_steps(tmp_path):
     from transformers import AutoConfig
 
-    from g4v.adapters import check_adapter
+    from g4v.lora.checks import check_adapter
     from g4v.demo.__main__ import main
 
     out = tmp_path / "adapter"
@@ -372,7 +449,7 @@ def test_checkpoint_and_adapter_under_30_mb():
 def test_adapter_is_a_valid_lm_only_lora():
     from transformers import AutoConfig
 
-    from g4v.adapters import check_adapter
+    from g4v.lora.checks import check_adapter
 
     config = AutoConfig.from_pretrained(TRAINED_MODEL_DIR)
     spec = check_adapter(ADAPTER_DIR, config)

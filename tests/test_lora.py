@@ -11,14 +11,14 @@ from tests.conftest import make_image
 from peft import PeftModel
 from safetensors import safe_open
 
-from g4v.adapters import CONFIG_FILE
 from g4v.conversation import Message, SamplingSettings
 from g4v.demo.adapter import ADAPTER_NAME
 from g4v.engines.hf import TransformersEngine
 from g4v.errors import G4VError
 from g4v.loading import load_model
-from g4v.lora import activate_adapter, adapter_choices, lora_side_by_side, lora_token_diff, stream_side_by_side
-from g4v.lora_diff import lora_diff
+from g4v.lora.folders import CONFIG_FILE
+from g4v.lora.side_by_side import activate_adapter, adapter_choices, lora_side_by_side, stream_side_by_side
+from g4v.lora.token_diff import lora_diff, lora_token_diff
 from g4v.paths import ASSETS_DIR, BUNDLED_MODEL_DIR
 
 DEMO = ASSETS_DIR / "adapters" / ADAPTER_NAME
@@ -258,7 +258,7 @@ def test_merged_logits_equal_base_with_adapter(merged, chat, peft_reference):
 
 
 def test_merge_refuses_bad_requests(tmp_path, merged):
-    from g4v.lora_merge import merge_lora
+    from g4v.lora.merge import merge_lora
 
     with pytest.raises(G4VError, match="not empty"):
         merge_lora(MODEL, ADAPTER_NAME, merged)

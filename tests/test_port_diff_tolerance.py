@@ -1,4 +1,4 @@
-"""The port inspector's per-level tolerance (``g4v.port_diff.compare_levels``), on real features.
+"""The port inspector's per-level tolerance (``g4v.port.compare.compare_levels``), on real features.
 
 ``compare_levels`` is pure, so it runs here without vLLM: the "vLLM side" is built from the bundled
 checkpoint's own features, as transformers computes them. Two kinds of difference must be told
@@ -20,9 +20,9 @@ import copy
 import pytest
 import torch
 
-from g4v.conversation import Message
 from g4v.errors import G4VError
-from g4v.port_diff import compare_levels, default_tolerance, reference_run
+from g4v.port.compare import compare_levels, default_tolerance
+from g4v.port.run import reference_run
 from tests.conftest import make_image
 
 PROMPT = "What colour is the shape?"
@@ -38,7 +38,7 @@ def run(hf_engine):
 @pytest.fixture(scope="module")
 def float64_features(hf_engine, run) -> dict[str, torch.Tensor]:
     """The same features computed by a float64 copy of the model: read straight off the features
-    the model hands its language model (an independent capture, not ``g4v.deepstack``'s)."""
+    the model hands its language model (an independent capture, not ``g4v.inspect.capture``'s)."""
     model = copy.deepcopy(hf_engine.model).to(torch.float64)
     seen = {}
     language_model = model.model.language_model

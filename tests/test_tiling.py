@@ -25,7 +25,8 @@ from g4v.errors import G4VError
 from g4v.paths import BUNDLED_MODEL_DIR, REAL_CONFIG_DIR, REPO_ROOT
 from g4v.images import MAX_IMAGE_PIXELS
 from g4v.loading import load_config
-from g4v.tiling import first_token_to_show, highlight_token, plan_tiling, tiling_report, token_at
+from g4v.tiling import first_token_to_show, plan_tiling, token_at
+from g4v.tiling_view import highlight_token, tiling_report
 from viz.figures import display_size
 from viz.tiling import render_tiling_overlay
 

@@ -27,12 +27,12 @@ def test_analyse_selects_a_token_for_every_shape(size, handlers, tmp_path):
     path = tmp_path / "picture.png"
     make_image(width, height, seed=1).save(path)
 
-    overlay, rows, plan, first, view, info = analyse(str(path))
+    overlay, rows, plan, first, view, info, analysed = analyse(str(path))
     assert first == first_token_to_show(plan)
     assert view.size == display_size(width, height) and f"Token **{first}**" in info
     count = plan.num_image_tokens
 
-    view, info = select_index(str(path), plan, count - 1)
+    view, info = select_index(str(path), plan, analysed, count - 1)
     assert f"Token **{count - 1}** of {count}" in info
 
 
@@ -41,11 +41,26 @@ def test_token_for_a_changed_image_is_refused(handlers, tmp_path):
     analysed, other = tmp_path / "analysed.png", tmp_path / "other.png"
     make_image(500, 300).save(analysed)
     make_image(8000, 1).save(other)
-    plan = analyse(str(analysed))[2]
+    plan, fingerprint = analyse(str(analysed))[2], analyse(str(analysed))[6]
     with pytest.raises(gr.Error, match="the image changed since it was analysed") as caught:
-        select_index(str(other), plan, 0)
+        select_index(str(other), plan, fingerprint, 0)
     assert str(tmp_path) not in str(caught.value)
     with pytest.raises(gr.Error, match=f"out of range: this image has tokens 0-{plan.num_image_tokens - 1}"):
-        select_index(str(analysed), plan, 5000)
+        select_index(str(analysed), plan, fingerprint, 5000)
     with pytest.raises(gr.Error, match="token index must be a whole number, got 3.5"):
-        select_index(str(analysed), plan, 3.5)
+        select_index(str(analysed), plan, fingerprint, 3.5)
+
+
+def test_a_different_picture_of_the_same_size_is_refused(handlers, tmp_path):
+    """The size alone cannot tell two pictures apart; the file's fingerprint does."""
+    from PIL import Image
+
+    analyse, select_index, _ = handlers
+    green, blue = tmp_path / "green.png", tmp_path / "blue.png"
+    Image.new("RGB", (200, 200), (0, 200, 0)).save(green)
+    Image.new("RGB", (200, 200), (0, 0, 200)).save(blue)
+    _, _, plan, _, _, _, fingerprint = analyse(str(green))
+    with pytest.raises(gr.Error, match="the image changed since it was analysed"):
+        select_index(str(blue), plan, fingerprint, 5)
+    view, info = select_index(str(green), plan, fingerprint, 5)
+    assert "Token **5**" in info

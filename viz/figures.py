@@ -106,6 +106,9 @@ def token_heatmap_grid(image: Image.Image, tokens: list[tuple[str, tuple]], valu
     scale_x, scale_y = shown_width / image.width, shown_height / image.height
     shown = image.convert("RGB").resize((shown_width, shown_height))
     picked = [i for i, (kind, _) in enumerate(tokens) if kind == view]
+    if not picked:
+        return note_figure(title, f"This image has no {view} tokens: nothing to paint. (A strip this thin "
+                                  f"keeps no {view} feature once padding is cut off.)")
     boxes = [(left * scale_x, top * scale_y, right * scale_x, bottom * scale_y)
              for left, top, right, bottom in (tokens[i][1] for i in picked)]
     maps = {name: paint_token_values(shown.size, boxes, [values[i] if i < len(values) else math.nan for i in picked])
@@ -138,6 +141,16 @@ def token_heatmap_grid(image: Image.Image, tokens: list[tuple[str, tuple]], valu
         ax.axis("off")
     if mappable is not None:
         fig.colorbar(mappable, ax=axes.ravel().tolist(), shrink=0.8, label=colorbar_label)
+    fig.suptitle(title, fontsize=10)
+    return figure_to_image(fig)
+
+
+def note_figure(title: str, note: str) -> Image.Image:
+    """A small picture that says why there is nothing to draw, in place of empty panels."""
+    fig = Figure(figsize=(8, 1.6))
+    ax = fig.add_subplot()
+    ax.axis("off")
+    ax.text(0.5, 0.5, note, ha="center", va="center", wrap=True, fontsize=10)
     fig.suptitle(title, fontsize=10)
     return figure_to_image(fig)
 

@@ -1,4 +1,4 @@
-"""Pictures of the vLLM port inspector (``g4v.port_diff``): plain numbers and boxes in, PIL images out.
+"""Pictures of the vLLM port inspector (``g4v.port``): plain numbers and boxes in, PIL images out.
 
 * :func:`level_bars_figure`: per level, the share of the tolerance its worst element uses (log
   scale; 1 is the limit), with the tolerance rule and its numbers in the title;

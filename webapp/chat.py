@@ -21,11 +21,11 @@ from pathlib import Path
 
 import gradio as gr
 
-from g4v.conversation import (MAX_IMAGES_PER_CONVERSATION, MAX_IMAGES_PER_MESSAGE, Message, SamplingSettings,
-                              validate_conversation)
+from g4v.conversation import (MAX_IMAGES_PER_CONVERSATION, MAX_IMAGES_PER_MESSAGE, MAX_NEW_TOKENS, Message,
+                              SamplingSettings, validate_conversation)
 from g4v.errors import G4VError, PromptTooLong
 from g4v.images import open_image
-from webapp.common import MAX_NEW_TOKENS_LIMIT, MODEL_QUEUE, sampling_settings, shows_errors
+from webapp.common import MODEL_QUEUE, sampling_settings, shows_errors
 
 
 # ── Gradio messages -> g4v conversation ────────────────────────────────────────────────────────
@@ -202,7 +202,7 @@ def chat_tab(engine, last_chat_image: gr.State, examples: list[dict], concurrenc
     def accept(message, history):
         """Check the message; only then clear the box (disabled while the answer streams)."""
         read_message(message)
-        return gr.MultimodalTextbox(value=None, interactive=False), [*history, user_entry(message)], message, history
+        return gr.MultimodalTextbox(value=None, interactive=False), message, history
 
     @gpu_task
     @shows_errors
@@ -240,19 +240,24 @@ def chat_tab(engine, last_chat_image: gr.State, examples: list[dict], concurrenc
         stop = gr.Button("Stop", size="sm", elem_id="chat-stop")
         clear = gr.Button("Clear", size="sm", elem_id="chat-clear")
     with gr.Accordion("Sampling", open=False):
-        max_new_tokens = gr.Slider(1, MAX_NEW_TOKENS_LIMIT, value=128, step=1, label="Max new tokens")
+        max_new_tokens = gr.Slider(1, MAX_NEW_TOKENS, value=128, step=1, label="Max new tokens")
         temperature = gr.Slider(0.0, 2.0, value=0.0, step=0.05, label="Temperature (0 = greedy)")
         top_p = gr.Slider(0.05, 1.0, value=1.0, step=0.05, label="Top-p")
-        seed = gr.Number(value=0, precision=0, label="Seed (-1 = random)")
+        seed = gr.Number(value=0, label="Seed (-1 = random)")  # checked by sampling_settings
     gr.Examples(examples, inputs=[box], label="Examples")
     sending = gr.State(None)  # the message being answered, put back in the box if the answer fails
     before = gr.State([])  # the history before it
     api_history = gr.State([])  # the /chat endpoint's conversation, per client session
 
-    accepted = box.submit(accept, [box, chatbot], [box, chatbot, sending, before], api_visibility="private")
-    answered = accepted.success(
+    # A refusal shows as a toast only: Gradio's error panel would cover the chat and the box
+    # (show_progress="hidden"), and the check writes nothing but the box, so only the box is its output.
+    accepted = box.submit(accept, [box, chatbot], [box, sending, before], api_visibility="private",
+                          show_progress="hidden")
+    shown = accepted.success(lambda message, history: [*history, user_entry(message)], [sending, before], chatbot,
+                             api_visibility="private", queue=False, show_progress="hidden")
+    answered = shown.success(
         respond, [sending, before, max_new_tokens, temperature, top_p, seed], [chatbot, last_chat_image, box],
-        api_visibility="private", concurrency_id=MODEL_QUEUE, concurrency_limit=concurrency)
+        api_visibility="private", concurrency_id=MODEL_QUEUE, concurrency_limit=concurrency, show_progress="minimal")
     stop.click(lambda: gr.MultimodalTextbox(interactive=True), None, box, cancels=[answered], api_visibility="private")
     clear.click(lambda: ([], gr.MultimodalTextbox(interactive=True)), None, [chatbot, box], cancels=[answered],
                 api_visibility="private")

@@ -11,13 +11,11 @@ import os
 
 import gradio as gr
 
-from g4v.conversation import SamplingSettings
+from g4v.conversation import MAX_NEW_TOKENS, SamplingSettings
 from g4v.errors import G4VError
 
 log = logging.getLogger("g4v.webapp")
 
-#: The longest answer a request may ask for.
-MAX_NEW_TOKENS_LIMIT = 1024
 #: The largest file an upload may be (Gradio refuses bigger ones before they reach a handler).
 MAX_UPLOAD_SIZE = os.environ.get("G4V_MAX_UPLOAD_SIZE", "25mb")
 #: Every model-bound event shares this concurrency group, across tabs, so that at most
@@ -87,7 +85,7 @@ def image_input(**kwargs) -> ImageFile:
 
 
 def sampling_settings(max_new_tokens, temperature=0.0, top_p=1.0, seed=0,
-                      limit: int = MAX_NEW_TOKENS_LIMIT) -> SamplingSettings:
+                      limit: int = MAX_NEW_TOKENS) -> SamplingSettings:
     """Checked settings from the UI's sliders, or from API values that no slider bounded (NaN,
     fractions, strings): one :class:`G4VError` naming the first bad value."""
     seed = None if seed in (None, "", -1) else _whole(seed, "seed")

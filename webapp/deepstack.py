@@ -3,8 +3,8 @@ changes when levels are zeroed or scaled."""
 
 import gradio as gr
 
-from g4v.deepstack import describe_levels, parse_scale_specs
-from g4v.inspection import run_inspection
+from g4v.inspect.levels import describe_levels, parse_scale_specs
+from g4v.inspect.run import run_inspection
 from webapp.common import MODEL_QUEUE, image_input, shows_errors, use_last_chat_image
 
 LEVEL_COLUMNS = ["level", "kind", "vision layer", "LLM layer", "injected norm", "residual before", "residual after"]

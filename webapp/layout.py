@@ -51,7 +51,7 @@ def local_config(engine: Engine):
 def build_app(engine: Engine, model: str, concurrency: int = 1, adapters_dir=None, exports=None,
               gpu_task=lambda fn: fn) -> gr.Blocks:
     """The workbench page. ``exports`` keeps the Deepstack exports (a bounded, self-cleaning folder)."""
-    from g4v.inspection import ExportStore
+    from g4v.inspect.exports import ExportStore
 
     config = local_config(engine)
     with gr.Blocks(title="Granite 4 Vision workbench", analytics_enabled=False, delete_cache=CACHE_CLEANUP) as demo:

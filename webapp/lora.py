@@ -4,8 +4,8 @@ import threading
 
 import gradio as gr
 
-from g4v.lora import (adapter_folder_help, describe_adapters, lora_side_by_side, lora_token_diff,
-                      preselected_adapter)
+from g4v.lora.side_by_side import adapter_folder_help, describe_adapters, lora_side_by_side, preselected_adapter
+from g4v.lora.token_diff import lora_token_diff
 from webapp.common import MODEL_QUEUE, image_input, sampling_settings, shows_errors, use_last_chat_image
 
 
@@ -44,7 +44,7 @@ def lora_tab(engine, model: str, adapters_dir, last_chat_image: gr.State, concur
             from_chat = gr.Button("Use the last chat image", elem_id="lora-from-chat")
             max_new_tokens = gr.Slider(1, 256, value=48, step=1, label="Max new tokens")
             temperature = gr.Slider(0.0, 2.0, value=0.0, step=0.05, label="Temperature (0 = greedy)")
-            seed = gr.Number(value=0, precision=0, label="Seed")
+            seed = gr.Number(value=0, label="Seed")  # checked by sampling_settings
     prompt = gr.Textbox(label="Prompt", value="What colour is the shape?")
     with gr.Row():
         run = gr.Button("Run side by side", variant="primary")

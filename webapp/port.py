@@ -4,7 +4,7 @@ level, per layer, per config field. It runs ``python -m g4v port-diff`` in the v
 import gradio as gr
 
 from g4v.engines import vllm_python
-from g4v.port_diff_runner import run_port_diff_in_vllm_env
+from g4v.port.in_vllm_env import run_port_diff_in_vllm_env
 from webapp.common import image_input, shows_errors, use_last_chat_image
 
 PORT_COLUMNS = ["level", "LLM layer", "max |diff|", "max relative diff", "tolerance used", "verdict"]

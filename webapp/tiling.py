@@ -1,9 +1,12 @@
 """The Tiling tab: which anyres grid the model picks, and which pixels each image token covers."""
 
+import hashlib
+
 import gradio as gr
 
 from g4v.errors import G4VError
-from g4v.tiling import first_token_to_show, highlight_token, tiling_report, token_at
+from g4v.tiling import first_token_to_show, token_at
+from g4v.tiling_view import highlight_token, tiling_report
 from viz.figures import original_point
 from webapp.common import image_input, shows_errors, use_last_chat_image
 
@@ -16,6 +19,20 @@ def token_description(plan, index: int) -> str:
             f"column {token.col}; covers x {left}-{right}, y {top}-{bottom} of the original image.")
 
 
+def fingerprint(image_path) -> str:
+    """The file's SHA-256: a token picked later must be about the picture that was analysed, not
+    merely one of the same size."""
+    with open(image_path, "rb") as handle:
+        return hashlib.file_digest(handle, "sha256").hexdigest()
+
+
+def check_same_image(image_path, plan, analysed: str | None) -> None:
+    if plan is None or not image_path:
+        raise G4VError("analyse an image first")
+    if analysed is not None and fingerprint(image_path) != analysed:
+        raise G4VError("the image changed since it was analysed: analyse it again")
+
+
 def make_handlers(config):
     @shows_errors
     def analyse(image_path):
@@ -26,20 +43,19 @@ def make_handlers(config):
             raise G4VError("upload an image first")
         overlay, rows, plan = tiling_report(image_path, config)
         first = first_token_to_show(plan)
-        return overlay, rows, plan, first, highlight_token(image_path, plan, first), token_description(plan, first)
+        view = highlight_token(image_path, plan, first)
+        return overlay, rows, plan, first, view, token_description(plan, first), fingerprint(image_path)
 
     @shows_errors
-    def select_index(image_path, plan, index):
-        if plan is None or not image_path:
-            raise G4VError("analyse an image first")
-        view = highlight_token(image_path, plan, index)  # checks the index and that the image is the plan's
+    def select_index(image_path, plan, analysed, index):
+        check_same_image(image_path, plan, analysed)
+        view = highlight_token(image_path, plan, index)  # checks the index and the image's size
         return view, token_description(plan, index)
 
     @shows_errors
-    def select_click(image_path, plan, evt: gr.SelectData):
+    def select_click(image_path, plan, analysed, evt: gr.SelectData):
         """Clicking the token view picks the tile token under the pointer (else the base token)."""
-        if plan is None or not image_path:
-            raise G4VError("analyse an image first")
+        check_same_image(image_path, plan, analysed)
         height, width = plan.image_size
         x, y = original_point(*evt.index, (width, height))  # the token view may be drawn smaller
         token = token_at(plan, x, y) or token_at(plan, x, y, kind="base")
@@ -62,16 +78,19 @@ def tiling_tab(config, last_chat_image: gr.State) -> None:
                        elem_id="tiling-overlay")
     with gr.Row():
         token_view = gr.Image(label="Selected token (click a spot to pick its token)", interactive=False,
-                              format="png")
+                              format="png", height=420)
         with gr.Column():
             token_index = gr.Number(label="Token index", precision=0, value=0)
             token_info = gr.Markdown()
     plan = gr.State(None)
+    analysed = gr.State(None)  # the analysed file's fingerprint
 
     analyse, select_index, select_click = make_handlers(config)
-    outputs = [overlay, table, plan, token_index, token_view, token_info]
+    outputs = [overlay, table, plan, token_index, token_view, token_info, analysed]
     image.upload(analyse, image, outputs, api_name="tiling")
     use_last_chat_image(from_chat, last_chat_image, image).success(
         analyse, image, outputs, api_visibility="private")
-    token_index.submit(select_index, [image, plan, token_index], [token_view, token_info], api_name="tiling_token")
-    token_view.select(select_click, [image, plan], [token_index, token_view, token_info], api_visibility="private")
+    token_index.submit(select_index, [image, plan, analysed, token_index], [token_view, token_info],
+                       api_name="tiling_token")
+    token_view.select(select_click, [image, plan, analysed], [token_index, token_view, token_info],
+                      api_visibility="private")

@@ -26,7 +26,7 @@ def add_engines_arguments(parser) -> None:
 def run_engines(args) -> int:
     from tqdm import tqdm
 
-    from g4v import engine_bench
+    from g4v.engines import bench as engine_bench
     from g4v.conversation import SamplingSettings
     from g4v.errors import G4VError
 
@@ -77,13 +77,13 @@ def _starter(backend: str, model: str | None, options: dict, serve: bool):
 
 
 def add_inspect_arguments(parser) -> None:
-    from g4v import inspect_bench
+    from g4v.inspect import bench as inspect_bench
 
     inspect_bench.add_arguments(parser)
 
 
 def run_inspect(args) -> int:
-    from g4v import inspect_bench
+    from g4v.inspect import bench as inspect_bench
 
     return inspect_bench.run(args)
 

@@ -4,7 +4,7 @@ import sys
 
 from g4v.commands.common import add_adapters_dir_flag, add_backend_flag, add_model_flags
 from g4v.commands.engine_flags import add_engine_flags, engine_options
-from g4v.conversation import MAX_IMAGES_PER_MESSAGE, Message, SamplingSettings, validate_conversation
+from g4v.conversation import MAX_IMAGES_PER_MESSAGE, MAX_NEW_TOKENS, Message, SamplingSettings, validate_conversation
 from g4v.errors import G4VError
 from g4v.images import open_image
 
@@ -38,9 +38,9 @@ def run(args) -> int:
     # Check everything the user typed before the (slow) model load.
     messages = [Message("user", args.prompt, open_images(args.image))]
     validate_conversation(messages)
-    settings = SamplingSettings(args.max_new_tokens, args.temperature, args.top_p, args.seed).validated()
+    settings = SamplingSettings(args.max_new_tokens, args.temperature, args.top_p, args.seed).validated(MAX_NEW_TOKENS)
     if args.adapter is not None:
-        from g4v.adapters import adapter_dirs, resolve_adapter
+        from g4v.lora.folders import adapter_dirs, resolve_adapter
 
         resolve_adapter(args.adapter, adapter_dirs(args.adapters_dir))
 
@@ -63,7 +63,7 @@ def _activate(engine, choice: str | None, adapters_dir) -> str | None:
     """The engine's name for the ``--adapter`` (checked against its model), or None for the base."""
     if choice is None:
         return None
-    from g4v.lora import activate_adapter
+    from g4v.lora.side_by_side import activate_adapter
 
     spec = activate_adapter(engine, choice, adapters_dir)
     print(f"adapter: {spec.name}", file=sys.stderr)

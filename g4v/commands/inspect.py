@@ -27,7 +27,7 @@ def add_parser(subparsers):
 
 
 def run(args) -> int:
-    from g4v.deepstack import parse_scale_specs
+    from g4v.inspect.levels import parse_scale_specs
 
     # Everything the user typed is checked before the (slow) model load.
     image = open_image(args.image)
@@ -42,7 +42,7 @@ def run(args) -> int:
     _check_levels_early(args.model, args.ablate, scale)
 
     from g4v.engines.hf import TransformersEngine
-    from g4v.inspection import run_inspection
+    from g4v.inspect.run import run_inspection
     from g4v.paths import default_model
 
     engine = TransformersEngine(args.model or default_model(), device=args.device, dtype=args.dtype)
@@ -59,7 +59,7 @@ def _check_levels_early(model: str | None, ablate: list[str], scale: dict) -> No
     """Level names come from the config; a local model folder lets us check them without weights."""
     if not ablate and not scale:
         return
-    from g4v.deepstack import describe_levels, level_scales
+    from g4v.inspect.levels import describe_levels, level_scales
     from g4v.paths import default_model
     from g4v.loading import load_config
 

@@ -27,13 +27,13 @@ def run(args) -> int:
     messages = [Message("user", args.prompt, open_images(args.image))]
     validate_conversation(messages)
     settings = SamplingSettings(max_new_tokens=args.max_new_tokens).validated()
-    from g4v.adapters import adapter_dirs, resolve_adapter
+    from g4v.lora.folders import adapter_dirs, resolve_adapter
 
     resolve_adapter(args.adapter, adapter_dirs(args.adapters_dir))
 
     from g4v.engines.hf import TransformersEngine
-    from g4v.lora import activate_adapter
-    from g4v.lora_diff import lora_diff
+    from g4v.lora.side_by_side import activate_adapter
+    from g4v.lora.token_diff import lora_diff
     from g4v.paths import default_model
 
     engine = TransformersEngine(args.model or default_model(), device=args.device, dtype=args.dtype)

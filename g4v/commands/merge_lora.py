@@ -17,7 +17,7 @@ def add_parser(subparsers):
 
 
 def run(args) -> int:
-    from g4v.lora_merge import merge_lora
+    from g4v.lora.merge import merge_lora
 
     result = merge_lora(args.model or default_model(), args.adapter, args.out, adapters_dir=args.adapters_dir)
     print(

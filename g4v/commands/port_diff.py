@@ -50,7 +50,7 @@ def run(args) -> int:
     os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
     if args.max_new_tokens < 0:
         raise G4VError(f"--max-new-tokens must be >= 0, got {args.max_new_tokens}")
-    from g4v.port_diff import run_port_diff
+    from g4v.port.run import run_port_diff
 
     result = run_port_diff(picture, args.prompt, model=args.model, max_new_tokens=args.max_new_tokens,
                            atol=args.atol, rtol=args.rtol, draw=bool(args.png))

@@ -11,20 +11,19 @@ what vLLM's port needs to load it too:
 * a language-model head size of 64 (vLLM's CPU attention rejects 16).
 """
 
-import hashlib
 import json
 import shutil
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
 from transformers import Granite4VisionConfig, Granite4VisionForConditionalGeneration, Granite4VisionProcessor
 from transformers.models.llava_next.image_processing_pil_llava_next import LlavaNextImageProcessorPil
 
 from g4v.demo.tokenizer import CHAT_TEMPLATE, END_OF_TEXT, IMAGE, PAD, build_tokenizer
+from g4v.loading import save_weights
 
 SEED = 1234
-WEIGHTS_FILE = "model.safetensors"
+#: The weights are stored in bf16 like the real checkpoint's: it halves the size, and loading upcasts exactly.
 STORAGE_DTYPE = torch.bfloat16
 
 TILE = 128  # vision image_size: each anyres tile and the base view are TILE x TILE pixels
@@ -112,33 +111,6 @@ def tiny_image_processor() -> LlavaNextImageProcessorPil:
     )
 
 
-def to_hub_layout(state_dict: dict[str, torch.Tensor], dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    """Rename transformers' in-memory names to the hub layout that both transformers and vLLM load."""
-    hub = {}
-    for name, tensor in state_dict.items():
-        if name.startswith("model.vision_tower.") and not name.startswith("model.vision_tower.vision_model."):
-            name = "model.vision_tower.vision_model." + name[len("model.vision_tower.") :]
-        hub[name] = tensor.detach().to(dtype).contiguous().clone()
-    return hub
-
-
-def save_weights(model: torch.nn.Module, folder: Path, dtype: torch.dtype = STORAGE_DTYPE) -> str:
-    """Write ``model.safetensors`` in the hub layout, in bf16 like the real checkpoint (it halves the
-    size; loading upcasts exactly) unless ``dtype`` says otherwise; returns its SHA-256."""
-    tensors = to_hub_layout(model.state_dict(), dtype)
-    path = folder / WEIGHTS_FILE
-    save_file(tensors, str(path), metadata={"format": "pt"})
-    return sha256_file(path)
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def _write_json(path: Path, data: dict) -> None:
     path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
 
@@ -185,7 +157,7 @@ def save_checkpoint(model, processor, out: Path, provenance: dict) -> str:
     model.config.save_pretrained(out)
     model.generation_config.save_pretrained(out)
     processor.save_pretrained(out)
-    weights_sha = save_weights(model, out)
+    weights_sha = save_weights(model, out, STORAGE_DTYPE)
     _normalise_json_files(out)
     _write_json(out / "g4v_build.json", {**provenance, "weights_sha256": weights_sha})
     return weights_sha

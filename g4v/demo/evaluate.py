@@ -7,8 +7,8 @@
 * (hf) the same with all 8 injection levels ablated, and with each single level ablated. Ablating a
   level zeroes the features Granite 4 Vision adds into the language model at that level (the image
   placeholder embeddings are already zero, so with all 8 ablated the model sees no picture at all).
-  It uses :func:`g4v.deepstack.instrument` (a forward pre-hook on the language model that scales
-  the ``deepstack_features`` it is handed), so the model code is untouched;
+  It uses :func:`g4v.inspect.capture.instrument` (a forward pre-hook on the language model that
+  scales the ``deepstack_features`` it is handed), so the model code is untouched;
 * (hf) the demo adapter: adherence (colour answers given in French) and accuracy with it on, and
   "adapter off => base answers unchanged" (the same engine with the adapter loaded but disabled,
   answer for answer).
@@ -87,21 +87,21 @@ def accuracy(pairs, replies: list[str], target=lambda qa: qa.answer) -> dict[str
 
 
 def ablation_scales(model, names: list[str] | None) -> dict[str, float]:
-    from g4v.deepstack import describe_levels
+    from g4v.inspect.levels import describe_levels
 
     levels = describe_levels(model.config)
     return {level.name: 0.0 for level in levels if names is None or level.name in names}
 
 
 def level_names(model) -> list[str]:
-    from g4v.deepstack import describe_levels
+    from g4v.inspect.levels import describe_levels
 
     return [level.name for level in describe_levels(model.config)]
 
 
 def ablated_answers(model, processor, pairs, scales: dict[str, float]) -> list[str]:
     """Batched answers with the given levels scaled (0 = ablated)."""
-    from g4v.deepstack import instrument
+    from g4v.inspect.capture import instrument
 
     with instrument(model, scales=scales, record=False):
         return batched_answers(model, processor, pairs)

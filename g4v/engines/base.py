@@ -45,13 +45,8 @@ class Engine(ABC):
         """Answer the conversation in one piece."""
 
     @abstractmethod
-    def stream(
-        self,
-        messages: list[Message],
-        settings: SamplingSettings,
-        cancel: threading.Event | None = None,
-        adapter: str | None = None,
-    ) -> Iterator[str]:
+    def stream(self, messages: list[Message], settings: SamplingSettings, cancel: threading.Event | None = None,
+               adapter: str | None = None) -> Iterator[str]:
         """Yield the answer as text pieces whose concatenation equals :meth:`generate`'s text.
 
         Generation stops early, and the engine is free for the next request, when ``cancel`` is
@@ -59,7 +54,7 @@ class Engine(ABC):
         """
 
     def register_adapter(self, name: str, path: str) -> None:
-        """Make a LoRA adapter folder (already checked by ``g4v.adapters``) available as ``name``,
+        """Make a LoRA adapter folder (already checked by ``g4v.lora.checks``) available as ``name``,
         for the ``adapter=`` argument of :meth:`generate` and :meth:`stream`."""
         from g4v.errors import G4VError
 

@@ -122,13 +122,8 @@ class TransformersEngine(Engine):
         text = self.tokenizer.decode(new_tokens, **_DECODE)
         return Generation(text=text, token_ids=new_tokens, finish_reason=finish_reason, prompt_tokens=prompt_tokens)
 
-    def stream(
-        self,
-        messages: list[Message],
-        settings: SamplingSettings,
-        cancel: threading.Event | None = None,
-        adapter: str | None = None,
-    ) -> Iterator[str]:
+    def stream(self, messages: list[Message], settings: SamplingSettings, cancel: threading.Event | None = None,
+               adapter: str | None = None) -> Iterator[str]:
         # Validate and tokenise before the first yield, so bad input fails at the call site.
         settings = settings.validated()
         self._check_adapter(adapter)

@@ -125,13 +125,8 @@ class RemoteEngine(Engine):
         return Generation(text="".join(pieces), token_ids=token_ids, finish_reason=finish or "cancelled",
                           prompt_tokens=usage.get("prompt_tokens", 0))
 
-    def stream(
-        self,
-        messages: list[Message],
-        settings: SamplingSettings,
-        cancel: threading.Event | None = None,
-        adapter: str | None = None,
-    ) -> Iterator[str]:
+    def stream(self, messages: list[Message], settings: SamplingSettings, cancel: threading.Event | None = None,
+               adapter: str | None = None) -> Iterator[str]:
         body = self._body(messages, settings, adapter)  # bad input fails here, at the call site
         return self._stream_text(body, cancel or threading.Event())
 

@@ -24,7 +24,7 @@ import queue
 import re
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from g4v.conversation import Message, SamplingSettings, to_template_messages, validate_conversation
@@ -48,21 +48,28 @@ _END = object()
 @dataclass
 class VLLMSettings:
     """The settings users tune, passed through to vLLM's engine arguments (``None``: vLLM's or
-    :func:`cpu_defaults`' choice). Names match vLLM's, so its documentation applies."""
+    :func:`cpu_defaults`' choice). Names match vLLM's, so its documentation applies.
+
+    The one place for them: the commands' flags (:mod:`g4v.commands.engine_flags`, help from each
+    field's metadata) and the server's command line (:mod:`g4v.engines.vllm_server`) are derived
+    from these fields."""
 
     dtype: str | None = None
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
     max_model_len: int | None = None
     max_num_batched_tokens: int | None = None
-    gpu_memory_utilization: float | None = None
-    enforce_eager: bool | None = None
+    gpu_memory_utilization: float | None = field(
+        default=None, metadata={"help": "share of GPU memory (on the CPU build: of RAM) vLLM may take"})
+    enforce_eager: bool | None = field(default=None, metadata={"help": "skip CUDA graphs and compilation"})
     #: LoRA slots are reserved at start-up, so adapters can only be served when this is on.
-    enable_lora: bool = True
+    enable_lora: bool = field(default=True, metadata={
+        "flag": "--no-lora", "help": "start vLLM without LoRA slots (a little faster; adapters cannot be served)"})
     max_lora_rank: int | None = None
-    max_loras: int | None = None
+    max_loras: int | None = field(default=None, metadata={"help": "adapters vLLM keeps loaded at once"})
     #: ``{"image": PATH}`` applies that LoRA to every request with an image (vLLM feature).
-    default_mm_loras: dict | None = None
+    default_mm_loras: dict | None = field(
+        default=None, metadata={"help": 'apply a LoRA to every image request, e.g. \'{"image": "PATH"}\''})
     #: Images one prompt may carry (vLLM reserves encoder memory for this many).
     max_images: int = 4
 
@@ -281,13 +288,8 @@ class VLLMEngine(Engine):
         request = self._submit(messages, settings, adapter)
         return self._collect(request, self._drain(request, threading.Event()))
 
-    def stream(
-        self,
-        messages: list[Message],
-        settings: SamplingSettings,
-        cancel: threading.Event | None = None,
-        adapter: str | None = None,
-    ) -> Iterator[str]:
+    def stream(self, messages: list[Message], settings: SamplingSettings, cancel: threading.Event | None = None,
+               adapter: str | None = None) -> Iterator[str]:
         # Submit before the first yield, so bad input fails at the call site.
         request = self._submit(messages, settings, adapter)
         return self._stream_text(request, cancel or threading.Event())

@@ -18,16 +18,17 @@ import socket
 import subprocess
 import sys
 import time
+from dataclasses import fields
 
 import httpx
 
 from g4v.engines.vllm_engine import VLLMSettings, adapter_capacity, engine_arguments
 from g4v.errors import G4VError
 
-#: Engine arguments that become server flags; the rest of ``engine_arguments`` has no flag or is
-#: the model itself.
-_FLAGS = ("dtype", "tensor_parallel_size", "pipeline_parallel_size", "max_model_len", "max_num_batched_tokens",
-          "gpu_memory_utilization", "max_lora_rank", "max_loras", "limit_mm_per_prompt", "default_mm_loras")
+#: Engine arguments that become server flags: those of the :class:`VLLMSettings` fields (vLLM's own
+#: names), with ``max_images`` reaching vLLM as ``limit_mm_per_prompt`` (see ``engine_arguments``).
+#: The rest of ``engine_arguments`` has no flag or is the model itself.
+_FLAGS = tuple("limit_mm_per_prompt" if f.name == "max_images" else f.name for f in fields(VLLMSettings))
 
 
 def free_port() -> int:
@@ -48,15 +49,19 @@ def server_command(model: str, port: int, settings: VLLMSettings, served_name: s
                "--served-model-name", served_name, "--host", "127.0.0.1", "--port", str(port)]
     for key in _FLAGS:
         if key in arguments:
-            value = arguments[key]
-            command += [f"--{key.replace('_', '-')}", json.dumps(value) if isinstance(value, dict) else str(value)]
-    if arguments.get("enforce_eager"):
-        command.append("--enforce-eager")
-    if arguments.get("enable_lora"):
-        command.append("--enable-lora")
-        if lora_modules:
-            command += ["--lora-modules", *(f"{name}={path}" for name, path in lora_modules.items())]
+            command += _server_flag(key, arguments[key])
+    if arguments.get("enable_lora") and lora_modules:
+        command += ["--lora-modules", *(f"{name}={path}" for name, path in lora_modules.items())]
     return command
+
+
+def _server_flag(key: str, value) -> list[str]:
+    """One engine argument as vLLM's server flag: a switch when on (nothing when off), JSON for a
+    dict, else the value."""
+    flag = f"--{key.replace('_', '-')}"
+    if isinstance(value, bool):
+        return [flag] if value else []
+    return [flag, json.dumps(value) if isinstance(value, dict) else str(value)]
 
 
 class VLLMServer:

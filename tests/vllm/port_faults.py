@@ -10,7 +10,7 @@ import torch
 def plant_scaled_level(model, index: int, factor: float) -> None:
     """From now on ``embed_multimodal`` returns level ``index`` times ``factor``, for the probe and
     for real requests alike."""
-    from g4v.vllm_probe import granite_model
+    from g4v.port.worker import granite_model
 
     model = granite_model(model)
     hidden = model.config.text_config.hidden_size
@@ -28,6 +28,6 @@ def plant_scaled_level(model, index: int, factor: float) -> None:
 
 
 def remove_planted_fault(model) -> None:
-    from g4v.vllm_probe import granite_model
+    from g4v.port.worker import granite_model
 
     granite_model(model).__dict__.pop("embed_multimodal", None)

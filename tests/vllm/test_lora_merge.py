@@ -17,7 +17,7 @@ CHAT = CASES["grid_square"]
 @pytest.fixture(scope="module")
 def demo_engine(vllm_engine):
     """The session's vLLM engine with the demo adapter registered the way the app does it."""
-    from g4v.lora import activate_adapter
+    from g4v.lora.side_by_side import activate_adapter
 
     activate_adapter(vllm_engine, ADAPTER_NAME)
     return vllm_engine
@@ -27,7 +27,7 @@ def demo_engine(vllm_engine):
 def merged_engine(tmp_path_factory):
     """vLLM on the merged checkpoint (no LoRA support needed), started once for this module."""
     from g4v.engines.vllm_engine import VLLMEngine, VLLMSettings
-    from g4v.lora_merge import merge_lora
+    from g4v.lora.merge import merge_lora
     from g4v.paths import BUNDLED_MODEL_DIR
 
     out = tmp_path_factory.mktemp("merged") / "demo-merged"
@@ -41,7 +41,7 @@ def merged_engine(tmp_path_factory):
 
 @pytest.mark.parametrize("settings", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
 def test_side_by_side_equals_separate_runs(demo_engine, settings):
-    from g4v.lora import stream_side_by_side
+    from g4v.lora.side_by_side import stream_side_by_side
 
     final = list(stream_side_by_side(demo_engine, CHAT, settings, ADAPTER_NAME))[-1]
     assert final.base_done and final.adapter_done
@@ -53,7 +53,7 @@ def test_side_by_side_equals_separate_runs(demo_engine, settings):
 def test_side_by_side_concurrent(demo_engine):
     """Base and adapter submitted together, with a second adapter loaded. vLLM CPU 0.32 reads base
     tokens' LoRA slot -1 as the last slot; the engine keeps that slot free (docs/benchmarks.md)."""
-    from g4v.lora import stream_side_by_side
+    from g4v.lora.side_by_side import stream_side_by_side
 
     final = list(stream_side_by_side(demo_engine, CHAT, GREEDY, ADAPTER_NAME, concurrent=True))[-1]
     assert final.base == demo_engine.generate(CHAT, GREEDY).text

@@ -1,4 +1,4 @@
-"""The vLLM port inspector (``g4v.port_diff``, ``python -m g4v port-diff``) against the real thing.
+"""The vLLM port inspector (``g4v.port``, ``python -m g4v port-diff``) against the real thing.
 
 vLLM's ``granite4_vision`` and transformers run side by side in this environment. On the bundled
 checkpoint every level and the residual trajectory must agree; the comparison must flag a level
@@ -30,7 +30,7 @@ PROMPT = "What colour is the shape?"
 
 @pytest.fixture(scope="module")
 def probe():
-    from g4v.port_diff import VLLMProbe
+    from g4v.port.probe import VLLMProbe
 
     previous = os.environ.get("VLLM_ALLOW_INSECURE_SERIALIZATION")
     with VLLMProbe(str(BUNDLED_MODEL_DIR)) as started:
@@ -45,7 +45,7 @@ def image():
 
 @pytest.fixture(scope="module")
 def result(hf_engine, probe, image):
-    from g4v.port_diff import run_port_diff
+    from g4v.port.run import run_port_diff
 
     return run_port_diff(image, PROMPT, hf_engine=hf_engine, probe=probe, max_new_tokens=8, draw=True)
 
@@ -53,7 +53,8 @@ def result(hf_engine, probe, image):
 @pytest.fixture(scope="module")
 def sides(hf_engine, probe, image):
     """Both sides' raw material, for comparisons with a perturbed reference."""
-    from g4v.port_diff import reference_run, split_levels
+    from g4v.port.compare import split_levels
+    from g4v.port.run import reference_run
 
     ref = reference_run(hf_engine, image, PROMPT, max_new_tokens=0)
     embedded = probe.embed_levels(ref["inputs"]["pixel_values"], ref["inputs"]["image_sizes"])
@@ -62,7 +63,7 @@ def sides(hf_engine, probe, image):
 
 
 def test_every_level_agrees_within_1e_5(result):
-    from g4v.port_diff import default_tolerance
+    from g4v.port.compare import default_tolerance
 
     assert result.summary["tolerance"] == default_tolerance(torch.float32).summary()
     levels = result.summary["levels"]
@@ -113,7 +114,7 @@ def test_config_audit_reads_vllm_modules(result, hf_engine):
 
 
 def test_swapped_level_is_flagged(sides):
-    from g4v.port_diff import compare_levels, default_tolerance
+    from g4v.port.compare import compare_levels, default_tolerance
 
     ref, vllm = sides
     features = dict(ref["features"])
@@ -125,7 +126,7 @@ def test_swapped_level_is_flagged(sides):
 
 
 def test_dropped_level_is_flagged(sides):
-    from g4v.port_diff import compare_levels, default_tolerance
+    from g4v.port.compare import compare_levels, default_tolerance
 
     ref, vllm = sides
     tolerance = default_tolerance(torch.float32)
@@ -140,7 +141,7 @@ def test_dropped_level_is_flagged(sides):
 
 
 def test_scaled_level_is_flagged(sides):
-    from g4v.port_diff import compare_levels, default_tolerance
+    from g4v.port.compare import compare_levels, default_tolerance
 
     ref, vllm = sides
     scaled = {**ref["features"], "spatial_BL": ref["features"]["spatial_BL"] * 1.001}
@@ -155,7 +156,7 @@ def test_scaled_level_is_flagged(sides):
 def test_zero_tolerance_sees_the_rounding(sides):
     """``--atol 0 --rtol 0`` asks for bit-identical features; vLLM's kernels round differently from
     transformers', so every level then differs (by rounding only: far inside the default)."""
-    from g4v.port_diff import compare_levels, default_tolerance
+    from g4v.port.compare import compare_levels, default_tolerance
 
     ref, vllm = sides
     exact = compare_levels(ref["levels"], ref["features"], vllm, default_tolerance(torch.float32, atol=0, rtol=0))
@@ -169,7 +170,7 @@ def test_fault_planted_in_vllm_is_caught_end_to_end(hf_engine, probe):
     level and the factor, and lets the others pass. A picture no other test sends, so vLLM's
     encoder cache cannot answer with features computed before the fault."""
     from g4v.commands.port_diff import EXIT_DIFFERS, exit_status
-    from g4v.port_diff import run_port_diff
+    from g4v.port.run import run_port_diff
 
     index = 5  # spatial_TR
     probe.apply(plant_scaled_level, index=index, factor=1.001)
@@ -188,7 +189,7 @@ def test_fault_planted_in_vllm_is_caught_end_to_end(hf_engine, probe):
 
 
 def test_trajectory_departure_is_located(sides):
-    from g4v.port_diff import compare_trajectories
+    from g4v.port.compare import compare_trajectories
 
     ref, _ = sides
     norms = ref["norms"].clone()
@@ -216,7 +217,7 @@ def _checkpoint_with_qformer(tmp_path, **qformer) -> str:
 def test_qformer_vllm_cannot_build_is_reported_field_by_field(tmp_path):
     """Sizes vLLM's fixed Q-Former cannot hold (it would not even load these weights): the audit
     still comes back, from vLLM's own projector class built without an engine."""
-    from g4v.port_diff import audit_checkpoint
+    from g4v.port.audit import audit_checkpoint
 
     folder = _checkpoint_with_qformer(tmp_path, intermediate_size=128, num_hidden_layers=2)
     audit = audit_checkpoint(folder)
@@ -233,7 +234,7 @@ def test_qformer_vllm_cannot_build_is_reported_field_by_field(tmp_path):
 def test_checkpoint_that_does_not_load_still_gets_its_audit(tmp_path, image):
     """Weights made for vLLM's fixed Q-Former under a config that says otherwise: transformers
     refuses to load them, and the inspector answers with the audit instead of a traceback."""
-    from g4v.port_diff import run_port_diff
+    from g4v.port.run import run_port_diff
 
     folder = _checkpoint_with_qformer(tmp_path, intermediate_size=128)
     result = run_port_diff(image, PROMPT, model=folder, max_new_tokens=2, draw=True)

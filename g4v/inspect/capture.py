@@ -1,17 +1,10 @@
-"""What Granite 4 Vision's 8 visual injections carry, and what they do to the language model.
-
-Granite 4 Vision zeroes the embeddings of the ``<image>`` placeholder tokens and adds its visual
-features into the language model's residual stream at 8 places ("levels"):
-
-* 4 **deepstack** levels: ``config.deepstack_layer_map`` pairs ``(vision_layer, llm_layer)``; each
-  vision layer is area-downsampled and projected by its own window Q-Former;
-* 4 **spatial** levels: the ``spatial_vision_layer`` sampled at one corner (TL, TR, BL, BR) of every
-  2x2 block, injected at ``spatial_target_layers``.
+"""What one forward pass of Granite 4 Vision injects at each level, and the residual stream around it.
 
 transformers' ``Granite4VisionModel.forward`` hands the language model a dict
 ``deepstack_features = {llm_layer: features (num_image_tokens, hidden)}`` and a ``vision_mask``;
 ``Granite4VisionTextModel.forward`` adds ``deepstack_features[i]`` at the image positions right
-before decoder layer ``i``. Nothing here copies that code. :func:`instrument` attaches hooks:
+before decoder layer ``i`` (the levels: :mod:`g4v.inspect.levels`). Nothing here copies that code.
+:func:`instrument` attaches hooks:
 
 * a forward pre-hook on the language model reads (and, to ablate or scale a level, replaces) the
   ``deepstack_features`` argument: the exact tensors the model injects;
@@ -26,138 +19,14 @@ are kept only with ``full=True``. Every hook is removed when the ``with`` block 
 happens inside it, so nothing leaks into the next request.
 """
 
-import math
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager, nullcontext
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
 
 from g4v.errors import G4VError
-
-SPATIAL_OFFSETS = ("TL", "TR", "BL", "BR")  # order of transformers' spatial_projectors (offset 0..3)
-
-#: The largest factor (in absolute value) a level may be scaled by. Injected features are of the
-#: residual stream's own size, so a factor this large already swamps every other signal; beyond it a
-#: bf16 or fp16 model only overflows to inf / NaN, which says nothing about the level.
-MAX_SCALE = 1e4
-
-
-# ── levels, from the config ─────────────────────────────────────────────────────────────────────
-
-
-@dataclass(frozen=True)
-class Level:
-    """One of the 8 places where visual features enter the language model."""
-
-    index: int  # position in transformers' deepstack_features list: deepstack first, then spatial
-    name: str  # deepstack0..deepstack3, spatial_TL..spatial_BR
-    kind: str  # "deepstack" or "spatial"
-    vision_layer: int  # as written in the config: an index into the vision tower's hidden states
-    vision_hidden_state: int  # the same, resolved: 0 = patch embeddings, k = output of encoder layer k
-    llm_layer: int  # the decoder layer the features are added in front of
-    offset: str | None = None  # spatial levels: which corner of each 2x2 block (TL, TR, BL, BR)
-
-    def as_dict(self) -> dict:
-        return {
-            "index": self.index,
-            "name": self.name,
-            "kind": self.kind,
-            "vision_layer": self.vision_layer,
-            "vision_hidden_state": self.vision_hidden_state,
-            "llm_layer": self.llm_layer,
-            "offset": self.offset,
-        }
-
-
-def describe_levels(config) -> list[Level]:
-    """The 8 levels of a ``Granite4VisionConfig``, in the order the model produces their features."""
-    vision_states = config.vision_config.num_hidden_layers + 1  # embeddings + one per encoder layer
-    text_layers = config.text_config.num_hidden_layers
-    levels = []
-    for index, (vision_layer, llm_layer) in enumerate(config.deepstack_layer_map or []):
-        levels.append(Level(index, f"deepstack{index}", "deepstack", int(vision_layer),
-                            _resolve(int(vision_layer), vision_states), int(llm_layer)))
-    spatial_layer = int(config.spatial_vision_layer)
-    for offset, llm_layer in zip(SPATIAL_OFFSETS, config.spatial_target_layers or []):
-        levels.append(Level(len(levels), f"spatial_{offset}", "spatial", spatial_layer,
-                            _resolve(spatial_layer, vision_states), int(llm_layer), offset))
-    targets = [level.llm_layer for level in levels]
-    if len(set(targets)) != len(targets) or not all(0 <= layer < text_layers for layer in targets):
-        # The model keys its injections by LLM layer, so a shared layer would silently drop a level.
-        raise G4VError(f"this model's injection layers {targets} are not distinct layers of its {text_layers}-layer LM")
-    return levels
-
-
-def _resolve(layer: int, count: int) -> int:
-    return layer if layer >= 0 else count + layer
-
-
-def find_level(levels: list[Level], spec) -> Level:
-    """A level by name (case-insensitive) or by index (an int or a string of digits)."""
-    text = str(spec).strip()
-    if text.lstrip("-").isdigit():
-        number = int(text)
-        if 0 <= number < len(levels):
-            return levels[number]
-    for level in levels:
-        if level.name.lower() == text.lower():
-            return level
-    names = ", ".join(level.name for level in levels)
-    raise G4VError(f"unknown level {text!r}: use an index 0-{len(levels) - 1} or one of {names}")
-
-
-def level_scales(levels: list[Level], ablate: Iterable = (), scale: dict | None = None) -> dict[str, float]:
-    """``{level name: factor}`` from levels to zero and ``{level: factor}`` to scale; checks every name
-    and factor. A factor of exactly 1 changes nothing, so it is left out: the result holds only the
-    levels that a second run would really change (see :func:`unit_scale_levels` for the others)."""
-    return {name: f for name, f in requested_scales(levels, ablate, scale).items() if f != 1.0}
-
-
-def unit_scale_levels(levels: list[Level], ablate: Iterable = (), scale: dict | None = None) -> list[str]:
-    """The levels asked to be scaled by exactly 1 (so left unchanged), for reports to mention."""
-    return sorted(name for name, f in requested_scales(levels, ablate, scale).items() if f == 1.0)
-
-
-def requested_scales(levels: list[Level], ablate: Iterable = (), scale: dict | None = None) -> dict[str, float]:
-    """Every requested ``{level name: factor}``, factors of 1 included; ablating wins over scaling."""
-    factors: dict[str, float] = {}
-    for spec, factor in (scale or {}).items():
-        factors[find_level(levels, spec).name] = _checked_factor(spec, factor)
-    for spec in ablate:
-        factors[find_level(levels, spec).name] = 0.0
-    return factors
-
-
-def _checked_factor(spec, factor) -> float:
-    try:
-        factor = float(factor)
-    except (TypeError, ValueError):
-        raise G4VError(f"scale for level {spec!r} must be a number, got {factor!r}") from None
-    if not math.isfinite(factor):
-        raise G4VError(f"scale for level {spec!r} must be finite, got {factor}")
-    if abs(factor) > MAX_SCALE:
-        raise G4VError(f"scale for level {spec!r} is {factor:g}, outside -{MAX_SCALE:g} to {MAX_SCALE:g}: a "
-                       "larger factor only overflows the model's numbers instead of showing the level's effect")
-    return factor
-
-
-def parse_scale_specs(specs: Iterable[str]) -> dict[str, float]:
-    """``["spatial_TL=0.5", "3=2"]`` -> ``{"spatial_TL": 0.5, "3": 2.0}`` (levels checked later)."""
-    parsed = {}
-    for spec in specs:
-        name, sep, value = str(spec).partition("=")
-        if not sep or not name.strip():
-            raise G4VError(f"--scale wants LEVEL=FACTOR, got {spec!r}")
-        try:
-            parsed[name.strip()] = float(value)
-        except ValueError:
-            raise G4VError(f"--scale {spec!r}: {value!r} is not a number") from None
-    return parsed
-
-
-# ── what one instrumented forward pass records ──────────────────────────────────────────────────
-
+from g4v.inspect.levels import Level, describe_levels
 
 @dataclass
 class LevelCapture:
@@ -359,8 +228,10 @@ class _Recorder:
 
 
 def _token_norms(hidden: torch.Tensor) -> torch.Tensor:
-    """(tokens, hidden) -> (tokens,) L2 norms, accumulated in float32 whatever the model's dtype."""
-    return torch.linalg.vector_norm(hidden, dim=-1, dtype=torch.float32)
+    """(tokens, hidden) -> (tokens,) float32 L2 norms, accumulated in float32 (float64 for a float64
+    model: torch refuses to accumulate in a narrower dtype than the input's)."""
+    accumulate = torch.promote_types(hidden.dtype, torch.float32)
+    return torch.linalg.vector_norm(hidden, dim=-1, dtype=accumulate).to(torch.float32)
 
 
 def _averaging_weights(mask: torch.Tensor) -> torch.Tensor:
@@ -432,129 +303,3 @@ def capture_forward(model, inputs: dict, scales: dict[str, float] | None = None,
         logits = model(**inputs, **forward_kwargs).logits
         capture = recorder.finish(scales or {})
     return capture, logits
-
-
-# ── ablation and scaling ────────────────────────────────────────────────────────────────────────
-
-
-@dataclass
-class TokenProb:
-    token_id: int
-    text: str
-    prob: float
-
-
-@dataclass
-class RunOutcome:
-    """What a prompt leads to: the next-token distribution and the greedy continuation."""
-
-    next_token_probs: torch.Tensor  # (vocab,) float32, CPU
-    top5: list[TokenProb]
-    continuation: str
-    continuation_ids: list[int]
-    # (vocab,) float32, CPU: the same distribution as log-probabilities, finite even where a
-    # probability underflows to 0, so the KL between two runs stays a number.
-    next_token_logprobs: torch.Tensor
-
-
-@dataclass
-class AblationResult:
-    scales: dict[str, float]  # level name -> factor (0 = ablated)
-    kl_divergence: float  # KL(before || after) of the next-token distribution, in nats
-    before: RunOutcome
-    after: RunOutcome
-    capture: Capture  # the modified run's capture
-
-    def summary(self) -> dict:
-        return {
-            "scales": self.scales,
-            "ablated": sorted(name for name, f in self.scales.items() if f == 0.0),
-            "kl_divergence": self.kl_divergence,
-            "top5_before": [vars(t) for t in self.before.top5],
-            "top5_after": [vars(t) for t in self.after.top5],
-            "continuation_before": self.before.continuation,
-            "continuation_after": self.after.continuation,
-            "levels_after": [cap.summary() for cap in self.capture.levels],
-            "trajectory_after": self.capture.trajectory.summary(),
-        }
-
-
-def next_token_probs(logits: torch.Tensor) -> torch.Tensor:
-    """(batch, seq, vocab) logits -> (vocab,) float32 probabilities of the token after the prompt."""
-    return torch.softmax(logits[0, -1].float(), dim=-1).cpu()
-
-
-def next_token_logprobs(logits: torch.Tensor) -> torch.Tensor:
-    """(batch, seq, vocab) logits -> (vocab,) float32 log-probabilities of the token after the prompt."""
-    return torch.log_softmax(logits[0, -1].float(), dim=-1).cpu()
-
-
-def kl_divergence(p: torch.Tensor, q: torch.Tensor) -> float:
-    """KL(p || q) in nats for two probability vectors."""
-    return float(torch.sum(torch.special.xlogy(p, p) - torch.special.xlogy(p, q)).clamp(min=0.0))
-
-
-def kl_divergence_of_logprobs(log_p: torch.Tensor, log_q: torch.Tensor) -> float:
-    """KL(p || q) in nats from log-probabilities: unlike :func:`kl_divergence` it stays finite when a
-    big change drives some of q's probabilities to exactly 0 in floating point."""
-    return float(torch.sum(log_p.exp() * (log_p - log_q)).clamp(min=0.0))
-
-
-def describe_scales(scales: dict[str, float]) -> str:
-    """``{"deepstack0": 1e308, "spatial_TL": 0}`` -> ``"deepstack0 by 1e+308, spatial_TL by 0"``."""
-    return ", ".join(f"{name} by {factor:g}" for name, factor in scales.items())
-
-
-def require_finite_logits(logits: torch.Tensor, scales: dict[str, float] | None = None) -> None:
-    """Refuse to report on NaN or infinite logits (an overflow in the model's dtype, or a huge
-    scale factor): numbers computed from them would be NaN, not an answer."""
-    if bool(torch.isfinite(logits[0, -1]).all()):
-        return
-    dtype = str(logits.dtype).removeprefix("torch.")
-    if scales:
-        raise G4VError(f"scaling {describe_scales(scales)} made the model's output non-finite (overflow in "
-                       f"{dtype}); try a smaller factor")
-    raise G4VError(f"the model's output is non-finite (NaN or infinite logits in {dtype}) for this input")
-
-
-def top_tokens(probs: torch.Tensor, tokenizer, k: int = 5) -> list[TokenProb]:
-    values, ids = torch.topk(probs, k=min(k, probs.numel()))
-    return [TokenProb(int(i), tokenizer.decode([int(i)]), float(v)) for v, i in zip(values, ids)]
-
-
-def greedy_continuation(model, inputs: dict, tokenizer, max_new_tokens: int,
-                        scales: dict[str, float] | None = None, levels: list[Level] | None = None) -> list[int]:
-    """Greedy new tokens with the given levels scaled (hooks live only for this call)."""
-    hooks = instrument(model, levels, scales, record=False) if scales else nullcontext()
-    with torch.inference_mode(), hooks:
-        output = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False,
-                                temperature=None, top_p=None, top_k=None,
-                                pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
-    new_ids = output[0, inputs["input_ids"].shape[1]:].tolist()
-    if tokenizer.eos_token_id in new_ids:
-        new_ids = new_ids[: new_ids.index(tokenizer.eos_token_id)]
-    return new_ids
-
-
-def run_outcome(model, inputs: dict, tokenizer, logits: torch.Tensor, max_new_tokens: int,
-                scales: dict[str, float] | None = None, levels: list[Level] | None = None) -> RunOutcome:
-    require_finite_logits(logits, scales)
-    probs = next_token_probs(logits)
-    ids = greedy_continuation(model, inputs, tokenizer, max_new_tokens, scales, levels) if max_new_tokens else []
-    return RunOutcome(probs, top_tokens(probs, tokenizer), tokenizer.decode(ids, skip_special_tokens=True), ids,
-                      next_token_logprobs(logits))
-
-
-def compare_scaled(model, inputs: dict, tokenizer, base: RunOutcome, scales: dict[str, float],
-                   max_new_tokens: int = 16, full: bool = False,
-                   levels: list[Level] | None = None) -> AblationResult:
-    """Run again with ``scales`` applied; compare with ``base`` (the unmodified run's outcome).
-
-    Raises :class:`G4VError` naming the factors when the scaled run's output is not finite."""
-    capture, logits = capture_forward(model, inputs, scales=scales, full=full, levels=levels, logits_to_keep=1)
-    after = run_outcome(model, inputs, tokenizer, logits, max_new_tokens, scales, levels)
-    kl = kl_divergence_of_logprobs(base.next_token_logprobs, after.next_token_logprobs)
-    if not math.isfinite(kl):
-        raise G4VError(f"scaling {describe_scales(scales)} gave a non-finite KL divergence; try a smaller factor")
-    return AblationResult(dict(scales), kl, base, after, capture)
-

@@ -127,7 +127,7 @@ def synthetic_inputs(config, image_size_hw: tuple[int, int], device: torch.devic
 
 
 def forward_once(model, inputs: dict, mode: str) -> None:
-    from g4v.deepstack import capture_forward
+    from g4v.inspect.capture import capture_forward
 
     with torch.inference_mode():
         if mode == "off":
@@ -244,8 +244,8 @@ def _parse_size(text: str) -> tuple[int, int]:
 
 
 def main(argv=None) -> int:
-    """Standalone entry (``python -m g4v.inspect_bench``), for machines without the full CLI set-up."""
-    parser = argparse.ArgumentParser(prog="python -m g4v.inspect_bench", description=__doc__.splitlines()[0])
+    """Standalone entry (``python -m g4v.inspect.bench``), for machines without the full CLI set-up."""
+    parser = argparse.ArgumentParser(prog="python -m g4v.inspect.bench", description=__doc__.splitlines()[0])
     add_arguments(parser)
     try:
         return run(parser.parse_args(argv))

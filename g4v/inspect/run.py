@@ -1,32 +1,27 @@
 """One deepstack inspection request, end to end: capture, optional ablation, pictures, export.
 
 The CLI (``python -m g4v inspect``) and the app's Deepstack tab both call :func:`run_inspection`.
-It runs on the transformers engine (the one whose model can be instrumented) and holds the
-engine's lock for the whole request, so a chat answer running at the same time never sees the
-inspector's hooks.
-
-Exports without an ``out_dir`` (the app's) go to an :class:`ExportStore`: a server answering many
-requests must not fill the temporary folder with one export (several MB with full tensors) each.
+It runs on the transformers engine (the one whose model can be instrumented) and holds the engine
+with adapters disabled for the whole request (``engine.adapter_scope(None)``), so a chat answer
+running at the same time never sees the inspector's hooks and the inspector sees the base model.
+Exports go to the caller's folder or to an :class:`~g4v.inspect.exports.ExportStore`.
 """
 
 import json
-import shutil
-import tempfile
-import threading
-import weakref
 import zipfile
-from collections import deque
-from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
 from PIL import Image
 
 from g4v.conversation import Message
-from g4v.deepstack import (AblationResult, Capture, Level, RunOutcome, capture_forward, compare_scaled,
-                           describe_levels, level_scales, run_outcome, unit_scale_levels)
+from g4v.engines import transformers_engine
 from g4v.errors import G4VError
 from g4v.images import open_image
+from g4v.inspect.ablation import AblationResult, RunOutcome, compare_scaled, run_outcome
+from g4v.inspect.capture import Capture, capture_forward
+from g4v.inspect.exports import ExportStore, default_export_store
+from g4v.inspect.levels import Level, describe_levels, level_scales, unit_scale_levels
 from g4v.tiling import TilingPlan, plan_tiling
 
 CAPTURE_FILE = "capture.safetensors"
@@ -38,68 +33,6 @@ FIGURE_FILES = {  # figure name -> file written in the export
     "heatmaps_base": "heatmaps_base.png",
 }
 EXPORT_FILES = (SUMMARY_FILE, *FIGURE_FILES.values(), CAPTURE_FILE)  # what an export holds (and its zip)
-DEFAULT_KEEP = 8  # exports an ExportStore keeps unless told otherwise
-
-
-class ExportStore:
-    """A bounded home for exports: one temporary root folder, one subfolder per export, and only the
-    newest ``keep`` of them on disk (each export's zip lives inside its own subfolder, so it goes
-    with it). ``close()`` removes the root; so does interpreter exit, or garbage collection of the
-    store, whichever comes first.
-
-    The root is created inside ``parent`` (the system's temporary folder when None) and only the
-    root is ever deleted, never ``parent``. Keep ``keep`` at least as large as the number of
-    requests that may run at once, so no export is deleted while it is still being written.
-    """
-
-    def __init__(self, parent: str | Path | None = None, keep: int = DEFAULT_KEEP):
-        if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
-            raise G4VError(f"an export store must keep at least 1 export (a whole number), got {keep!r}")
-        if parent is not None:
-            Path(parent).mkdir(parents=True, exist_ok=True)
-        self.root = Path(tempfile.mkdtemp(prefix="g4v-inspect-", dir=parent))
-        self.keep = keep
-        self._folders: deque[Path] = deque()
-        self._made = 0
-        self._lock = threading.Lock()
-        # A finalizer rather than __del__: it also runs at interpreter exit (atexit), and only once.
-        self._remove_root = weakref.finalize(self, shutil.rmtree, str(self.root), ignore_errors=True)
-
-    @property
-    def closed(self) -> bool:
-        return not self._remove_root.alive
-
-    def new_folder(self) -> Path:
-        """A new, empty subfolder for one export; the oldest beyond ``keep`` are deleted."""
-        with self._lock:
-            if self.closed:
-                raise G4VError("the export store is closed")
-            self._made += 1
-            folder = self.root / f"inspect-{self._made:04d}"
-            folder.mkdir()
-            self._folders.append(folder)
-            while len(self._folders) > self.keep:
-                shutil.rmtree(self._folders.popleft(), ignore_errors=True)
-            return folder
-
-    def close(self) -> None:
-        """Delete the root folder and every export in it (later calls do nothing)."""
-        with self._lock:
-            self._remove_root()
-            self._folders.clear()
-
-
-_default_store: ExportStore | None = None
-_default_store_lock = threading.Lock()
-
-
-def default_export_store() -> ExportStore:
-    """The process's own store, for callers that pass neither ``out_dir`` nor ``exports``."""
-    global _default_store
-    with _default_store_lock:
-        if _default_store is None or _default_store.closed:
-            _default_store = ExportStore()
-        return _default_store
 
 
 @dataclass
@@ -127,8 +60,9 @@ def run_inspection(engine, image, prompt: str, ablate=(), scale: dict | None = N
     caller's folder, never deleted) or else to a new folder of ``exports`` (the process's
     :func:`default_export_store` when None). Bad input raises :class:`G4VError`.
     """
-    model, processor = _instrumentable(engine)
-    levels = describe_levels(model.config)
+    engine = transformers_engine(engine, "the deepstack inspector")
+    config, tokenizer = engine.model.config, engine.tokenizer
+    levels = describe_levels(config)
     scales = level_scales(levels, ablate, scale)  # checks level names and factors before any compute
     unchanged = unit_scale_levels(levels, ablate, scale)
     if image is None:
@@ -137,14 +71,14 @@ def run_inspection(engine, image, prompt: str, ablate=(), scale: dict | None = N
     if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
         raise G4VError(f"max_new_tokens must be a whole number >= 0, got {max_new_tokens!r}")
     inputs = engine.prepare_inputs([Message("user", prompt, [picture])], max_new_tokens)
-    plan = plan_tiling((picture.height, picture.width), model.config)
+    plan = plan_tiling((picture.height, picture.width), config)
 
-    with getattr(engine, "_lock", None) or nullcontext():
+    with engine.adapter_scope(None) as model:  # one request at a time, adapters off
         capture, logits = capture_forward(model, inputs, full=full, levels=levels, logits_to_keep=1)
-        outcome = run_outcome(model, inputs, processor.tokenizer, logits, max_new_tokens)
+        outcome = run_outcome(model, inputs, tokenizer, logits, max_new_tokens)
         ablation = None
         if scales:
-            ablation = compare_scaled(model, inputs, processor.tokenizer, outcome, scales, max_new_tokens,
+            ablation = compare_scaled(model, inputs, tokenizer, outcome, scales, max_new_tokens,
                                       full=full, levels=levels)
     if plan.num_image_tokens != capture.num_image_tokens:
         raise RuntimeError(f"tiling plan has {plan.num_image_tokens} image tokens, the model saw "
@@ -156,14 +90,6 @@ def run_inspection(engine, image, prompt: str, ablate=(), scale: dict | None = N
     write_export(export_dir, summary, figures, capture, ablation)
     export_zip = zip_export(export_dir) if make_zip else None
     return InspectionResult(levels, capture, outcome, ablation, plan, figures, summary, export_dir, export_zip)
-
-
-def _instrumentable(engine):
-    loaded = getattr(engine, "loaded", None)
-    if loaded is None or not hasattr(engine, "prepare_inputs"):
-        backend = getattr(getattr(engine, "info", None), "backend", type(engine).__name__)
-        raise G4VError(f"the deepstack inspector needs the transformers backend (hf), not {backend}")
-    return loaded.model, loaded.processor
 
 
 def build_summary(engine, prompt: str, picture: Image.Image, plan: TilingPlan, capture: Capture,

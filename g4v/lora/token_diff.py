@@ -9,7 +9,8 @@ starts steering the answer.
 
 This needs logits, so it runs on the transformers engine, whose single loaded model serves the
 base (adapters disabled) and the adapter (enabled) alike. Numbers are computed in float64 from the
-model's logits.
+model's logits. :func:`lora_token_diff` is what the app's LoRA tab calls: the same comparison,
+ready to show.
 """
 
 from dataclasses import asdict, dataclass, field
@@ -18,7 +19,8 @@ import torch
 from transformers import DynamicCache
 
 from g4v.conversation import Message, SamplingSettings
-from g4v.errors import G4VError
+from g4v.engines import transformers_engine
+from g4v.lora.side_by_side import activate_adapter, chat_input
 
 
 @dataclass
@@ -76,8 +78,7 @@ class LoraDiff:
 
 def lora_diff(engine, messages: list[Message], adapter: str, settings: SamplingSettings | None = None) -> LoraDiff:
     """Generate with and without ``adapter`` on a transformers engine, then score both answers."""
-    if not hasattr(engine, "adapter_scope"):
-        raise G4VError(f"token-level differences need the transformers backend (this engine is {engine.info.backend})")
+    transformers_engine(engine, "the token-level LoRA comparison")
     settings = (settings or SamplingSettings(max_new_tokens=48)).validated()
     base = engine.generate(messages, settings)
     tuned = engine.generate(messages, settings, adapter=adapter)
@@ -86,6 +87,28 @@ def lora_diff(engine, messages: list[Message], adapter: str, settings: SamplingS
         base=score_answer(engine, messages, adapter, "base", base.text, _answer_tokens(engine, base)),
         tuned=score_answer(engine, messages, adapter, "adapter", tuned.text, _answer_tokens(engine, tuned)),
     )
+
+
+@dataclass
+class LoraDiffView:
+    """The token diff, ready to show: HTML highlighting, a matplotlib figure, the JSON numbers."""
+
+    html: str
+    figure: object  # matplotlib.figure.Figure
+    data: dict
+
+
+def lora_token_diff(
+    engine, adapter: str, prompt: str, images=(), max_new_tokens: int = 48, adapters_dir=None
+) -> LoraDiffView:
+    """For the LoRA tab: greedy answers with and without the adapter, scored token by token."""
+    from viz.lora import diff_html, diff_plot
+
+    messages = chat_input(prompt, images)
+    settings = SamplingSettings(max_new_tokens=max_new_tokens).validated()
+    spec = activate_adapter(engine, adapter, adapters_dir)
+    data = lora_diff(engine, messages, spec.name, settings).to_json()
+    return LoraDiffView(html=diff_html(data), figure=diff_plot(data), data=data)
 
 
 def _answer_tokens(engine, generation) -> list[int]:

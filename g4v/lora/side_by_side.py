@@ -1,9 +1,9 @@
-"""The LoRA workbench: pick an adapter, see base and adapter answers side by side, see where they part.
+"""The LoRA workbench side by side: pick an adapter, see the base and the adapter answer as they stream.
 
 Plain functions (no Gradio) that the app's LoRA tab and the CLI call. An adapter name typed or
-picked by a user always goes through :mod:`g4v.adapters` (configured folders only, checked against
-the engine's model) before an engine loads it; a bad adapter raises a one-line
-:class:`~g4v.errors.G4VError` and leaves the engine serving as before.
+picked by a user always goes through :mod:`g4v.lora.folders` and :mod:`g4v.lora.checks`
+(configured folders only, checked against the engine's model) before an engine loads it; a bad
+adapter raises a one-line :class:`~g4v.errors.G4VError` and leaves the engine serving as before.
 
 Side by side works on any engine with adapters: the transformers engine runs both requests on its
 one loaded model (adapter disabled, then enabled), vLLM with a per-request LoRA. Both requests get
@@ -14,13 +14,13 @@ import queue
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
-from g4v.adapters import AdapterSpec, adapter_base, adapter_dirs, list_adapters, load_adapter_spec, same_base
 from g4v.conversation import Message, SamplingSettings, validate_conversation
 from g4v.errors import G4VError
 from g4v.images import open_image
 from g4v.loading import engine_config
+from g4v.lora.checks import AdapterSpec, load_adapter_spec
+from g4v.lora.folders import adapter_base, adapter_dirs, folder_label, list_adapters, same_base
 
 
 @dataclass
@@ -177,29 +177,6 @@ def lora_side_by_side(
         yield pair.base, pair.adapter
 
 
-@dataclass
-class LoraDiffView:
-    """The token diff, ready to show: HTML highlighting, a matplotlib figure, the JSON numbers."""
-
-    html: str
-    figure: object  # matplotlib.figure.Figure
-    data: dict
-
-
-def lora_token_diff(
-    engine, adapter: str, prompt: str, images=(), max_new_tokens: int = 48, adapters_dir=None
-) -> LoraDiffView:
-    """For the LoRA tab: greedy answers with and without the adapter, scored token by token."""
-    from g4v.lora_diff import lora_diff
-    from viz.lora import diff_html, diff_plot
-
-    messages = chat_input(prompt, images)
-    settings = SamplingSettings(max_new_tokens=max_new_tokens).validated()
-    spec = activate_adapter(engine, adapter, adapters_dir)
-    data = lora_diff(engine, messages, spec.name, settings).to_json()
-    return LoraDiffView(html=diff_html(data), figure=diff_plot(data), data=data)
-
-
 def adapter_folder_help(adapters_dir=None) -> str:
     """One line for the tab: where adapters are looked up."""
-    return "Adapters are read from: " + ", ".join(str(Path(d)) for d in adapter_dirs(adapters_dir))
+    return "Adapters are read from: " + ", ".join(folder_label(d) for d in adapter_dirs(adapters_dir))

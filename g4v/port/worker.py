@@ -1,4 +1,4 @@
-"""Functions that run *inside* vLLM's model workers, for the port inspector (:mod:`g4v.port_diff`).
+"""Functions that run *inside* vLLM's model workers, for the port inspector (:mod:`g4v.port`).
 
 vLLM keeps its model in worker processes; the only way in is ``LLM.apply_model(func)``, which
 pickles ``func`` (cloudpickle), runs ``func(model)`` in every worker and sends back the results.
@@ -132,7 +132,7 @@ def remove_trajectory_hooks(model) -> None:
 
 def module_facts(model) -> dict:
     """The sizes and settings of the projector/injection modules vLLM built (read from the modules,
-    not from the config), for the config audit (:func:`g4v.port_diff.audit_config`)."""
+    not from the config), for the config audit (:func:`g4v.port.audit.audit_config`)."""
     model = granite_model(model)
     facts = {
         "deepstack_layer_map": [[int(v), int(l)] for v, l in model._deepstack_layer_map],

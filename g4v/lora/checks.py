@@ -1,24 +1,17 @@
-"""LoRA adapters: where they may come from, and the checks they pass before any engine sees them.
+"""The checks a LoRA adapter passes before any engine sees it, and the model layout they compare with.
 
 Granite 4 Vision adapters are PEFT LoRA folders (``adapter_config.json`` plus
-``adapter_model.safetensors``) that change only language-model linear layers. An adapter is a
-file a user points us at, so two rules hold everywhere (CLI, app, engines):
-
-* **Only configured folders.** Adapters are looked up in the adapter folders (``--adapters-dir``,
-  else ``$G4V_ADAPTERS_DIR``, else ``assets/adapters``), nested ones by the name they are listed
-  under (``team/my-lora``). A typed path is resolved (symlinks, ``..``) and refused unless it lies
-  inside one of them, and so must every file in the adapter's folder: a link from inside to a file
-  elsewhere would let a text box read arbitrary files just as a path would.
-* **Checked before use.** :func:`check_adapter` reads the config and the weights (safetensors
-  only: pickled ``.bin`` files can run code) and compares every tensor with the model's own layer
-  shapes. Each problem is its own one-line :class:`~g4v.errors.G4VError`, because "PEFT raised
-  somewhere inside generate" tells a user nothing.
+``adapter_model.safetensors``) that change only language-model linear layers. An adapter is a file
+a user points us at, found inside the adapter folders (:mod:`g4v.lora.folders`), and it is
+**checked before use**: :func:`check_adapter` reads the config and the weights (safetensors only:
+pickled ``.bin`` files can run code) and compares every tensor with the model's own layer shapes.
+Each problem is its own one-line :class:`~g4v.errors.G4VError`, because "PEFT raised somewhere
+inside generate" tells a user nothing.
 """
 
 import functools
 import json
 import math
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,22 +20,13 @@ from types import SimpleNamespace
 import torch
 
 from g4v.errors import G4VError
-from g4v.paths import ASSETS_DIR, REPO_ROOT
-
-ADAPTERS_ENV = "G4V_ADAPTERS_DIR"
-DEFAULT_ADAPTERS_DIR = ASSETS_DIR / "adapters"
-CONFIG_FILE = "adapter_config.json"
-WEIGHTS_FILE = "adapter_model.safetensors"
+from g4v.lora.folders import CONFIG_FILE, WEIGHTS_FILE, resolve_adapter
 
 #: Where the language model's layers live in transformers' Granite 4 Vision (in-memory names).
 LANGUAGE_MODEL_PREFIX = "model.language_model."
 VISION_TOWER_PREFIX = "model.vision_tower."
 MAX_RANK = 1024
 MAX_SCALING = 256.0
-#: Longest file name and path Linux takes (NAME_MAX, PATH_MAX, in bytes): longer typed names are
-#: refused by us in words, rather than by the file system with an OSError that shows the full path.
-MAX_NAME_LENGTH = 255
-MAX_PATH_LENGTH = 4096
 
 #: ``init_lora_weights`` values after which PEFT's loaded "base" is no longer the base: PiSSA, OLoRA
 #: and CorDA subtract a low-rank part from each adapted weight when PEFT loads the adapter, LoftQ
@@ -82,169 +66,6 @@ class AdapterSpec:
     alpha: float
     scaling: float  # alpha / rank (alpha / sqrt(rank) with rsLoRA): the merge factor
     modules: tuple[str, ...]  # language-model linear layers the weights change (in-memory names)
-
-
-# ── where adapters come from ───────────────────────────────────────────────────────────────────
-
-
-def adapter_dirs(configured: str | Path | list | None = None) -> list[Path]:
-    """The adapter folders: ``configured`` (a folder, a list, or ``os.pathsep``-joined folders),
-    else ``$G4V_ADAPTERS_DIR``, else ``assets/adapters``."""
-    if configured is None or configured == "" or configured == []:
-        configured = os.environ.get(ADAPTERS_ENV) or str(DEFAULT_ADAPTERS_DIR)
-    if isinstance(configured, (str, Path)):
-        configured = [part for part in str(configured).split(os.pathsep) if part]
-    return [Path(folder).expanduser() for folder in configured]
-
-
-def list_adapters(dirs: list[Path] | None = None) -> list[str]:
-    """Names of the adapter folders (those holding an ``adapter_config.json``), sorted, unchecked."""
-    names = set()
-    for root in dirs if dirs is not None else adapter_dirs():
-        if not root.is_dir():
-            continue
-        for config in root.rglob(CONFIG_FILE):
-            if _inside(config.parent.resolve(), [root.resolve()]):
-                names.add(config.parent.relative_to(root).as_posix())
-    return sorted(names)
-
-
-def resolve_adapter(choice: str, dirs: list[Path] | None = None) -> tuple[str, Path]:
-    """Turn a typed adapter name or path into ``(name, resolved folder)``.
-
-    A relative name is looked up in the adapter folders in order (``team/my-lora`` included), then
-    as a path from the current folder; an absolute one is a path. Either way the resolved folder,
-    and every file in it, must lie inside an adapter folder.
-    """
-    dirs = dirs if dirs is not None else adapter_dirs()
-    roots = [root.resolve() for root in dirs]
-    choice = (choice or "").strip()
-    _check_typed_name(choice)
-    candidate = _find_adapter(choice, roots, dirs)
-    real = _resolved(candidate, choice)
-    root = _inside(real, roots)
-    if root is None:
-        folders = ", ".join(str(d) for d in dirs)
-        raise G4VError(
-            f"adapter path {_shown(choice)} is outside the adapter folders ({folders}); "
-            f"copy it there or name its folder with --adapters-dir or ${ADAPTERS_ENV}"
-        )
-    if not real.is_dir():
-        raise G4VError(f"adapter folder not found: {_shown(choice)}")
-    name = real.relative_to(root).as_posix()
-    _check_links_stay_inside(real, roots, name)
-    return name, real
-
-
-def _check_typed_name(choice: str) -> None:
-    """Refuse, in words, what the file system would refuse with an OSError naming the full path."""
-    if not choice:
-        raise G4VError("no adapter given")
-    try:
-        encoded = choice.encode("utf-8")
-    except UnicodeEncodeError:  # lone surrogates: bytes that were not UTF-8, or broken text
-        raise G4VError("adapter name is not valid UTF-8 text") from None
-    for part in Path(choice).parts:
-        size = len(part.encode("utf-8"))
-        if size > MAX_NAME_LENGTH:
-            length = f"{len(part)} characters" if size == len(part) else f"{size} bytes in UTF-8"
-            raise G4VError(f"adapter name is too long ({length}; the limit is {MAX_NAME_LENGTH})")
-    if len(encoded) > MAX_PATH_LENGTH:
-        raise G4VError(f"adapter path is too long ({len(choice)} characters; the limit is {MAX_PATH_LENGTH})")
-
-
-def _find_adapter(choice: str, roots: list[Path], dirs: list[Path]) -> Path:
-    """The folder ``choice`` names: under an adapter folder first (what :func:`list_adapters`
-    shows), else a path as typed. Containment is checked afterwards, on the resolved result."""
-    typed = Path(choice).expanduser()
-    if typed.is_absolute():
-        return typed
-    for root in roots:
-        if _exists(root / typed):
-            return root / typed
-    if _exists(typed):
-        return typed
-    available = ", ".join(list_adapters(dirs)) or "none"
-    raise G4VError(f"unknown adapter {_shown(choice)} (available: {available})")
-
-
-def _check_links_stay_inside(folder: Path, roots: list[Path], name: str) -> None:
-    """Every entry of the adapter folder must resolve inside the adapter folders: PEFT and vLLM
-    open files in it by name (config, weights, and others they look for), following links."""
-    for entry in sorted(folder.iterdir()):
-        if entry.is_symlink() and _inside(_resolved(entry, name), roots) is None:
-            raise G4VError(
-                f"adapter {name}: {entry.name} links outside the adapter folders; "
-                "copy the file into the adapter's folder instead of linking to it"
-            )
-
-
-def _exists(path: Path) -> bool:
-    try:
-        return path.exists()
-    except OSError:  # e.g. a name longer than this file system allows
-        return False
-
-
-def _resolved(path: Path, shown_as: str) -> Path:
-    """``path`` with links and ``..`` followed; a link loop or unreadable entry is a G4VError."""
-    try:
-        return path.resolve()
-    except (OSError, RuntimeError) as err:  # RuntimeError: a symlink loop (Python 3.11)
-        reason = getattr(err, "strerror", None) or "a symlink loop"
-        raise G4VError(f"adapter {_shown(shown_as)} cannot be opened ({reason})") from None
-
-
-def _shown(text: str, limit: int = 80) -> str:
-    """A typed name as error messages quote it: repr, and cut short (it may be any size)."""
-    return repr(text if len(text) <= limit else text[:limit] + "...")
-
-
-def _inside(path: Path, roots: list[Path]) -> Path | None:
-    """The root that strictly contains ``path`` (both already resolved), if any."""
-    return next((root for root in roots if path != root and path.is_relative_to(root)), None)
-
-
-# ── which base an adapter was made for ──────────────────────────────────────────────────────
-
-
-def adapter_base(choice: str, dirs: list[Path] | None = None) -> str | None:
-    """The base model an adapter names (PEFT's ``base_model_name_or_path``), as written; None when
-    it names none or its config cannot be read (it is then refused when used, with the reason)."""
-    try:
-        _, path = resolve_adapter(choice, dirs)
-        base = read_adapter_config(path, choice).get("base_model_name_or_path")
-    except G4VError:
-        return None
-    return base if isinstance(base, str) and base.strip() else None
-
-
-def same_base(base: str | None, model: str) -> bool:
-    """Whether an adapter's ``base`` is ``model``: the same folder (links followed), or the same hub id.
-
-    PEFT writes the path the adapter was trained from; the bundled adapters write it relative to
-    the repository, so a relative base is read from :data:`~g4v.paths.REPO_ROOT`. ``model`` is what
-    the user typed (``--model``): relative to the current folder, else to the repository.
-    """
-    if not base:
-        return False
-    wanted = _local_folder(base, [REPO_ROOT])
-    served = _local_folder(model, [Path.cwd(), REPO_ROOT])
-    if wanted is None or served is None:
-        return wanted is None and served is None and base.strip() == model.strip()
-    return wanted == served
-
-
-def _local_folder(text: str, bases: list[Path]) -> Path | None:
-    """The resolved folder ``text`` names (absolute, or under one of ``bases``); None for a hub id."""
-    try:
-        path = Path(text).expanduser()
-        for candidate in [path] if path.is_absolute() else [base / path for base in bases]:
-            if candidate.is_dir():
-                return candidate.resolve()
-    except (OSError, RuntimeError, ValueError):  # names no file system takes: not a local folder
-        pass
-    return None
 
 
 # ── checks ─────────────────────────────────────────────────────────────────────────────────────

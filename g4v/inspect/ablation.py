@@ -1,0 +1,139 @@
+"""What zeroing or scaling levels does to the model's answer: the next-token distribution, its top
+tokens and the greedy continuation, before and after, and the KL divergence between the two.
+
+A scaled run is a :func:`g4v.inspect.capture.capture_forward` with the scaling hook on, so its
+capture (what was injected, the residual stream) comes with it. Numbers are refused, with a
+one-line :class:`G4VError`, when the model's output is not finite: a huge factor overflows a bf16
+or fp16 model, and a KL computed from NaN logits says nothing about the level.
+"""
+
+import math
+from contextlib import nullcontext
+from dataclasses import dataclass
+
+import torch
+
+from g4v.errors import G4VError
+from g4v.inspect.capture import Capture, capture_forward, instrument
+from g4v.inspect.levels import Level
+
+@dataclass
+class TokenProb:
+    token_id: int
+    text: str
+    prob: float
+
+
+@dataclass
+class RunOutcome:
+    """What a prompt leads to: the next-token distribution and the greedy continuation."""
+
+    next_token_probs: torch.Tensor  # (vocab,) float32, CPU
+    top5: list[TokenProb]
+    continuation: str
+    continuation_ids: list[int]
+    # (vocab,) float32, CPU: the same distribution as log-probabilities, finite even where a
+    # probability underflows to 0, so the KL between two runs stays a number.
+    next_token_logprobs: torch.Tensor
+
+
+@dataclass
+class AblationResult:
+    scales: dict[str, float]  # level name -> factor (0 = ablated)
+    kl_divergence: float  # KL(before || after) of the next-token distribution, in nats
+    before: RunOutcome
+    after: RunOutcome
+    capture: Capture  # the modified run's capture
+
+    def summary(self) -> dict:
+        return {
+            "scales": self.scales,
+            "ablated": sorted(name for name, f in self.scales.items() if f == 0.0),
+            "kl_divergence": self.kl_divergence,
+            "top5_before": [vars(t) for t in self.before.top5],
+            "top5_after": [vars(t) for t in self.after.top5],
+            "continuation_before": self.before.continuation,
+            "continuation_after": self.after.continuation,
+            "levels_after": [cap.summary() for cap in self.capture.levels],
+            "trajectory_after": self.capture.trajectory.summary(),
+        }
+
+
+def next_token_probs(logits: torch.Tensor) -> torch.Tensor:
+    """(batch, seq, vocab) logits -> (vocab,) float32 probabilities of the token after the prompt."""
+    return torch.softmax(logits[0, -1].float(), dim=-1).cpu()
+
+
+def next_token_logprobs(logits: torch.Tensor) -> torch.Tensor:
+    """(batch, seq, vocab) logits -> (vocab,) float32 log-probabilities of the token after the prompt."""
+    return torch.log_softmax(logits[0, -1].float(), dim=-1).cpu()
+
+
+def kl_divergence(p: torch.Tensor, q: torch.Tensor) -> float:
+    """KL(p || q) in nats for two probability vectors."""
+    return float(torch.sum(torch.special.xlogy(p, p) - torch.special.xlogy(p, q)).clamp(min=0.0))
+
+
+def kl_divergence_of_logprobs(log_p: torch.Tensor, log_q: torch.Tensor) -> float:
+    """KL(p || q) in nats from log-probabilities: unlike :func:`kl_divergence` it stays finite when a
+    big change drives some of q's probabilities to exactly 0 in floating point."""
+    return float(torch.sum(log_p.exp() * (log_p - log_q)).clamp(min=0.0))
+
+
+def describe_scales(scales: dict[str, float]) -> str:
+    """``{"deepstack0": 1e308, "spatial_TL": 0}`` -> ``"deepstack0 by 1e+308, spatial_TL by 0"``."""
+    return ", ".join(f"{name} by {factor:g}" for name, factor in scales.items())
+
+
+def require_finite_logits(logits: torch.Tensor, scales: dict[str, float] | None = None) -> None:
+    """Refuse to report on NaN or infinite logits (an overflow in the model's dtype, or a huge
+    scale factor): numbers computed from them would be NaN, not an answer."""
+    if bool(torch.isfinite(logits[0, -1]).all()):
+        return
+    dtype = str(logits.dtype).removeprefix("torch.")
+    if scales:
+        raise G4VError(f"scaling {describe_scales(scales)} made the model's output non-finite (overflow in "
+                       f"{dtype}); try a smaller factor")
+    raise G4VError(f"the model's output is non-finite (NaN or infinite logits in {dtype}) for this input")
+
+
+def top_tokens(probs: torch.Tensor, tokenizer, k: int = 5) -> list[TokenProb]:
+    values, ids = torch.topk(probs, k=min(k, probs.numel()))
+    return [TokenProb(int(i), tokenizer.decode([int(i)]), float(v)) for v, i in zip(values, ids)]
+
+
+def greedy_continuation(model, inputs: dict, tokenizer, max_new_tokens: int,
+                        scales: dict[str, float] | None = None, levels: list[Level] | None = None) -> list[int]:
+    """Greedy new tokens with the given levels scaled (hooks live only for this call)."""
+    hooks = instrument(model, levels, scales, record=False) if scales else nullcontext()
+    with torch.inference_mode(), hooks:
+        output = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False,
+                                temperature=None, top_p=None, top_k=None,
+                                pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
+    new_ids = output[0, inputs["input_ids"].shape[1]:].tolist()
+    if tokenizer.eos_token_id in new_ids:
+        new_ids = new_ids[: new_ids.index(tokenizer.eos_token_id)]
+    return new_ids
+
+
+def run_outcome(model, inputs: dict, tokenizer, logits: torch.Tensor, max_new_tokens: int,
+                scales: dict[str, float] | None = None, levels: list[Level] | None = None) -> RunOutcome:
+    require_finite_logits(logits, scales)
+    probs = next_token_probs(logits)
+    ids = greedy_continuation(model, inputs, tokenizer, max_new_tokens, scales, levels) if max_new_tokens else []
+    return RunOutcome(probs, top_tokens(probs, tokenizer), tokenizer.decode(ids, skip_special_tokens=True), ids,
+                      next_token_logprobs(logits))
+
+
+def compare_scaled(model, inputs: dict, tokenizer, base: RunOutcome, scales: dict[str, float],
+                   max_new_tokens: int = 16, full: bool = False,
+                   levels: list[Level] | None = None) -> AblationResult:
+    """Run again with ``scales`` applied; compare with ``base`` (the unmodified run's outcome).
+
+    Raises :class:`G4VError` naming the factors when the scaled run's output is not finite."""
+    capture, logits = capture_forward(model, inputs, scales=scales, full=full, levels=levels, logits_to_keep=1)
+    after = run_outcome(model, inputs, tokenizer, logits, max_new_tokens, scales, levels)
+    kl = kl_divergence_of_logprobs(base.next_token_logprobs, after.next_token_logprobs)
+    if not math.isfinite(kl):
+        raise G4VError(f"scaling {describe_scales(scales)} gave a non-finite KL divergence; try a smaller factor")
+    return AblationResult(dict(scales), kl, base, after, capture)

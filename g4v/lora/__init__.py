@@ -1,0 +1,16 @@
+"""The LoRA workbench: serve a PEFT LoRA adapter next to its base model, compare them, merge them.
+
+What the app's LoRA tab and the CLI (``chat --adapter``, ``lora-diff``, ``merge-lora``) call, no
+Gradio. An adapter goes through the first two modules before any engine loads it; the others build
+on them:
+
+* :mod:`g4v.lora.folders`: where adapters may come from (the adapter folders, names and paths
+  resolved inside them, links refused) and which base model each one names.
+* :mod:`g4v.lora.checks`: the checks a LoRA folder passes (config, rank, targets, every tensor's
+  shape against the model's own layout), each problem one line; the checked ``AdapterSpec``.
+* :mod:`g4v.lora.side_by_side`: registering a checked adapter with an engine, and the base and the
+  adapter answers streamed side by side; the adapter choices the tab offers.
+* :mod:`g4v.lora.token_diff`: where the adapter's answer departs from the base's, token by token
+  (transformers engine only: it needs logits).
+* :mod:`g4v.lora.merge`: ``W += scaling * B @ A`` written as a full float32 checkpoint.
+"""

@@ -1,0 +1,145 @@
+"""The layout rules of docs/architecture.md, checked on the source: who may import whom, no cycles,
+small modules. Imports are read with ``ast`` (function-level imports included), so a rule broken in
+a rarely run branch still fails here."""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from g4v.paths import REPO_ROOT
+
+SOURCE_ROOTS = ("g4v", "webapp", "viz")
+MAX_LINES = 450
+
+#: The layers, lowest first: a module may import its own layer and the ones below, never above.
+BASE = ("g4v.errors", "g4v.paths", "g4v.conversation", "g4v.images", "g4v.loading", "g4v.tiling",
+        "g4v.tiling_view", "g4v.engines")
+PANELS = ("g4v.inspect", "g4v.lora", "g4v.port")
+FRONTS = ("g4v.commands", "g4v.cli", "g4v.__main__", "g4v.demo", "webapp", "app")
+#: The one sideways import between panels: the port inspector compares vLLM with the deepstack
+#: inspector's own levels and captures.
+PANEL_EDGES = {("g4v.port", "g4v.inspect")}
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(REPO_ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def source_files() -> list[Path]:
+    files = [REPO_ROOT / "app.py"]
+    for root in SOURCE_ROOTS:
+        files.extend(sorted((REPO_ROOT / root).rglob("*.py")))
+    return files
+
+
+def imports_of(path: Path) -> list[tuple[str, bool]]:
+    """(imported module, at module level?) for every import in the file, relative ones resolved."""
+    tree = ast.parse(path.read_text())
+    module_level = {id(node) for node in tree.body}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(alias.name, id(node) in module_level) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            name = node.module
+            if node.level:
+                package = module_name(path).split(".")
+                name = ".".join(package[: len(package) - node.level + (path.name == "__init__.py")] + [name])
+            found.append((name, id(node) in module_level))
+            found += [(f"{name}.{alias.name}", id(node) in module_level) for alias in node.names]
+    return found
+
+
+def group(name: str, groups) -> str | None:
+    return next((g for g in groups if name == g or name.startswith(g + ".")), None)
+
+
+def own_imports():
+    for path in source_files():
+        me = module_name(path)
+        for target, at_top in imports_of(path):
+            if target.split(".")[0] in ("g4v", "webapp", "viz", "app"):
+                yield path, me, target, at_top
+
+
+def test_viz_draws_without_the_model_code():
+    offenders = [(m, t) for _, m, t, _ in own_imports() if m.startswith("viz") and not t.startswith("viz")]
+    assert offenders == []
+
+
+def test_the_library_never_imports_the_web_ui_commands_or_the_demo():
+    offenders = [(m, t) for _, m, t, _ in own_imports()
+                 if group(m, BASE + PANELS) and (group(t, FRONTS))]
+    assert offenders == []
+
+
+def test_base_modules_never_import_a_panel():
+    offenders = [(m, t) for _, m, t, _ in own_imports() if group(m, BASE) and group(t, PANELS)]
+    assert offenders == []
+
+
+def test_panels_import_each_other_only_along_the_documented_edge():
+    offenders = [(m, t) for _, m, t, _ in own_imports()
+                 if group(m, PANELS) and group(t, PANELS) and group(m, PANELS) != group(t, PANELS)
+                 and (group(m, PANELS), group(t, PANELS)) not in PANEL_EDGES]
+    assert offenders == []
+
+
+def test_no_import_cycles_among_modules():
+    """Module-level imports form a DAG (function-level imports are there to defer heavy loads,
+    and are layer-checked above)."""
+    modules = {module_name(p) for p in source_files()}
+    graph = {m: set() for m in modules}
+    for _, me, target, at_top in own_imports():
+        while target and target not in modules:
+            target = target.rpartition(".")[0]
+        if at_top and target and target != me:
+            graph[me].add(target)
+
+    state: dict[str, int] = {}
+
+    def visit(node, trail):
+        state[node] = 1
+        for nxt in graph[node]:
+            if state.get(nxt) == 1:
+                pytest.fail("import cycle: " + " -> ".join(trail[trail.index(nxt):] + [nxt]))
+            if nxt not in state:
+                visit(nxt, trail + [nxt])
+        state[node] = 2
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [module])
+
+
+def test_modules_stay_small():
+    long = {str(p.relative_to(REPO_ROOT)): n for p in source_files() if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert long == {}
+    assert len((REPO_ROOT / "app.py").read_text().splitlines()) < 200
+
+
+def test_at_most_ten_loose_modules_in_g4v():
+    loose = sorted(p.name for p in (REPO_ROOT / "g4v").glob("*.py"))
+    assert len(loose) <= 10, loose
+
+
+def test_nothing_outside_the_engines_touches_their_private_state():
+    offenders = []
+    for path in source_files():
+        if module_name(path).startswith("g4v.engines"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
+                owner = node.value
+                if isinstance(owner, ast.Name) and "engine" in owner.id:
+                    offenders.append(f"{path.name}: {owner.id}.{node.attr}")
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) in ("getattr", "hasattr"):
+                args = node.args
+                if len(args) >= 2 and isinstance(args[1], ast.Constant) and str(args[1].value).startswith("_") \
+                        and isinstance(args[0], ast.Name) and "engine" in args[0].id:
+                    offenders.append(f"{path.name}: getattr({args[0].id}, {args[1].value!r})")
+    assert offenders == []
