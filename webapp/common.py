@@ -29,8 +29,8 @@ def shows_errors(fn):
     the user gets a line without library internals or server paths."""
 
     def translate(err: BaseException) -> gr.Error:
-        if isinstance(err, G4VError):
-            return gr.Error(str(err))
+        if isinstance(err, G4VError):  # a refusal, not a failure: no traceback in the server log
+            return gr.Error(str(err), print_exception=False)
         log.exception("unexpected error in %s", fn.__name__)
         return gr.Error(f"the workbench failed unexpectedly ({type(err).__name__}); the details are in the server log")
 

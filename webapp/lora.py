@@ -62,6 +62,6 @@ def lora_tab(engine, model: str, adapters_dir, last_chat_image: gr.State, concur
     model_bound = {"concurrency_id": MODEL_QUEUE, "concurrency_limit": concurrency}
     running = run.click(side_by_side, [adapter, image, prompt, max_new_tokens, temperature, seed],
                         [base_answer, adapter_answer], api_name="lora_side_by_side", **model_bound)
-    stop.click(None, cancels=[running], api_visibility="private")
-    diff_run.click(token_diff, [adapter, image, prompt, max_new_tokens], [diff_html, diff_plot, diff_json],
-                   api_name="lora_diff", **model_bound)
+    diffing = diff_run.click(token_diff, [adapter, image, prompt, max_new_tokens], [diff_html, diff_plot, diff_json],
+                             api_name="lora_diff", **model_bound)
+    stop.click(None, cancels=[running, diffing], api_visibility="private")

@@ -80,7 +80,7 @@ def tiling_tab(config, last_chat_image: gr.State) -> None:
         token_view = gr.Image(label="Selected token (click a spot to pick its token)", interactive=False,
                               format="png", height=420)
         with gr.Column():
-            token_index = gr.Number(label="Token index", precision=0, value=0)
+            token_index = gr.Number(label="Token index", value=0)  # whole numbers checked by the plan, not rounded
             token_info = gr.Markdown()
     plan = gr.State(None)
     analysed = gr.State(None)  # the analysed file's fingerprint
