@@ -20,7 +20,7 @@ from types import SimpleNamespace
 import torch
 
 from g4v.errors import G4VError
-from g4v.lora.folders import CONFIG_FILE, WEIGHTS_FILE, resolve_adapter
+from g4v.lora.folders import WEIGHTS_FILE, read_adapter_config, resolve_adapter
 
 #: Where the language model's layers live in transformers' Granite 4 Vision (in-memory names).
 LANGUAGE_MODEL_PREFIX = "model.language_model."
@@ -90,21 +90,6 @@ def check_adapter(path: Path, model_config, name: str | None = None) -> AdapterS
     tensors = read_adapter_weights(path, name)
     modules = _check_tensors(tensors, layout, targeted, rank, name)
     return AdapterSpec(name=name, path=Path(path), rank=rank, alpha=alpha, scaling=scaling, modules=modules)
-
-
-def read_adapter_config(path: Path, name: str) -> dict:
-    config_path = Path(path) / CONFIG_FILE
-    if not config_path.is_file():
-        raise G4VError(f"adapter {name}: {CONFIG_FILE} is missing")
-    try:
-        config = json.loads(config_path.read_text())
-    except UnicodeDecodeError:
-        raise G4VError(f"adapter {name}: {CONFIG_FILE} is not valid JSON (not UTF-8 text)") from None
-    except json.JSONDecodeError as err:
-        raise G4VError(f"adapter {name}: {CONFIG_FILE} is not valid JSON ({err.msg}, line {err.lineno})") from None
-    if not isinstance(config, dict):
-        raise G4VError(f"adapter {name}: {CONFIG_FILE} is not a JSON object")
-    return config
 
 
 def _check_lora_type(config: dict, name: str) -> None:

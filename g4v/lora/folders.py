@@ -157,24 +157,27 @@ def adapter_base(choice: str, dirs: list[Path] | None = None) -> str | None:
     """The base model an adapter names (PEFT's ``base_model_name_or_path``), as written; None when
     it names none or its config cannot be read (it is then refused when used, with the reason)."""
     try:
-        _, path = resolve_adapter(choice, dirs)
+        name, path = resolve_adapter(choice, dirs)
+        base = read_adapter_config(path, name).get("base_model_name_or_path")
     except G4VError:
         return None
-    base = _written_config(path).get("base_model_name_or_path")
     return base if isinstance(base, str) and base.strip() else None
 
 
-def _written_config(folder: Path) -> dict:
-    """The adapter's config as written, or ``{}`` when it is missing or is no JSON object (the
-    checks in :mod:`g4v.lora.checks` refuse it, with the reason, when the adapter is used)."""
-    config_path = folder / CONFIG_FILE
+def read_adapter_config(path: Path, name: str) -> dict:
+    """The adapter's ``adapter_config.json`` as written; a G4VError naming what is wrong with it."""
+    config_path = Path(path) / CONFIG_FILE
     if not config_path.is_file():
-        return {}
+        raise G4VError(f"adapter {name}: {CONFIG_FILE} is missing")
     try:
         config = json.loads(config_path.read_text())
-    except ValueError:  # not UTF-8 (UnicodeDecodeError) or not JSON
-        return {}
-    return config if isinstance(config, dict) else {}
+    except UnicodeDecodeError:
+        raise G4VError(f"adapter {name}: {CONFIG_FILE} is not valid JSON (not UTF-8 text)") from None
+    except json.JSONDecodeError as err:
+        raise G4VError(f"adapter {name}: {CONFIG_FILE} is not valid JSON ({err.msg}, line {err.lineno})") from None
+    if not isinstance(config, dict):
+        raise G4VError(f"adapter {name}: {CONFIG_FILE} is not a JSON object")
+    return config
 
 
 def same_base(base: str | None, model: str) -> bool:
