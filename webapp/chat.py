@@ -17,7 +17,6 @@ top_p, seed``), with the conversation kept per client session.
 import os
 import threading
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import gradio as gr
 
@@ -64,7 +63,7 @@ def read_message(message) -> Message:
         raise G4VError(f"too many images: {len(files)} in one message, the limit is {MAX_IMAGES_PER_MESSAGE}")
     if any(path is None for path in files):
         raise G4VError("an attached file could not be read: attach it again")
-    user = Message("user", message.get("text") or "", [open_image(path, name=Path(path).name) for path in files])
+    user = Message("user", message.get("text") or "", [open_image(path) for path in files])
     validate_conversation([user])
     return user
 
@@ -89,7 +88,7 @@ def read_history(history: list) -> History:
         images = []
         for path in files:
             if path and os.path.isfile(path):
-                images.append(open_image(path, name=Path(path).name))
+                images.append(open_image(path))
             else:
                 out.missing_images += 1
         text = "\n".join(t for t in texts if t)
@@ -200,13 +199,14 @@ def chat_tab(engine, last_chat_image: gr.State, examples: list[dict], concurrenc
 
     @shows_errors
     def accept(message, history):
-        """Check the message; only then clear the box (disabled while the answer streams)."""
-        read_message(message)
-        return gr.MultimodalTextbox(value=None, interactive=False), message, history
+        """Check the message (its pictures opened once, here); only then clear the box (disabled
+        while the answer streams)."""
+        user = read_message(message)
+        return gr.MultimodalTextbox(value=None, interactive=False), message, user, history
 
     @gpu_task
     @shows_errors
-    def respond(message, history, max_new_tokens, temperature, top_p, seed):
+    def respond(message, user, history, max_new_tokens, temperature, top_p, seed):
         """Stream the answer into the chat; the box comes back enabled at the end. If the answer
         fails, the message goes back into the box and the history is as it was, then the error
         shows: the updates are sent before the error, so no later event has to run for them."""
@@ -215,7 +215,7 @@ def chat_tab(engine, last_chat_image: gr.State, examples: list[dict], concurrenc
         text = ""
         try:
             settings = sampling_settings(max_new_tokens, temperature, top_p, seed)
-            for text in answer(engine, read_message(message), history, settings, threading.Event()):
+            for text in answer(engine, user, history, settings, threading.Event()):
                 yield [*shown, {"role": "assistant", "content": text}], image, gr.skip()
         except Exception:
             yield history, gr.skip(), gr.MultimodalTextbox(value=message, interactive=True)
@@ -246,17 +246,18 @@ def chat_tab(engine, last_chat_image: gr.State, examples: list[dict], concurrenc
         seed = gr.Number(value=0, label="Seed (-1 = random)")  # checked by sampling_settings
     gr.Examples(examples, inputs=[box], label="Examples")
     sending = gr.State(None)  # the message being answered, put back in the box if the answer fails
+    checked = gr.State(None)  # the same message as accept() read it: text and opened pictures
     before = gr.State([])  # the history before it
     api_history = gr.State([])  # the /chat endpoint's conversation, per client session
 
     # A refusal shows as a toast only: Gradio's error panel would cover the chat and the box
     # (show_progress="hidden"), and the check writes nothing but the box, so only the box is its output.
-    accepted = box.submit(accept, [box, chatbot], [box, sending, before], api_visibility="private",
+    accepted = box.submit(accept, [box, chatbot], [box, sending, checked, before], api_visibility="private",
                           show_progress="hidden")
     shown = accepted.success(lambda message, history: [*history, user_entry(message)], [sending, before], chatbot,
                              api_visibility="private", queue=False, show_progress="hidden")
     answered = shown.success(
-        respond, [sending, before, max_new_tokens, temperature, top_p, seed], [chatbot, last_chat_image, box],
+        respond, [sending, checked, before, max_new_tokens, temperature, top_p, seed], [chatbot, last_chat_image, box],
         api_visibility="private", concurrency_id=MODEL_QUEUE, concurrency_limit=concurrency, show_progress="minimal")
     stop.click(lambda: gr.MultimodalTextbox(interactive=True), None, box, cancels=[answered], api_visibility="private")
     clear.click(lambda: ([], gr.MultimodalTextbox(interactive=True)), None, [chatbot, box], cancels=[answered],
