@@ -98,16 +98,27 @@ def sampling_settings(max_new_tokens, temperature=0.0, top_p=1.0, seed=0,
 
 
 def _number(value, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise G4VError(f"{name} must be a finite number, got {value!r}")
+    try:  # a JSON integer may be too large for a float (10**330): not a finite number either
+        finite = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    except OverflowError:
+        finite = False
+    if not finite:
+        raise G4VError(f"{name} must be a finite number, got {_shown(value)}")
     return float(value)
 
 
 def _whole(value, name: str) -> int:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value  # exact, however large: the range checks of SamplingSettings refuse the rest
     number = _number(value, name)
-    if number != int(number):
-        raise G4VError(f"{name} must be a whole number, got {value!r}")
+    if not number.is_integer():
+        raise G4VError(f"{name} must be a whole number, got {_shown(value)}")
     return int(number)
+
+
+def _shown(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def use_last_chat_image(button: gr.Button, last_chat_image: gr.State, image: gr.Image):
