@@ -20,6 +20,15 @@ def first_line(err: BaseException, limit: int = 300) -> str:
     return text.splitlines()[0][:limit]
 
 
+def quoted(value, limit: int = 40) -> str:
+    """``value`` as an error message quotes what a user typed: its repr, cut short (a typed value
+    may be of any size); a long string keeps its quotes around the part that is shown."""
+    if isinstance(value, str) and len(value) > limit:
+        return repr(value[:limit] + "...")
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
 class PromptTooLong(G4VError):
     """The prompt and the tokens asked for do not fit the model's context window. Engines raise it
     before anything streams, so a chat can drop its oldest turns and try again."""

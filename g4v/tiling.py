@@ -27,7 +27,7 @@ import numbers
 from dataclasses import asdict, dataclass
 from fractions import Fraction
 
-from g4v.errors import G4VError
+from g4v.errors import G4VError, quoted
 
 Box = tuple[float, float, float, float]  # (left, top, right, bottom) in pixels
 Size = tuple[int, int]  # (height, width)
@@ -402,8 +402,7 @@ def _whole_number(value, what: str) -> int:
     if isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value) \
             and float(value).is_integer():
         return int(value)
-    shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
-    raise G4VError(f"{what} must be a whole number, got {shown}")
+    raise G4VError(f"{what} must be a whole number, got {quoted(value)}")
 
 
 def _round_box(box: Box) -> list[float]:

@@ -12,7 +12,7 @@ import os
 import gradio as gr
 
 from g4v.conversation import MAX_NEW_TOKENS, SamplingSettings
-from g4v.errors import G4VError
+from g4v.errors import G4VError, quoted
 
 log = logging.getLogger("g4v.webapp")
 
@@ -103,7 +103,7 @@ def _number(value, name: str) -> float:
     except OverflowError:
         finite = False
     if not finite:
-        raise G4VError(f"{name} must be a finite number, got {_shown(value)}")
+        raise G4VError(f"{name} must be a finite number, got {quoted(value)}")
     return float(value)
 
 
@@ -112,13 +112,9 @@ def _whole(value, name: str) -> int:
         return value  # exact, however large: the range checks of SamplingSettings refuse the rest
     number = _number(value, name)
     if not number.is_integer():
-        raise G4VError(f"{name} must be a whole number, got {_shown(value)}")
+        raise G4VError(f"{name} must be a whole number, got {quoted(value)}")
     return int(number)
 
-
-def _shown(value) -> str:
-    text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def use_last_chat_image(button: gr.Button, last_chat_image: gr.State, image: gr.Image):

@@ -18,7 +18,7 @@ import json
 import os
 from pathlib import Path
 
-from g4v.errors import G4VError
+from g4v.errors import G4VError, quoted
 from g4v.paths import ASSETS_DIR, REPO_ROOT
 
 ADAPTERS_ENV = "G4V_ADAPTERS_DIR"
@@ -71,11 +71,11 @@ def resolve_adapter(choice: str, dirs: list[Path] | None = None) -> tuple[str, P
     if root is None:
         folders = ", ".join(folder_label(d) for d in dirs)
         raise G4VError(
-            f"adapter path {_shown(choice)} is outside the adapter folders ({folders}); "
+            f"adapter path {quoted(choice, 80)} is outside the adapter folders ({folders}); "
             f"copy it there or name its folder with --adapters-dir or ${ADAPTERS_ENV}"
         )
     if not real.is_dir():
-        raise G4VError(f"adapter folder not found: {_shown(choice)}")
+        raise G4VError(f"adapter folder not found: {quoted(choice, 80)}")
     name = real.relative_to(root).as_posix()
     _check_links_stay_inside(real, roots, name)
     return name, real
@@ -110,7 +110,7 @@ def _find_adapter(choice: str, roots: list[Path], dirs: list[Path]) -> Path:
     if _exists(typed):
         return typed
     available = ", ".join(list_adapters(dirs)) or "none"
-    raise G4VError(f"unknown adapter {_shown(choice)} (available: {available})")
+    raise G4VError(f"unknown adapter {quoted(choice, 80)} (available: {available})")
 
 
 def _check_links_stay_inside(folder: Path, roots: list[Path], name: str) -> None:
@@ -137,12 +137,7 @@ def _resolved(path: Path, shown_as: str) -> Path:
         return path.resolve()
     except (OSError, RuntimeError) as err:  # RuntimeError: a symlink loop (Python 3.11)
         reason = getattr(err, "strerror", None) or "a symlink loop"
-        raise G4VError(f"adapter {_shown(shown_as)} cannot be opened ({reason})") from None
-
-
-def _shown(text: str, limit: int = 80) -> str:
-    """A typed name as error messages quote it: repr, and cut short (it may be any size)."""
-    return repr(text if len(text) <= limit else text[:limit] + "...")
+        raise G4VError(f"adapter {quoted(shown_as, 80)} cannot be opened ({reason})") from None
 
 
 def _inside(path: Path, roots: list[Path]) -> Path | None:
