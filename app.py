@@ -53,6 +53,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--max-queue", type=int, default=int(env("G4V_MAX_QUEUE", "32")))
     parser.add_argument("--adapters-dir", default=env("G4V_ADAPTERS_DIR"),
                         help="folder(s) LoRA adapters may be loaded from (default: assets/adapters)")
+    parser.add_argument("--data-dir", action="append", dest="data_dirs",
+                        default=[d for d in env("G4V_DATA_DIRS", "").split(os.pathsep) if d],
+                        help="folder the Evaluate tab lists datasets from, repeatable ($G4V_DATA_DIRS, "
+                             "separated by ':'); the bundled dataset and uploads are always offered")
+    parser.add_argument("--eval-server", action="append", dest="eval_servers",
+                        default=env("G4V_EVAL_SERVERS", "").split(),
+                        help="an OpenAI-compatible server the Evaluate tab offers as an arm, as URL[,model=NAME], "
+                             "repeatable ($G4V_EVAL_SERVERS, separated by spaces); visitors cannot type URLs")
     add_engine_flags(parser)  # --base-url/--api-key (openai) and vLLM's own settings (vllm)
     return parser.parse_args(argv)
 
@@ -61,9 +69,10 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     try:
         engine = create_engine(args.backend, args.model, **engine_options(args))
+        demo = build_app(engine, args.model, args.concurrency, adapters_dir=args.adapters_dir, gpu_task=gpu_task,
+                         data_dirs=args.data_dirs, eval_servers=args.eval_servers)  # a bad --eval-server: one line
     except G4VError as err:
         raise SystemExit(f"error: {err}") from None
-    demo = build_app(engine, args.model, args.concurrency, adapters_dir=args.adapters_dir, gpu_task=gpu_task)
     # SIGTERM (a supervisor's stop) is handled like Ctrl-C: Gradio then closes its server, which
     # deletes its cached files (delete_cache), and normal exit deletes the Deepstack exports.
     signal.signal(signal.SIGTERM, signal.default_int_handler)

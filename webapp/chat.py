@@ -25,6 +25,7 @@ from g4v.conversation import (MAX_IMAGES_PER_CONVERSATION, MAX_IMAGES_PER_MESSAG
 from g4v.errors import G4VError, PromptTooLong
 from g4v.images import open_image
 from webapp.common import MODEL_QUEUE, sampling_settings, shows_errors
+from webapp.documents import chat_documents
 
 
 # ── Gradio messages -> g4v conversation ────────────────────────────────────────────────────────
@@ -194,8 +195,9 @@ def newest_image(message: dict | None, history: list) -> str | None:
 
 
 def chat_tab(engine, last_chat_image: gr.State, examples: list[dict], concurrency: int = 1,
-             gpu_task=lambda fn: fn) -> None:
-    """Render the Chat tab into the current ``gr.Blocks``."""
+             gpu_task=lambda fn: fn) -> gr.MultimodalTextbox:
+    """Render the Chat tab into the current ``gr.Blocks``; returns its message box, which other
+    tabs fill (the Evaluate tab's "Open in Chat")."""
 
     @shows_errors
     def accept(message, history):
@@ -239,6 +241,7 @@ def chat_tab(engine, last_chat_image: gr.State, examples: list[dict], concurrenc
     with gr.Row():
         stop = gr.Button("Stop", size="sm", elem_id="chat-stop")
         clear = gr.Button("Clear", size="sm", elem_id="chat-clear")
+    follow_answers = chat_documents(box, chatbot)  # PDF pages, task presets, the structured panel
     with gr.Accordion("Sampling", open=False):
         max_new_tokens = gr.Slider(1, MAX_NEW_TOKENS, value=128, step=1, label="Max new tokens")
         temperature = gr.Slider(0.0, 2.0, value=0.0, step=0.05, label="Temperature (0 = greedy)")
@@ -259,6 +262,7 @@ def chat_tab(engine, last_chat_image: gr.State, examples: list[dict], concurrenc
     answered = shown.success(
         respond, [sending, checked, before, max_new_tokens, temperature, top_p, seed], [chatbot, last_chat_image, box],
         api_visibility="private", concurrency_id=MODEL_QUEUE, concurrency_limit=concurrency, show_progress="minimal")
+    follow_answers(answered)
     stop.click(lambda: gr.MultimodalTextbox(interactive=True), None, box, cancels=[answered], api_visibility="private")
     clear.click(lambda: ([], gr.MultimodalTextbox(interactive=True)), None, [chatbot, box], cancels=[answered],
                 api_visibility="private")
@@ -267,3 +271,4 @@ def chat_tab(engine, last_chat_image: gr.State, examples: list[dict], concurrenc
     gr.Button(visible=False).click(
         api_chat, [box, api_history, max_new_tokens, temperature, top_p, seed], [api_answer, api_history],
         api_name="chat", concurrency_id=MODEL_QUEUE, concurrency_limit=concurrency)
+    return box

@@ -6,6 +6,7 @@ import gradio as gr
 from g4v.inspect.levels import describe_levels, parse_scale_specs
 from g4v.inspect.run import run_inspection
 from webapp.common import MODEL_QUEUE, image_input, shows_errors, use_last_chat_image
+from webapp.documents import document_picker
 
 LEVEL_COLUMNS = ["level", "kind", "vision layer", "LLM layer", "injected norm", "residual before", "residual after"]
 
@@ -47,7 +48,9 @@ def make_inspect(engine, exports, gpu_task):
 
 
 def deepstack_tab(engine, config, last_chat_image: gr.State, exports, concurrency: int = 1,
-                  gpu_task=lambda fn: fn) -> None:
+                  gpu_task=lambda fn: fn) -> tuple[gr.Image, gr.Textbox]:
+    """Render the tab; returns its image and prompt inputs, which other tabs fill (the Evaluate
+    tab's "Open in Deepstack")."""
     gr.Markdown("What each of the 8 injections carries into the language model, where, and what "
                 "changes when a level is zeroed or scaled.")
     level_names = [level.name for level in describe_levels(config)] if config is not None else []
@@ -55,6 +58,7 @@ def deepstack_tab(engine, config, last_chat_image: gr.State, exports, concurrenc
         image = image_input(label="Image", height=240)
         with gr.Column():
             from_chat = gr.Button("Use the last chat image", elem_id="deepstack-from-chat")
+            document_picker(image, elem_id="deepstack-doc")
             prompt = gr.Textbox(label="Prompt", value="What colour is the shape?")
             ablate = gr.CheckboxGroup(level_names, label="Ablate (zero) these levels")
             scales = gr.Textbox(label="Scale levels", placeholder="e.g. deepstack0=0.5, spatial_TL=2")
@@ -73,3 +77,4 @@ def deepstack_tab(engine, config, last_chat_image: gr.State, exports, concurrenc
     run.click(make_inspect(engine, exports, gpu_task), [image, prompt, ablate, scales, full],
               [table, norms, trajectory, heat_tiles, heat_base, report, export],
               api_name="inspect", concurrency_id=MODEL_QUEUE, concurrency_limit=concurrency)
+    return image, prompt

@@ -11,6 +11,7 @@ from g4v.loading import engine_config
 from g4v.paths import EXAMPLES_DIR, REAL_MODEL_ID, TRAINED_MODEL_DIR, is_bundled
 from webapp.chat import chat_tab
 from webapp.deepstack import deepstack_tab
+from webapp.evaluate import EvalWorkspace, OpenTargets, evaluate_tab
 from webapp.lora import lora_tab
 from webapp.port import port_tab
 from webapp.tiling import tiling_tab
@@ -49,8 +50,10 @@ def local_config(engine: Engine):
 
 
 def build_app(engine: Engine, model: str, concurrency: int = 1, adapters_dir=None, exports=None,
-              gpu_task=lambda fn: fn) -> gr.Blocks:
-    """The workbench page. ``exports`` keeps the Deepstack exports (a bounded, self-cleaning folder)."""
+              gpu_task=lambda fn: fn, data_dirs=(), eval_servers=()) -> gr.Blocks:
+    """The workbench page. ``exports`` keeps the Deepstack exports (a bounded, self-cleaning folder).
+    ``data_dirs``: folders the Evaluate tab lists datasets from (besides the bundled one);
+    ``eval_servers``: OpenAI-compatible servers it offers as arms (``URL[,model=NAME]``)."""
     from g4v.inspect.exports import ExportStore
 
     config = local_config(engine)
@@ -62,14 +65,22 @@ def build_app(engine: Engine, model: str, concurrency: int = 1, adapters_dir=Non
         gr.Markdown("# Granite 4 Vision workbench")
         gr.Markdown(banner(model), elem_id="model-banner")
         last_chat_image = gr.State(None)  # the newest image sent in Chat, for the inspection tabs
-        with gr.Tab("Chat", id="chat"):
-            chat_tab(engine, last_chat_image, example_messages(), concurrency, gpu_task)
-        with gr.Tab("Tiling", id="tiling"):
-            tiling_tab(config, last_chat_image)
-        with gr.Tab("Deepstack", id="deepstack"):
-            deepstack_tab(engine, config, last_chat_image, exports, concurrency, gpu_task)
-        with gr.Tab("vLLM port", id="port"):
-            port_tab(model, last_chat_image)
-        with gr.Tab("LoRA", id="lora"):
-            lora_tab(engine, model, adapters_dir, last_chat_image, concurrency, gpu_task)
+        with gr.Tabs() as tabs:  # by id, so a tab can switch to another (the Evaluate tab's "Open in ...")
+            with gr.Tab("Chat", id="chat"):
+                chat_box = chat_tab(engine, last_chat_image, example_messages(), concurrency, gpu_task)
+            with gr.Tab("Tiling", id="tiling"):
+                tiling_tab(config, last_chat_image)
+            with gr.Tab("Deepstack", id="deepstack"):
+                deepstack_image, deepstack_prompt = deepstack_tab(engine, config, last_chat_image, exports,
+                                                                  concurrency, gpu_task)
+            with gr.Tab("vLLM port", id="port"):
+                port_tab(model, last_chat_image)
+            with gr.Tab("LoRA", id="lora"):
+                lora_adapter, lora_image, lora_prompt = lora_tab(engine, model, adapters_dir, last_chat_image,
+                                                                 concurrency, gpu_task)
+            with gr.Tab("Evaluate", id="evaluate"):
+                targets = OpenTargets(tabs, chat_box, deepstack_image, deepstack_prompt, lora_adapter, lora_image,
+                                      lora_prompt)
+                evaluate_tab(engine, model, adapters_dir, EvalWorkspace(demo.GRADIO_CACHE, data_dirs), targets,
+                             eval_servers, concurrency, gpu_task)
     return demo

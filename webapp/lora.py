@@ -7,6 +7,7 @@ import gradio as gr
 from g4v.lora.side_by_side import adapter_folder_help, describe_adapters, lora_side_by_side, preselected_adapter
 from g4v.lora.token_diff import lora_token_diff
 from webapp.common import MODEL_QUEUE, image_input, sampling_settings, shows_errors, use_last_chat_image
+from webapp.documents import document_picker
 
 
 def make_handlers(engine, adapters_dir, gpu_task):
@@ -31,7 +32,9 @@ def make_handlers(engine, adapters_dir, gpu_task):
 
 
 def lora_tab(engine, model: str, adapters_dir, last_chat_image: gr.State, concurrency: int = 1,
-             gpu_task=lambda fn: fn) -> None:
+             gpu_task=lambda fn: fn) -> tuple[gr.Dropdown, gr.Image, gr.Textbox]:
+    """Render the tab; returns its adapter, image and prompt inputs, which other tabs fill (the
+    Evaluate tab's "Open in LoRA")."""
     gr.Markdown("Base model and adapter answers side by side, and where they differ token by token. "
                 + adapter_folder_help(adapters_dir))
     with gr.Row():
@@ -42,6 +45,7 @@ def lora_tab(engine, model: str, adapters_dir, last_chat_image: gr.State, concur
         image = image_input(label="Image (optional)", height=200)
         with gr.Column():
             from_chat = gr.Button("Use the last chat image", elem_id="lora-from-chat")
+            document_picker(image, elem_id="lora-doc")
             max_new_tokens = gr.Slider(1, 256, value=48, step=1, label="Max new tokens")
             temperature = gr.Slider(0.0, 2.0, value=0.0, step=0.05, label="Temperature (0 = greedy)")
             seed = gr.Number(value=0, label="Seed")  # checked by sampling_settings
@@ -65,3 +69,4 @@ def lora_tab(engine, model: str, adapters_dir, last_chat_image: gr.State, concur
     diffing = diff_run.click(token_diff, [adapter, image, prompt, max_new_tokens], [diff_html, diff_plot, diff_json],
                              api_name="lora_diff", **model_bound)
     stop.click(None, cancels=[running, diffing], api_visibility="private")
+    return adapter, image, prompt

@@ -6,6 +6,7 @@ import gradio as gr
 from g4v.engines import vllm_python
 from g4v.port.in_vllm_env import run_port_diff_in_vllm_env
 from webapp.common import image_input, shows_errors, use_last_chat_image
+from webapp.documents import document_picker
 
 PORT_COLUMNS = ["level", "LLM layer", "max |diff|", "max relative diff", "tolerance used", "verdict"]
 SETUP_HINT = ("The vLLM environment was not found, so this tab cannot run here. Build it with "
@@ -39,6 +40,7 @@ def port_tab(model: str, last_chat_image: gr.State) -> None:
         image = image_input(label="Image", height=200)
         with gr.Column():
             from_chat = gr.Button("Use the last chat image", elem_id="port-from-chat")
+            document_picker(image, elem_id="port-doc")
             prompt = gr.Textbox(label="Prompt", value="What colour is the shape?")
             run = gr.Button("Compare", variant="primary", interactive=available)
     verdict = gr.Markdown()

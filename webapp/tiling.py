@@ -9,6 +9,7 @@ from g4v.tiling import first_token_to_show, token_at
 from g4v.tiling_view import highlight_token, tiling_report
 from viz.figures import original_point
 from webapp.common import image_input, shows_errors, use_last_chat_image
+from webapp.documents import document_picker
 
 
 def token_description(plan, index: int) -> str:
@@ -73,6 +74,7 @@ def tiling_tab(config, last_chat_image: gr.State) -> None:
         image = image_input(label="Image", height=320)
         with gr.Column():
             from_chat = gr.Button("Use the last chat image", elem_id="tiling-from-chat")
+            from_pdf = document_picker(image, elem_id="tiling-doc")  # a PDF page, then its token budget
             table = gr.Dataframe(headers=["part", "layout", "tokens"], label="Token budget", interactive=False)
     overlay = gr.Image(label="Grid, tiles, padding and unpadded region", interactive=False, format="png",
                        elem_id="tiling-overlay")
@@ -90,6 +92,7 @@ def tiling_tab(config, last_chat_image: gr.State) -> None:
     image.upload(analyse, image, outputs, api_name="tiling")
     use_last_chat_image(from_chat, last_chat_image, image).success(
         analyse, image, outputs, api_visibility="private")
+    from_pdf.success(analyse, image, outputs, api_visibility="private")
     token_index.submit(select_index, [image, plan, analysed, token_index], [token_view, token_info],
                        api_name="tiling_token")
     token_view.select(select_click, [image, plan, analysed], [token_index, token_view, token_info],

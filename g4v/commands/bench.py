@@ -88,11 +88,25 @@ def run_inspect(args) -> int:
     return inspect_bench.run(args)
 
 
+def add_eval_arguments(parser) -> None:
+    from g4v.evaluate import bench as eval_bench
+
+    eval_bench.add_arguments(parser)
+
+
+def run_eval(args) -> int:
+    from g4v.evaluate import bench as eval_bench
+
+    return eval_bench.run(args)
+
+
 #: name -> (help, add_arguments, run)
 TARGETS = {
     "engines": ("time the same chats through each backend (hf, vllm, openai)", add_engines_arguments, run_engines),
     "inspect": ("forward time and peak memory of the deepstack inspector's capture (off / norms / full)",
                 add_inspect_arguments, run_inspect),
+    "eval": ("samples/s of each dataset-run arm (hf one by one, vllm batched) on the bundled dataset",
+             add_eval_arguments, run_eval),
 }
 
 

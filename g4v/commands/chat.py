@@ -4,9 +4,11 @@ import sys
 
 from g4v.commands.common import add_adapters_dir_flag, add_backend_flag, add_model_flags
 from g4v.commands.engine_flags import add_engine_flags, engine_options
+from g4v.commands.inputs import add_page_flags, open_inputs
+from g4v.commands.tasks import add_task_flags, report, task_prompt
+from g4v.documents.pdf import DEFAULT_DPI
 from g4v.conversation import MAX_IMAGES_PER_MESSAGE, MAX_NEW_TOKENS, Message, SamplingSettings, validate_conversation
 from g4v.errors import G4VError
-from g4v.images import open_image
 
 
 def add_parser(subparsers):
@@ -15,7 +17,9 @@ def add_parser(subparsers):
     add_backend_flag(parser)
     add_engine_flags(parser)
     parser.add_argument("--image", action="append", default=[], metavar="PATH",
-                        help=f"an image (repeatable, at most {MAX_IMAGES_PER_MESSAGE})")
+                        help=f"an image or a PDF (repeatable, at most {MAX_IMAGES_PER_MESSAGE} pictures)")
+    add_page_flags(parser)
+    add_task_flags(parser)
     parser.add_argument("--adapter", default=None,
                         help="answer with this LoRA adapter (a name or folder inside the adapter folders)")
     add_adapters_dir_flag(parser)
@@ -23,20 +27,22 @@ def add_parser(subparsers):
     parser.add_argument("--temperature", type=float, default=0.0, help="0 (default) decodes greedily")
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--seed", type=int, default=None)
-    parser.add_argument("prompt", help="the question")
+    parser.add_argument("prompt", nargs="?", default=None, help="the question (leave out with a --task)")
     return parser
 
 
-def open_images(paths: list[str]) -> list:
-    """The ``--image`` files, opened and checked; no more than one message may carry in the app."""
+def open_images(paths: list[str], pages: str = "1", dpi=DEFAULT_DPI) -> list:
+    """The ``--image`` files (PDFs as their ``--pages``), opened and checked; no more than one message
+    may carry in the app."""
     if len(paths) > MAX_IMAGES_PER_MESSAGE:
         raise G4VError(f"too many images: {len(paths)} in one message (--image), the limit is {MAX_IMAGES_PER_MESSAGE}")
-    return [open_image(path) for path in paths]
+    return open_inputs(paths, pages, dpi)
 
 
 def run(args) -> int:
     # Check everything the user typed before the (slow) model load.
-    messages = [Message("user", args.prompt, open_images(args.image))]
+    prompt = task_prompt(args)
+    messages = [Message("user", prompt, open_images(args.image, args.pages, args.dpi))]
     validate_conversation(messages)
     settings = SamplingSettings(args.max_new_tokens, args.temperature, args.top_p, args.seed).validated(MAX_NEW_TOKENS)
     if args.adapter is not None:
@@ -50,10 +56,15 @@ def run(args) -> int:
     print(engine.info.details["choice"], file=sys.stderr)
     try:
         adapter = _activate(engine, args.adapter, args.adapters_dir)
+        pieces = []
         for piece in engine.stream(messages, settings, adapter=adapter):
-            sys.stdout.write(piece)
-            sys.stdout.flush()
-        sys.stdout.write("\n")
+            pieces.append(piece)
+            if not args.json:  # --json prints the whole answer once, inside its JSON object
+                sys.stdout.write(piece)
+                sys.stdout.flush()
+        if not args.json:
+            sys.stdout.write("\n")
+        report(args, prompt, "".join(pieces))
     finally:
         engine.close()
     return 0

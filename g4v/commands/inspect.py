@@ -7,14 +7,15 @@ Writes ``summary.json``, the PNGs and ``capture.safetensors`` into ``DIR``.
 from pathlib import Path
 
 from g4v.commands.common import add_model_flags
+from g4v.commands.inputs import add_page_flags, open_single
 from g4v.errors import G4VError
-from g4v.images import open_image
 
 
 def add_parser(subparsers):
     parser = subparsers.add_parser("inspect", help="deepstack and spatial activation inspector")
     add_model_flags(parser)
-    parser.add_argument("--image", required=True, metavar="PATH", help="the image")
+    parser.add_argument("--image", required=True, metavar="PATH", help="the image, or a PDF (one page: --pages)")
+    add_page_flags(parser)
     parser.add_argument("--prompt", required=True, help="the question")
     parser.add_argument("--out", required=True, metavar="DIR", help="folder for summary.json, PNGs, capture")
     parser.add_argument("--ablate", nargs="+", action="extend", default=[], metavar="LEVEL",
@@ -30,7 +31,7 @@ def run(args) -> int:
     from g4v.inspect.levels import parse_scale_specs
 
     # Everything the user typed is checked before the (slow) model load.
-    image = open_image(args.image)
+    image = open_single(args.image, args.pages, args.dpi)
     if not args.prompt.strip():
         raise G4VError("the prompt is empty")
     scale = parse_scale_specs(args.scale)

@@ -5,6 +5,7 @@ import json
 
 from g4v.commands.chat import open_images
 from g4v.commands.common import add_adapters_dir_flag, add_model_flags
+from g4v.commands.inputs import add_page_flags
 from g4v.conversation import Message, SamplingSettings, validate_conversation
 
 
@@ -12,7 +13,8 @@ def add_parser(subparsers):
     parser = subparsers.add_parser("lora-diff", help="compare base and adapter answers token by token")
     add_model_flags(parser)
     parser.add_argument("--adapter", required=True, help="adapter name or folder inside the adapter folders")
-    parser.add_argument("--image", action="append", default=[], metavar="PATH", help="an image (repeatable)")
+    parser.add_argument("--image", action="append", default=[], metavar="PATH", help="an image or a PDF (repeatable)")
+    add_page_flags(parser)
     parser.add_argument("--prompt", required=True, help="the question")
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--json", action="store_true", help="print the full result as JSON")
@@ -24,7 +26,7 @@ def add_parser(subparsers):
 
 def run(args) -> int:
     # Check everything the user typed before the (slow) model load.
-    messages = [Message("user", args.prompt, open_images(args.image))]
+    messages = [Message("user", args.prompt, open_images(args.image, args.pages, args.dpi))]
     validate_conversation(messages)
     settings = SamplingSettings(max_new_tokens=args.max_new_tokens).validated()
     from g4v.lora.folders import adapter_dirs, resolve_adapter

@@ -14,6 +14,7 @@ import json
 import math
 import os
 
+from g4v.commands.inputs import add_page_flags
 from g4v.errors import G4VError
 
 #: ``--fail-on-diff``'s exit status when the verdict is DIFFERS (1 and 2 are taken by errors).
@@ -24,7 +25,8 @@ def add_parser(subparsers):
     parser = subparsers.add_parser("port-diff", help="compare vLLM's granite4_vision with transformers, level by level")
     parser.add_argument("--model", default=None,
                         help="model folder or hub id (default: $G4V_MODEL, else the bundled checkpoint)")
-    parser.add_argument("--image", required=True, metavar="PATH", help="the image")
+    parser.add_argument("--image", required=True, metavar="PATH", help="the image, or a PDF (one page: --pages)")
+    add_page_flags(parser)
     parser.add_argument("--prompt", required=True, help="the question")
     parser.add_argument("--max-new-tokens", type=int, default=16, help="greedy tokens compared (default 16)")
     parser.add_argument("--atol", type=_tolerance_flag, default=None,
@@ -40,12 +42,12 @@ def add_parser(subparsers):
 
 def run(args) -> int:
     from g4v.engines import vllm_installed
-    from g4v.images import open_image
+    from g4v.commands.inputs import open_single
 
     if not vllm_installed():
         raise G4VError("port-diff needs vLLM: run it from the vLLM environment "
                        "(scripts/setup_vllm_cpu_env.sh, then .venv-vllm/bin/python -m g4v port-diff ...)")
-    picture = open_image(args.image)  # check the input before the (slow) model loads
+    picture = open_single(args.image, args.pages, args.dpi)  # check the input before the (slow) model loads
     # vLLM logs to stdout by default (its engine processes inherit this); keep stdout for the report.
     os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
     if args.max_new_tokens < 0:

@@ -8,8 +8,8 @@ never the weights.
 import sys
 from pathlib import Path
 
+from g4v.commands.inputs import add_page_flags, open_single
 from g4v.errors import G4VError
-from g4v.images import open_image
 
 
 def add_parser(subparsers):
@@ -20,7 +20,8 @@ def add_parser(subparsers):
     source.add_argument("--config", default=None, metavar="FILE", help="a config.json file (or a folder holding one)")
     parser.add_argument("--json", action="store_true", help="print the plan as JSON (every token with kind and box)")
     parser.add_argument("--png", default=None, metavar="OUT.png", help="write the overlay picture here")
-    parser.add_argument("image", help="the image")
+    parser.add_argument("image", help="the image, or a PDF (one page: --pages)")
+    add_page_flags(parser)
     return parser
 
 
@@ -29,7 +30,7 @@ def run(args) -> int:
     from g4v.paths import default_model
     from g4v.tiling import plan_tiling
 
-    image = open_image(args.image)
+    image = open_single(args.image, args.pages, args.dpi)
     png_path = _checked_png_path(args.png) if args.png else None
     config = load_config(args.config or args.model or default_model())
     plan = plan_tiling((image.height, image.width), config)

@@ -2,6 +2,8 @@
 
 ``python -m g4v.demo build-adapter [--out DIR]``: regenerate the demo LoRA adapter for it.
 
+``python -m g4v.demo dataset [--out DIR]``: regenerate the bundled dataset for dataset runs.
+
 ``python -m g4v.demo train`` / ``train-adapter``: train the bundled trained checkpoint and its
 French-colours adapter (their flags are the fields of :mod:`g4v.demo.recipe`); ``eval``: measure
 them on held-out pictures (:mod:`g4v.demo.evaluate`)."""
@@ -19,6 +21,8 @@ def main(argv=None) -> int:
     build_cmd.add_argument("--out", type=Path, default=BUNDLED_MODEL_DIR, help="output folder")
     adapter_cmd = sub.add_parser("build-adapter", help="build the demo LoRA adapter for the bundled checkpoint")
     adapter_cmd.add_argument("--out", type=Path, default=None, help="output folder (default: assets/adapters/demo-lora)")
+    dataset_cmd = sub.add_parser("dataset", help="build the bundled dataset for dataset runs (held-out pictures)")
+    dataset_cmd.add_argument("--out", type=Path, default=None, help="output folder (default: assets/datasets/shapes-heldout)")
     _add_training_commands(sub)
     args = parser.parse_args(argv)
 
@@ -27,6 +31,11 @@ def main(argv=None) -> int:
 
         sha = build(args.out)
         print(f"wrote {args.out} (weights sha256 {sha})")
+    elif args.command == "dataset":
+        from g4v.demo.dataset import build_dataset
+        from g4v.evaluate.data import BUNDLED_DATASET
+
+        print(f"wrote {build_dataset(args.out or BUNDLED_DATASET)}")
     elif args.command == "build-adapter":
         from g4v.lora.folders import DEFAULT_ADAPTERS_DIR
         from g4v.demo.adapter import ADAPTER_NAME, build_adapter

@@ -33,16 +33,26 @@ DOWNSAMPLE_RATE = "4/8"  # as in the real model: 4 x 4 queries per 8 x 8 window
 GRID_PINPOINTS = [[r * TILE, c * TILE] for r in range(1, 7) for c in range(1, 7) if r * c <= 6]
 
 
-def tiny_config(vocab_size: int, image_token_id: int, pad_token_id: int, eos_token_id: int) -> Granite4VisionConfig:
+#: Widths that tensor parallelism can split in two (``build(out, shardable=True)``): every head count
+#: (SigLIP, each Q-Former's ``vision_hidden // 64``, LM query and key-value heads) divides by 2, which
+#: the bundled checkpoint's single vision and Q-Former head cannot. Head sizes stay 64.
+SHARDABLE_WIDTHS = {"vision_hidden": 128, "vision_intermediate": 256, "vision_heads": 2,
+                    "text_hidden": 256, "text_intermediate": 512, "text_heads": 4, "text_kv_heads": 2}
+BUNDLED_WIDTHS = {"vision_hidden": 64, "vision_intermediate": 256, "vision_heads": 1,
+                  "text_hidden": 128, "text_intermediate": 384, "text_heads": 2, "text_kv_heads": 1}
+
+
+def tiny_config(vocab_size: int, image_token_id: int, pad_token_id: int, eos_token_id: int,
+                widths: dict = BUNDLED_WIDTHS) -> Granite4VisionConfig:
     vision_layers = 8
     text_layers = 10
     return Granite4VisionConfig(
         vision_config={
             "model_type": "siglip_vision_model",
-            "hidden_size": 64,
-            "intermediate_size": 256,
+            "hidden_size": widths["vision_hidden"],
+            "intermediate_size": widths["vision_intermediate"],
             "num_hidden_layers": vision_layers,
-            "num_attention_heads": 1,
+            "num_attention_heads": widths["vision_heads"],
             "image_size": TILE,
             "patch_size": PATCH,
             "num_channels": 3,
@@ -51,11 +61,11 @@ def tiny_config(vocab_size: int, image_token_id: int, pad_token_id: int, eos_tok
         text_config={
             "model_type": "granite",
             "vocab_size": vocab_size,
-            "hidden_size": 128,
-            "intermediate_size": 384,
+            "hidden_size": widths["text_hidden"],
+            "intermediate_size": widths["text_intermediate"],
             "num_hidden_layers": text_layers,
-            "num_attention_heads": 2,  # head_dim 64
-            "num_key_value_heads": 1,  # grouped-query attention, as in the real model
+            "num_attention_heads": widths["text_heads"],  # head_dim 64
+            "num_key_value_heads": widths["text_kv_heads"],  # grouped-query attention, as in the real model
             "max_position_embeddings": 4096,
             "rms_norm_eps": 1e-5,
             "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
@@ -70,6 +80,11 @@ def tiny_config(vocab_size: int, image_token_id: int, pad_token_id: int, eos_tok
         },
         qformer_config={
             "model_type": "blip_2_qformer",
+            # Written out, as vLLM builds them: transformers 5.19 (the vLLM environment) does not
+            # derive them from the vision tower and would build a 768-wide Q-Former.
+            "hidden_size": widths["vision_hidden"],
+            "encoder_hidden_size": widths["vision_hidden"],
+            "num_attention_heads": widths["vision_hidden"] // 64,
             "num_hidden_layers": 1,
             "intermediate_size": 3072,
             "cross_attention_frequency": 1,
@@ -135,13 +150,14 @@ def build_processor():
     )
 
 
-def build_random_model(processor) -> Granite4VisionForConditionalGeneration:
+def build_random_model(processor, widths: dict = BUNDLED_WIDTHS) -> Granite4VisionForConditionalGeneration:
     tokenizer = processor.tokenizer
     config = tiny_config(
         vocab_size=len(tokenizer),
         image_token_id=tokenizer.convert_tokens_to_ids(IMAGE),
         pad_token_id=tokenizer.convert_tokens_to_ids(PAD),
         eos_token_id=tokenizer.convert_tokens_to_ids(END_OF_TEXT),
+        widths=widths,
     )
     torch.manual_seed(SEED)
     model = Granite4VisionForConditionalGeneration(config)
@@ -163,13 +179,14 @@ def save_checkpoint(model, processor, out: Path, provenance: dict) -> str:
     return weights_sha
 
 
-def build(out: Path) -> str:
-    """Build the random-weight checkpoint into ``out``; returns the weights' SHA-256."""
+def build(out: Path, shardable: bool = False) -> str:
+    """Build the random-weight checkpoint into ``out``; returns the weights' SHA-256. ``shardable``
+    builds the same architecture at :data:`SHARDABLE_WIDTHS` (the tensor-parallel tests' checkpoint)."""
     torch.use_deterministic_algorithms(True)
     processor = build_processor()
-    model = build_random_model(processor)
+    model = build_random_model(processor, SHARDABLE_WIDTHS if shardable else BUNDLED_WIDTHS)
     provenance = {
-        "builder": "python -m g4v.demo build",
+        "builder": "g4v.demo.build.build(out, shardable=True)" if shardable else "python -m g4v.demo build",
         "weights": "random (seeded)",
         "seed": SEED,
         "torch": torch.__version__,

@@ -1,0 +1,82 @@
+"""``python -m g4v eval --a ARM --b ARM --data D [--columns ...] --out DIR``: two arms over a dataset.
+
+Arms: ``hf``, ``hf:adapter=NAME``, ``hf:model=DIR``, ``vllm[:adapter=NAME]``,
+``openai:URL[,model=NAME][,adapter=NAME]``. Writes ``samples.jsonl`` as rows finish (run the same
+command again to resume), then ``samples.parquet``, ``samples.csv`` and ``summary.json``; prints
+a short summary table. See ``docs/evaluate.md``.
+"""
+
+import sys
+from pathlib import Path
+
+from g4v.commands.common import add_adapters_dir_flag
+from g4v.commands.settings_flags import add_settings_flags, settings_from_args
+
+#: EvalConfig fields typed as their own flags (the rest come from add_settings_flags).
+_OWN_FLAGS = ("a", "b", "data", "columns")
+
+
+def add_parser(subparsers):
+    from g4v.evaluate.run import EvalConfig
+
+    parser = subparsers.add_parser("eval", help="compare two arms (backend, model, adapter) over a dataset")
+    parser.add_argument("--a", required=True, metavar="ARM", help="first arm, e.g. hf")
+    parser.add_argument("--b", required=True, metavar="ARM", help="second arm, e.g. hf:adapter=tiny-trained-french")
+    parser.add_argument("--data", required=True, metavar="D",
+                        help="dataset: imagefolder with metadata.jsonl/csv, .jsonl/.csv/.parquet, saved dataset, "
+                             "or Hub id (assets/datasets/shapes-heldout is bundled)")
+    parser.add_argument("--columns", default=None, metavar="MAP",
+                        help="column mapping, e.g. image=img,prompt=question,reference=answer,category=kind")
+    parser.add_argument("--out", required=True, type=Path, metavar="DIR", help="results folder (resumable)")
+    add_settings_flags(parser, EvalConfig, exclude=_OWN_FLAGS)
+    add_adapters_dir_flag(parser)
+    return parser
+
+
+def run(args) -> int:
+    from tqdm import tqdm
+
+    from g4v.evaluate import ArmSpec, Columns, EvalConfig, run_eval
+
+    config = settings_from_args(EvalConfig, args, exclude=_OWN_FLAGS, a=ArmSpec.parse(args.a),
+                                b=ArmSpec.parse(args.b), data=args.data, columns=Columns.parse(args.columns))
+    bars = []  # started at the first report, once the dataset and the arms are ready
+
+    def progress(done: int, total: int) -> None:
+        if not bars:
+            bars.append(tqdm(total=total, unit="row", file=sys.stderr, desc="eval"))
+        bars[0].n = done
+        bars[0].refresh()
+
+    try:
+        result = run_eval(config, args.out, adapters_dir=args.adapters_dir, progress=progress)
+    finally:
+        for bar in bars:
+            bar.close()
+    print(summary_table(result.summary))
+    print(f"results: {args.out}")
+    return 0
+
+
+def summary_table(summary: dict) -> str:
+    """A few lines: each arm's accuracy with its interval, the paired test, agreement; per category."""
+    lines = [f"rows {summary['n']} (errors {summary['n_errors']}){'' if summary['complete'] else ', INCOMPLETE'}"]
+    header = f"{'':<12}{'n':>5}  {'A acc':>16}  {'B acc':>16}  {'agree':>6}  {'A only':>6}  {'B only':>6}  {'McNemar p':>9}"
+    lines += [f"A = {summary['arms']['a']['label']}, B = {summary['arms']['b']['label']}", header]
+    groups = {"all": summary, **summary["by_category"]}
+    for name, block in groups.items():
+        paired = block["paired"]
+        agreement = "-" if block["agreement"] is None else f"{100 * block['agreement']:.1f}%"
+        lines.append(f"{name:<12}{block['n']:>5}  {_accuracy(block['arms']['a']):>16}  {_accuracy(block['arms']['b']):>16}"
+                     f"  {agreement:>6}  {paired['a_only']:>6}  {paired['b_only']:>6}  {paired['mcnemar_p']:>9.3g}")
+    if summary.get("kl"):
+        kl = summary["kl"]
+        lines.append(f"KL(a||b) per row: mean {kl['mean']:.4g}, q90 {kl['q90']:.4g}, q99 {kl['q99']:.4g}, max {kl['max']:.4g}")
+    return "\n".join(lines)
+
+
+def _accuracy(arm: dict) -> str:
+    if arm["accuracy"] is None:
+        return "-"
+    low, high = arm["ci95"]
+    return f"{100 * arm['accuracy']:.1f}% [{100 * low:.0f}-{100 * high:.0f}]"

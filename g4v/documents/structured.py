@@ -1,0 +1,151 @@
+"""A model's answer to a document task, read for display: tables rendered, JSON checked, code
+highlighted. :func:`read_answer` never raises on what the model wrote: a malformed answer comes back
+as-is with the parse error, so a view never breaks on output.
+
+Nothing in an answer runs: HTML is sanitised (:func:`g4v.documents.tables.sanitize_html`), code is
+only tokenised by Pygments for colours, JSON is parsed with the standard library.
+"""
+
+import html
+import json
+from dataclasses import asdict, dataclass, field
+
+from g4v.documents import tables
+from g4v.errors import quoted
+
+#: What each answer kind is read as. "text" answers (summaries, questions) are shown escaped.
+KINDS = ("csv", "html", "otsl", "json", "code", "text")
+#: At most this many schema problems are listed (a wrong answer can break every field).
+MAX_PROBLEMS = 50
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One way a JSON answer breaks its schema: where (``$.items[0].price``), what the schema
+    expects, what the answer has, and the validator's own sentence."""
+
+    path: str
+    expected: str
+    got: str
+    message: str
+
+    def line(self) -> str:
+        return f"{self.path}: expected {self.expected}, got {self.got}"
+
+
+@dataclass
+class StructuredAnswer:
+    """An answer as the app and ``chat --json`` show it.
+
+    ``html`` is safe to put in a page (sanitised or built from escaped text); ``rows`` are the
+    table's cells when the answer is a table; ``data`` is the parsed JSON; ``problems`` the schema
+    violations; ``error`` the parse error when the answer could not be read (then ``html`` shows the
+    raw answer escaped).
+    """
+
+    kind: str
+    raw: str
+    html: str = ""
+    rows: list[list[str]] = field(default_factory=list)
+    data: object = None
+    problems: list[Problem] = field(default_factory=list)
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and not self.problems
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def read_answer(kind: str, answer: str, schema: dict | None = None) -> StructuredAnswer:
+    """Read ``answer`` as ``kind`` (one of :data:`KINDS`); ``schema`` checks a JSON answer."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown answer kind {kind!r}")  # a caller's bug, not the model's output
+    result = StructuredAnswer(kind=kind, raw=answer)
+    try:
+        if kind in ("csv", "html", "otsl"):
+            table = {"csv": tables.parse_csv, "html": tables.parse_html_table, "otsl": tables.parse_otsl}[kind](answer)
+            result.rows, result.html = table.rows, table.html
+        elif kind == "json":
+            result.data = parse_json(answer)
+            result.html = pre(json.dumps(result.data, indent=2, ensure_ascii=False))
+            if schema is not None:
+                result.problems = schema_problems(result.data, schema)
+        elif kind == "code":
+            result.html = highlight_python(tables.strip_fence(answer))
+        else:
+            result.html = pre(answer)
+    except (tables.TableError, ValueError, RecursionError) as err:
+        result.error = " ".join(str(err).split())[:300] or type(err).__name__
+        result.html = pre(answer)
+        result.rows = []
+    return result
+
+
+def pre(text: str) -> str:
+    """Text shown as-is in a page: escaped, in a ``<pre>`` that keeps its lines."""
+    return f'<pre style="white-space: pre-wrap">{html.escape(text)}</pre>'
+
+
+def parse_json(answer: str):
+    """The JSON value in an answer (one code fence allowed around it); one-line ValueError if none."""
+    body = tables.strip_fence(answer)
+    if not body:
+        raise ValueError("the answer is empty")
+    try:
+        return json.loads(body)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"not JSON: {err.msg} at line {err.lineno}, column {err.colno}") from None
+
+
+def schema_problems(data, schema: dict) -> list[Problem]:
+    """Every place ``data`` breaks ``schema`` (JSON Schema, the draft the schema names), by path.
+
+    Only references inside the schema (``#/...``) and to the JSON Schema meta-schemas are followed:
+    nothing is fetched, so a ``$ref`` to a URL or a server file is named as a problem, not read.
+    """
+    from jsonschema import validators
+    from jsonschema_specifications import REGISTRY  # the meta-schemas only; it retrieves nothing
+    from referencing.exceptions import Unresolvable
+
+    validator = validators.validator_for(schema)(schema, registry=REGISTRY)
+    try:
+        errors = sorted(validator.iter_errors(data), key=lambda e: (list(map(str, e.absolute_path)), e.validator))
+    except Unresolvable as err:
+        ref = getattr(err, "ref", None) or getattr(getattr(err, "_wrapped", None), "ref", None) or str(err)
+        raise ValueError(f"the schema's $ref {quoted(str(ref), 80)} cannot be resolved inside the "
+                         "schema (nothing outside it is fetched)") from None
+    return [_problem(error) for error in errors[:MAX_PROBLEMS]]
+
+
+def _problem(error) -> Problem:
+    """A jsonschema ValidationError in field / expected / got terms."""
+    path = "$" + "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in error.absolute_path)
+    if error.validator == "required":
+        missing = error.message.split("'")[1] if "'" in error.message else error.message
+        return Problem(f"{path}.{missing}" if path != "$" else f"$.{missing}", "a required field", "nothing",
+                       error.message)
+    if error.validator == "additionalProperties":
+        return Problem(path, "no other fields", error.message.split("(")[-1].rstrip(")"), error.message)
+    expected = f"{error.validator} {_short(error.validator_value)}"
+    return Problem(path, expected, _short(error.instance), error.message[:300])
+
+
+def _short(value) -> str:
+    """A JSON value as a problem line quotes it: compact JSON, cut short."""
+    try:
+        text = json.dumps(value, ensure_ascii=False)
+    except (TypeError, ValueError):
+        text = repr(value)
+    return text if len(text) <= 60 else quoted(text, 60)
+
+
+def highlight_python(code: str) -> str:
+    """Python source coloured by Pygments (inline colours only, every character escaped); never run."""
+    from pygments import highlight
+    from pygments.formatters import HtmlFormatter
+    from pygments.lexers import PythonLexer
+
+    return highlight(code, PythonLexer(), HtmlFormatter(noclasses=True, nobackground=True))

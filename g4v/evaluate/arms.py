@@ -1,0 +1,263 @@
+"""Arms: the two sides a dataset run compares. An arm is a backend + model (+ adapter).
+
+Typed as text on the command line (``--a hf --b hf:adapter=tiny-trained-french``) and parsed into
+an :class:`ArmSpec`; :func:`open_arms` turns two specs into :class:`Arm` objects that answer a
+list of samples in the way that suits their backend:
+
+* ``hf`` answers one sample after another (transformers in this process: the reference, and the
+  only arm that can score tokens, because its logits are here). Two ``hf`` arms on the same model
+  share one engine: base vs adapter is one model with the adapter switched per request.
+* ``vllm`` submits every sample at once and lets continuous batching schedule them: in process
+  where vLLM imports here, else through a local OpenAI-compatible server started from the vLLM
+  environment (``g4v.engines.vllm_python()``), stopped again on close.
+* ``openai`` sends requests to a server from a bounded pool of ``concurrency`` threads.
+
+Adapters come only from the configured adapter folders (``g4v.lora``), checked before any model
+loads; an ``openai`` arm's adapter is a name the server serves.
+"""
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlparse
+
+from g4v.conversation import Message, SamplingSettings
+from g4v.engines.base import Engine, Generation
+from g4v.errors import G4VError, quoted
+
+BACKENDS = ("hf", "vllm", "openai")
+#: Requests a vLLM arm keeps in flight (the batch continuous batching draws from); bounded below
+#: the HTTP client's connection pool when the arm runs through a server.
+VLLM_IN_FLIGHT = 64
+#: Name a local vLLM server serves the base model under.
+SERVED_NAME = "granite4-vision"
+
+
+@dataclass(frozen=True)
+class ArmSpec:
+    """One side of a comparison, as typed (see :meth:`parse`)."""
+
+    backend: str
+    model: str | None = None  # checkpoint folder (hf/vllm; None: default_model()) or served name (openai)
+    adapter: str | None = None  # name in the adapter folders (hf/vllm) or served adapter name (openai)
+    base_url: str | None = None  # openai only
+    label: str = ""
+
+    @classmethod
+    def parse(cls, text: str) -> "ArmSpec":
+        """``hf``, ``hf:adapter=NAME``, ``hf:model=DIR``, ``vllm[:adapter=NAME]``,
+        ``openai:URL[,model=NAME][,adapter=NAME]``; ``label=TEXT`` names any arm."""
+        text = (text or "").strip()
+        backend, _, rest = text.partition(":")
+        if backend not in BACKENDS:
+            raise G4VError(f"arm {quoted(text)}: backend must be one of {', '.join(BACKENDS)}")
+        parts = [part.strip() for part in rest.split(",")] if rest else []
+        values = {}
+        if backend == "openai":
+            if not parts or not parts[0] or "=" in parts[0]:
+                raise G4VError(f"arm {quoted(text)}: an openai arm starts with the server's URL, "
+                               "e.g. openai:http://HOST:8000/v1")
+            values["base_url"], parts = parts[0], parts[1:]
+        for part in parts:
+            key, sep, value = (piece.strip() for piece in part.partition("="))
+            if not sep or not value or key not in ("model", "adapter", "label"):
+                raise G4VError(f"arm {quoted(text)}: expected model=, adapter= or label=, got {quoted(part)}")
+            values[key] = value
+        return cls(backend=backend, **values)
+
+    @property
+    def display(self) -> str:
+        """The shown name: the label, else ``hf``, ``hf+demo-french``, ``openai@host:port``..."""
+        if self.label:
+            return self.label
+        name = self.backend
+        if self.backend == "openai" and self.base_url:
+            name += "@" + (urlparse(self.base_url).netloc or self.base_url)
+        elif self.model:
+            name += f"({Path(self.model).name})"
+        return name + (f"+{self.adapter}" if self.adapter else "")
+
+    def can_score(self) -> bool:
+        """Whether this arm can teacher-force tokens (its logits are in this process)."""
+        return self.backend == "hf"
+
+    def engine_key(self) -> "ArmSpec":
+        """What identifies the engine behind this arm (the ``reuse`` key): backend and model."""
+        return ArmSpec(self.backend, self.model, base_url=self.base_url)
+
+
+@dataclass
+class Failed(Generation):
+    """A request that failed for this sample only (the prompt too long, the server refused...)."""
+
+    error: str = ""
+
+
+@dataclass
+class Arm:
+    """An opened arm: the engine it runs on and the adapter name the engine knows."""
+
+    spec: ArmSpec
+    engine: Engine
+    adapter: str | None = None  # registered name, passed as ``adapter=``
+    model_path: str | None = None  # local checkpoint folder (hf, vllm): its config gives image tokens
+    concurrency: int = 8
+    _closers: list = field(default_factory=list, repr=False)
+
+    def answer(self, samples: list, settings: SamplingSettings, cancel: threading.Event | None = None,
+               on_done=None) -> list[Generation | None]:
+        """Greedy (or ``settings``) answers to ``samples`` (each with images and prompt), in their
+        order: hf one by one, vllm all in flight, openai ``concurrency`` at a time. A request that
+        fails gives a :class:`Failed`; one not started because of ``cancel`` gives None.
+        ``on_done(position, generation)`` is called as each finishes."""
+        cancel = cancel or threading.Event()
+        results: list[Generation | None] = [None] * len(samples)
+
+        def one(position: int) -> None:
+            if cancel.is_set():
+                return
+            sample = samples[position]
+            try:
+                results[position] = self.engine.generate(
+                    [Message("user", sample.prompt, list(sample.images))], settings, adapter=self.adapter)
+            except G4VError as err:
+                results[position] = Failed(text="", token_ids=[], finish_reason="error", error=str(err))
+            if on_done is not None:
+                on_done(position, results[position])
+
+        workers = {"hf": 1, "vllm": VLLM_IN_FLIGHT, "openai": self.concurrency}[self.spec.backend]
+        if workers == 1:
+            for position in range(len(samples)):
+                one(position)
+        else:
+            with ThreadPoolExecutor(max(1, min(workers, len(samples)))) as pool:
+                list(pool.map(one, range(len(samples))))
+        return results
+
+    def close(self) -> None:
+        """Stop what this arm started (an engine, a server); never a reused engine."""
+        while self._closers:
+            self._closers.pop()()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+
+def open_arms(a: ArmSpec, b: ArmSpec, *, adapters_dir=None, reuse: dict | None = None,
+              concurrency: int = 8) -> tuple[Arm, Arm]:
+    """Open both arms, sharing an engine where they run the same backend and model. Adapters are
+    resolved first, so a bad name is refused before any model loads. Close both arms after use
+    (the second closes the shared engine's owner)."""
+    specs = [a, b]
+    for spec in specs:
+        if spec.adapter and spec.backend != "openai":
+            _resolve_adapter_folder(spec.adapter, adapters_dir)
+    engines: dict[ArmSpec, tuple[Engine, str | None, list]] = {}
+    arms = []
+    try:
+        for spec in specs:
+            key = spec.engine_key()
+            if key not in engines:
+                adapters = [s.adapter for s in specs if s.engine_key() == key and s.adapter]
+                engines[key] = _start_engine(spec, adapters, adapters_dir, reuse or {})
+            engine, model_path, closers = engines[key]
+            adapter = _activate(engine, spec, adapters_dir) if spec.adapter else None
+            arms.append(Arm(spec, engine, adapter, model_path, concurrency))
+        for engine, _, closers in engines.values():  # the last arm on an engine owns its shutdown
+            [arm for arm in arms if arm.engine is engine][-1]._closers.extend(closers)
+    except BaseException:
+        for _, _, closers in engines.values():
+            for close in reversed(closers):
+                close()
+        raise
+    return arms[0], arms[1]
+
+
+def open_arm(spec: ArmSpec, *, adapters_dir=None, reuse: dict | None = None, concurrency: int = 8) -> Arm:
+    """One arm on its own (the benchmark times arms one at a time)."""
+    if spec.adapter and spec.backend != "openai":
+        _resolve_adapter_folder(spec.adapter, adapters_dir)
+    engine, model_path, closers = _start_engine(spec, [spec.adapter] if spec.adapter else [], adapters_dir, reuse or {})
+    try:
+        adapter = _activate(engine, spec, adapters_dir) if spec.adapter else None
+    except BaseException:
+        for close in reversed(closers):
+            close()
+        raise
+    arm = Arm(spec, engine, adapter, model_path, concurrency)
+    arm._closers.extend(closers)
+    return arm
+
+
+def _resolve_adapter_folder(name: str, adapters_dir) -> Path:
+    from g4v.lora.folders import adapter_dirs, resolve_adapter
+
+    return resolve_adapter(name, adapter_dirs(adapters_dir))[1]
+
+
+def _start_engine(spec: ArmSpec, adapters: list[str], adapters_dir, reuse: dict) -> tuple[Engine, str | None, list]:
+    """``(engine, local model folder or None, closers)`` for ``spec``; a reused engine has no closer."""
+    from g4v.engines import create_engine, vllm_installed
+    from g4v.paths import default_model
+
+    model = spec.model or (None if spec.backend == "openai" else default_model())
+    reused = reuse.get(spec.engine_key()) or (reuse.get(ArmSpec(spec.backend)) if model == default_model() else None)
+    if reused is not None:
+        return reused, model, []
+    if spec.backend == "openai":
+        engine = create_engine("openai", spec.model, base_url=spec.base_url)
+        return engine, None, [engine.close]
+    if spec.backend == "vllm" and not vllm_installed():
+        return _served_vllm(model, adapters, adapters_dir)
+    engine = create_engine(spec.backend, model)  # hf: a GPU in its dtype where present, else the CPU in float32
+    return engine, model, [engine.close]
+
+
+def _served_vllm(model: str, adapters: list[str], adapters_dir) -> tuple[Engine, str, list]:
+    """A vLLM arm where vLLM does not import here: a local server from the vLLM environment, with
+    the arms' adapters checked and served under their names."""
+    from g4v.engines import create_engine, vllm_python
+    from g4v.engines.vllm_engine import VLLMSettings
+    from g4v.engines.vllm_server import VLLMServer
+    from g4v.loading import load_config
+    from g4v.lora.checks import load_adapter_spec
+    from g4v.lora.folders import adapter_dirs
+
+    python = vllm_python()
+    if python is None:
+        raise G4VError("a vllm arm needs vLLM: run scripts/setup_vllm_cpu_env.sh (it builds .venv-vllm), "
+                       "or pip install -r requirements-vllm.txt on a GPU machine")
+    config = load_config(model)
+    lora = {}
+    for name in adapters:
+        checked = load_adapter_spec(name, config, adapter_dirs(adapters_dir))
+        lora[checked.name] = str(checked.path)
+    server = VLLMServer(model, VLLMSettings(), served_name=SERVED_NAME, lora_modules=lora or None,
+                        python=str(python)).start()
+    try:
+        engine = create_engine("openai", SERVED_NAME, base_url=server.base_url)
+    except BaseException:
+        server.stop()
+        raise
+    return engine, model, [server.stop, engine.close]
+
+
+def _activate(engine: Engine, spec: ArmSpec, adapters_dir) -> str:
+    """The adapter name ``engine`` answers to: checked and registered (local engines), or served
+    (a server)."""
+    from g4v.engines.remote import RemoteEngine
+    from g4v.lora.side_by_side import activate_adapter
+
+    if isinstance(engine, RemoteEngine):
+        if spec.backend == "openai":
+            engine.register_adapter(spec.adapter, spec.adapter)  # checks the server serves it
+            return spec.adapter
+        from g4v.lora.folders import adapter_dirs, resolve_adapter
+
+        return resolve_adapter(spec.adapter, adapter_dirs(adapters_dir))[0]
+    return activate_adapter(engine, spec.adapter, adapters_dir).name

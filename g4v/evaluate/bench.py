@@ -1,0 +1,97 @@
+"""``python -m g4v bench eval``: samples per second of each arm backend over a dataset, in one run.
+
+Each backend answers the same rows (default: the whole bundled dataset) the way a dataset run has
+it answer them: ``hf`` one sample after another, ``vllm`` every sample in flight at once (vLLM's
+continuous batching schedules them), ``openai`` from a bounded pool. Start-up (model load, server
+start) and picture decoding are outside the timing, and each backend gets one untimed warm-up
+request first. Backends run one after the other and are closed in between, so none is timed while
+another holds the machine. The greedy answers of all backends are compared token for token too.
+"""
+
+import sys
+import time
+from dataclasses import dataclass
+
+from g4v.conversation import SamplingSettings
+from g4v.evaluate.arms import ArmSpec, open_arm
+from g4v.evaluate.data import BUNDLED_DATASET, Columns, open_dataset
+from g4v.evaluate.run import EvalConfig, row_order
+from g4v.evaluate.scoring import agreement
+
+
+@dataclass
+class ArmTiming:
+    backend: str
+    startup_s: float
+    wall_s: float
+    samples: int
+    answers: list  # Generation per sample
+
+    @property
+    def samples_per_s(self) -> float:
+        return self.samples / self.wall_s if self.wall_s else 0.0
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--backends", default="hf,vllm", help="arms to time, comma-separated (default hf,vllm)")
+    parser.add_argument("--data", default=str(BUNDLED_DATASET), help="dataset (default: the bundled one)")
+    parser.add_argument("--columns", default=None, help="column mapping, as for eval")
+    parser.add_argument("--limit", type=int, default=None, help="only the first N rows (default: all)")
+    parser.add_argument("--max-new-tokens", type=int, default=EvalConfig.max_new_tokens)
+    parser.add_argument("--concurrency", type=int, default=EvalConfig.concurrency, help="openai arms' pool size")
+    parser.add_argument("--markdown", default=None, metavar="PATH", help="also write the table to PATH")
+
+
+def run(args) -> int:
+    from tqdm import tqdm
+
+    specs = [ArmSpec.parse(text) for text in args.backends.split(",")]
+    config = EvalConfig(a=specs[0], b=specs[-1], data=args.data, columns=Columns.parse(args.columns),
+                        limit=args.limit, max_new_tokens=args.max_new_tokens, concurrency=args.concurrency)
+    config.check()
+    dataset = open_dataset(config.data, config.columns)
+    samples = [dataset.sample(i) for i in row_order(len(dataset), config.limit, None)]
+    samples = [sample for sample in samples if sample.error is None]
+    timings = []
+    with tqdm(total=len(samples) * len(specs), unit="sample", file=sys.stderr) as bar:
+        for spec in specs:
+            bar.set_description(f"{spec.display}: starting")
+
+            def done(*_, name=spec.display):
+                bar.set_description(name, refresh=False)
+                bar.update()
+
+            timings.append(time_arm(spec, samples, config, done))
+    report = table(timings, len(samples), config.max_new_tokens)
+    print(report)
+    if args.markdown:
+        with open(args.markdown, "w") as handle:
+            handle.write(report + "\n")
+    return 0
+
+
+def time_arm(spec: ArmSpec, samples: list, config: EvalConfig, on_done) -> ArmTiming:
+    """Open ``spec``, warm it up on one sample, time its answers to ``samples``, close it."""
+    settings: SamplingSettings = config.settings()
+    began = time.perf_counter()
+    with open_arm(spec, concurrency=config.concurrency) as arm:
+        arm.answer(samples[:1], settings)  # warm-up, untimed
+        startup = time.perf_counter() - began
+        began = time.perf_counter()
+        answers = arm.answer(samples, settings, on_done=on_done)
+        wall = time.perf_counter() - began
+    return ArmTiming(spec.display, startup, wall, len(samples), answers)
+
+
+def table(timings: list[ArmTiming], samples: int, max_new_tokens: int) -> str:
+    """A Markdown table, ratios relative to the first backend, and the greedy agreement."""
+    reference = timings[0]
+    lines = [f"{samples} samples, greedy, at most {max_new_tokens} new tokens", "",
+             f"| arm | start-up s | wall s | samples/s | vs {reference.backend} | same greedy tokens as {reference.backend} |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for timing in timings:
+        ratio = timing.samples_per_s / reference.samples_per_s if reference.samples_per_s else float("nan")
+        same = sum(agreement(a, b)[0] for a, b in zip(reference.answers, timing.answers) if a and b)
+        lines.append(f"| {timing.backend} | {timing.startup_s:.1f} | {timing.wall_s:.1f} | {timing.samples_per_s:.2f} | "
+                     f"{ratio:.2f}x | {same}/{samples} |")
+    return "\n".join(lines)

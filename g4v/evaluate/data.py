@@ -1,0 +1,309 @@
+"""Datasets for dataset runs: rows of picture(s), prompt, optional reference answer and category.
+
+Hugging Face ``datasets`` does the loading, so every format it reads works the same way:
+
+* a folder with ``metadata.jsonl`` or ``metadata.csv`` (the ``imagefolder`` layout: a
+  ``file_name`` column of picture paths relative to the folder);
+* a ``.jsonl`` / ``.json`` / ``.csv`` / ``.parquet`` file whose image column holds paths relative
+  to the file (or a list of them, for several pictures per row);
+* a folder written by ``Dataset.save_to_disk`` (an ``Image`` column, or paths);
+* a Hub dataset id, where the network allows.
+
+Two kinds of problem are told apart. A bad *dataset* or *column mapping* (missing file, unknown
+column, no rows, a broken JSON line) stops the run with one line before any model loads. A bad
+*row* (a missing or unreadable picture, an empty prompt, too many pictures) is recorded on that
+row (:attr:`EvalSample.error`) and the run goes on.
+
+Paths are the user's input: with ``data_dirs`` (the app) the dataset must lie inside one of them,
+links resolved, and every picture path inside the dataset's own folder.
+"""
+
+import json
+import os
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+from PIL import Image
+
+from g4v.conversation import MAX_IMAGES_PER_MESSAGE
+from g4v.errors import G4VError, first_line, quoted
+from g4v.images import open_image
+from g4v.paths import ASSETS_DIR
+
+#: The bundled example: held-out synthetic pictures with reference answers (``python -m g4v.demo dataset``).
+BUNDLED_DATASET = ASSETS_DIR / "datasets" / "shapes-heldout"
+#: Metadata files of the imagefolder layout, in the order they are looked for.
+METADATA_FILES = ("metadata.jsonl", "metadata.csv")
+#: File types read as a table, and the ``datasets`` builder that reads each.
+FILE_BUILDERS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
+#: Column names guessed for each role when the mapping does not name one, first match wins.
+GUESSES = {
+    "image": ("image", "images", "file_name", "image_path", "image_file", "img"),
+    "prompt": ("prompt", "question", "text", "query", "instruction"),
+    "reference": ("answer", "reference", "label", "answers", "target"),
+    "category": ("category", "kind", "type", "question_type"),
+    "id": ("id", "sample_id", "question_id"),
+}
+
+
+@dataclass(frozen=True)
+class Columns:
+    """Which dataset column plays which role; None: guessed from :data:`GUESSES`."""
+
+    image: str | None = None
+    prompt: str | None = None
+    reference: str | None = None
+    category: str | None = None
+    id: str | None = None
+
+    @classmethod
+    def parse(cls, text: str | None) -> "Columns":
+        """``"image=img,prompt=question,reference=answer"`` (the CLI's ``--columns``)."""
+        roles = [f.name for f in fields(cls)]
+        chosen = {}
+        for part in (text or "").split(","):
+            if not part.strip():
+                continue
+            role, sep, column = (piece.strip() for piece in part.partition("="))
+            if not sep or not column:
+                raise G4VError(f"--columns: expected ROLE=COLUMN, got {quoted(part)}")
+            if role not in roles:
+                raise G4VError(f"--columns: unknown role {quoted(role)} (expected one of {', '.join(roles)})")
+            chosen[role] = column
+        return cls(**chosen)
+
+
+@dataclass
+class EvalSample:
+    """One row, ready for the engines: its pictures decoded, or the reason it cannot run."""
+
+    index: int  # row number in the dataset
+    sample_id: str
+    images: list  # PIL images (RGB), 1..MAX_IMAGES_PER_MESSAGE
+    prompt: str
+    reference: str | None
+    category: str | None
+    image_paths: list[str] = field(default_factory=list)  # where the pictures came from, when files
+    error: str | None = None  # one line, no server path
+
+
+class EvalDataset:
+    """A loaded table and its resolved column mapping; rows are decoded on demand."""
+
+    def __init__(self, source: str, table, columns: Columns, folder: Path | None, confined: bool):
+        self.source = source
+        self.columns = columns
+        self._table = table
+        self._folder = folder  # relative picture paths start here
+        self._confined = confined  # picture paths must stay inside ``folder``
+
+    def __len__(self) -> int:
+        return len(self._table)
+
+    def sample(self, index: int) -> EvalSample:
+        """Row ``index``; never raises for a bad row (``error`` says what is wrong)."""
+        row = self._table[index]
+        cols = self.columns
+        sample = EvalSample(
+            index=index,
+            sample_id=_text(row.get(cols.id)) if cols.id else str(index),
+            images=[],
+            prompt=_text(row.get(cols.prompt)) or "",
+            reference=_text(row.get(cols.reference)) if cols.reference else None,
+            category=_text(row.get(cols.category)) if cols.category else None,
+        )
+        try:
+            self._load_images(sample, row.get(cols.image))
+            if not sample.prompt.strip():
+                raise G4VError("empty prompt")
+        except G4VError as err:
+            sample.images, sample.error = [], str(err)
+        return sample
+
+    def _load_images(self, sample: EvalSample, value) -> None:
+        entries = value if isinstance(value, list) else [value]
+        entries = [entry for entry in entries if entry not in (None, "")]
+        if not entries:
+            raise G4VError("no image in this row")
+        if len(entries) > MAX_IMAGES_PER_MESSAGE:
+            raise G4VError(f"{len(entries)} images in one row, at most {MAX_IMAGES_PER_MESSAGE}")
+        for entry in entries:
+            picture, path = self._open_entry(entry)
+            sample.images.append(picture)
+            if path:
+                sample.image_paths.append(path)
+
+    def _open_entry(self, entry) -> tuple[Image.Image, str | None]:
+        """A picture from a path, an ``Image`` feature's ``{"bytes", "path"}`` or a PIL image."""
+        if isinstance(entry, Image.Image):
+            return open_image(entry), None
+        if isinstance(entry, dict) and entry.get("bytes"):
+            return open_image(entry["bytes"], name=Path(entry.get("path") or "image").name), None
+        path = entry.get("path") if isinstance(entry, dict) else entry
+        if not isinstance(path, str):
+            raise G4VError(f"image column holds {type(entry).__name__}, not a path or a picture")
+        real = self._picture_path(path)
+        return open_image(str(real), name=Path(path).name), str(real)
+
+    def _picture_path(self, path: str) -> Path:
+        candidate = Path(path).expanduser()
+        if not candidate.is_absolute() and self._folder is not None:
+            candidate = self._folder / candidate
+        real = candidate.resolve()
+        if self._confined and not real.is_relative_to(self._folder.resolve()):
+            raise G4VError(f"image {quoted(path, 60)} is outside the dataset's folder")
+        if not real.is_file():
+            raise G4VError(f"image not found: {quoted(path, 60)}")
+        return real
+
+
+def open_dataset(source: str, columns: Columns | None = None, data_dirs: list[Path] | None = None) -> EvalDataset:
+    """Load ``source`` and resolve the column mapping; a bad dataset raises one line (see module doc)."""
+    columns = columns or Columns()
+    source = str(source or "").strip()
+    if not source:
+        raise G4VError("no dataset given")
+    path = Path(source).expanduser()
+    if data_dirs is not None:
+        path = _inside_data_dirs(path, source, data_dirs)
+    if path.exists():
+        table, folder = _load_local(path, source)
+    elif data_dirs is None and _looks_like_hub_id(source):
+        table, folder = _load_hub(source), None
+    else:
+        raise G4VError(f"dataset not found: {quoted(source, 80)}")
+    if len(table) == 0:
+        raise G4VError(f"dataset {quoted(source, 80)} has no rows")
+    resolved = resolve_columns(list(table.column_names), columns)
+    return EvalDataset(source, table, resolved, folder, confined=data_dirs is not None)
+
+
+def resolve_columns(available: list[str], asked: Columns) -> Columns:
+    """The mapping with guesses filled in; unknown named columns and a missing image or prompt
+    column are refused, naming the columns there are."""
+    chosen = {}
+    for role in (f.name for f in fields(Columns)):
+        named = getattr(asked, role)
+        if named is not None and named not in available:
+            raise G4VError(f"column {quoted(named)} (for {role}) is not in the dataset; "
+                           f"its columns: {', '.join(available[:20])}")
+        chosen[role] = named or next((name for name in GUESSES[role] if name in available), None)
+    for role in ("image", "prompt"):
+        if chosen[role] is None:
+            raise G4VError(f"no {role} column found (columns: {', '.join(available[:20])}); "
+                           f"name it with --columns {role}=COLUMN")
+    return Columns(**chosen)
+
+
+def _load_local(path: Path, source: str):
+    """``(table, folder pictures are relative to)`` for a local file or folder."""
+    if path.is_dir():
+        if (path / "dataset_info.json").is_file() or (path / "dataset_dict.json").is_file():
+            return _load_saved(path, source), path
+        for name in METADATA_FILES:
+            if (path / name).is_file():
+                return _load_file(path / name, source), path
+        raise G4VError(f"{quoted(source, 80)} is not a dataset: no metadata.jsonl or metadata.csv, "
+                       "and not a saved dataset")
+    builder = FILE_BUILDERS.get(path.suffix.lower())
+    if builder is None:
+        raise G4VError(f"{quoted(source, 80)} is not a dataset file "
+                       f"(expected {', '.join(FILE_BUILDERS)} or a folder)")
+    return _load_file(path, source), path.parent
+
+
+def _load_file(path: Path, source: str):
+    """One table file through ``datasets``; a broken JSON line is named by its number first
+    (``datasets`` itself reports the failing chunk, not the line)."""
+    import datasets
+
+    if path.stat().st_size == 0 or (path.suffix.lower() == ".jsonl" and _count_json_lines(path) == 0):
+        raise G4VError(f"dataset {path.name} has no rows")
+    builder = FILE_BUILDERS.get(path.suffix.lower(), "json")
+    datasets.disable_progress_bars()  # a one-file table loads in a moment; the run has its own bar
+    try:
+        return datasets.load_dataset(builder, data_files=str(path), split="train")
+    except Exception as err:  # noqa: BLE001: datasets raises many types; the user gets one line
+        raise G4VError(f"cannot read {path.name} as a dataset: {_clean(err)}") from None
+
+
+def _count_json_lines(path: Path) -> int:
+    """Rows of a JSON-lines file, each checked to be a JSON object (line numbers in the errors)."""
+    rows = 0
+    try:
+        with open(path, encoding="utf-8") as handle:
+            for number, line in enumerate(handle, 1):
+                if line.strip():
+                    rows += 1
+                    try:
+                        value = json.loads(line)
+                    except json.JSONDecodeError:
+                        raise G4VError(f"line {number} of {path.name} is not valid JSON") from None
+                    if not isinstance(value, dict):
+                        raise G4VError(f"line {number} of {path.name} is not a JSON object")
+    except UnicodeDecodeError:
+        raise G4VError(f"{path.name} is not UTF-8 text") from None
+    return rows
+
+
+def _load_saved(path: Path, source: str):
+    """A ``save_to_disk`` folder; for a DatasetDict the ``test`` split, else the first. Image
+    features are read undecoded, so a broken picture is one row's error, not the whole run's."""
+    import datasets
+
+    try:
+        loaded = datasets.load_from_disk(str(path))
+    except Exception as err:  # noqa: BLE001
+        raise G4VError(f"cannot read the saved dataset {quoted(source, 80)}: {_clean(err)}") from None
+    if isinstance(loaded, datasets.DatasetDict):
+        loaded = loaded["test"] if "test" in loaded else loaded[next(iter(loaded))]
+    for name, feature in loaded.features.items():
+        if isinstance(feature, datasets.Image):
+            loaded = loaded.cast_column(name, datasets.Image(decode=False))
+    return loaded
+
+
+def _load_hub(source: str):
+    import datasets
+
+    try:
+        loaded = datasets.load_dataset(source, split="test")
+    except Exception as err:  # noqa: BLE001
+        raise G4VError(f"cannot load {quoted(source, 80)} from the Hugging Face Hub "
+                       f"(offline, or no such dataset or test split): {_clean(err)}") from None
+    for name, feature in loaded.features.items():
+        if isinstance(feature, datasets.Image):
+            loaded = loaded.cast_column(name, datasets.Image(decode=False))
+    return loaded
+
+
+def _looks_like_hub_id(source: str) -> bool:
+    """``owner/name``: two plain parts, nothing that looks like a local path."""
+    parts = source.split("/")
+    return len(parts) == 2 and all(p and not p.startswith(".") for p in parts) and not source.startswith("~")
+
+
+def _inside_data_dirs(path: Path, source: str, data_dirs: list[Path]) -> Path:
+    """``path`` resolved (relative ones against each data folder), refused outside them."""
+    roots = [Path(d).expanduser().resolve() for d in data_dirs]
+    candidates = [path] if path.is_absolute() else [root / path for root in roots]
+    for candidate in candidates:
+        real = candidate.resolve()
+        if any(real.is_relative_to(root) for root in roots) and real.exists():
+            return real
+    if any(candidate.resolve().exists() for candidate in candidates):
+        raise G4VError(f"dataset {quoted(source, 80)} is outside the data folders")
+    raise G4VError(f"dataset not found: {quoted(source, 80)}")
+
+
+def _text(value) -> str | None:
+    """A cell as text (answers lists: the first); None stays None."""
+    if isinstance(value, list):
+        value = value[0] if value else None
+    return None if value is None else str(value)
+
+
+def _clean(err: BaseException) -> str:
+    """The library's message without server paths: each path-like word reduced to its file name."""
+    words = first_line(err, 200).split()
+    return " ".join(Path(w.strip("'\",")).name if os.sep in w else w for w in words)

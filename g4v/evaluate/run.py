@@ -1,0 +1,251 @@
+"""A dataset run: two arms answer every row, each pair of answers is compared, the rows are summed up.
+
+:func:`run_eval` is what the CLI (``python -m g4v eval``) and the app's Evaluate tab call. Its
+order of work is chosen so that nothing is lost and nothing is done twice:
+
+1. the dataset and its column mapping are checked (a bad one is one line, before any model loads);
+2. the output folder is prepared (``run.json``) and the rows it already holds are read back
+   (:mod:`g4v.evaluate.store`): a resumed run computes only the rest;
+3. the arms open (sharing an engine where they can) and answer the remaining rows in chunks; each
+   finished chunk is appended to ``samples.jsonl`` before the next starts;
+4. the tables and ``summary.json`` are written from every finished row.
+
+A cancel stops after the requests in flight; the rows done so far are kept and summed up, with
+``summary["complete"] = False``.
+"""
+
+import random
+import threading
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from g4v.conversation import MAX_NEW_TOKENS, SamplingSettings
+from g4v.errors import G4VError
+import g4v.evaluate.store as store
+from g4v.evaluate.arms import VLLM_IN_FLIGHT, Arm, ArmSpec, open_arms
+from g4v.evaluate.data import Columns, EvalSample, open_dataset
+from g4v.evaluate.scoring import agreement, blanked, image_tokens, level_norms, score_pair
+from g4v.evaluate.stats import matches, summarise
+
+#: Rows per chunk when both arms are local transformers (they answer one by one anyway); a
+#: batching arm gets chunks as large as the requests it keeps in flight.
+HF_CHUNK = 4
+
+
+@dataclass
+class EvalConfig:
+    """The question a run answers; ``run.json`` records it."""
+
+    a: ArmSpec
+    b: ArmSpec
+    data: str
+    columns: Columns = field(default_factory=Columns)
+    limit: int | None = field(default=None, metadata={"help": "only the first N rows (after --seed's shuffle)"})
+    seed: int | None = field(default=None, metadata={"help": "shuffle the rows with this seed before --limit"})
+    max_new_tokens: int = field(default=32, metadata={"help": "longest answer, in tokens (greedy decoding)"})
+    concurrency: int = field(default=8, metadata={"help": "requests in flight for an openai arm"})
+    blank_probe: bool = field(default=False, metadata={
+        "help": "also answer with every picture blanked: flags arms whose answer ignores the image"})
+    levels: bool = field(default=False, metadata={"help": "per-level injected norms (Deepstack capture), hf arms"})
+
+    def settings(self) -> SamplingSettings:
+        """Greedy decoding, so "the same answer" is a property of the model, not of a draw."""
+        return SamplingSettings(max_new_tokens=self.max_new_tokens, temperature=0.0).validated(MAX_NEW_TOKENS)
+
+    def check(self) -> None:
+        """Refuse bad numbers in one line, before anything loads."""
+        self.settings()
+        if self.limit is not None and (not isinstance(self.limit, int) or self.limit < 1):
+            raise G4VError(f"limit must be a whole number >= 1, got {self.limit!r}")
+        if not isinstance(self.concurrency, int) or not 1 <= self.concurrency <= 256:
+            raise G4VError(f"concurrency must be a whole number from 1 to 256, got {self.concurrency!r}")
+        if self.seed is not None and (not isinstance(self.seed, int) or self.seed < 0):
+            raise G4VError(f"seed must be a whole number >= 0, got {self.seed!r}")
+
+    @classmethod
+    def from_json(cls, values: dict) -> "EvalConfig":
+        return cls(**{**values, "a": ArmSpec(**values["a"]), "b": ArmSpec(**values["b"]),
+                      "columns": Columns(**values["columns"])})
+
+
+@dataclass
+class SampleResult:
+    """One row of ``samples.parquet`` / ``samples.csv``: flat, one value per column."""
+
+    index: int
+    sample_id: str
+    category: str | None
+    prompt: str
+    reference: str | None
+    answer_a: str
+    answer_b: str
+    correct_a: bool | None  # normalised match with the reference; None without one
+    correct_b: bool | None
+    exact_a: bool | None
+    exact_b: bool | None
+    agree: bool  # same greedy tokens (text where a side gives no ids)
+    first_divergence: int | None
+    logprob_a_under_b: float | None
+    logprob_b_under_a: float | None
+    kl_mean: float | None  # KL(a || b) per position along a's answer, both arms hf
+    kl_q90: float | None
+    kl_q99: float | None
+    kl_max: float | None
+    image_tokens: int | None
+    blank_same_a: bool | None  # the answer did not change with the pictures blanked
+    blank_same_b: bool | None
+    level_norms_a: str | None  # JSON {level: mean injected norm}
+    level_norms_b: str | None
+    error: str | None
+
+
+@dataclass
+class RunResult:
+    out_dir: Path
+    rows: list[SampleResult]  # in run order
+    summary: dict
+
+
+def row_order(size: int, limit: int | None, seed: int | None) -> list[int]:
+    """The rows a run covers, in order: all of them, shuffled by ``seed`` when given, cut to ``limit``."""
+    order = list(range(size))
+    if seed is not None:
+        random.Random(seed).shuffle(order)
+    return order[:limit] if limit else order
+
+
+def chunk_size(config: EvalConfig) -> int:
+    """Rows answered between two writes: a vLLM arm gets all it keeps in flight, an openai arm
+    its pool, two hf arms (one by one anyway) a small chunk, so a kill loses little."""
+    backends = {config.a.backend, config.b.backend}
+    if "vllm" in backends:
+        return VLLM_IN_FLIGHT
+    return max(HF_CHUNK, config.concurrency) if "openai" in backends else HF_CHUNK
+
+
+def run_eval(config: EvalConfig, out_dir: Path, *, adapters_dir=None, reuse=None, data_dirs=None,
+             progress: Callable[[int, int], None] | None = None,
+             cancel: threading.Event | None = None) -> RunResult:
+    """Run (or resume) ``config`` into ``out_dir``; see the module docstring for the order of work."""
+    config.check()
+    cancel = cancel or threading.Event()
+    dataset = open_dataset(config.data, config.columns, data_dirs)
+    order = row_order(len(dataset), config.limit, config.seed)
+    out_dir = Path(out_dir)
+    store.prepare(out_dir, asdict(config))
+    done = {index: row for index, row in store.read_rows(out_dir, SampleResult).items() if index in set(order)}
+    todo = [index for index in order if index not in done]
+    report = progress or (lambda finished, total: None)
+    if todo and not cancel.is_set():
+        arm_a, arm_b = open_arms(config.a, config.b, adapters_dir=adapters_dir, reuse=reuse,
+                                 concurrency=config.concurrency)
+        report(len(done), len(order))
+        writer = store.RowWriter(out_dir)
+        try:
+            size = chunk_size(config)
+            model_config = _model_config(arm_a, arm_b)
+            for start in range(0, len(todo), size):
+                samples = [dataset.sample(index) for index in todo[start:start + size]]
+                rows = compare_chunk(arm_a, arm_b, samples, config, model_config, cancel)
+                writer.write(rows)
+                done.update((row.index, row) for row in rows)
+                report(len(done), len(order))
+                if cancel.is_set():
+                    break
+        finally:
+            writer.close()
+            arm_a.close()
+            arm_b.close()
+    report(len(done), len(order))
+    rows = [done[index] for index in order if index in done]
+    summary = summarise(rows, config.a.display, config.b.display, complete=len(rows) == len(order))
+    store.write_tables(out_dir, rows, SampleResult, summary)
+    return RunResult(out_dir, rows, summary)
+
+
+def read_results(out_dir: Path) -> RunResult:
+    """A run's rows and summary from its folder (finished or not): the app's "open a run"."""
+    out_dir = Path(out_dir)
+    config = EvalConfig.from_json(store.read_settings(out_dir))
+    done = store.read_rows(out_dir, SampleResult)
+    summary = store.read_summary(out_dir)
+    if summary is None or summary["n"] != len(done):
+        summary = summarise(list(done.values()), config.a.display, config.b.display, complete=False)
+    return RunResult(out_dir, list(done.values()), summary)
+
+
+def compare_chunk(arm_a: Arm, arm_b: Arm, samples: list[EvalSample], config: EvalConfig, model_config,
+                  cancel: threading.Event) -> list[SampleResult]:
+    """Answer ``samples`` on both arms and compare them. Rows the cancel left unanswered are
+    not returned (they are not done); bad rows come back with their error."""
+    settings = config.settings()
+    good = [sample for sample in samples if sample.error is None]
+    answers_a = arm_a.answer(good, settings, cancel)
+    answers_b = arm_b.answer(good, settings, cancel)
+    blank_a = blank_b = [None] * len(good)
+    if config.blank_probe:
+        probes = [blanked(sample) for sample in good]
+        blank_a, blank_b = arm_a.answer(probes, settings, cancel), arm_b.answer(probes, settings, cancel)
+    by_index = {sample.index: i for i, sample in enumerate(good)}
+    rows = []
+    for sample in samples:
+        if sample.error is not None:
+            rows.append(error_row(sample, sample.error))
+            continue
+        i = by_index[sample.index]
+        answered = [answers_a[i], answers_b[i]] + ([blank_a[i], blank_b[i]] if config.blank_probe else [])
+        if any(answer is None for answer in answered):
+            break  # cancelled here: this row and the rest are not done
+        rows.append(compare_sample(arm_a, arm_b, sample, answers_a[i], answers_b[i], blank_a[i], blank_b[i],
+                                   config, model_config))
+    return rows
+
+
+def compare_sample(arm_a, arm_b, sample, gen_a, gen_b, blank_a, blank_b, config, model_config) -> SampleResult:
+    """Every per-sample number for one row (see :class:`SampleResult`)."""
+    failed = [f"{side}: {gen.error}" for side, gen in (("a", gen_a), ("b", gen_b)) if getattr(gen, "error", None)]
+    if failed:
+        return error_row(sample, "; ".join(failed))
+    correct_a, exact_a = matches(gen_a.text, sample.reference)
+    correct_b, exact_b = matches(gen_b.text, sample.reference)
+    agree, divergence = agreement(gen_a, gen_b)
+    scores = score_pair(arm_a, arm_b, sample, gen_a, gen_b)
+    return SampleResult(
+        index=sample.index, sample_id=sample.sample_id, category=sample.category, prompt=sample.prompt,
+        reference=sample.reference, answer_a=gen_a.text, answer_b=gen_b.text,
+        correct_a=correct_a, correct_b=correct_b, exact_a=exact_a, exact_b=exact_b,
+        agree=agree, first_divergence=divergence, **asdict(scores),
+        image_tokens=image_tokens(model_config, sample.images) if model_config is not None else None,
+        blank_same_a=_same(gen_a, blank_a), blank_same_b=_same(gen_b, blank_b),
+        level_norms_a=level_norms(arm_a, sample) if config.levels and arm_a.spec.backend == "hf" else None,
+        level_norms_b=level_norms(arm_b, sample) if config.levels and arm_b.spec.backend == "hf" else None,
+        error=None,
+    )
+
+
+def error_row(sample: EvalSample, error: str) -> SampleResult:
+    """A row that could not be compared, kept with its reason."""
+    empty = dict.fromkeys(("correct_a", "correct_b", "exact_a", "exact_b", "first_divergence", "logprob_a_under_b",
+                           "logprob_b_under_a", "kl_mean", "kl_q90", "kl_q99", "kl_max", "image_tokens",
+                           "blank_same_a", "blank_same_b", "level_norms_a", "level_norms_b"))
+    return SampleResult(index=sample.index, sample_id=sample.sample_id, category=sample.category,
+                        prompt=sample.prompt, reference=sample.reference, answer_a="", answer_b="",
+                        agree=False, error=error, **empty)
+
+
+def _same(answer, blank_answer) -> bool | None:
+    if blank_answer is None or getattr(blank_answer, "error", None):
+        return None
+    return answer.text == blank_answer.text
+
+
+def _model_config(arm_a: Arm, arm_b: Arm):
+    """The transformers config of a local arm's model (for image-token counts), or None."""
+    from g4v.loading import engine_config, load_config
+
+    for arm in (arm_a, arm_b):
+        if arm.spec.backend == "hf":
+            return engine_config(arm.engine)
+    path = arm_a.model_path or arm_b.model_path
+    return load_config(path) if path else None

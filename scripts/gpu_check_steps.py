@@ -1,0 +1,274 @@
+"""The steps of the GPU check (``scripts/gpu_check.py``), in the order they run.
+
+Each step is a function ``step(check) -> dict`` of its numbers (``check`` is
+:class:`gpu_check.Check`); the runner times it, measures its peak memory and records a failure
+without stopping the others. A step returns ``{"skipped": True, "reason": ...}`` when it cannot
+run here. Steps after ``load`` use ``check.engine``, the workbench's own transformers engine around
+the random-weight model, and go through the same library functions as the app and the CLI.
+
+A new panel adds its step in :func:`panel_steps` (one line), so the check grows with the workbench.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+from PIL import Image
+
+from g4v.conversation import Message, SamplingSettings
+
+PROMPT = "Describe the picture."
+#: The LoRA of the check: rank 16 on every attention and MLP projection of the language model.
+LORA_RANK = 16
+LORA_TARGETS = r".*language_model\.layers\.\d+\.(self_attn\.(q_proj|k_proj|v_proj|o_proj)|mlp\.(gate_proj|up_proj|down_proj))"
+
+
+def STEPS() -> list[tuple[str, object]]:
+    """``(name, step)`` in running order; ``load`` comes first, the LoRA merge last (it rewrites weights)."""
+    return [("load", step_load), ("chat", step_chat), ("deepstack_capture", step_deepstack_capture),
+            ("deepstack_ablation", step_ablation), ("tiling_27_pinpoints", step_tiling), *panel_steps(),
+            ("pipeline_parallel", step_pipeline_parallel), ("lora", step_lora)]
+
+
+def panel_steps() -> list[tuple[str, object]]:
+    """Where a new panel's step goes: ``("name", function)``, the function taking the check and
+    returning its numbers. ``None`` in place of the function reports the step as not written yet."""
+    return [("attribution", None)]
+
+
+def noise_picture(height: int, width: int, seed: int = 0) -> Image.Image:
+    """A deterministic noisy gradient of ``height x width`` (noise exercises the image processor)."""
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:height, 0:width]
+    base = np.stack([x * 255 // max(width, 1), y * 255 // max(height, 1), (x + y) % 256], axis=-1)
+    return Image.fromarray(np.clip(base + rng.integers(0, 48, base.shape), 0, 255).astype(np.uint8), "RGB")
+
+
+def weight_bytes(module: torch.nn.Module) -> int:
+    return sum(p.numel() * p.element_size() for p in module.parameters())
+
+
+# ── load ───────────────────────────────────────────────────────────────────────────────────────
+
+
+def step_load(check) -> dict:
+    from gpu_check import build_engine
+
+    check.engine = build_engine(check)
+    model = check.engine.model
+    language_model = model.model.language_model
+    # What one decoding step must read: every language-model weight but the embedding table (one row
+    # is read), plus the output head.
+    decode_bytes = weight_bytes(language_model) - weight_bytes(language_model.embed_tokens) + weight_bytes(model.lm_head)
+    check.facts["decode_weight_bytes"] = decode_bytes
+    config = model.config
+    return {"parameters": sum(p.numel() for p in model.parameters()), "weight_bytes": weight_bytes(model),
+            "vision_layers": config.vision_config.num_hidden_layers, "text_layers": config.text_config.num_hidden_layers,
+            "deepstack_layer_map": config.deepstack_layer_map, "spatial_target_layers": config.spatial_target_layers,
+            "pinpoints": len(config.image_grid_pinpoints), "vocab_size": config.text_config.vocab_size,
+            "decode_weight_bytes": decode_bytes, "first_parameter_device": str(next(model.parameters()).device)}
+
+
+# ── chat ───────────────────────────────────────────────────────────────────────────────────────
+
+
+def chat_messages(check) -> list[Message]:
+    height, width = check.sizes.image_hw
+    return [Message("user", PROMPT, [noise_picture(height, width)])]
+
+
+def batched(inputs: dict, batch: int) -> dict:
+    """The same request ``batch`` times: every tensor's first dimension (batch) repeated."""
+    return {key: value.repeat(batch, *([1] * (value.dim() - 1))) if torch.is_tensor(value) else value
+            for key, value in inputs.items()}
+
+
+def timed_generate(check, inputs: dict, new_tokens: int) -> float:
+    """Seconds for exactly ``new_tokens`` greedy tokens (end-of-text cannot end random weights early)."""
+    tokenizer = check.engine.tokenizer
+    with check.engine.adapter_scope(None) as model, torch.inference_mode():
+        _sync(check)
+        start = time.perf_counter()
+        model.generate(**inputs, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
+                       temperature=None, top_p=None, top_k=None, pad_token_id=tokenizer.pad_token_id,
+                       eos_token_id=tokenizer.eos_token_id)
+        _sync(check)
+        return time.perf_counter() - start
+
+
+def decode_rate(check, inputs: dict, batch: int) -> float:
+    """Decoded tokens per second at ``batch``: the time of N tokens minus the time of 1 (prefill and
+    first token), over the N - 1 decoding steps."""
+    n = check.sizes.new_tokens
+    one = timed_generate(check, inputs, 1)
+    many = timed_generate(check, inputs, n)
+    return batch * (n - 1) / (many - one) if many > one else None  # None: prefill noise swamped decoding
+
+
+def step_chat(check) -> dict:
+    from g4v.tiling import plan_tiling
+
+    engine, sizes = check.engine, check.sizes
+    messages = chat_messages(check)
+    inputs = engine.prepare_inputs(messages, sizes.new_tokens)
+    image_tokens = int((inputs["input_ids"] == engine.model.config.image_token_index).sum())
+    planned = plan_tiling(sizes.image_hw, engine.model.config).num_image_tokens
+    if image_tokens != planned:
+        raise RuntimeError(f"the processor made {image_tokens} image tokens, the tiling plan {planned}")
+    warm_start = time.perf_counter()
+    engine.generate(messages, SamplingSettings(max_new_tokens=1))  # warm-up: kernels, allocator
+    warm_up_s = time.perf_counter() - warm_start
+    _sync(check)
+    start = time.perf_counter()
+    first = engine.generate(messages, SamplingSettings(max_new_tokens=1))  # through the engine, as the app asks
+    ttft = time.perf_counter() - start
+    rate1 = decode_rate(check, inputs, 1)
+    rate_b = decode_rate(check, batched(inputs, sizes.batch), sizes.batch)
+    bound = sizes.bandwidth_bytes_s / check.facts["decode_weight_bytes"]
+    return {"image_tokens": image_tokens, "prompt_tokens": first.prompt_tokens, "warm_up_s": warm_up_s,
+            "ttft_s": ttft, "decode_tok_s_batch1": rate1, f"decode_tok_s_batch{sizes.batch}": rate_b,
+            "decode_tok_s_batch8": rate_b if sizes.batch == 8 else None,
+            "bandwidth_bound_tok_s": bound, "bandwidth_ratio": rate1 / bound if rate1 else None, "new_tokens": sizes.new_tokens}
+
+
+def _sync(check) -> None:
+    if check.device.type == "cuda":
+        torch.cuda.synchronize(check.device)
+
+
+# ── Deepstack inspector ────────────────────────────────────────────────────────────────────────
+
+
+def step_deepstack_capture(check) -> dict:
+    """The capture's cost at real size: off / norms / full, with the inspector benchmark's own
+    timing and memory functions (:mod:`g4v.inspect.bench`)."""
+    from g4v.inspect.bench import MODES, peak_memory, time_modes
+
+    engine = check.engine
+    inputs = engine.prepare_inputs(chat_messages(check))
+    with engine.adapter_scope(None) as model:
+        seconds = time_modes(model, inputs, check.device, check.sizes.repeats)
+        peaks = {mode: peak_memory(model, inputs, check.device, mode) for mode in MODES}
+    return {"seconds": seconds, "peak_bytes": peaks, "time_norms": seconds["norms"] / seconds["off"],
+            "time_full": seconds["full"] / seconds["off"]}
+
+
+def step_ablation(check) -> dict:
+    """The inspector end to end (capture, figures, export) with the first deepstack level ablated.
+    With random weights the KL is about 0 (the random attention barely mixes image tokens into the
+    last text token); the step is here for its time and memory at real size."""
+    from g4v.inspect.run import run_inspection
+
+    height, width = check.sizes.image_hw
+    result = run_inspection(check.engine, noise_picture(height, width), PROMPT, ablate=("deepstack0",),
+                            max_new_tokens=4, out_dir=check.out_dir / "deepstack", make_zip=False)
+    return {"ablation_kl": float(result.ablation.kl_divergence), "image_tokens": result.capture.num_image_tokens,
+            "figures": sorted(result.figures)}
+
+
+# ── tiling ─────────────────────────────────────────────────────────────────────────────────────
+
+
+def step_tiling(check) -> dict:
+    """Every pinpoint of the config: a picture of exactly that size must get the grid the plan
+    says, the processor's token count must equal the plan's, and the model must accept the tokens."""
+    from g4v.tiling import plan_tiling
+
+    engine = check.engine
+    config = engine.model.config
+    tile = config.vision_config.image_size
+    rows, problems = [], []
+    for height, width in config.image_grid_pinpoints:
+        plan = plan_tiling((height, width), config)
+        inputs = engine.prepare_inputs([Message("user", PROMPT, [noise_picture(height, width)])])
+        tokens = int((inputs["input_ids"] == config.image_token_index).sum())
+        start = time.perf_counter()
+        with engine.adapter_scope(None) as model, torch.inference_mode():
+            logits = model(**inputs, logits_to_keep=1).logits  # the model checks features == tokens
+        _sync(check)
+        if tuple(plan.grid) != (height // tile, width // tile) or tokens != plan.num_image_tokens:
+            problems.append(f"{height}x{width}: grid {plan.grid}, plan {plan.num_image_tokens}, processor {tokens}")
+        if not torch.isfinite(logits).all():
+            problems.append(f"{height}x{width}: non-finite logits")
+        rows.append([height, width, tokens, time.perf_counter() - start])
+    if problems:
+        raise RuntimeError("; ".join(problems))
+    return {"pinpoints_ok": len(rows), "max_pinpoint_tokens": max(r[2] for r in rows), "pinpoints": rows}
+
+
+# ── pipeline parallelism ───────────────────────────────────────────────────────────────────────
+
+
+def step_pipeline_parallel(check) -> dict:
+    """vLLM with ``pipeline_parallel_size=2``: it needs vLLM and two GPUs, neither of which the lent
+    machine has (see docs/gpu_check.md); reported as skipped with the reason until a machine has them."""
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        return {"skipped": True, "reason": "vLLM is not installed here"}
+    if check.device.type != "cuda" or torch.cuda.device_count() < 2:
+        return {"skipped": True, "reason": "needs two GPUs (one pipeline stage each)"}
+    return {"skipped": True, "reason": "vLLM and two GPUs found: run docs/gpu_check.md's pipeline recipe"}
+
+
+# ── LoRA ───────────────────────────────────────────────────────────────────────────────────────
+
+
+def write_random_lora(model, folder) -> None:
+    """A rank-16 LoRA with random A and B (so it changes the answers) on the language model, saved
+    as an ordinary PEFT adapter folder and detached again."""
+    from peft import LoraConfig
+
+    torch.manual_seed(16)
+    config = LoraConfig(r=LORA_RANK, lora_alpha=2 * LORA_RANK, init_lora_weights=False, target_modules=LORA_TARGETS)
+    model.add_adapter(config, adapter_name="gpu_check")
+    with torch.no_grad():  # PEFT's random B is as large as A; scale it so the update stays an update
+        for name, param in model.named_parameters():
+            if "lora_B" in name:
+                param.mul_(1e-2)
+    model.save_pretrained(str(folder))
+    model.delete_adapter("gpu_check")
+
+
+def step_lora(check) -> dict:
+    """Side by side (the LoRA panel's streams) and a full merge (``W += scaling * B @ A`` of
+    :func:`g4v.lora.merge.merge_into`, which needs float32 weights): the merged model's logits
+    against the model with the adapter attached, at real size."""
+    from g4v.lora.checks import check_adapter
+    from g4v.lora.merge import merge_into
+    from g4v.lora.side_by_side import stream_side_by_side
+
+    engine = check.engine
+    folder = check.out_dir / "random-lora"
+    write_random_lora(engine.model, folder)
+    spec = check_adapter(folder, engine.model.config, name="random-lora")
+    engine.register_adapter(spec.name, str(folder))
+    messages = chat_messages(check)
+    start = time.perf_counter()
+    pair = None
+    for pair in stream_side_by_side(engine, messages, SamplingSettings(max_new_tokens=check.sizes.side_by_side_tokens),
+                                    spec.name):
+        pass
+    side_by_side_s = time.perf_counter() - start
+    cast_start = time.perf_counter()
+    engine.model.float()  # the merge is exact only in float32 (see g4v.lora.merge)
+    inputs = engine.prepare_inputs(messages)
+    inputs["pixel_values"] = inputs["pixel_values"].float()
+    cast_s = time.perf_counter() - cast_start
+    with torch.inference_mode():
+        with engine.adapter_scope(spec.name) as model:
+            attached = model(**inputs, logits_to_keep=1).logits.float()
+        with engine.adapter_scope(None) as model:
+            base = model(**inputs, logits_to_keep=1).logits.float()
+    merge_start = time.perf_counter()
+    merge_into(engine.model, spec)  # adapters stay disabled: the merged base weights now carry the update
+    merge_s = time.perf_counter() - merge_start
+    with torch.inference_mode(), engine.adapter_scope(None) as model:
+        merged = model(**inputs, logits_to_keep=1).logits.float()
+    scale = attached.abs().max().item()
+    return {"rank": LORA_RANK, "merged_layers": len(spec.modules), "side_by_side_s": side_by_side_s,
+            "answers_differ": pair is not None and pair.base != pair.adapter, "cast_to_float32_s": cast_s,
+            "merge_s": merge_s, "adapter_vs_base_max_rel": (attached - base).abs().max().item() / scale,
+            "merged_vs_adapter_max_rel": (merged - attached).abs().max().item() / scale}

@@ -1,0 +1,279 @@
+"""Task presets, structured answers and their metrics (g4v.documents): prompts equal the documented
+tags, hostile HTML comes out inert, malformed answers come back as-is with their parse error, and
+the metrics give the numbers worked out by hand in each test."""
+
+import json
+
+import pytest
+
+from g4v.documents import examples, metrics, presets, tables
+from g4v.documents.structured import read_answer
+from g4v.errors import G4VError
+
+# ── presets ─────────────────────────────────────────────────────────────────────────────────────
+
+#: The task tags as the model card of ibm-granite/granite-4.0-3b-vision lists them in its
+#: "Supported Tasks" table (and granite-vision-4.1-4b's card repeats), typed here from the card.
+DOCUMENTED_TAGS = {"chart2csv": "<chart2csv>", "chart2code": "<chart2code>", "chart2summary": "<chart2summary>",
+                   "tables_json": "<tables_json>", "tables_html": "<tables_html>", "tables_otsl": "<tables_otsl>"}
+
+
+@pytest.mark.parametrize("key", list(DOCUMENTED_TAGS))
+def test_each_task_preset_sends_the_tag_of_the_granite_4_vision_model_card(key):
+    """Source: https://huggingface.co/ibm-granite/granite-4.0-3b-vision, section "Supported Tasks"."""
+    assert presets.build_prompt(key) == DOCUMENTED_TAGS[key]
+    preset = presets.get_preset(key)
+    assert preset.documented and "granite-4.0-3b-vision" in preset.source and "Supported Tasks" in preset.source
+
+
+def test_the_key_value_prompt_is_marked_as_ours_and_carries_the_schema():
+    """The card's KVP instructions could not be found: the preset says so instead of citing them."""
+    preset = presets.get_preset("kvp")
+    assert not preset.documented and preset.needs_schema
+    schema = {"type": "object", "properties": {"total": {"type": "number"}}}
+    prompt = presets.build_prompt("kvp", schema_text=json.dumps(schema))
+    assert prompt == presets.KVP_PROMPT_TEMPLATE.format(schema=json.dumps(schema, indent=2))
+    assert json.loads(prompt[prompt.index("{"):]) == schema
+
+
+def test_a_question_is_sent_as_typed():
+    assert presets.build_prompt("qa", question="What is the total?") == "What is the total?"
+
+
+@pytest.mark.parametrize("call, words", [
+    (lambda: presets.get_preset("chart2pdf"), ["unknown task 'chart2pdf'", "chart2csv"]),
+    (lambda: presets.build_prompt("kvp"), ["needs a JSON schema"]),
+    (lambda: presets.build_prompt("kvp", schema_text="{not json"), ["not valid JSON", "line 1, column 2"]),
+    (lambda: presets.build_prompt("kvp", schema_text="[1, 2]"), ["must be a JSON object, not list"]),
+    (lambda: presets.build_prompt("kvp", schema_text='{"type": "objekt"}'), ["not a valid JSON Schema at type"]),
+    (lambda: presets.build_prompt("kvp", schema_text='{"properties": {"a": {"minimum": "x"}}}'),
+     ["not a valid JSON Schema at properties/a/minimum"]),
+    (lambda: presets.build_prompt("qa", question="  "), ["needs the question"]),
+    (lambda: presets.build_prompt("kvp", schema_text='{"$schema": 5}'), ["$schema must be a string"]),
+    (lambda: presets.build_prompt("kvp", schema_text='{"a":' * 3000 + "1" + "}" * 3000), ["nested too deeply"]),
+    (lambda: presets.build_prompt("kvp", schema_text='{"not":' * 900 + "{}" + "}" * 900), ["nested too deeply"]),
+])
+def test_bad_task_input_is_one_line(call, words):
+    with pytest.raises(G4VError) as caught:
+        call()
+    for word in words:
+        assert word in str(caught.value), str(caught.value)
+
+
+# ── hostile HTML ────────────────────────────────────────────────────────────────────────────────
+
+HOSTILE = [
+    "<table><tr><td>1<script>alert(1)</script></td></tr></table>",
+    '<table><tr><td onclick="alert(1)" onmouseover="alert(2)">1</td></tr></table>',
+    '<table><tr><td><a href="javascript:alert(1)">1</a></td></tr></table>',
+    '<table><tr><td><img src="http://evil.example/track.png" onerror="alert(1)">1</td></tr></table>',
+    "<style>@import url(http://evil.example/x.css);</style><table><tr><td>1</td></tr></table>",
+    '<table style="background:url(http://evil.example/bg.png)"><tr><td>1</td></tr></table>',
+    '<iframe src="http://evil.example/"></iframe><table><tr><td>1</td></tr></table>',
+    '<svg onload="alert(1)"><script>alert(2)</script></svg><table><tr><td>1</td></tr></table>',
+    '<table><tr><td><object data="http://evil.example/x.swf"></object>1</td></tr></table>',
+    '<table background="http://evil.example/bg.png"><tr><td>1<!-- <script>alert(1)</script> --></td></tr></table>',
+    '<table><tr><td><form action="http://evil.example/"><input name=q></form>1</td></tr></table>',
+    '<table><tr><td><math><mi xlink:href="javascript:alert(1)">x</mi></math>1</td></tr></table>',
+    '<table><tr><td><base href="http://evil.example/"><link rel=stylesheet href="http://e/x.css">1</td></tr></table>',
+]
+FORBIDDEN = ["<script", "onclick", "onmouseover", "onerror", "onload", "javascript:", "<img", "<a ", "<style",
+             "style=", "<iframe", "<svg", "<object", "background", "http://", "<!--", "<form", "<input", "<math",
+             "<base", "<link", "@import", "alert"]
+
+
+@pytest.mark.parametrize("markup", HOSTILE)
+def test_hostile_html_tables_keep_their_cell_and_lose_everything_active(markup):
+    result = read_answer("html", markup)
+    assert result.error is None, result.error
+    assert result.rows == [["1"]]
+    lowered = result.html.lower()
+    assert [word for word in FORBIDDEN if word in lowered] == []
+
+
+def test_spans_survive_sanitising_and_fill_the_grid():
+    result = read_answer("html", '<table><tr><th colspan="2">A</th></tr><tr><td rowspan="2">x</td><td>y</td></tr>'
+                                 '<tr><td>z</td></tr></table>')
+    assert 'colspan="2"' in result.html and 'rowspan="2"' in result.html
+    assert result.rows == [["A", ""], ["x", "y"], ["", "z"]]
+
+
+# ── other formats, and malformed answers ────────────────────────────────────────────────────────
+
+
+def test_otsl_merges_become_spans():
+    """Row 1: a header spanning two columns; rows 2-3: a cell spanning two rows (ucel below it)."""
+    result = read_answer("otsl", "<otsl><ched>A<lcel><nl><fcel>x<fcel>y<nl><ucel><fcel>z<nl></otsl>")
+    assert result.html == ('<table><tr><th colspan="2">A</th></tr><tr><td rowspan="2">x</td><td>y</td></tr>'
+                           "<tr><td>z</td></tr></table>")
+    assert result.rows == [["A", ""], ["x", "y"], ["", "z"]]
+
+
+def test_otsl_with_closing_tags_and_escaped_text():
+    result = read_answer("otsl", "<ched>Name</ched><ched>Value</ched><nl><fcel>a<b</fcel><fcel>42</fcel><nl>")
+    assert result.rows == [["Name", "Value"], ["a<b", "42"]] and "a&lt;b" in result.html
+
+
+def test_the_example_csv_reads_back_as_its_rows():
+    result = read_answer("csv", "```csv\n" + examples.chart_csv() + "\n```")
+    assert result.ok and result.rows == [list(row) for row in examples.CHART_ROWS]
+
+
+MALFORMED = [
+    ("csv", "", "the answer is empty"),
+    ("csv", "The chart shows sales rising.", "no comma-separated columns"),
+    ("csv", "a,b\n1,2,3", "row 2 has 3 cells, the header has 2"),
+    ("csv", '"', "no cell has any text"),
+    ("csv", ",,\n,", "no cell has any text"),
+    ("html", "Here is the table: none", "no <table>"),
+    ("html", "<table></table>", "no cells"),
+    ("html", '<table><tr><td colspan="100000">x</td></tr></table>', "outside 1-200"),
+    ("html", '<table><tr><td colspan="two">x</td></tr></table>', "not a number"),
+    # 300 cells of 200 x 200 would fill 12 million grid places before the size check
+    ("html", "<table><tr>" + '<td rowspan="200" colspan="200">x</td>' * 300 + "</tr></table>", "too large"),
+    ("otsl", "just text", "no OTSL cells"),
+    ("otsl", "<fcel>a<fcel>b<nl><fcel>c<nl>", "OTSL row 2 has 1 cells, row 1 has 2"),
+    ("otsl", "<lcel>a<nl>", "merges with nothing"),
+    ("otsl", "<ucel>a<nl>", "merges with nothing"),
+    ("json", '{"total": 12', "not JSON"),
+    ("json", "", "the answer is empty"),
+    ("json", "[" * 100_000 + "]" * 100_000, ""),
+]
+
+
+@pytest.mark.parametrize("kind, answer, words", MALFORMED)
+def test_malformed_answers_come_back_as_is_with_the_parse_error(kind, answer, words):
+    result = read_answer(kind, answer)
+    assert result.error and words in result.error and "\n" not in result.error
+    assert result.rows == []
+    assert result.html.startswith("<pre") and "<" not in result.html[result.html.index(">") + 1:-len("</pre>")]
+
+
+def test_json_problems_name_the_field_what_was_expected_and_what_came():
+    schema = {"type": "object", "required": ["total", "date"], "additionalProperties": False,
+              "properties": {"total": {"type": "number"}, "date": {"type": "string"},
+                             "items": {"type": "array", "items": {"type": "object",
+                                                                  "properties": {"price": {"type": "number",
+                                                                                           "minimum": 0}}}}}}
+    answer = '```json\n{"total": "12", "items": [{"price": 3}, {"price": -1}], "extra": 1}\n```'
+    result = read_answer("json", answer, schema)
+    assert result.error is None and result.data["total"] == "12"
+    assert [problem.line() for problem in result.problems] == [
+        "$: expected no other fields, got 'extra' was unexpected",
+        "$.date: expected a required field, got nothing",
+        '$.items[1].price: expected minimum 0, got -1',
+        '$.total: expected type "number", got "12"',
+    ]
+
+
+@pytest.mark.parametrize("ref", ["http://127.0.0.1:9/schema.json", "file:///etc/hostname", "#/$defs/missing"])
+def test_a_schema_ref_outside_the_schema_is_named_and_never_fetched(ref, monkeypatch):
+    import urllib.request
+
+    def no_fetch(*args, **kwargs):
+        raise AssertionError("a $ref was fetched")
+
+    monkeypatch.setattr(urllib.request, "urlopen", no_fetch)
+    schema = presets.parse_schema(json.dumps({"type": "object", "properties": {"total": {"$ref": ref}}}))
+    result = read_answer("json", '{"total": 12}', schema)
+    assert result.error and "$ref" in result.error and "cannot be resolved" in result.error, result.error
+
+
+def test_a_schema_ref_inside_the_schema_is_followed():
+    schema = presets.parse_schema(json.dumps({"type": "object", "properties": {"total": {"$ref": "#/$defs/n"}},
+                                              "$defs": {"n": {"type": "number"}}}))
+    result = read_answer("json", '{"total": "12"}', schema)
+    assert result.error is None and [p.line() for p in result.problems] == ['$.total: expected type "number", got "12"']
+
+
+def test_code_is_highlighted_and_never_run(tmp_path):
+    marker = tmp_path / "ran"
+    code = f"import pathlib\npathlib.Path({str(marker)!r}).write_text('x')\nprint('<b>')"
+    result = read_answer("code", f"```python\n{code}\n```")
+    assert not marker.exists()
+    assert result.error is None and "<span" in result.html and "&lt;b&gt;" in result.html
+    assert "'<b>'" not in result.html  # the model's markup stays text
+
+
+def test_text_answers_are_escaped():
+    result = read_answer("text", "<script>alert(1)</script>")
+    assert "<script" not in result.html and "&lt;script&gt;" in result.html
+
+
+# ── metrics, against numbers worked out by hand ─────────────────────────────────────────────────
+
+
+def test_teds_of_identical_tables_is_one_and_of_no_table_zero():
+    truth = examples.table_html()
+    assert metrics.teds(truth, truth) == 1.0
+    assert metrics.teds("no table here", truth) == 0.0
+
+
+def test_teds_with_a_missing_row():
+    """Truth 1 table + 4 rows + 12 cells = 17 nodes; the answer has only the header row (5 nodes):
+    3 rows of 1 + 3 nodes are deleted, distance 12, TEDS = 1 - 12/17."""
+    answer = "<table><tr><td>Item</td><td>Price</td><td>Stock</td></tr></table>"
+    assert metrics.teds(answer, examples.table_html()) == pytest.approx(1 - 12 / 17)
+
+
+def test_teds_with_one_wrong_character_and_one_wrong_span():
+    """Text "ab" vs "ac": one edit in two characters costs 0.5 of 3 nodes -> 1 - 0.5/3. A cell whose
+    colspan differs costs a whole rename: 1 of 3 nodes -> 1 - 1/3; TEDS-S ignores the text only."""
+    assert metrics.teds("<table><tr><td>ab</td></tr></table>",
+                        "<table><tr><td>ac</td></tr></table>") == pytest.approx(1 - 0.5 / 3)
+    assert metrics.teds('<table><tr><td colspan="2">ab</td></tr></table>',
+                        "<table><tr><td>ab</td></tr></table>") == pytest.approx(1 - 1 / 3)
+    assert metrics.teds("<table><tr><td>ab</td></tr></table>", "<table><tr><td>zz</td></tr></table>",
+                        structure_only=True) == 1.0
+
+
+def test_teds_reads_otsl_through_its_html():
+    otsl = read_answer("otsl", "<fcel>Item<fcel>Price<nl><fcel>Pen<fcel>1<nl>").html
+    assert metrics.teds(otsl, "<table><tr><th>Item</th><th>Price</th></tr><tr><td>Pen</td><td>1</td></tr></table>") == 1.0
+
+
+def test_normalised_edit_distance_by_hand():
+    assert metrics.normalised_edit_distance("kitten", "sitting") == pytest.approx(3 / 7)
+    assert metrics.normalised_edit_distance("", "abc") == 1.0
+
+
+def test_csv_cell_accuracy_by_hand():
+    truth = "Quarter,Units\nQ1,120\nQ2,95"
+    assert metrics.csv_cell_accuracy(truth, truth) == 1.0
+    assert metrics.csv_cell_accuracy("Quarter,Units\nQ1,120\nQ2,96", truth) == pytest.approx(5 / 6)
+    assert metrics.csv_cell_accuracy("quarter , units\nQ1,120", truth) == pytest.approx(4 / 6)  # a row missing
+    assert metrics.csv_cell_accuracy("Quarter,Units\nQ1,1,200", "Quarter,Units\nQ1,1200") == 0.0  # 3 columns: not CSV
+    assert metrics.csv_cell_accuracy('Quarter,Units\nQ1,"1,200"', "Quarter,Units\nQ1,1200") == 1.0
+    assert metrics.csv_cell_accuracy("Quarter,Units\nQ1,121", "Quarter,Units\nQ1,120", numeric_tolerance=0.01) == 1.0
+    assert metrics.csv_cell_accuracy("It went up.", truth) == 0.0
+
+
+def test_csv_cells_reading_nan_or_inf_compare_as_text():
+    truth = "name,value\nNan,inf\nnan,1"
+    assert metrics.csv_cell_accuracy(truth, truth) == 1.0
+    assert metrics.csv_cell_accuracy("name,value\nNan,-inf\nnan,1", truth) == 5 / 6
+
+
+def test_key_value_exact_match_per_field():
+    truth = {"total": 12.5, "vendor": "ACME", "items": [{"name": "pen", "qty": 2}]}
+    score = metrics.key_value_match('{"total": 12.5, "vendor": " ACME ", "items": [{"name": "pen", "qty": "2"}]}',
+                                    truth)
+    assert score.fields == {"$.total": True, "$.vendor": True, "$.items[0].name": True, "$.items[0].qty": False}
+    assert score.accuracy == 0.75
+    broken = metrics.key_value_match("{total: 12.5}", truth)
+    assert broken.accuracy == 0.0 and broken.error.startswith("not JSON")
+
+
+# ── the example document ────────────────────────────────────────────────────────────────────────
+
+
+def test_the_example_report_is_regenerated_byte_for_byte(tmp_path):
+    fresh = examples.write_report(tmp_path / "report.pdf")
+    assert fresh.read_bytes() == examples.REPORT_PDF.read_bytes(), \
+        "assets/examples/report.pdf is stale: run python -m g4v.documents.examples"
+
+
+def test_the_example_answers_score_perfectly_against_themselves():
+    """The constants a dataset run would use as the right answers read back as themselves."""
+    assert read_answer("html", examples.table_html()).rows == [list(row) for row in examples.TABLE_ROWS]
+    assert metrics.teds(tables.rows_html([list(r) for r in examples.TABLE_ROWS]), examples.table_html()) == 1.0

@@ -1,0 +1,181 @@
+"""Datasets for dataset runs: the formats ``datasets`` reads, the bundled dataset, and bad input.
+
+A bad dataset or mapping is one line before any model loads (API and CLI); a bad row is recorded
+on that row. No model is loaded here except where the CLI is asked for a bad adapter (refused
+before loading).
+"""
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from g4v.demo import shapes as S
+from g4v.demo.dataset import PICTURES, build_dataset
+from g4v.errors import G4VError
+from g4v.evaluate import BUNDLED_DATASET, Columns, open_dataset
+from g4v.paths import REPO_ROOT
+
+
+def sha256_tree(folder: Path) -> dict[str, str]:
+    return {p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_bundled_dataset_rebuilds_byte_for_byte(tmp_path):
+    assert sha256_tree(build_dataset(tmp_path / "rebuilt")) == sha256_tree(BUNDLED_DATASET)
+
+
+def test_bundled_dataset_holds_the_held_out_pictures_and_questions():
+    dataset = open_dataset(str(BUNDLED_DATASET))
+    assert len(dataset) == 4 * PICTURES
+    assert dataset.columns == Columns(image="file_name", prompt="prompt", reference="answer", category="category", id="id")
+    pictures = S.eval_set(3)
+    for picture_index in range(3):
+        for k, qa in enumerate(pictures[picture_index].qas):
+            sample = dataset.sample(4 * picture_index + k)
+            assert sample.error is None
+            assert (sample.prompt, sample.reference, sample.category) == (qa.question, qa.answer, qa.kind)
+            assert list(sample.images[0].getdata()) == list(pictures[picture_index].image.getdata())  # lossless
+            assert Path(sample.image_paths[0]).is_file()
+    total = sum(p.stat().st_size for p in BUNDLED_DATASET.rglob("*") if p.is_file())
+    assert total < 1_000_000
+
+
+def picture(path: Path, colour=(200, 30, 30)) -> str:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.new("RGB", (40, 30), colour).save(path)
+    return path.name
+
+
+def write_jsonl(path: Path, rows: list) -> Path:
+    path.write_text("".join((row if isinstance(row, str) else json.dumps(row)) + "\n" for row in rows))
+    return path
+
+
+@pytest.fixture()
+def table(tmp_path) -> Path:
+    """A JSONL file with four good rows in other column names, and bad rows after them."""
+    picture(tmp_path / "pics" / "a.png")
+    picture(tmp_path / "pics" / "b.png", (20, 20, 200))
+    (tmp_path / "pics" / "broken.png").write_bytes(b"not a picture at all")
+    rows = [
+        {"img": "pics/a.png", "question": "What colour?", "gold": "red", "kind": "colour"},
+        {"img": ["pics/a.png", "pics/b.png"], "question": "Two?", "gold": "yes", "kind": "count"},
+        {"img": "pics/missing.png", "question": "Where?", "gold": "left", "kind": "position"},
+        {"img": "pics/broken.png", "question": "Shape?", "gold": "star", "kind": "shape"},
+        {"img": "pics/a.png", "question": "   ", "gold": "x", "kind": "colour"},
+        {"img": ["pics/a.png"] * 5, "question": "Many?", "gold": "five", "kind": "count"},
+        {"img": None, "question": "No picture?", "gold": "no", "kind": "count"},
+    ]
+    return write_jsonl(tmp_path / "data.jsonl", rows)
+
+
+def test_jsonl_with_a_column_mapping_and_bad_rows(table):
+    dataset = open_dataset(str(table), Columns.parse("image=img,prompt=question,reference=gold,category=kind"))
+    assert len(dataset) == 7
+    good = dataset.sample(0)
+    assert good.error is None and good.images[0].size == (40, 30) and good.reference == "red"
+    assert len(dataset.sample(1).images) == 2
+    errors = [dataset.sample(i).error for i in range(2, 7)]
+    assert errors == ["image not found: 'pics/missing.png'", "broken.png is not an image (unrecognised format)",
+                      "empty prompt", "5 images in one row, at most 4", "no image in this row"]
+    for i in range(2, 7):
+        assert dataset.sample(i).images == []  # a bad row never carries half its pictures
+
+
+def test_csv_parquet_and_saved_dataset_load_the_same_rows(tmp_path):
+    import datasets
+
+    name = picture(tmp_path / "p.png")
+    rows = [{"image": name, "prompt": "What colour?", "answer": "red", "id": "s1"}]
+    (tmp_path / "d.csv").write_text("image,prompt,answer,id\np.png,What colour?,red,s1\n")
+    datasets.Dataset.from_list(rows).to_parquet(str(tmp_path / "d.parquet"))
+    saved = datasets.Dataset.from_dict({"image": [str(tmp_path / "p.png")], "question": ["What colour?"]})
+    saved.cast_column("image", datasets.Image()).save_to_disk(str(tmp_path / "saved"))
+    for source in ("d.csv", "d.parquet", "saved"):
+        sample = open_dataset(str(tmp_path / source)).sample(0)
+        assert sample.error is None and sample.prompt == "What colour?", source
+        assert list(sample.images[0].getdata())[0] == (200, 30, 30)
+    assert open_dataset(str(tmp_path / "d.csv")).sample(0).sample_id == "s1"
+
+
+def refused(source, columns=None, data_dirs=None) -> str:
+    with pytest.raises(G4VError) as err:
+        open_dataset(str(source), columns, data_dirs)
+    message = str(err.value)
+    assert "\n" not in message and "Traceback" not in message
+    return message
+
+
+def test_bad_datasets_are_one_line(tmp_path, table):
+    assert "dataset not found" in refused(tmp_path / "nowhere.jsonl")
+    (tmp_path / "folder").mkdir()
+    assert "is not a dataset" in refused(tmp_path / "folder")
+    (tmp_path / "notes.txt").write_text("hello")
+    assert "not a dataset file" in refused(tmp_path / "notes.txt")
+    assert "column 'q' (for prompt) is not in the dataset" in refused(table, Columns(prompt="q"))
+    assert "no prompt column found" in refused(write_jsonl(tmp_path / "noprompt.jsonl", [{"image": "a.png"}]))
+    assert refused(write_jsonl(tmp_path / "empty.jsonl", [])) == "dataset empty.jsonl has no rows"
+    broken = write_jsonl(tmp_path / "broken.jsonl", [{"image": "a.png", "prompt": "p"}, '{"image": "a.png", "pro'])
+    assert refused(broken) == "line 2 of broken.jsonl is not valid JSON"
+    assert refused(write_jsonl(tmp_path / "list.jsonl", ["[1, 2]"])) == "line 1 of list.jsonl is not a JSON object"
+    (tmp_path / "empty.csv").write_text("")
+    assert refused(tmp_path / "empty.csv") == "dataset empty.csv has no rows"
+
+
+def test_data_dirs_confine_the_dataset_and_its_pictures(tmp_path):
+    data = tmp_path / "data"
+    outside = tmp_path / "outside"
+    picture(outside / "secret.png")
+    write_jsonl(outside / "d.jsonl", [{"image": "secret.png", "prompt": "p"}])
+    data.mkdir()
+    write_jsonl(data / "escape.jsonl",
+                [{"image": "../outside/secret.png", "prompt": "p"}, {"image": str(outside / "secret.png"), "prompt": "p"},
+                 {"image": "inside.png", "prompt": "p"}, {"image": "link.png", "prompt": "p"}])
+    picture(data / "inside.png")
+    (data / "link.png").symlink_to(outside / "secret.png")
+    (data / "linked").symlink_to(outside)
+    # the dataset itself: outside, through a link, or by a relative climb
+    assert refused(outside / "d.jsonl", data_dirs=[data]) == f"dataset {str(outside / 'd.jsonl')!r} is outside the data folders"
+    assert "outside the data folders" in refused("linked/d.jsonl", data_dirs=[data])
+    assert "outside the data folders" in refused("../outside/d.jsonl", data_dirs=[data])
+    # its pictures: only inside the dataset's folder, links resolved
+    dataset = open_dataset("escape.jsonl", data_dirs=[data])
+    errors = [dataset.sample(i).error for i in range(4)]
+    assert errors[0] == "image '../outside/secret.png' is outside the dataset's folder"
+    assert "is outside the dataset's folder" in errors[1] and str(tmp_path) not in errors[1][-40:]
+    assert errors[2] is None
+    assert errors[3] == "image 'link.png' is outside the dataset's folder"
+    # without data_dirs (the CLI, the user's own files) the same dataset reads its pictures anywhere
+    assert open_dataset(str(data / "escape.jsonl")).sample(0).error is None
+
+
+def g4v_eval(*args, out: Path):
+    return subprocess.run([sys.executable, "-m", "g4v", "eval", "--out", str(out), *args], cwd=REPO_ROOT,
+                          capture_output=True, text=True, timeout=180,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1"})
+
+
+@pytest.mark.parametrize("args,expected", [
+    (["--a", "hf", "--b", "torch", "--data", str(BUNDLED_DATASET)], "error: arm 'torch': backend must be one of"),
+    (["--a", "hf", "--b", "hf:adapter=no-such-adapter", "--data", str(BUNDLED_DATASET)], "error: unknown adapter 'no-such-adapter'"),
+    (["--a", "hf", "--b", "hf", "--data", str(BUNDLED_DATASET), "--columns", "prompt=question"],
+     "error: column 'question' (for prompt) is not in the dataset"),
+    (["--a", "hf", "--b", "hf", "--data", "no/such/folder/d.jsonl"], "error: dataset not found"),
+    (["--a", "hf", "--b", "hf", "--data", str(BUNDLED_DATASET), "--limit", "0"], "error: limit must be"),
+    (["--a", "hf", "--b", "hf", "--data", "nobody-here/no-such-dataset"],
+     "error: cannot load 'nobody-here/no-such-dataset' from the Hugging Face Hub"),
+])
+def test_cli_refuses_in_one_line_before_loading_a_model(tmp_path, args, expected):
+    result = g4v_eval(*args, out=tmp_path / "out")
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert result.returncode == 1, result.stderr
+    assert lines[-1].startswith(expected), lines
+    assert "Traceback" not in result.stderr and "Loading weights" not in result.stderr
+    assert not any(line.startswith("error") for line in lines[:-1])

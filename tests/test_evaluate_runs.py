@@ -1,0 +1,169 @@
+"""Dataset runs on the trained demo checkpoint: base vs the trained adapter, bad rows, resume.
+
+One transformers engine for the module (passed to the runs through ``reuse``, as the app does);
+the resume test runs the CLI as a user would, kills it, and runs it again.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from PIL import Image
+
+from g4v.conversation import Message
+from g4v.demo import evaluate as demo_eval
+from g4v.demo import shapes as S
+from g4v.errors import G4VError
+from g4v.evaluate import BUNDLED_DATASET, ArmSpec, EvalConfig, read_results, run_eval
+from g4v.evaluate.store import ROWS_FILE
+from g4v.paths import REPO_ROOT, TRAINED_MODEL_DIR
+
+ADAPTER = "tiny-trained-french"
+PICTURES = 3  # the first held-out pictures: 4 questions each
+
+
+@pytest.fixture(scope="module")
+def trained_engine():
+    from g4v.engines.hf import TransformersEngine
+
+    return TransformersEngine(str(TRAINED_MODEL_DIR), device="cpu", dtype="float32")
+
+
+@pytest.fixture(scope="module")
+def base_vs_adapter(trained_engine, tmp_path_factory):
+    config = EvalConfig(a=ArmSpec("hf"), b=ArmSpec("hf", adapter=ADAPTER), data=str(BUNDLED_DATASET),
+                        limit=4 * PICTURES, max_new_tokens=8)
+    return run_eval(config, tmp_path_factory.mktemp("base-vs-adapter"), reuse={ArmSpec("hf"): trained_engine})
+
+
+def test_adapter_disagrees_exactly_on_colours(base_vs_adapter, trained_engine):
+    summary, rows = base_vs_adapter.summary, base_vs_adapter.rows
+    assert summary["n"] == 4 * PICTURES and summary["n_errors"] == 0 and summary["complete"]
+    assert summary["by_category"]["colour"]["agreement"] == 0.0
+    for row in rows:
+        if row.category == "colour":  # the adapter says the base model's colour in French
+            assert row.answer_b == S.FRENCH[row.answer_a]
+            tokens_a, tokens_b = (trained_engine.tokenizer.encode(text) for text in (row.answer_a, row.answer_b))
+            shared = next(i for i, (x, y) in enumerate(zip(tokens_a + [-1], tokens_b + [-2])) if x != y)
+            assert row.first_divergence == shared  # "blue"/"bleu" share their first token
+            assert row.kl_mean > 0.1
+    assert summary["by_category"]["colour"]["arms"]["b"]["accuracy"] == 0.0  # French never matches the English reference
+    colour_rows = {row.index for row in rows if row.category == "colour"}
+    assert set(summary["worst"][:len(colour_rows)]) == colour_rows
+
+
+def test_answers_and_accuracy_equal_the_demo_evaluation(base_vs_adapter, trained_engine):
+    """The demo's own evaluation path (engine.generate per question, exact match) gives the same
+    answers, the same accuracy per category, and so the same agreement per category."""
+    pairs = demo_eval.items(S.eval_set(PICTURES))
+    base = demo_eval.answers(trained_engine, pairs)
+    tuned = [trained_engine.generate([Message("user", qa.question, [p.image])], demo_eval.SETTINGS, adapter=ADAPTER).text.strip()
+             for p, qa in pairs]
+    rows = base_vs_adapter.rows
+    assert [row.answer_a for row in rows] == base and [row.answer_b for row in rows] == tuned
+    expected = demo_eval.accuracy(pairs, base)
+    summary = base_vs_adapter.summary
+    assert summary["arms"]["a"]["accuracy"] == pytest.approx(expected["all"])
+    for kind in S.QUESTION_TYPES:
+        block = summary["by_category"][kind]
+        assert block["arms"]["a"]["accuracy"] == pytest.approx(expected[kind]), kind
+        same = [b == t for (_, qa), b, t in zip(pairs, base, tuned) if qa.kind == kind]
+        assert block["agreement"] == pytest.approx(sum(same) / len(same)), kind
+    assert summary["agreement"] == pytest.approx(sum(b == t for b, t in zip(base, tuned)) / len(pairs))
+
+
+def test_scores_match_the_lora_token_diff(base_vs_adapter, trained_engine):
+    from g4v.lora.token_diff import lora_diff
+
+    row = next(r for r in base_vs_adapter.rows if r.category == "colour")
+    picture = S.eval_set(PICTURES)[row.index // 4]
+    messages = [Message("user", row.prompt, [picture.image])]
+    diff = lora_diff(trained_engine, messages, ADAPTER)
+    assert diff.base.text == row.answer_a and diff.tuned.text == row.answer_b
+    assert row.logprob_a_under_b == pytest.approx(sum(t.logprob_adapter for t in diff.base.tokens), abs=1e-6)
+    assert row.logprob_b_under_a == pytest.approx(sum(t.logprob_base for t in diff.tuned.tokens), abs=1e-6)
+    inputs = trained_engine.prepare_inputs(messages)
+    image_token = trained_engine.model.config.image_token_index
+    assert row.image_tokens == int((inputs["input_ids"] == image_token).sum())
+
+
+def test_results_are_written_and_read_back(base_vs_adapter):
+    out = base_vs_adapter.out_dir
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(out / "samples.parquet").to_pylist()
+    assert [r["answer_b"] for r in table] == [r.answer_b for r in base_vs_adapter.rows]
+    assert (out / "samples.csv").read_text().splitlines()[0].startswith("index,sample_id,category,prompt")
+    assert json.loads((out / "summary.json").read_text()) == json.loads(json.dumps(base_vs_adapter.summary))
+    again = read_results(out)
+    assert again.rows == base_vs_adapter.rows and again.summary == json.loads(json.dumps(base_vs_adapter.summary))
+
+
+def test_bad_rows_are_recorded_and_the_run_goes_on(trained_engine, tmp_path):
+    picture = S.eval_set(1)[0]
+    picture.image.save(tmp_path / "ok.png")
+    (tmp_path / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n truncated")
+    rows = [{"image": "missing.png", "prompt": "Where is it?"}, {"image": "ok.png", "prompt": picture.qas[0].question},
+            {"image": "broken.png", "prompt": "What shape?"}, {"image": "ok.png", "prompt": ""}]
+    (tmp_path / "d.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    config = EvalConfig(a=ArmSpec("hf"), b=ArmSpec("hf"), data=str(tmp_path / "d.jsonl"), max_new_tokens=4,
+                        blank_probe=True, levels=True)
+    result = run_eval(config, tmp_path / "out", reuse={ArmSpec("hf"): trained_engine})
+    errors = [row.error for row in result.rows]
+    assert errors[0] == "image not found: 'missing.png'" and errors[1] is None
+    assert errors[2].startswith("broken.png") and errors[3] == "empty prompt"
+    good = result.rows[1]
+    assert good.agree and good.kl_max == pytest.approx(0.0, abs=1e-9) and good.reference is None
+    norms = json.loads(good.level_norms_a)
+    assert len(norms) == 8 and norms == json.loads(good.level_norms_b) and all(v > 0 for v in norms.values())
+    blank = trained_engine.generate([Message("user", good.prompt, [Image.new("RGB", picture.image.size, (128, 128, 128))])],
+                                    config.settings())
+    assert good.blank_same_a == (blank.text == good.answer_a) == good.blank_same_b
+    assert result.summary["n_errors"] == 3 and result.summary["arms"]["a"]["accuracy"] is None
+
+
+def g4v_eval(out, *extra):
+    return [sys.executable, "-m", "g4v", "eval", "--a", "hf", "--b", "hf", "--data", str(BUNDLED_DATASET),
+            "--limit", "5", "--seed", "3", "--max-new-tokens", "6", "--out", str(out), *extra]
+
+
+def test_a_killed_run_resumes_to_the_same_results(trained_engine, tmp_path):
+    out = tmp_path / "resumed"
+    process = subprocess.Popen(g4v_eval(out), cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                               env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    deadline = time.monotonic() + 240
+    rows_file = out / ROWS_FILE
+    while not (rows_file.is_file() and rows_file.read_bytes().count(b"\n") >= 1):
+        assert process.poll() is None and time.monotonic() < deadline, "the run ended before it could be killed"
+        time.sleep(0.1)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    kept = rows_file.read_bytes().count(b"\n")
+    assert 1 <= kept < 5, "the kill came too late to interrupt the run"
+    with open(rows_file, "ab") as handle:  # a kill mid-write leaves a torn last line
+        handle.write(b'{"index": 17, "sample_id": "p0')
+    finished = subprocess.run(g4v_eval(out), cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    assert finished.returncode == 0, finished.stderr
+    assert "rows 5 (errors 0)" in finished.stdout
+
+    config = EvalConfig(a=ArmSpec("hf"), b=ArmSpec("hf"), data=str(BUNDLED_DATASET), limit=5, seed=3, max_new_tokens=6)
+    reference = run_eval(config, tmp_path / "uninterrupted", reuse={ArmSpec("hf"): trained_engine})
+    resumed = read_results(out)
+    assert [r.index for r in resumed.rows] == [r.index for r in reference.rows]
+    for got, want in zip(resumed.rows, reference.rows):
+        for name, value in vars(want).items():
+            if isinstance(value, float):
+                assert getattr(got, name) == pytest.approx(value, rel=1e-6, abs=1e-9), name
+            else:
+                assert getattr(got, name) == value, name
+    assert resumed.summary["n"] == 5 and resumed.summary["complete"]
+    assert resumed.summary["arms"] == reference.summary["arms"]
+    assert resumed.summary["paired"] == reference.summary["paired"]
+    assert len(rows_file.read_text().splitlines()) == 5  # nothing computed twice, the torn line gone
+
+    with pytest.raises(G4VError, match="the output folder holds a different run .*limit"):
+        run_eval(EvalConfig(**{**vars(config), "limit": 6}), out)

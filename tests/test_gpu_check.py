@@ -1,0 +1,109 @@
+"""The GPU check's CPU smoke run (``scripts/gpu_check.sh --cpu-smoke``): every step of the GPU run,
+on the CPU, with the real model's geometry (layer counts, level map, 27 pinpoints, 384-pixel tiles,
+so the real image-token counts) and narrow widths. It keeps the script from rotting before a GPU
+is lent; the GPU run itself is documented in docs/gpu_check.md.
+
+The expected numbers come from elsewhere: the real config file, the tiling plan, and the issue's
+own count (a 768 x 1536 picture is 1320 image tokens on the real model)."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from g4v.loading import read_raw_config
+from g4v.paths import REAL_CONFIG_DIR, REPO_ROOT
+
+pytestmark = pytest.mark.slow
+
+sys.path.insert(0, str(REPO_ROOT / "scripts"))
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory) -> dict:
+    out = tmp_path_factory.mktemp("gpu-check")
+    done = subprocess.run([str(REPO_ROOT / "scripts" / "gpu_check.sh"), "--cpu-smoke", str(out)],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    data = json.loads((out / "gpu_check.json").read_text())
+    data["table"] = (out / "gpu_check.txt").read_text()
+    return data
+
+
+def steps(report) -> dict:
+    return {step["name"]: step for step in report["steps"]}
+
+
+def test_every_step_runs_or_says_why_not(report):
+    from gpu_check_steps import STEPS
+
+    by_name = steps(report)
+    assert list(by_name) == [name for name, _ in STEPS()]
+    for name, step in by_name.items():
+        assert step["status"] in ("ok", "skipped"), (name, step["error"], step["metrics"].get("traceback"))
+        if step["status"] == "skipped":
+            assert step["error"] or step["metrics"].get("reason"), name
+        assert name in report["table"]
+    assert {name for name, step in by_name.items() if step["status"] == "ok"} >= {
+        "load", "chat", "deepstack_capture", "deepstack_ablation", "tiling_27_pinpoints", "lora"}
+
+
+def test_smoke_model_has_the_real_geometry(report):
+    real = read_raw_config(REAL_CONFIG_DIR)
+    load = steps(report)["load"]["metrics"]
+    assert load["vision_layers"] == real["vision_config"]["num_hidden_layers"]
+    assert load["text_layers"] == real["text_config"]["num_hidden_layers"]
+    assert load["deepstack_layer_map"] == real["deepstack_layer_map"]
+    assert load["spatial_target_layers"] == real["spatial_target_layers"]
+    assert load["pinpoints"] == len(real["image_grid_pinpoints"]) == 27
+    assert load["vocab_size"] == real["text_config"]["vocab_size"]
+
+
+def test_chat_sees_the_real_image_token_count(report):
+    from g4v.loading import load_config
+    from g4v.tiling import plan_tiling
+
+    chat = steps(report)["chat"]["metrics"]
+    assert chat["image_tokens"] == 1320 == plan_tiling((768, 1536), load_config(REAL_CONFIG_DIR)).num_image_tokens
+    assert chat["ttft_s"] > 0 and chat["bandwidth_bound_tok_s"] > 0
+
+
+def test_tiling_covers_all_27_pinpoints(report):
+    from g4v.loading import load_config
+    from g4v.tiling import plan_tiling
+
+    config = load_config(REAL_CONFIG_DIR)
+    rows = steps(report)["tiling_27_pinpoints"]["metrics"]["pinpoints"]
+    assert [[h, w] for h, w, _, _ in rows] == config.image_grid_pinpoints
+    assert [tokens for _, _, tokens, _ in rows] == [plan_tiling((h, w), config).num_image_tokens for h, w, _, _ in rows]
+
+
+def test_merged_lora_equals_attached_adapter(report):
+    lora = steps(report)["lora"]["metrics"]
+    assert lora["adapter_vs_base_max_rel"] > 1e-4, "the random adapter must change the logits"
+    assert lora["merged_vs_adapter_max_rel"] < 1e-4
+    assert lora["merged_layers"] == 7 * 40  # q, k, v, o, gate, up, down in each of the 40 layers
+
+
+def test_a_failing_step_is_recorded_and_the_next_still_runs():
+    """Step isolation, without a model: a raising step is 'failed' with its one-line error; steps
+    that need the model are then 'skipped' with the reason; a step past the budget is skipped."""
+    import time
+    from pathlib import Path
+
+    import torch
+    from gpu_check import SMOKE_SIZES, Check, run_step
+
+    check = Check(torch.device("cpu"), torch.float32, SMOKE_SIZES, Path("."), True)
+
+    def broken(check):
+        raise MemoryError("out of memory\nsecond line")
+
+    failed = run_step(check, "load", broken, time.monotonic() + 60)
+    assert failed.status == "failed" and failed.error == "MemoryError: out of memory"
+    assert "traceback" in failed.metrics
+    later = run_step(check, "chat", lambda check: {"x": 1}, time.monotonic() + 60)
+    assert later.status == "skipped" and "did not load" in later.error
+    late = run_step(check, "load", lambda check: {}, time.monotonic() - 1)
+    assert late.status == "skipped" and "out of time" in late.error

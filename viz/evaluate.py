@@ -1,0 +1,174 @@
+"""Pictures of a dataset run: where each arm is right, where the two arms part, and by how much.
+
+Input is plain data: the summary dict of ``g4v.evaluate.summarise`` (the ``summary.json`` a run
+writes) and the per-sample rows as dicts (one per line of ``samples.jsonl``), so a finished run can
+be redrawn without the model. Every function returns one bounded PIL picture; when there is
+nothing to draw (no references, no KL because an arm cannot score) the picture says why instead of
+showing empty axes. matplotlib draws off-screen (no pyplot state).
+"""
+
+import math
+
+import numpy as np
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
+from PIL import Image
+
+from viz.figures import figure_to_image, note_figure
+
+#: Colours of arm A and arm B in every picture, so a reader matches them at a glance.
+ARM_COLOURS = {"a": "#1f77b4", "b": "#ff7f0e"}
+#: Categories drawn at most (the most frequent ones); more bars than this are unreadable.
+MAX_CATEGORIES = 24
+#: Longest category label drawn, in characters.
+MAX_LABEL = 18
+#: The four outcomes of a paired comparison, in drawing order, with their colours.
+PAIRED_OUTCOMES = (("both_right", "both right", "#4caf50"), ("a_only", "only A right", ARM_COLOURS["a"]),
+                   ("b_only", "only B right", ARM_COLOURS["b"]), ("both_wrong", "both wrong", "#bdbdbd"))
+
+
+def _short(text, limit: int = MAX_LABEL) -> str:
+    text = str(text)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _arm_label(summary: dict, arm: str) -> str:
+    return str(summary.get("arms", {}).get(arm, {}).get("label") or arm.upper())
+
+
+def _groups(summary: dict) -> list[tuple[str, dict]]:
+    """``("all", summary)`` then the categories, the largest first, at most MAX_CATEGORIES of them:
+    the bars every per-category picture draws, in one order."""
+    categories = sorted((summary.get("by_category") or {}).items(), key=lambda item: (-(item[1].get("n") or 0), str(item[0])))
+    return [("all", summary)] + [(str(name), part) for name, part in categories[:MAX_CATEGORIES]]
+
+
+def _ci_whiskers(accuracy: float, ci95) -> tuple[float, float]:
+    """(below, above) error-bar lengths for one accuracy; a missing interval draws none."""
+    if not ci95 or ci95[0] is None or ci95[1] is None:
+        return 0.0, 0.0
+    return max(0.0, accuracy - ci95[0]), max(0.0, ci95[1] - accuracy)
+
+
+def accuracy_figure(summary: dict) -> Image.Image:
+    """Accuracy of both arms overall and per category: side-by-side bars with 95% CI whiskers."""
+    title = "Accuracy per category (whiskers: 95% confidence interval)"
+    groups = [(name, part) for name, part in _groups(summary)
+              if any((part.get("arms", {}).get(arm) or {}).get("accuracy") is not None for arm in "ab")]
+    if not groups:
+        return note_figure(title, "No accuracy to draw: the dataset has no reference answers "
+                                  "(map a reference column to score the answers).")
+    positions = np.arange(len(groups))
+    width = 0.38
+    fig = Figure(figsize=(max(6.0, 0.9 * len(groups) + 2), 3.8), layout="constrained")
+    ax = fig.add_subplot()
+    for offset, arm in ((-width / 2, "a"), (width / 2, "b")):
+        values, whiskers = [], [[], []]
+        for _, part in groups:
+            stats = part.get("arms", {}).get(arm) or {}
+            accuracy = stats.get("accuracy")
+            values.append(math.nan if accuracy is None else accuracy)
+            below, above = _ci_whiskers(accuracy, stats.get("ci95")) if accuracy is not None else (0.0, 0.0)
+            whiskers[0].append(below)
+            whiskers[1].append(above)
+        ax.bar(positions + offset, values, width, yerr=whiskers, capsize=3, color=ARM_COLOURS[arm],
+               label=f"A: {_short(_arm_label(summary, 'a'), 40)}" if arm == "a" else f"B: {_short(_arm_label(summary, 'b'), 40)}")
+    ax.set_xticks(positions, [f"{_short(name)}\n(n={part.get('n', 0)})" for name, part in groups], fontsize=8,
+                  rotation=30 if len(groups) > 8 else 0)
+    ax.set_ylim(0, 1.22)  # headroom above 1 for the legend
+    ax.set_yticks([0, 0.25, 0.5, 0.75, 1.0])
+    ax.set_ylabel("accuracy")
+    ax.legend(fontsize=8, loc="upper center", ncols=2)
+    ax.set_title(title, fontsize=10)
+    return figure_to_image(fig)
+
+
+def paired_figure(summary: dict) -> Image.Image:
+    """Per category, how the samples split into both right / only A / only B / both wrong, as
+    stacked shares; the McNemar p-value of each group is written beside its bar."""
+    title = "Paired outcomes (p: exact McNemar test)"
+    groups = [(name, part) for name, part in _groups(summary)
+              if sum((part.get("paired") or {}).get(key) or 0 for key, _, _ in PAIRED_OUTCOMES) > 0]
+    if not groups:
+        return note_figure(title, "No paired outcomes to draw: the dataset has no reference answers.")
+    fig = Figure(figsize=(8, 0.45 * len(groups) + 1.6), layout="constrained")
+    ax = fig.add_subplot()
+    rows = np.arange(len(groups))[::-1]  # "all" on top
+    left = np.zeros(len(groups))
+    for key, label, colour in PAIRED_OUTCOMES:
+        counts = np.array([(part.get("paired") or {}).get(key) or 0 for _, part in groups], dtype=float)
+        totals = np.array([sum((part.get("paired") or {}).get(k) or 0 for k, _, _ in PAIRED_OUTCOMES)
+                           for _, part in groups], dtype=float)
+        shares = counts / np.maximum(totals, 1)
+        ax.barh(rows, shares, left=left, color=colour, label=label)
+        left += shares
+    for row, (_, part) in zip(rows, groups):
+        p = (part.get("paired") or {}).get("mcnemar_p")
+        ax.text(1.01, row, "p = n/a" if p is None else f"p = {p:.3g}", va="center", fontsize=8)
+    ax.set_yticks(rows, [_short(name) for name, _ in groups], fontsize=8)
+    ax.set_xlim(0, 1.18)
+    ax.set_xticks([0, 0.25, 0.5, 0.75, 1.0])
+    ax.legend(fontsize=8, ncols=4, loc="upper center", bbox_to_anchor=(0.45, -0.12 if len(groups) > 2 else -0.25))
+    ax.set_title(title, fontsize=10)
+    return figure_to_image(fig)
+
+
+def _finite(values) -> np.ndarray:
+    array = np.array([math.nan if v is None else float(v) for v in values], dtype=float)
+    return array[np.isfinite(array)]
+
+
+def kl_histogram(rows: list[dict]) -> Image.Image:
+    """How far apart the two arms' next-token distributions are, sample by sample: a histogram of
+    the per-sample mean KL(A || B) on a log scale (KL spans orders of magnitude), with each
+    sample's largest KL beside it."""
+    title = "KL(A || B) per sample (nats, log scale)"
+    means = _finite(row.get("kl_mean") for row in rows)
+    peaks = _finite(row.get("kl_max") for row in rows)
+    if not means.size:
+        return note_figure(title, "No KL to draw: it needs both arms on local transformers "
+                                  "(a vLLM or remote arm gives no full next-token distributions).")
+    floor = 1e-6  # a KL of exactly 0 (identical arms) still gets a bar, at the floor
+    low = max(floor, min(means.min(), peaks.min() if peaks.size else means.min()))
+    high = max(low * 10, means.max(), peaks.max() if peaks.size else means.max())
+    bins = np.logspace(math.log10(low), math.log10(high), 30)
+    fig = Figure(figsize=(6.5, 3.4), layout="constrained")
+    ax = fig.add_subplot()
+    ax.hist(np.maximum(means, floor), bins=bins, color="#6a51a3", alpha=0.8, label="mean over the answer")
+    if peaks.size:
+        ax.hist(np.maximum(peaks, floor), bins=bins, histtype="step", color="#d62728", linewidth=1.5,
+                label="largest position")
+    ax.set_xscale("log")
+    ax.set_xlabel("KL (nats)")
+    ax.set_ylabel("samples")
+    ax.legend(fontsize=8)
+    ax.set_title(title, fontsize=10)
+    return figure_to_image(fig)
+
+
+def divergence_histogram(rows: list[dict]) -> Image.Image:
+    """Where the two greedy answers first differ (answer token index), for the samples that
+    differ at all; the share that agree entirely is in the title."""
+    scored = [row for row in rows if not row.get("error")]
+    positions = _finite(row.get("first_divergence") for row in scored)
+    agree = sum(1 for row in scored if row.get("agree"))
+    title = f"First differing answer token ({agree} of {len(scored)} samples agree entirely)"
+    if not positions.size:
+        note = "The two arms gave the same greedy answer on every sample." if scored else "No samples yet."
+        return note_figure(title, note)
+    fig = Figure(figsize=(6.5, 3.4), layout="constrained")
+    ax = fig.add_subplot()
+    where, counts = np.unique(positions.astype(int), return_counts=True)  # token indices are whole numbers
+    ax.bar(where, counts, width=0.8, color="#2ca02c")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("answer token index of the first difference")
+    ax.set_ylabel("samples")
+    ax.set_title(title, fontsize=10)
+    return figure_to_image(fig)
+
+
+def run_figures(summary: dict, rows: list[dict]) -> dict[str, Image.Image]:
+    """Every picture of a run, by name (the Evaluate tab shows them in this order)."""
+    return {"accuracy": accuracy_figure(summary), "paired": paired_figure(summary),
+            "kl": kl_histogram(rows), "divergence": divergence_histogram(rows)}

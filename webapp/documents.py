@@ -1,0 +1,198 @@
+"""Documents in the app: a PDF page picker for every tab's image input, the task presets of the Chat
+tab, and the structured panel under its answer.
+
+The picker renders pages with :mod:`g4v.documents.pdf` into PNG files of a bounded temporary folder
+and hands their paths on: to a tab's image input (one page), or into the Chat box's attachments
+(several pages, up to one message's image limit). Every tab thus sees a rendered page exactly as it
+sees an uploaded picture, through ``open_image``.
+"""
+
+import tempfile
+import uuid
+from pathlib import Path
+
+import gradio as gr
+
+from g4v.conversation import MAX_IMAGES_PER_MESSAGE
+from g4v.documents.pdf import DEFAULT_DPI, MAX_DPI, MIN_DPI, render_pages, render_thumbnails
+from g4v.documents.presets import PRESETS, build_prompt, get_preset, parse_schema
+from g4v.documents.structured import read_answer
+from g4v.errors import G4VError
+from webapp.common import shows_errors
+
+#: Rendered pages live here until Gradio has copied them into its own cache; the oldest go first.
+PAGES_DIR = Path(tempfile.gettempdir()) / "g4v-pages"
+KEEP_PAGES = 200
+NO_TASK = "(free question)"
+EXAMPLE_SCHEMA = '{\n  "type": "object",\n  "properties": {"total": {"type": "number"}},\n  "required": ["total"]\n}'
+
+
+def save_pages(images: list, stem: str, first_pages: list[int], dpi: float) -> list[str]:
+    """Write rendered pages as PNG files (lossless: the model must see what PDFium drew)."""
+    PAGES_DIR.mkdir(exist_ok=True)
+    paths = []
+    for image, number in zip(images, first_pages):
+        path = PAGES_DIR / f"{stem[:40]}-page{number}-{dpi:g}dpi-{uuid.uuid4().hex[:8]}.png"
+        image.save(path)
+        paths.append(str(path))
+    _prune()
+    return paths
+
+
+def _prune() -> None:
+    files = sorted(PAGES_DIR.glob("*.png"), key=lambda p: p.stat().st_mtime)
+    for old in files[:-KEEP_PAGES]:
+        old.unlink(missing_ok=True)
+
+
+def _checked_pdf(pdf_path) -> str:
+    if not pdf_path:
+        raise G4VError("upload a PDF first")
+    return str(pdf_path)
+
+
+@shows_errors
+def show_thumbnails(pdf_path):
+    """The uploaded document's page thumbnails, and page 1 chosen."""
+    if not pdf_path:
+        return [], "1"
+    thumbnails = render_thumbnails(pdf_path, name=Path(pdf_path).name)
+    return [(image, f"page {i}") for i, image in enumerate(thumbnails, start=1)], "1"
+
+
+def pick_thumbnail(evt: gr.SelectData):
+    """Clicking a thumbnail chooses its page."""
+    return str(evt.index + 1)
+
+
+def page_files(pdf_path, pages: str, dpi, limit: int) -> list[str]:
+    """The chosen pages rendered to PNG files (each checked and refused in one line as in the CLI)."""
+    from g4v.documents.pdf import page_count, parse_page_range
+
+    path = _checked_pdf(pdf_path)
+    numbers = parse_page_range(pages, page_count(path, name=Path(path).name))
+    images = render_pages(path, numbers, dpi, name=Path(path).name, max_images=limit)
+    return save_pages(images, Path(path).stem, numbers, float(dpi))
+
+
+def document_picker(target, chat_box: bool = False, elem_id: str = "doc"):
+    """Render the picker (an accordion) and wire its button to ``target``; returns that event, so a
+    tab can chain its own analysis after it (``.success(...)``).
+
+    ``target`` is an image input (the chosen page replaces its picture) or, with ``chat_box``, the
+    Chat tab's MultimodalTextbox (the chosen pages join its attachments, its text is kept).
+    """
+    limit = MAX_IMAGES_PER_MESSAGE if chat_box else 1
+    with gr.Accordion("From a PDF", open=False, elem_id=f"{elem_id}-picker"):
+        with gr.Row():
+            document = gr.File(label="PDF", file_types=[".pdf"], type="filepath", height=120,
+                               elem_id=f"{elem_id}-pdf")
+            with gr.Column():
+                pages = gr.Textbox(value="1", label=f"Page{'s, e.g. 1,3-4' if chat_box else ''}",
+                                   elem_id=f"{elem_id}-pages")
+                dpi = gr.Slider(MIN_DPI, MAX_DPI, value=DEFAULT_DPI, step=12, label="Render resolution (dpi)")
+                use = gr.Button("Add to the message" if chat_box else "Use this page", elem_id=f"{elem_id}-use")
+        thumbnails = gr.Gallery(label="Pages (click one to choose it)", columns=6, height=220, allow_preview=False, object_fit="contain",
+                                elem_id=f"{elem_id}-thumbnails")
+    document.change(show_thumbnails, document, [thumbnails, pages], api_visibility="private")
+    thumbnails.select(pick_thumbnail, None, pages, api_visibility="private")
+
+    @shows_errors
+    def use_pages(pdf_path, chosen, resolution, current):
+        files = page_files(pdf_path, chosen, resolution, limit)
+        if not chat_box:
+            return files[0]
+        current = current if isinstance(current, dict) else {}
+        attached = [f for f in current.get("files") or []]
+        if len(attached) + len(files) > MAX_IMAGES_PER_MESSAGE:
+            raise G4VError(f"too many images: {len(attached)} attached and {len(files)} pages, "
+                           f"one message takes at most {MAX_IMAGES_PER_MESSAGE}")
+        return {"text": current.get("text") or "", "files": attached + files}
+
+    return use.click(use_pages, [document, pages, dpi, target], target, api_visibility="private")
+
+
+# ── Chat: task presets and the structured panel ─────────────────────────────────────────────────
+
+
+def preset_choices() -> list[tuple[str, str]]:
+    return [(NO_TASK, "")] + [(preset.label, key) for key, preset in PRESETS.items()]
+
+
+@shows_errors
+def fill_prompt(task, schema_text, current):
+    """Choosing a task puts its prompt into the Chat box (attachments kept); key-value extraction
+    shows the schema box and rebuilds the prompt when the schema changes."""
+    current = current if isinstance(current, dict) else {}
+    needs_schema = bool(task) and get_preset(task).needs_schema
+    if not task or get_preset(task).needs_question:
+        return gr.update(), gr.update(visible=needs_schema)
+    prompt = build_prompt(task, schema_text=schema_text) if needs_schema else build_prompt(task)
+    return {"text": prompt, "files": current.get("files") or []}, gr.update(visible=needs_schema)
+
+
+def last_answer(history) -> str:
+    """The newest assistant text of the chat history (Gradio's messages format)."""
+    for entry in reversed(history or []):
+        entry = entry if isinstance(entry, dict) else {"role": getattr(entry, "role", None),
+                                                       "content": getattr(entry, "content", None)}
+        if entry.get("role") == "assistant":
+            content = entry.get("content")
+            if isinstance(content, list):
+                return "".join(p.get("text", "") if isinstance(p, dict) else str(p) for p in content)
+            return content if isinstance(content, str) else ""
+    return ""
+
+
+@shows_errors
+def structured_view(task, schema_text, history):
+    """The panel for the newest answer: rendered HTML, table rows, problems (schema or parse) as text.
+    A malformed answer shows as-is with its parse error; nothing here raises on model output."""
+    if not task:
+        return "", gr.update(value=None, visible=False), ""
+    preset = get_preset(task)
+    try:
+        schema = parse_schema(schema_text) if preset.needs_schema else None
+    except G4VError as err:
+        schema, schema_note = None, f"The schema could not be used: {err}"
+    else:
+        schema_note = ""
+    result = read_answer(preset.output, last_answer(history), schema)
+    lines = [schema_note] if schema_note else []
+    if result.error:
+        lines.append(f"**Could not read the answer as {preset.output.upper()}:** {_code(result.error)}")
+    lines += [f"- {_code(problem.path)}: expected {_code(problem.expected)}, got {_code(problem.got)}"
+              for problem in result.problems]
+    if result.ok and not schema_note:
+        lines.append(f"Read as {preset.output.upper()}" + (" and valid against the schema." if schema else "."))
+    table = gr.update(value=result.rows[1:], headers=result.rows[0], visible=True) if len(result.rows) > 1 else \
+        gr.update(value=None, visible=False)
+    return result.html, table, "\n".join(lines)
+
+
+def _code(text: str) -> str:
+    """Text inside Markdown code, so markup in it (``<table>``) shows instead of rendering."""
+    return "`" + str(text).replace("`", "'") + "`"
+
+
+def chat_documents(box, chatbot):
+    """Render the Chat tab's document tools under its box; returns ``follow(event)``, which updates
+    the structured panel after each answer."""
+    document_picker(box, chat_box=True, elem_id="chat-doc")
+    with gr.Row():
+        task = gr.Dropdown(preset_choices(), value="", label="Task preset (Granite Vision's documented prompts)",
+                           elem_id="chat-task")
+        schema = gr.Code(EXAMPLE_SCHEMA, language="json", label="JSON schema (key-value extraction)",
+                         visible=False, elem_id="chat-schema")
+    with gr.Accordion("Structured answer", open=True, elem_id="chat-structured"):
+        notes = gr.Markdown(elem_id="chat-structured-notes")
+        rendered = gr.HTML(elem_id="chat-structured-html")
+        table = gr.Dataframe(visible=False, interactive=False, label="Table", elem_id="chat-structured-table")
+    task.change(fill_prompt, [task, schema, box], [box, schema], api_visibility="private")
+    schema.blur(fill_prompt, [task, schema, box], [box, schema], api_visibility="private")
+
+    def follow(event):
+        return event.then(structured_view, [task, schema, chatbot], [rendered, table, notes],
+                          api_visibility="private", show_progress="hidden")
+
+    return follow

@@ -1,0 +1,377 @@
+"""The Evaluate tab: two arms over a whole dataset, the statistics that settle the question, and a
+way from any sample back to the Chat, Deepstack and LoRA tabs.
+
+What a visitor may pick is what the server offers, never a typed path or URL (a Space visitor must
+not make the server read its files or fetch an address): the app's own engine (reused, no second
+model load), the same with each adapter of the adapter folders, vLLM in a local server when the
+vLLM environment is there, and the servers the operator named with ``--eval-server``. Datasets:
+the bundled one, those found in the ``--data-dir`` folders, or an upload (unpacked by
+:mod:`g4v.evaluate.uploads` into a bounded folder of the app's own).
+
+The run is ``g4v.evaluate.run_eval`` in a worker thread, one at a time on the model's queue, with
+live progress; Stop lets the sample in flight finish and shows what is done. The run's folder is
+kept per settings, so pressing Run again with the same settings resumes (or re-reads a finished
+run) instead of starting over. The same function answers the ``/evaluate`` API endpoint.
+"""
+
+import threading
+import zipfile
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+import gradio as gr
+
+from g4v.errors import G4VError, quoted
+from g4v.evaluate import BUNDLED_DATASET, Columns, EvalConfig, open_dataset, run_eval
+from g4v.evaluate.store import CSV_FILE, PARQUET_FILE, ROWS_FILE, RUN_FILE, SUMMARY_FILE
+from g4v.evaluate.uploads import UPLOAD_SUFFIXES, extract_upload
+from viz.evaluate import run_figures
+from webapp.common import MODEL_QUEUE, sampling_settings, shows_errors
+from webapp.evaluate_choices import (BUNDLED, UPLOAD, ArmChoice, arm_choices, dataset_choices, dataset_label,
+                                     pick_arm)
+from webapp.evaluate_tables import (AGGREGATE_HEADERS, SAMPLE_HEADERS, aggregate_rows, run_status, sample_rows,
+                                    whole_or_none)
+
+#: Uploaded datasets kept on disk (the oldest goes when another arrives).
+KEEP_UPLOADS = 4
+#: Run folders kept (each resumable while kept).
+KEEP_RUNS = 8
+#: Files of a run folder that its export zip holds.
+EXPORTED = (PARQUET_FILE, CSV_FILE, SUMMARY_FILE, RUN_FILE, ROWS_FILE)
+#: Rows a run in the tab covers unless told otherwise (a first look, not the whole dataset).
+DEFAULT_LIMIT = 24
+#: Seconds between progress updates while a run works.
+POLL_SECONDS = 1.0
+COLUMN_ROLES = tuple(f.name for f in fields(Columns))
+
+
+# ── the tab's state on the server ──────────────────────────────────────────────────────────────
+
+
+class EvalWorkspace:
+    """Where the tab's files live (bounded stores inside Gradio's cache) and what it remembers
+    between events: extracted uploads by the uploaded files, run folders by settings (so a run is
+    resumed, not repeated), and each session's stop switch."""
+
+    def __init__(self, cache_dir, data_dirs=(), keep_runs: int = KEEP_RUNS):
+        from g4v.inspect.exports import ExportStore
+
+        self.data_dirs = [Path(d).expanduser() for d in data_dirs or ()]
+        self.uploads = ExportStore(parent=cache_dir, keep=KEEP_UPLOADS)
+        self.runs = ExportStore(parent=cache_dir, keep=keep_runs)
+        self.files = ExportStore(parent=cache_dir, keep=4 * keep_runs)  # export zips, opened samples' pictures
+        self._extracted: dict[tuple, Path] = {}
+        self._run_dirs: dict[str, Path] = {}
+        self._busy: set[Path] = set()
+        self._stops: dict[str, threading.Event] = {}
+        self._lock = threading.Lock()
+
+    def allowed_dirs(self) -> list[Path]:
+        """The folders a dataset may come from (``open_dataset``'s ``data_dirs``)."""
+        return [BUNDLED_DATASET.parent, self.uploads.root, *self.data_dirs]
+
+    def source(self, key, files) -> Path:
+        """The dataset behind a dropdown key (and the upload box, for ``upload``)."""
+        if key == UPLOAD:
+            return self.extract(files)
+        found = dataset_choices(self.data_dirs).get(key)
+        if found is None:
+            raise G4VError(f"unknown dataset {quoted(key)}: choose one from the list, or upload one")
+        return found
+
+    def extract(self, files) -> Path:
+        from webapp.chat import file_path
+
+        paths = [p for p in (file_path(f) for f in files or []) if p]
+        if not paths:
+            raise G4VError("no dataset uploaded: send a .zip of the dataset folder, or a table file with its pictures")
+        key = tuple(sorted(paths))
+        with self._lock:
+            known = self._extracted.get(key)
+            if known is not None and known.exists():
+                return known
+            folder = self.uploads.new_folder()
+        source = extract_upload(paths, folder)
+        with self._lock:
+            self._extracted = {k: v for k, v in self._extracted.items() if v.exists()}
+            self._extracted[key] = source
+        return source
+
+    def run_dir(self, config: EvalConfig) -> Path:
+        """The folder of the run with these settings (the same one again resumes it); a run with
+        the same settings that is still going elsewhere is refused."""
+        key = repr(asdict(config))
+        with self._lock:
+            folder = self._run_dirs.get(key)
+            if folder is None or not folder.exists():
+                folder = self._run_dirs[key] = self.runs.new_folder()
+            if folder in self._busy:
+                raise G4VError("a run with these settings is already going (in another window); wait for it")
+            self._busy.add(folder)
+        return folder
+
+    def release(self, folder: Path) -> None:
+        with self._lock:
+            self._busy.discard(folder)
+
+    def stop_switch(self, session: str) -> threading.Event:
+        with self._lock:
+            self._stops[session] = threading.Event()
+            return self._stops[session]
+
+    def stop(self, session: str) -> bool:
+        with self._lock:
+            switch = self._stops.get(session)
+        if switch is not None:
+            switch.set()
+        return switch is not None
+
+    def forget(self, session: str, switch: threading.Event) -> None:
+        with self._lock:
+            if self._stops.get(session) is switch:
+                del self._stops[session]
+
+    def export(self, out_dir: Path) -> Path:
+        """A zip of the run's result files, in a folder of its own."""
+        target = self.files.new_folder() / "evaluation.zip"
+        with zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as zipped:
+            for name in EXPORTED:
+                if (out_dir / name).is_file():
+                    zipped.write(out_dir / name, name)
+        return target
+
+    def sample_pictures(self, run: dict, index) -> tuple[list[str], str]:
+        """One run sample's pictures saved as PNGs where the app serves them, and its prompt."""
+        if not run or index is None:
+            raise G4VError("select a row of the sample table first")
+        dataset = open_dataset(run["source"], Columns(**run["columns"]), self.allowed_dirs())
+        if not 0 <= int(index) < len(dataset):
+            raise G4VError(f"row {index} is not in the dataset")
+        sample = dataset.sample(int(index))
+        if sample.error:
+            raise G4VError(f"row {index} cannot be opened: {sample.error}")
+        folder = self.files.new_folder()
+        paths = []
+        for number, picture in enumerate(sample.images):
+            paths.append(str(folder / f"sample-{index}-{number}.png"))
+            picture.save(paths[-1])
+        return paths, sample.prompt
+
+    def close(self) -> None:
+        for store in (self.uploads, self.runs, self.files):
+            store.close()
+
+
+# ── the tab ────────────────────────────────────────────────────────────────────────────────────
+
+
+@dataclass
+class OpenTargets:
+    """The other tabs' inputs a sample can be opened in, and the tabs that hold them."""
+
+    tabs: gr.Tabs
+    chat_box: gr.MultimodalTextbox
+    deepstack_image: gr.Image
+    deepstack_prompt: gr.Textbox
+    lora_adapter: gr.Dropdown
+    lora_image: gr.Image
+    lora_prompt: gr.Textbox
+
+
+def make_run(engine, workspace: EvalWorkspace, choices: list[ArmChoice], adapters_dir, gpu_task):
+    reuse = {choices[0].spec.engine_key(): engine}
+
+    def config_from(arm_a, arm_b, dataset, files, columns, limit, seed, max_new_tokens, blank_probe, levels):
+        a, b = pick_arm(arm_a, choices, "A"), pick_arm(arm_b, choices, "B")
+        tokens = sampling_settings(max_new_tokens).max_new_tokens
+        mapping = Columns(**{role: (str(value).strip() or None) if value is not None else None
+                             for role, value in zip(COLUMN_ROLES, columns)})
+        source = workspace.source(dataset, files)
+        open_dataset(str(source), mapping, workspace.allowed_dirs())  # a bad dataset stops here, before any model
+        return EvalConfig(a=a, b=b, data=str(source), columns=mapping,
+                          limit=whole_or_none(limit, "limit", smallest=1, means_none=0),
+                          seed=whole_or_none(seed, "seed", smallest=0, means_none=-1), max_new_tokens=tokens,
+                          blank_probe=bool(blank_probe), levels=bool(levels))
+
+    @gpu_task
+    @shows_errors
+    def evaluate(arm_a, arm_b, dataset, files, image_col, prompt_col, reference_col, category_col, id_col,
+                 limit, seed, max_new_tokens, blank_probe, levels, request: gr.Request, progress=gr.Progress()):
+        """Run (or resume) the comparison; yields the status while it works, then every result."""
+        config = config_from(arm_a, arm_b, dataset, files, (image_col, prompt_col, reference_col, category_col, id_col),
+                             limit, seed, max_new_tokens, blank_probe, levels)
+        out_dir = workspace.run_dir(config)
+        session = getattr(request, "session_hash", None) or "api"
+        switch = workspace.stop_switch(session)
+        counts, outcome = [0, 0], {}
+
+        def work():
+            try:
+                outcome["result"] = run_eval(config, out_dir, adapters_dir=adapters_dir, reuse=reuse,
+                                             data_dirs=workspace.allowed_dirs(),
+                                             progress=lambda done, total: counts.__setitem__(slice(None), [done, total]),
+                                             cancel=switch)
+            except BaseException as err:  # re-raised in the handler's thread
+                outcome["error"] = err
+
+        worker = threading.Thread(target=work, daemon=True, name="g4v-evaluate")
+        try:
+            worker.start()
+            progress(0.0, desc="opening the arms (loading a model or starting a server can take a minute)")
+            while worker.is_alive():
+                worker.join(POLL_SECONDS)
+                done, total = counts
+                if total:
+                    progress((done, total), desc="samples", unit="samples")
+            if "error" in outcome:
+                raise outcome["error"]
+            yield show_result(outcome["result"], config, workspace)
+        finally:
+            switch.set()  # a closed connection or a failure stops the worker too
+            worker.join()
+            workspace.forget(session, switch)
+            workspace.release(out_dir)
+
+    return evaluate
+
+
+def show_result(result, config: EvalConfig, workspace: EvalWorkspace) -> tuple:
+    """Every output of the tab for a finished or stopped run."""
+    rows = [asdict(row) for row in result.rows]
+    pictures = run_figures(result.summary, rows)
+    run = {"source": config.data, "columns": asdict(config.columns),
+           "adapters": [config.a.adapter, config.b.adapter], "out_dir": str(result.out_dir)}
+    return (run_status(result.summary, config.a.display, config.b.display), aggregate_rows(result.summary),
+            pictures["accuracy"], pictures["paired"], pictures["kl"], pictures["divergence"],
+            sample_rows(result.summary, rows), str(workspace.export(result.out_dir)), result.summary, run)
+
+
+def evaluate_tab(engine, model: str, adapters_dir, workspace: EvalWorkspace, targets: OpenTargets | None = None,
+                 servers=(), concurrency: int = 1, gpu_task=lambda fn: fn) -> None:
+    """Render the Evaluate tab into the current ``gr.Blocks``."""
+    choices = arm_choices(engine, model, adapters_dir, servers)
+    gr.Markdown("Two arms over a whole dataset: accuracy with 95% intervals, paired wins and losses with an exact "
+                "McNemar test, agreement of the greedy answers and, for two local transformers arms, the KL between "
+                "them; all per category. Select a row of the sample table to open it in another tab.")
+    with gr.Row():
+        arm_a = gr.Dropdown([(c.label, c.key) for c in choices], value=choices[0].key, label="Arm A", elem_id="eval-arm-a")
+        arm_b = gr.Dropdown([(c.label, c.key) for c in choices], value=choices[min(1, len(choices) - 1)].key,
+                            label="Arm B", elem_id="eval-arm-b")
+        datasets = [*dataset_choices(workspace.data_dirs), UPLOAD]
+        dataset = gr.Dropdown([(dataset_label(key), key) for key in datasets], value=BUNDLED, label="Dataset",
+                              elem_id="eval-dataset")
+    files = gr.File(label="Upload a dataset (.zip of a folder with metadata.jsonl, or a table with its pictures)",
+                    file_count="multiple", file_types=list(UPLOAD_SUFFIXES), elem_id="eval-upload", height=110)
+    with gr.Accordion("Column mapping (filled with the guessed columns; empty: guessed)", open=False), gr.Row():
+        guessed = guessed_columns(BUNDLED, None, workspace)
+        columns = [gr.Textbox(value=guessed.get(role, ""), label=f"{role} column", max_lines=1,
+                              elem_id=f"eval-column-{role}") for role in COLUMN_ROLES]
+    with gr.Row():
+        # No precision or bounds on the boxes: Gradio would round 2.5 silently; whole_or_none refuses it.
+        limit = gr.Number(value=DEFAULT_LIMIT, label="Rows (0: all)", elem_id="eval-limit")
+        seed = gr.Number(value=-1, label="Shuffle seed (-1: dataset order)")
+        max_new_tokens = gr.Slider(1, 256, value=EvalConfig.max_new_tokens, step=1, label="Max new tokens")
+        blank_probe = gr.Checkbox(label="Blank-image probe (is the picture ignored?)")
+        levels = gr.Checkbox(label="Per-level injected norms (transformers arms)")
+    described = gr.Markdown(elem_id="eval-dataset-info")
+    with gr.Row():
+        run = gr.Button("Run", variant="primary", elem_id="eval-run")
+        stop = gr.Button("Stop", elem_id="eval-stop")
+    status = gr.Markdown(elem_id="eval-status")
+    aggregate = gr.Dataframe(headers=AGGREGATE_HEADERS, label="Aggregates (all, then per category)",
+                             interactive=False, elem_id="eval-aggregate", wrap=True)
+    with gr.Row():  # the figures carry their own titles
+        accuracy_plot = gr.Image(show_label=False, format="png", elem_id="eval-accuracy-plot")
+        paired_plot = gr.Image(show_label=False, format="png")
+    with gr.Row():
+        kl_plot = gr.Image(show_label=False, format="png")
+        divergence_plot = gr.Image(show_label=False, format="png")
+    samples = gr.Dataframe(headers=SAMPLE_HEADERS, label="Samples, worst first (select a row)", interactive=False,
+                           elem_id="eval-samples", wrap=True, max_height=420)
+    picked = gr.Markdown("No row selected.", elem_id="eval-picked")
+    with gr.Row():
+        to_chat = gr.Button("Open in Chat", elem_id="eval-open-chat")
+        to_deepstack = gr.Button("Open in Deepstack", elem_id="eval-open-deepstack")
+        to_lora = gr.Button("Open in LoRA", elem_id="eval-open-lora")
+    export = gr.File(label="Export (samples.parquet, samples.csv, summary.json)", elem_id="eval-export")
+    with gr.Accordion("Summary (JSON)", open=False):
+        summary = gr.JSON()
+    run_state, row_state = gr.State(None), gr.State(None)
+
+    wire_dataset_info(workspace, dataset, files, columns, described)
+    evaluate = make_run(engine, workspace, choices, adapters_dir, gpu_task)
+    run.click(evaluate, [arm_a, arm_b, dataset, files, *columns, limit, seed, max_new_tokens, blank_probe, levels],
+              [status, aggregate, accuracy_plot, paired_plot, kl_plot, divergence_plot, samples, export, summary,
+               run_state], api_name="evaluate", concurrency_id=MODEL_QUEUE, concurrency_limit=concurrency)
+
+    def stop_run(request: gr.Request):
+        if not workspace.stop(getattr(request, "session_hash", None) or "api"):
+            gr.Info("no run is going in this window")
+
+    stop.click(stop_run, None, None, queue=False, api_visibility="private")
+
+    def select(evt: gr.SelectData):
+        index = (evt.row_value or [None])[0]
+        return index, f"Row {index} selected." if index is not None else "No row selected."
+
+    samples.select(select, None, [row_state, picked], api_visibility="private", queue=False)
+    if targets is not None:
+        wire_open_buttons(workspace, targets, run_state, row_state, to_chat, to_deepstack, to_lora)
+
+
+def wire_dataset_info(workspace: EvalWorkspace, dataset, files, columns, described) -> None:
+    """Choosing a dataset (or uploading one) fills the column boxes with the guessed mapping."""
+
+    @shows_errors
+    def describe(key, uploaded):
+        if key == UPLOAD and not uploaded:
+            return (*[gr.skip()] * len(columns), "Upload a .zip of a dataset folder, or a table file with its pictures.")
+        mapping = guessed_columns(key, uploaded, workspace, strict=True)
+        return (*[mapping[role] or "" for role in COLUMN_ROLES], f"{mapping['rows']:,} rows in {dataset_label(key)}.")
+
+    def uploaded(upload):
+        return gr.Dropdown(value=UPLOAD) if upload else gr.skip()
+
+    dataset.change(describe, [dataset, files], [*columns, described], api_visibility="private")
+    files.upload(uploaded, files, dataset, api_visibility="private", queue=False).then(
+        describe, [dataset, files], [*columns, described], api_visibility="private")
+
+
+def guessed_columns(key, uploaded, workspace: EvalWorkspace, strict: bool = False) -> dict:
+    """The column mapping ``open_dataset`` guesses for a dataset, and its row count (``rows``);
+    when building the page (not ``strict``) a dataset that cannot be read gives an empty mapping."""
+    try:
+        loaded = open_dataset(str(workspace.source(key, uploaded)), None, workspace.allowed_dirs())
+    except G4VError:
+        if strict:
+            raise
+        return {}
+    return {**asdict(loaded.columns), "rows": len(loaded)}
+
+
+def wire_open_buttons(workspace: EvalWorkspace, targets: OpenTargets, run_state, row_state, to_chat, to_deepstack,
+                      to_lora) -> None:
+    """Each button puts the selected sample's picture(s) and prompt into that tab and switches to it."""
+
+    @shows_errors
+    def open_chat(run, index):
+        paths, prompt = workspace.sample_pictures(run, index)
+        return {"text": prompt, "files": paths}, gr.Tabs(selected="chat")
+
+    @shows_errors
+    def open_deepstack(run, index):
+        paths, prompt = workspace.sample_pictures(run, index)
+        return paths[0], prompt, gr.Tabs(selected="deepstack")
+
+    @shows_errors
+    def open_lora(run, index):
+        paths, prompt = workspace.sample_pictures(run, index)
+        adapter = next((name for name in run["adapters"] if name), None)
+        return paths[0], prompt, gr.Dropdown(value=adapter) if adapter else gr.skip(), gr.Tabs(selected="lora")
+
+    private = {"api_visibility": "private"}
+    to_chat.click(open_chat, [run_state, row_state], [targets.chat_box, targets.tabs], **private)
+    to_deepstack.click(open_deepstack, [run_state, row_state],
+                       [targets.deepstack_image, targets.deepstack_prompt, targets.tabs], **private)
+    to_lora.click(open_lora, [run_state, row_state],
+                  [targets.lora_image, targets.lora_prompt, targets.lora_adapter, targets.tabs], **private)

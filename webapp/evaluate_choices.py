@@ -1,0 +1,80 @@
+"""What the Evaluate tab offers: the arms and the datasets a visitor may pick, by key.
+
+Keys, not paths or URLs, cross from the browser (or the API) to the server; each is looked up in
+the list the server offers, so a visitor can never name a file or an address of their own.
+"""
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from g4v.errors import G4VError, quoted
+from g4v.evaluate import BUNDLED_DATASET, ArmSpec
+
+BUNDLED, UPLOAD = "bundled", "upload"
+
+
+
+@dataclass(frozen=True)
+class ArmChoice:
+    key: str  # the dropdown's value, and what the API takes
+    label: str  # what the dropdown shows
+    spec: ArmSpec
+
+
+def arm_choices(engine, model: str, adapters_dir=None, servers=()) -> list[ArmChoice]:
+    """The arms this server offers, the app's own engine first."""
+    from g4v.engines import vllm_python
+    from g4v.lora.side_by_side import describe_adapters
+
+    backend = engine.info.backend
+    base_url = engine.info.device if backend == "openai" else None
+    own = ArmSpec(backend, model, base_url=base_url, label=backend)
+    choices = [ArmChoice("app", f"{backend} (the app's model)", own)]
+    adapters = describe_adapters(adapters_dir, model) if backend != "openai" else []  # made for this model first
+    notes = {a.name: "" if a.matches else " (made for another model)" for a in adapters}
+    choices += [ArmChoice(f"app+{name}", f"{backend} + adapter {name}{note}",
+                          ArmSpec(backend, model, adapter=name, base_url=base_url, label=f"{backend}+{name}"))
+                for name, note in notes.items()]
+    if backend == "hf" and Path(model).is_dir() and vllm_python() is not None:
+        choices.append(ArmChoice("vllm", "vLLM (local server)", ArmSpec("vllm", model, label="vllm")))
+        choices += [ArmChoice(f"vllm+{name}", f"vLLM (local server) + adapter {name}{note}",
+                              ArmSpec("vllm", model, adapter=name, label=f"vllm+{name}")) for name, note in notes.items()]
+    for number, text in enumerate(servers or (), 1):
+        spec = ArmSpec.parse(text if text.startswith("openai:") else f"openai:{text}")
+        choices.append(ArmChoice(f"server{number}", f"server {number}: {spec.display}", spec))
+    return choices
+
+
+def pick_arm(key, choices: list[ArmChoice], side: str) -> ArmSpec:
+    found = next((choice.spec for choice in choices if choice.key == key), None)
+    if found is None:
+        if key in (None, ""):
+            raise G4VError(f"choose arm {side}")
+        raise G4VError(f"unknown arm {quoted(key)} for {side}: choose one of {', '.join(c.key for c in choices)}")
+    return found
+
+
+def dataset_choices(data_dirs: list[Path]) -> dict[str, Path]:
+    """Dataset key -> source: the bundled one, and those lying (at most two levels deep) in the
+    data folders: a folder with a metadata table or a saved dataset, or a table file."""
+    found = {BUNDLED: BUNDLED_DATASET}
+    for number, root in enumerate(data_dirs, 1):
+        if not root.is_dir():
+            continue
+        for path in sorted([*root.glob("*"), *root.glob("*/*")])[:500]:
+            if _looks_like_dataset(path):
+                found[f"data{number}:{path.relative_to(root).as_posix()}"] = path
+    return found
+
+
+def _looks_like_dataset(path: Path) -> bool:
+    if path.is_dir():
+        return any((path / name).is_file() for name in ("metadata.jsonl", "metadata.csv", "dataset_info.json",
+                                                        "dataset_dict.json"))
+    return path.suffix.lower() in (".jsonl", ".csv", ".parquet") and path.stem != "metadata" and path.is_file()
+
+
+def dataset_label(key: str) -> str:
+    if key == BUNDLED:
+        return f"bundled: {BUNDLED_DATASET.name}"
+    return "data folder: " + key.partition(":")[2] if key != UPLOAD else "the uploaded files"

@@ -1,0 +1,100 @@
+"""The Evaluate tab's tables and status line, from a run's summary dict and rows (plain data in,
+lists of cells out), and the check of the tab's whole-number boxes."""
+
+import math
+
+from g4v.errors import G4VError, quoted
+from g4v.evaluate.stats import worst_rows
+
+AGGREGATE_HEADERS = ["group", "n", "errors", "A accuracy [95% CI]", "B accuracy [95% CI]",
+                     "right: both / A only / B only / neither", "McNemar p", "agreement", "KL mean", "KL q99",
+                     "blank same: A / B"]
+SAMPLE_HEADERS = ["row", "id", "category", "prompt", "reference", "answer A", "answer B", "A right", "B right",
+                  "agree", "first diff", "KL mean", "image tokens", "error"]
+
+
+def _number(value, digits: int = 3) -> str:
+    return "–" if value is None else f"{value:.{digits}g}" if abs(value) < 1e-3 and value else f"{value:.{digits}f}"
+
+
+def _accuracy(arm: dict) -> str:
+    """``0.750 [0.58, 0.87] (n=24)``; a dash when the arm has no scored answers."""
+    if not arm or arm.get("accuracy") is None:
+        return "–"
+    low, high = arm.get("ci95") or (None, None)
+    interval = f" [{low:.2f}, {high:.2f}]" if low is not None else ""
+    return f"{arm['accuracy']:.3f}{interval} (n={arm.get('n_scored', 0)})"
+
+
+def _group_row(name: str, block: dict) -> list:
+    arms, paired, kl, blank = block.get("arms", {}), block.get("paired") or {}, block.get("kl") or {}, block.get("blank_same") or {}
+    p = paired.get("mcnemar_p")
+    outcomes = " / ".join(str(paired.get(key, 0)) for key in ("both_right", "a_only", "b_only", "both_wrong"))
+    return [name, block.get("n", 0), block.get("n_errors", 0), _accuracy(arms.get("a")), _accuracy(arms.get("b")),
+            outcomes, "–" if p is None else f"{p:.3g}", _number(block.get("agreement")), _number(kl.get("mean")),
+            _number(kl.get("q99")), f"{_number(blank.get('a'))} / {_number(blank.get('b'))}"]
+
+
+def aggregate_rows(summary: dict) -> list[list]:
+    """One row for the whole run, then one per category (by name)."""
+    rows = [_group_row("all", summary)]
+    rows += [_group_row(str(name), block) for name, block in sorted((summary.get("by_category") or {}).items())]
+    return rows
+
+
+class _Row:
+    """A row dict seen as the attributes ``worst_rows`` reads."""
+
+    def __init__(self, values: dict):
+        self.__dict__.update(values)
+
+
+def worst_first(rows: list[dict]) -> list[dict]:
+    """All rows, those most worth a look first (the run summary's own ranking), then by row."""
+    ranked = worst_rows([_Row(row) for row in rows], limit=len(rows))
+    by_index = {row["index"]: row for row in rows}
+    rest = sorted(set(by_index) - set(ranked))
+    return [by_index[index] for index in [*ranked, *rest]]
+
+
+def _flag(value) -> str:
+    return "–" if value is None else "yes" if value else "no"
+
+
+def sample_rows(summary: dict, rows: list[dict]) -> list[list]:
+    """The per-sample table: one list of cells per row, worst first."""
+    return [[row["index"], row.get("sample_id"), row.get("category") or "", row.get("prompt"), row.get("reference") or "",
+             row.get("answer_a"), row.get("answer_b"), _flag(row.get("correct_a")), _flag(row.get("correct_b")),
+             _flag(row.get("agree")), "" if row.get("first_divergence") is None else row["first_divergence"],
+             _number(row.get("kl_mean")), row.get("image_tokens") or "", row.get("error") or ""]
+            for row in worst_first(rows)]
+
+
+def run_status(summary: dict, label_a: str, label_b: str) -> str:
+    """One paragraph: how much of the run is done and its headline numbers."""
+    n, errors = summary.get("n", 0), summary.get("n_errors", 0)
+    done = "Finished" if summary.get("complete", True) else "Stopped (press Run again to continue where it stopped)"
+    parts = [f"**{done}**: {n} sample(s), {errors} with errors. A = `{label_a}`, B = `{label_b}`."]
+    agreement = summary.get("agreement")
+    if agreement is not None:
+        parts.append(f"The greedy answers agree on {agreement:.1%}.")
+    arms = summary.get("arms", {})
+    if all((arms.get(arm) or {}).get("accuracy") is not None for arm in "ab"):
+        p = (summary.get("paired") or {}).get("mcnemar_p")
+        parts.append(f"Accuracy A {arms['a']['accuracy']:.1%}, B {arms['b']['accuracy']:.1%}"
+                     + (f" (exact McNemar p = {p:.3g})." if p is not None else "."))
+    return " ".join(parts)
+
+
+def whole_or_none(value, name: str, smallest: int, means_none: int) -> int | None:
+    """A whole-number box (a number box cannot be empty): ``means_none`` or empty is None, else a
+    whole number >= ``smallest``."""
+    if value is None or value == "" or (value == means_none and not isinstance(value, bool)):
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError, OverflowError):
+        number = math.nan
+    if isinstance(value, bool) or not math.isfinite(number) or not number.is_integer() or number < smallest:
+        raise G4VError(f"{name} must be a whole number of at least {smallest} (or {means_none}), got {quoted(value)}")
+    return int(number)
