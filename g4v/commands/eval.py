@@ -44,7 +44,8 @@ def run(args) -> int:
 
     def progress(done: int, total: int) -> None:
         if not bars:
-            bars.append(tqdm(total=total, unit="row", file=sys.stderr, desc="eval"))
+            # a resumed run starts at the rows already done (its rate counts only new rows)
+            bars.append(tqdm(total=total, initial=done, unit="row", file=sys.stderr, desc="eval"))
         bars[0].n = done
         bars[0].refresh()
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from PIL import Image
 
 from g4v.conversation import MAX_IMAGES_PER_MESSAGE
-from g4v.errors import G4VError, first_line
+from g4v.errors import G4VError
 from g4v.images import MAX_IMAGE_PIXELS, to_rgb
 
 #: Larger files are refused before they are read.
@@ -115,7 +115,9 @@ def _load_problem(label: str, err, data: bytes) -> str:
         return f"{label} is encrypted (password-protected); save an unencrypted copy and try again"
     if EMPTY_PAGE_TREE.search(data) and not PAGE_OBJECT.search(data):
         return f"{label} has no pages"
-    return f"{label} is corrupt or unreadable as a PDF ({first_line(err, 120)})"
+    # PDFium's own wording ("Failed to load document (PDFium: Data format error).") names the
+    # library, not the problem; the user needs only to know that the file is damaged.
+    return f"{label} is corrupt or unreadable as a PDF"
 
 
 def page_count(source, name: str | None = None) -> int:

@@ -154,9 +154,7 @@ def open_arms(a: ArmSpec, b: ArmSpec, *, adapters_dir=None, reuse: dict | None =
     resolved first, so a bad name is refused before any model loads. Close both arms after use
     (the second closes the shared engine's owner)."""
     specs = [a, b]
-    for spec in specs:
-        if spec.adapter and spec.backend != "openai":
-            _resolve_adapter_folder(spec.adapter, adapters_dir)
+    check_arms(specs, adapters_dir)
     engines: dict[ArmSpec, tuple[Engine, str | None, list]] = {}
     arms = []
     try:
@@ -178,10 +176,24 @@ def open_arms(a: ArmSpec, b: ArmSpec, *, adapters_dir=None, reuse: dict | None =
     return arms[0], arms[1]
 
 
+def check_arms(specs: list[ArmSpec], adapters_dir=None) -> None:
+    """Refuse, in one line and without loading anything, an arm whose adapter is not in the
+    adapter folders or whose local model folder is missing or not a checkpoint (so a typo is
+    caught before a run folder is started, and the corrected command can use the same folder)."""
+    from g4v.loading import resolve_source
+
+    for spec in specs:
+        if spec.backend == "openai":
+            continue
+        if spec.model:
+            resolve_source(spec.model)
+        if spec.adapter:
+            _resolve_adapter_folder(spec.adapter, adapters_dir)
+
+
 def open_arm(spec: ArmSpec, *, adapters_dir=None, reuse: dict | None = None, concurrency: int = 8) -> Arm:
     """One arm on its own (the benchmark times arms one at a time)."""
-    if spec.adapter and spec.backend != "openai":
-        _resolve_adapter_folder(spec.adapter, adapters_dir)
+    check_arms([spec], adapters_dir)
     engine, model_path, closers = _start_engine(spec, [spec.adapter] if spec.adapter else [], adapters_dir, reuse or {})
     try:
         adapter = _activate(engine, spec, adapters_dir) if spec.adapter else None

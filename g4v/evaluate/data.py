@@ -265,12 +265,21 @@ def _load_saved(path: Path, source: str):
 
 def _load_hub(source: str):
     import datasets
+    from huggingface_hub.utils import logging as hub_logging
 
+    # offline, the Hub client logs every retry ("Retrying in 8s", the URL) on stderr: the user
+    # gets the one line below instead
+    levels = datasets.logging.get_verbosity(), hub_logging.get_verbosity()
+    datasets.logging.set_verbosity_error()
+    hub_logging.set_verbosity_error()
     try:
         loaded = datasets.load_dataset(source, split="test")
     except Exception as err:  # noqa: BLE001
         raise G4VError(f"cannot load {quoted(source, 80)} from the Hugging Face Hub "
                        f"(offline, or no such dataset or test split): {_clean(err)}") from None
+    finally:
+        datasets.logging.set_verbosity(levels[0])
+        hub_logging.set_verbosity(levels[1])
     for name, feature in loaded.features.items():
         if isinstance(feature, datasets.Image):
             loaded = loaded.cast_column(name, datasets.Image(decode=False))
@@ -278,9 +287,11 @@ def _load_hub(source: str):
 
 
 def _looks_like_hub_id(source: str) -> bool:
-    """``owner/name``: two plain parts, nothing that looks like a local path."""
+    """``owner/name``: two plain parts, nothing that looks like a local path (a data file's
+    suffix means a mistyped path, which should be "not found" at once, not a Hub lookup)."""
     parts = source.split("/")
-    return len(parts) == 2 and all(p and not p.startswith(".") for p in parts) and not source.startswith("~")
+    return (len(parts) == 2 and all(p and not p.startswith(".") for p in parts) and not source.startswith("~")
+            and Path(source).suffix.lower() not in FILE_BUILDERS)
 
 
 def _inside_data_dirs(path: Path, source: str, data_dirs: list[Path]) -> Path:

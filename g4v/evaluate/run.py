@@ -3,7 +3,8 @@
 :func:`run_eval` is what the CLI (``python -m g4v eval``) and the app's Evaluate tab call. Its
 order of work is chosen so that nothing is lost and nothing is done twice:
 
-1. the dataset and its column mapping are checked (a bad one is one line, before any model loads);
+1. the dataset, its column mapping and the arms' adapters and model folders are checked (a bad
+   one is one line, before any model loads or the output folder is touched);
 2. the output folder is prepared (``run.json``) and the rows it already holds are read back
    (:mod:`g4v.evaluate.store`): a resumed run computes only the rest;
 3. the arms open (sharing an engine where they can) and answer the remaining rows in chunks; each
@@ -23,7 +24,7 @@ from pathlib import Path
 from g4v.conversation import MAX_NEW_TOKENS, SamplingSettings
 from g4v.errors import G4VError
 import g4v.evaluate.store as store
-from g4v.evaluate.arms import VLLM_IN_FLIGHT, Arm, ArmSpec, open_arms
+from g4v.evaluate.arms import VLLM_IN_FLIGHT, Arm, ArmSpec, check_arms, open_arms
 from g4v.evaluate.data import Columns, EvalSample, open_dataset
 from g4v.evaluate.scoring import agreement, blanked, image_tokens, level_norms, score_pair
 from g4v.evaluate.stats import matches, summarise
@@ -131,10 +132,12 @@ def run_eval(config: EvalConfig, out_dir: Path, *, adapters_dir=None, reuse=None
     config.check()
     cancel = cancel or threading.Event()
     dataset = open_dataset(config.data, config.columns, data_dirs)
+    check_arms([config.a, config.b], adapters_dir)
     order = row_order(len(dataset), config.limit, config.seed)
     out_dir = Path(out_dir)
     store.prepare(out_dir, asdict(config))
-    done = {index: row for index, row in store.read_rows(out_dir, SampleResult).items() if index in set(order)}
+    wanted = set(order)
+    done = {index: row for index, row in store.read_rows(out_dir, SampleResult).items() if index in wanted}
     todo = [index for index in order if index not in done]
     report = progress or (lambda finished, total: None)
     if todo and not cancel.is_set():

@@ -14,7 +14,7 @@ import os
 from dataclasses import asdict, fields
 from pathlib import Path
 
-from g4v.errors import G4VError
+from g4v.errors import G4VError, quoted
 
 RUN_FILE = "run.json"
 ROWS_FILE = "samples.jsonl"
@@ -26,8 +26,16 @@ SPEED_ONLY = ("concurrency",)
 
 
 def prepare(out_dir: Path, settings: dict) -> None:
-    """Create ``out_dir`` and record ``settings``; refuse a folder holding a different run."""
-    out_dir.mkdir(parents=True, exist_ok=True)
+    """Create ``out_dir`` and record ``settings``; refuse a folder holding a different run, or
+    results without a ``run.json`` (someone else's files: they would be overwritten)."""
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise G4VError(f"the output folder {quoted(out_dir.name or str(out_dir), 80)} is a file; "
+                       "name a folder with --out") from None
+    except OSError as err:
+        raise G4VError(f"cannot create the output folder {quoted(out_dir.name or str(out_dir), 80)} "
+                       f"({err.strerror or type(err).__name__})") from None
     recorded = out_dir / RUN_FILE
     if recorded.is_file():
         try:
@@ -39,8 +47,10 @@ def prepare(out_dir: Path, settings: dict) -> None:
         if changed:
             raise G4VError(f"the output folder holds a different run (it differs in {', '.join(changed)}); "
                            "use a new --out folder, or the same settings to resume it")
-    elif (out_dir / ROWS_FILE).exists():
-        raise G4VError(f"the output folder has {ROWS_FILE} but no {RUN_FILE}; use a new --out folder")
+    else:
+        theirs = [name for name in (ROWS_FILE, PARQUET_FILE, CSV_FILE, SUMMARY_FILE) if (out_dir / name).exists()]
+        if theirs:
+            raise G4VError(f"the output folder has {theirs[0]} but no {RUN_FILE}; use a new --out folder")
     recorded.write_text(json.dumps(settings, indent=1) + "\n")
 
 
