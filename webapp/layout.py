@@ -9,6 +9,7 @@ from g4v.engines import Engine
 from g4v.errors import G4VError
 from g4v.loading import engine_config
 from g4v.paths import EXAMPLES_DIR, REAL_MODEL_ID, TRAINED_MODEL_DIR, is_bundled
+from webapp.attribution import attribution_tab
 from webapp.chat import chat_tab
 from webapp.deepstack import deepstack_tab
 from webapp.evaluate import EvalWorkspace, OpenTargets, evaluate_tab
@@ -73,6 +74,8 @@ def build_app(engine: Engine, model: str, concurrency: int = 1, adapters_dir=Non
             with gr.Tab("Deepstack", id="deepstack"):
                 deepstack_image, deepstack_prompt = deepstack_tab(engine, config, last_chat_image, exports,
                                                                   concurrency, gpu_task)
+            with gr.Tab("Attribution", id="attribution"):
+                attribution_tab(engine, config, last_chat_image, exports, concurrency, gpu_task)
             with gr.Tab("vLLM port", id="port"):
                 port_tab(model, last_chat_image)
             with gr.Tab("LoRA", id="lora"):

@@ -100,6 +100,22 @@ def run_eval(args) -> int:
     return eval_bench.run(args)
 
 
+def add_attribute_arguments(parser) -> None:
+    from g4v.attribution import bench as attribution_bench
+
+    attribution_bench.add_arguments(parser)
+
+
+def run_attribute(args) -> int:
+    from g4v.attribution import bench as attribution_bench
+
+    if args.pointing_game:  # the demo's pictures are drawn by the front door, not the library
+        from g4v.commands.attribute import run_pointing_game
+
+        return run_pointing_game(args)
+    return attribution_bench.run(args)
+
+
 #: name -> (help, add_arguments, run)
 TARGETS = {
     "engines": ("time the same chats through each backend (hf, vllm, openai)", add_engines_arguments, run_engines),
@@ -107,6 +123,8 @@ TARGETS = {
                 add_inspect_arguments, run_inspect),
     "eval": ("samples/s of each dataset-run arm (hf one by one, vllm batched) on the bundled dataset",
              add_eval_arguments, run_eval),
+    "attribute": ("time and peak memory of gradient x input against a plain forward pass",
+                  add_attribute_arguments, run_attribute),
 }
 
 

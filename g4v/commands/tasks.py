@@ -57,10 +57,10 @@ def _schema_text(path: str | None) -> str:
 def report(args, prompt: str, answer: str) -> None:
     """After the answer: with ``--json`` print everything as one JSON object on stdout; with a task,
     one line on stderr saying whether the answer read as the task's format."""
-    from g4v.documents.structured import read_answer
-
     structured = None
     if args.task is not None:
+        from g4v.documents.structured import read_answer  # only here: a plain chat needs no renderers
+
         preset = get_preset(args.task)
         schema = parse_schema(_schema_text(args.schema)) if preset.needs_schema else None
         structured = read_answer(preset.output, answer, schema)

@@ -21,7 +21,9 @@ tokens as the tiling plan says, inside a short run of text tokens.
 import argparse
 import json
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from functools import partial
 
 import torch
 
@@ -136,35 +138,38 @@ def forward_once(model, inputs: dict, mode: str) -> None:
             capture_forward(model, inputs, full=(mode == "full"), logits_to_keep=1)
 
 
-def time_modes(model, inputs: dict, device: torch.device, repeats: int) -> dict:
-    """Fastest seconds per mode; one warm-up each, then ``repeats`` rounds of all modes."""
-    timings = {mode: [] for mode in MODES}
-    for mode in MODES:
-        forward_once(model, inputs, mode)
+def fastest_seconds(runs: dict[str, Callable[[], object]], device: torch.device, repeats: int) -> dict:
+    """Fastest seconds per named run; one warm-up each, then ``repeats`` rounds of all runs."""
+    names = list(runs)
+    timings = {name: [] for name in names}
+    for name in names:
+        runs[name]()
     for round_index in range(repeats):
-        # Rotate the order each round, so no mode always runs right after the same neighbour.
-        for mode in MODES[round_index % 3:] + MODES[:round_index % 3]:
-            _sync(device)
+        # Rotate the order each round, so no run always comes right after the same neighbour.
+        shift = round_index % len(names)
+        for name in names[shift:] + names[:shift]:
+            sync_device(device)
             start = time.perf_counter()
-            forward_once(model, inputs, mode)
-            _sync(device)
-            timings[mode].append(time.perf_counter() - start)
-    return {mode: min(values) for mode, values in timings.items()}
+            runs[name]()
+            sync_device(device)
+            timings[name].append(time.perf_counter() - start)
+    return {name: min(values) for name, values in timings.items()}
 
 
-def peak_memory(model, inputs: dict, device: torch.device, mode: str) -> int:
-    """Peak bytes allocated during one forward pass, above what was allocated before it."""
+def peak_bytes(run: Callable[[], object], device: torch.device) -> int:
+    """Peak bytes allocated while ``run()`` runs, above what was allocated before it (on the CPU,
+    from the profiler's allocation events)."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
         before = torch.cuda.memory_allocated(device)
-        forward_once(model, inputs, mode)
+        run()
         torch.cuda.synchronize(device)
         return torch.cuda.max_memory_allocated(device) - before
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        forward_once(model, inputs, mode)
+        run()
     events = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events() if e.name() == "[memory]")
     live = peak = 0
     for _, nbytes in events:
@@ -173,7 +178,17 @@ def peak_memory(model, inputs: dict, device: torch.device, mode: str) -> int:
     return peak
 
 
-def _sync(device: torch.device) -> None:
+def time_modes(model, inputs: dict, device: torch.device, repeats: int) -> dict:
+    """Fastest seconds of one forward pass per capture mode."""
+    return fastest_seconds({mode: partial(forward_once, model, inputs, mode) for mode in MODES}, device, repeats)
+
+
+def peak_memory(model, inputs: dict, device: torch.device, mode: str) -> int:
+    """Peak bytes allocated during one forward pass in ``mode``."""
+    return peak_bytes(partial(forward_once, model, inputs, mode), device)
+
+
+def sync_device(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 

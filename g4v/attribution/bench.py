@@ -1,0 +1,123 @@
+"""What gradient x input costs against a plain forward pass: time and peak memory, in one run.
+
+``python -m g4v bench attribute`` builds the model (the bundled checkpoint's config, or the real
+one's with random weights: the same compute), one synthetic image prompt, and measures:
+
+* ``forward``: the plain model forward (vision tower and language model), as a chat's prefill;
+* ``gradxinput``: what :func:`g4v.attribution.gradients.gradient_x_input` does for one target
+  token: the vision tower once, then the language model forward and one backward pass.
+
+Peak memory is the allocator's peak on a GPU and the profiler's CPU allocation events on a CPU
+(as ``g4v.inspect.bench`` measures it). The ratios are what the issue's targets are about.
+"""
+
+import argparse
+import json
+from dataclasses import asdict, dataclass
+from functools import partial
+
+import torch
+
+from g4v.attribution.forward import encode_image, make_answer
+from g4v.attribution.gradients import gradient_x_input
+from g4v.errors import G4VError
+from g4v.inspect.bench import fastest_seconds, peak_bytes
+from g4v.inspect.levels import describe_levels
+
+MODES = ("forward", "gradxinput")
+
+
+@dataclass
+class AttributionBench:
+    model: str
+    device: str
+    seq_len: int
+    image_tokens: int
+    seconds: dict  # mode -> fastest seconds
+    peak_bytes: dict  # mode -> peak bytes above the starting point
+
+    def ratios(self) -> dict:
+        return {"time": self.seconds["gradxinput"] / self.seconds["forward"],
+                "memory": self.peak_bytes["gradxinput"] / max(self.peak_bytes["forward"], 1)}
+
+
+def run_mode(model, inputs: dict, mode: str) -> None:
+    if mode == "forward":
+        with torch.inference_mode():
+            model(**inputs, logits_to_keep=1)
+        return
+    prompt = inputs["input_ids"][:, :-1]  # the last prompt token plays the answer token
+    answer = make_answer(_NoDecode(), prompt, [int(inputs["input_ids"][0, -1])], 0)
+    gradient_x_input(model, encode_image(model, inputs), answer, describe_levels(model.config))
+
+
+class _NoDecode:
+    """Synthetic prompts have no tokenizer: answer tokens are shown by id."""
+
+    def decode(self, ids):
+        return str(ids)
+
+
+def fastest(model, inputs: dict, device: torch.device, repeats: int) -> dict:
+    """Fastest seconds per mode (``g4v.inspect.bench``'s timing, on these two runs)."""
+    return fastest_seconds({mode: partial(run_mode, model, inputs, mode) for mode in MODES}, device, repeats)
+
+
+def peak_memory(model, inputs: dict, device: torch.device, mode: str) -> int:
+    """Peak bytes allocated while ``mode`` runs once."""
+    return peak_bytes(partial(run_mode, model, inputs, mode), device)
+
+
+def bench(name: str, device: torch.device, dtype: torch.dtype, image_size_hw: tuple[int, int],
+          repeats: int) -> AttributionBench:
+    from g4v.inspect.bench import build_model, synthetic_inputs
+
+    label, model = build_model(name, device, dtype)
+    inputs = synthetic_inputs(model.config, image_size_hw, device, dtype)
+    seconds = fastest(model, inputs, device, repeats)
+    peaks = {mode: peak_memory(model, inputs, device, mode) for mode in MODES}
+    image_tokens = int((inputs["input_ids"] == model.config.image_token_index).sum())
+    return AttributionBench(label, str(device), int(inputs["input_ids"].shape[1]), image_tokens, seconds, peaks)
+
+
+def format_result(result: AttributionBench) -> str:
+    r = result.ratios()
+    return (f"{result.model} on {result.device}: {result.seq_len} tokens ({result.image_tokens} image)\n"
+            f"  time  forward {result.seconds['forward'] * 1e3:.1f} ms | gradxinput "
+            f"{result.seconds['gradxinput'] * 1e3:.1f} ms (x{r['time']:.2f}, target <= 3)\n"
+            f"  peak  forward {result.peak_bytes['forward'] / 2**20:.1f} MiB | gradxinput "
+            f"{result.peak_bytes['gradxinput'] / 2**20:.1f} MiB (x{r['memory']:.2f}, target <= 2.5)")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--models", nargs="+", default=["bundled"], metavar="MODEL",
+                        help="bundled, larger, real, or a config.json / model folder (default: bundled)")
+    parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default)")
+    parser.add_argument("--dtype", default="auto", help="float32, bfloat16, float16 or auto (default)")
+    parser.add_argument("--image-size", default="384x768", metavar="HxW", help="synthetic image size")
+    parser.add_argument("--repeats", type=int, default=5, help="timed rounds per mode")
+    parser.add_argument("--json", default=None, metavar="PATH", help="also write the results as JSON")
+    parser.add_argument("--pointing-game", type=int, default=0, metavar="N",
+                        help="instead: the pointing game on N held-out demo pictures (trained checkpoint)")
+    parser.add_argument("--pointing-model", default=None, metavar="DIR",
+                        help="checkpoint for --pointing-game (default: the trained demo checkpoint)")
+
+
+def run(args) -> int:
+    from g4v.inspect.bench import _parse_size
+    from g4v.loading import pick_device, pick_dtype
+
+    device = pick_device(args.device)
+    dtype = pick_dtype(device, args.dtype)
+    image_size = _parse_size(args.image_size)
+    if args.repeats < 1:
+        raise G4VError(f"--repeats must be at least 1, got {args.repeats}")
+    results = []
+    for name in args.models:
+        result = bench(name, device, dtype, image_size, args.repeats)
+        print(format_result(result), flush=True)
+        results.append(result)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump([{**asdict(r), "ratios": r.ratios()} for r in results], f, indent=2)
+    return 0

@@ -1,0 +1,192 @@
+"""One attribution request, end to end: answer, attribution, deletion test, logit lens, pictures, export.
+
+The CLI (``python -m g4v attribute``) and the app's Attribution tab both call :func:`run_attribution`.
+It needs the transformers engine (whose model this process holds and can differentiate) and holds
+it with adapters off for the whole request (``engine.adapter_scope(None)``).
+"""
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from PIL import Image
+
+from g4v.attribution.deletion import DEFAULT_FRACTIONS, DEFAULT_SEEDS, DeletionCurve, check_fractions, deletion_curve
+from g4v.attribution.forward import Answer, answer_ids, encode_image, make_answer
+from g4v.attribution.gradients import DEFAULT_IG_STEPS, METHODS, Attribution, attribute
+from g4v.attribution.lens import LogitLens, logit_lens
+from g4v.conversation import Message
+from g4v.engines import transformers_engine
+from g4v.errors import G4VError
+from g4v.images import open_image
+from g4v.inspect.ablation import greedy_continuation
+from g4v.inspect.exports import ExportStore, default_export_store
+from g4v.inspect.levels import describe_levels, find_level
+from g4v.tiling import TilingPlan, plan_tiling
+
+SUMMARY_FILE = "summary.json"
+TENSORS_FILE = "attribution.safetensors"
+FIGURE_FILES = {"tile": "attribution_tiles.png", "base": "attribution_base.png",
+                "deletion": "deletion.png", "lens": "lens.png", "lens_levels": "lens_levels.png"}
+LENS_LAYERS_SHOWN = 4  # lens panels drawn: evenly spaced residual-stream points, the last included
+
+
+@dataclass
+class AttributionSettings:
+    """What to explain and how; every default is written here once (the CLI's flags come from it)."""
+
+    target: str | None = None  # answer text to explain (teacher-forced); None: the model's greedy answer
+    token: int | None = 0  # answer token to explain; None: the whole answer (sum of log-probs)
+    method: str = "gradxinput"  # one of METHODS
+    steps: int = DEFAULT_IG_STEPS  # integrated-gradient path points
+    deletion_level: str | None = None  # None: remove at every level; else one level's name or index
+    fractions: tuple = DEFAULT_FRACTIONS
+    seeds: int = DEFAULT_SEEDS
+    lens: bool = True
+    max_new_tokens: int = 16  # length of the greedy answer when no target is given
+
+    def checked(self) -> "AttributionSettings":
+        if self.method not in METHODS:
+            raise G4VError(f"unknown attribution method {self.method!r} (expected one of {', '.join(METHODS)})")
+        if not isinstance(self.max_new_tokens, int) or not 1 <= self.max_new_tokens <= 256:
+            raise G4VError(f"max_new_tokens must be 1-256, got {self.max_new_tokens!r}")
+        if self.method == "ig" and not (isinstance(self.steps, int) and 2 <= self.steps <= 512):
+            raise G4VError(f"integrated gradients needs 2-512 steps, got {self.steps!r}")
+        if not isinstance(self.seeds, int) or not 1 <= self.seeds <= 50:
+            raise G4VError(f"the deletion test needs 1-50 random seeds, got {self.seeds!r}")
+        check_fractions(self.fractions)
+        return self
+
+
+@dataclass
+class AttributionReport:
+    answer: Answer
+    attribution: Attribution
+    deletion: DeletionCurve
+    lens: LogitLens | None
+    plan: TilingPlan
+    figures: dict[str, Image.Image]  # keys of FIGURE_FILES
+    summary: dict
+    export_dir: Path | None = None
+    files: list[Path] = field(default_factory=list)
+
+
+def run_attribution(engine, image, prompt: str, settings: AttributionSettings | None = None,
+                    out_dir: str | Path | None = None, exports: ExportStore | None = None,
+                    progress=None) -> AttributionReport:
+    """Explain one answer token (or the whole answer) to ``prompt`` about ``image``.
+
+    ``progress(fraction, text)`` is called between stages when given. The export goes to ``out_dir``
+    (never deleted) or to a new folder of ``exports``. Bad input raises :class:`G4VError`."""
+    settings = (settings or AttributionSettings()).checked()
+    engine = transformers_engine(engine, "attribution")
+    tell = progress or (lambda fraction, text: None)
+    if image is None:
+        raise G4VError("attribution needs an image")
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise G4VError("the prompt is empty")
+    picture = open_image(image)
+    config, tokenizer = engine.model.config, engine.tokenizer
+    levels = describe_levels(config)
+    deletion_level = None if settings.deletion_level in (None, "") else find_level(levels, settings.deletion_level).name
+    target_ids = answer_ids(tokenizer, settings.target) if settings.target is not None else None
+    inputs = engine.prepare_inputs([Message("user", prompt, [picture])], settings.max_new_tokens)
+    plan = plan_tiling((picture.height, picture.width), config)
+
+    with engine.adapter_scope(None) as model:
+        tell(0.05, "answering")
+        ids = target_ids or greedy_continuation(model, inputs, tokenizer, settings.max_new_tokens)
+        answer = make_answer(tokenizer, inputs["input_ids"], ids or [tokenizer.eos_token_id], settings.token)
+        tell(0.2, "encoding the image")
+        encoded = encode_image(model, inputs)
+        if encoded.num_image_tokens != plan.num_image_tokens:
+            raise RuntimeError(f"tiling plan has {plan.num_image_tokens} image tokens, the model "
+                               f"{encoded.num_image_tokens}")
+        tell(0.3, f"attributing ({settings.method})")
+        attribution = attribute(model, encoded, answer, levels, settings.method, settings.steps)
+        tell(0.55, "deletion test")
+        deletion = deletion_curve(model, encoded, answer, attribution, deletion_level, settings.fractions,
+                                  settings.seeds)
+        lens = None
+        if settings.lens:
+            tell(0.8, "logit lens")
+            lens = logit_lens(model, inputs, tokenizer, levels)
+    tell(0.9, "drawing")
+    summary = build_summary(engine, prompt, picture, plan, answer, attribution, deletion, lens, settings)
+    figures = draw_figures(picture, plan, attribution, deletion, lens)
+    report = AttributionReport(answer, attribution, deletion, lens, plan, figures, summary)
+    folder = Path(out_dir) if out_dir is not None else (exports or default_export_store()).new_folder()
+    report.export_dir, report.files = folder, write_export(folder, report)
+    return report
+
+
+def build_summary(engine, prompt, picture, plan, answer, attribution, deletion, lens, settings) -> dict:
+    info = getattr(engine, "info", None)
+    return {
+        "model": getattr(info, "model", None),
+        "prompt": prompt,
+        "image_size": [picture.height, picture.width],
+        "num_image_tokens": plan.num_image_tokens,
+        "answer": {"tokens": answer.texts, "ids": answer.ids, "target": answer.target,
+                   "explained": answer.describe(), "teacher_forced": settings.target is not None},
+        "attribution": attribution.summary(),
+        "top_tile_token": top_token(plan, attribution.combined, "tile"),
+        "deletion": deletion.summary(),
+        "lens": lens.summary() if lens else None,
+        "files": {"summary": SUMMARY_FILE, "tensors": TENSORS_FILE, **FIGURE_FILES},
+    }
+
+
+def top_token(plan: TilingPlan, scores: torch.Tensor, kind: str) -> dict | None:
+    """The ``kind`` token with the highest score: its index and its box on the original image."""
+    candidates = [t for t in plan.tokens if t.kind == kind and t.box[2] > t.box[0] and t.box[3] > t.box[1]]
+    if not candidates:
+        return None
+    best = max(candidates, key=lambda t: float(scores[t.index]))
+    return {"index": best.index, "box": list(best.box), "score": float(scores[best.index])}
+
+
+def lens_views_shown(lens: LogitLens) -> list[dict]:
+    """A few evenly spaced residual-stream points (first and last included) for the lens picture."""
+    count = len(lens.layers)
+    picks = sorted({round(i * (count - 1) / (LENS_LAYERS_SHOWN - 1)) for i in range(LENS_LAYERS_SHOWN)})
+    return [vars(lens.layers[i]) for i in picks]
+
+
+def draw_figures(picture, plan, attribution, deletion, lens) -> dict[str, Image.Image]:
+    from viz.attribution import attribution_figure, deletion_figure, lens_figure
+
+    tokens = [(t.kind, t.box) for t in plan.tokens]
+    scores = attribution.by_level()
+    figures = {
+        "tile": attribution_figure(picture, tokens, scores, "tile", "Attribution per tile token (high-resolution view)"),
+        "base": attribution_figure(picture, tokens, scores, "base", "Attribution per base-view token"),
+        "deletion": deletion_figure(deletion.summary()),
+    }
+    if lens is not None:
+        figures["lens"] = lens_figure(picture, tokens, lens_views_shown(lens), lens.vocabulary)
+        figures["lens_levels"] = lens_figure(picture, tokens, [vars(v) for v in lens.levels], lens.vocabulary,
+                                             title="Logit lens on each level's injected features")
+    return figures
+
+
+def write_export(folder: Path, report: AttributionReport) -> list[Path]:
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    written = [folder / SUMMARY_FILE]
+    written[0].write_text(json.dumps(report.summary, indent=2) + "\n")
+    for name, figure in report.figures.items():
+        figure.save(folder / FIGURE_FILES[name])
+        written.append(folder / FIGURE_FILES[name])
+    tensors = {"scores": report.attribution.scores, "combined": report.attribution.combined,
+               "deletion.attributed": torch.tensor(report.deletion.attributed),
+               "deletion.random": torch.tensor(report.deletion.random)}
+    if report.lens is not None:
+        tensors["lens.layers.top_ids"] = torch.tensor([v.top_ids for v in report.lens.layers])
+        tensors["lens.levels.top_ids"] = torch.tensor([v.top_ids for v in report.lens.levels])
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(folder / TENSORS_FILE),
+              metadata={"levels": ",".join(lv.name for lv in report.attribution.levels)})
+    written.append(folder / TENSORS_FILE)
+    return written

@@ -1,0 +1,129 @@
+"""``python -m g4v attribute --image IMG --prompt P [--target TEXT] [--method gradxinput|ig] --out DIR``:
+which image tokens, through which of the 8 levels, an answer token relied on; whether that map beats
+random removal (the deletion test); and the logit lens at the image positions.
+
+Writes ``summary.json``, the PNGs and ``attribution.safetensors`` into ``DIR``.
+"""
+
+import json
+from pathlib import Path
+
+from g4v.commands.common import add_model_flags
+from g4v.commands.inputs import add_page_flags, open_single
+from g4v.errors import G4VError
+
+
+def add_parser(subparsers):
+    from g4v.attribution.gradients import METHODS
+    from g4v.attribution.run import AttributionSettings
+
+    defaults = AttributionSettings()
+    parser = subparsers.add_parser("attribute", help="per-level attribution, deletion test and logit lens")
+    add_model_flags(parser)
+    parser.add_argument("--image", required=True, metavar="PATH", help="the image, or a PDF (one page: --pages)")
+    add_page_flags(parser)
+    parser.add_argument("--prompt", required=True, help="the question")
+    parser.add_argument("--out", required=True, metavar="DIR", help="folder for summary.json, PNGs, tensors")
+    parser.add_argument("--target", default=defaults.target, metavar="TEXT",
+                        help="answer text to explain (default: the model's own greedy answer)")
+    parser.add_argument("--token", default=str(defaults.token), metavar="N|all",
+                        help="answer token to explain (0 = first), or 'all' for the whole answer")
+    parser.add_argument("--method", choices=METHODS, default=defaults.method)
+    parser.add_argument("--steps", type=int, default=defaults.steps, help="integrated-gradient steps")
+    parser.add_argument("--deletion-level", default=defaults.deletion_level, metavar="LEVEL",
+                        help="remove tokens at this level only in the deletion test (default: all levels)")
+    parser.add_argument("--seeds", type=int, default=defaults.seeds, help="random orders in the deletion test")
+    parser.add_argument("--no-lens", action="store_true", help="skip the logit lens")
+    parser.add_argument("--max-new-tokens", type=int, default=defaults.max_new_tokens,
+                        help="length of the greedy answer when no --target is given")
+    return parser
+
+
+def parse_token(text: str) -> int | None:
+    if text.strip().lower() == "all":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise G4VError(f"--token must be a whole number or 'all', got {text!r}") from None
+
+
+def run(args) -> int:
+    from g4v.attribution.run import AttributionSettings
+
+    image = open_single(args.image, args.pages, args.dpi)  # checked before the (slow) model load
+    if not args.prompt.strip():
+        raise G4VError("the prompt is empty")
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise G4VError(f"--out is a file, not a folder: {out.name}")
+    settings = AttributionSettings(target=args.target, token=parse_token(args.token), method=args.method,
+                                   steps=args.steps, deletion_level=args.deletion_level, seeds=args.seeds,
+                                   lens=not args.no_lens, max_new_tokens=args.max_new_tokens).checked()
+
+    from tqdm import tqdm
+
+    from g4v.attribution.run import run_attribution
+    from g4v.engines.hf import TransformersEngine
+    from g4v.paths import default_model
+
+    engine = TransformersEngine(args.model or default_model(), device=args.device, dtype=args.dtype)
+    bar = tqdm(total=100, unit="%", leave=False)
+
+    def progress(fraction: float, text: str) -> None:
+        bar.set_description(text)
+        bar.update(round(100 * fraction) - bar.n)
+
+    try:
+        report = run_attribution(engine, image, args.prompt, settings, out_dir=out, progress=progress)
+    finally:
+        bar.close()
+        engine.close()
+    summary = report.summary
+    print(f"explained: {summary['answer']['explained']} (log-prob {summary['attribution']['target_logprob']:.4g})")
+    for name, total in summary["attribution"]["level_totals"].items():
+        print(f"  {name:<12} {total:+.4g}")
+    deletion = summary["deletion"]
+    print(f"deletion test ({deletion['level'] or 'all levels'}): area between random and attributed "
+          f"{deletion['area_between']:.4g} ({'beats' if deletion['beats_random'] else 'does not beat'} random)")
+    print(f"wrote {report.export_dir}")
+    return 0
+
+
+def demo_pointing_cases(n: int) -> list:
+    """The first ``n`` held-out demo pictures with 2 or 3 shapes, asked "What colour is the <shape>?"
+    about their first shape (drawn as 1 in the picture's mask)."""
+    from g4v.attribution.pointing import PointingCase
+    from g4v.demo import shapes
+
+    cases, start = [], 0
+    while len(cases) < n:
+        for picture in shapes.eval_set(start + 4 * n)[start:]:
+            if len(picture.shapes) >= 2:
+                qa = shapes.question("colour", picture.shapes, 0)
+                box = picture.mask.point(lambda v: 255 if v == 1 else 0).getbbox()
+                cases.append(PointingCase(picture.image, qa.question, qa.answer, box))
+        start += 4 * n
+    return cases[:n]
+
+
+def run_pointing_game(args) -> int:
+    """``python -m g4v bench attribute --pointing-game N``: the game on N held-out demo pictures."""
+    from tqdm import tqdm
+
+    from g4v.attribution.pointing import pointing_game
+    from g4v.engines.hf import TransformersEngine
+    from g4v.paths import TRAINED_MODEL_DIR
+
+    if args.pointing_game < 1:
+        raise G4VError(f"--pointing-game needs at least 1 picture, got {args.pointing_game}")
+    cases = demo_pointing_cases(args.pointing_game)
+    engine = TransformersEngine(args.pointing_model or str(TRAINED_MODEL_DIR), device="cpu", dtype="float32")
+    with tqdm(total=len(cases), unit="picture", leave=False) as bar:
+        result = pointing_game(engine, cases, progress=lambda done, total: bar.update(done - bar.n))
+    print(f"pointing game ({result.method}) on {result.pictures} held-out pictures: top tile token on the named "
+          f"shape {result.hit_rate:.0%} (target >= 80%), top base-view token {result.base_hit_rate:.0%}, "
+          f"deletion beats random {result.beats_random_rate:.0%} (target >= 90%)")
+    if args.json:
+        Path(args.json).write_text(json.dumps(result.summary(), indent=2) + "\n")
+    return 0

@@ -1,0 +1,61 @@
+"""``python -m g4v attribute`` and ``bench attribute`` as a user runs them: the files it writes, and
+one line for bad input (checked before the model loads)."""
+
+import json
+
+import pytest
+from safetensors.torch import load_file
+
+from g4v.cli import main
+from g4v.paths import BUNDLED_MODEL_DIR
+from tests.conftest import make_image
+
+
+def _cli(capsys, *args) -> tuple[int, str, str]:
+    """``python -m g4v ARGS`` in this process (the CLI's own entry point): status, stdout, stderr."""
+    code = main(list(args))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+@pytest.fixture(scope="module")
+def picture(tmp_path_factory):
+    path = tmp_path_factory.mktemp("attribute") / "picture.png"
+    make_image(160, 120, seed=5).save(path)
+    return path
+
+
+def test_attribute_writes_json_pngs_and_tensors_that_agree(picture, tmp_path, capsys):
+    from g4v.attribution.run import FIGURE_FILES
+
+    out = tmp_path / "out"
+    code, stdout, stderr = _cli(capsys, "attribute", "--model", str(BUNDLED_MODEL_DIR), "--dtype", "float32", "--image", str(picture),
+                "--prompt", "What is it?", "--target", " red square", "--token", "all", "--seeds", "2",
+                "--out", str(out))
+    assert code == 0, stderr[-2000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["answer"]["target"] is None and summary["answer"]["teacher_forced"]
+    assert "".join(summary["answer"]["tokens"]) == " red square"
+    for name in FIGURE_FILES.values():
+        assert (out / name).stat().st_size > 1000
+    tensors = load_file(str(out / "attribution.safetensors"))
+    assert tensors["scores"].shape == (8, summary["num_image_tokens"])
+    totals = tensors["scores"].sum(1).tolist()
+    assert totals == pytest.approx(list(summary["attribution"]["level_totals"].values()), rel=1e-5, abs=1e-7)
+    assert tensors["deletion.random"].shape == (2, len(summary["deletion"]["fractions"]))
+    assert "explained: the whole answer ' red square'" in stdout
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--image", "missing.png"], "missing.png"),
+    (["--token", "first"], "--token must be a whole number or 'all'"),
+    (["--prompt", "  "], "the prompt is empty"),
+])
+def test_attribute_bad_input_is_one_line(picture, tmp_path, capsys, args, words):
+    base = {"--image": str(picture), "--prompt": "What is it?", "--out": str(tmp_path / "o")}
+    for flag, value in zip(args[::2], args[1::2]):
+        base[flag] = value
+    code, _, stderr = _cli(capsys, "attribute", *[x for pair in base.items() for x in pair])
+    lines = stderr.strip().splitlines()
+    assert code == 1 and len(lines) == 1 and lines[0].startswith("error:") and words in lines[0]
+    assert not (tmp_path / "o").exists()  # refused before anything was written

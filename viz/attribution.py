@@ -1,0 +1,93 @@
+"""Pictures of the attribution panel: per-level maps over the image, the deletion curve, the lens.
+
+Plain numbers and boxes in, PIL images out (no model code): ``tokens`` is ``(kind, box)`` per image
+token in the model's packing order, ``box`` in original-image pixels, as ``g4v.tiling`` plans it.
+"""
+
+import math
+from collections import Counter
+
+import numpy as np
+from matplotlib.figure import Figure
+from PIL import Image
+
+from viz.figures import figure_to_image, token_heatmap_grid
+
+LENS_COLOURS = 10  # the most frequent top tokens get a colour each; the rest are grey
+
+
+def attribution_figure(image: Image.Image, tokens: list[tuple[str, tuple]], scores_by_level: dict[str, list[float]],
+                       view: str = "tile", title: str | None = None) -> Image.Image:
+    """One panel per level and one for the combined score: each ``view`` token's attribution painted
+    over the image on one shared colour scale (red: the token raised the target's log-probability)."""
+    return token_heatmap_grid(
+        image, tokens, scores_by_level, view, cmap="coolwarm", alpha=0.6,
+        colorbar_label="attribution (nats)", panel_title=lambda name, peak: f"{name}  (max {peak:.3g})",
+        title=title or f"Attribution per {view} token")
+
+
+def deletion_figure(curve: dict, title: str = "Deletion test") -> Image.Image:
+    """The target log-probability as the top-k% tokens by attribution are removed, against random
+    removals (each seed thin, their mean dashed)."""
+    fig = Figure(figsize=(6, 3.6), layout="constrained")
+    ax = fig.add_subplot()
+    shares = [100 * f for f in curve["fractions"]]
+    for run in curve["random"]:
+        ax.plot(shares, run, color="grey", alpha=0.35, linewidth=0.8)
+    ax.plot(shares, curve["random_mean"], color="grey", linestyle="--", label="random (mean)")
+    ax.plot(shares, curve["attributed"], color="tab:red", marker="o", label="top-k by attribution")
+    ax.set_xlabel(f"image tokens removed (%), {curve['level'] or 'all levels'}")
+    ax.set_ylabel("target log-probability")
+    ax.set_title(f"{title}: area between {curve['area_between']:.3g}", fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return figure_to_image(fig)
+
+
+def lens_figure(image: Image.Image, tokens: list[tuple[str, tuple]], views: list[dict], vocabulary: dict,
+                view: str = "tile", title: str = "Logit lens: top token per image token") -> Image.Image:
+    """One panel per lens view (``{"name", "top_ids"}``), each token's box coloured by its top token;
+    the legend names the most frequent tokens over all panels."""
+    picked = [i for i, (kind, _) in enumerate(tokens) if kind == view]
+    counts = Counter(v["top_ids"][i] for v in views for i in picked)
+    common = [token for token, _ in counts.most_common(LENS_COLOURS)]
+    palette = {token: n for n, token in enumerate(common)}
+    shown = image.convert("RGB")
+    cols = min(4, max(1, len(views)))
+    rows = max(1, math.ceil(len(views) / cols))
+    aspect = shown.height / shown.width
+    fig = Figure(figsize=(3 * cols + 1.6, 3 * aspect * rows + 0.8), layout="constrained")
+    axes = fig.subplots(rows, cols, squeeze=False)
+    colours = [tuple(c) for c in _tab10()]
+    for ax, lens_view in zip(axes.flat, views):
+        canvas = np.full((shown.height, shown.width, 4), 0.0)
+        for i in picked:
+            left, top, right, bottom = (int(round(v)) for v in tokens[i][1])
+            if right <= left or bottom <= top:
+                continue
+            n = palette.get(lens_view["top_ids"][i])
+            canvas[top:bottom, left:right] = (*colours[n], 0.55) if n is not None else (0.5, 0.5, 0.5, 0.35)
+        ax.imshow(shown)
+        ax.imshow(canvas)
+        ax.set_title(lens_view["name"], fontsize=8)
+        ax.axis("off")
+    for ax in list(axes.flat)[len(views):]:
+        ax.axis("off")
+    handles = [_patch(colours[n], repr(vocabulary.get(token, vocabulary.get(str(token), "?"))))
+               for token, n in palette.items()]
+    if handles:
+        fig.legend(handles=handles, loc="outside right upper", fontsize=7, title="top token")
+    fig.suptitle(title, fontsize=10)
+    return figure_to_image(fig)
+
+
+def _tab10():
+    from matplotlib import colormaps
+
+    return [colormaps["tab10"](n)[:3] for n in range(LENS_COLOURS)]
+
+
+def _patch(colour, label: str):
+    from matplotlib.patches import Patch
+
+    return Patch(color=colour, label=label[:24])

@@ -1,0 +1,89 @@
+"""The Attribution tab: which image regions, through which of the 8 levels, an answer token relied
+on; whether that map beats random removal (the deletion test); and the logit lens over the image."""
+
+import gradio as gr
+
+from g4v.attribution.gradients import METHODS
+from g4v.attribution.run import AttributionSettings, run_attribution
+from g4v.errors import G4VError
+from g4v.inspect.levels import describe_levels
+from webapp.common import MODEL_QUEUE, image_input, shows_errors, use_last_chat_image
+
+WHOLE_ANSWER = "the whole answer"
+
+
+def token_choice(text: str | None) -> int | None:
+    """The dropdown's ``"0: 'red'"`` -> 0; :data:`WHOLE_ANSWER` -> None (sum over the answer)."""
+    if not text or text == WHOLE_ANSWER:
+        return None if text == WHOLE_ANSWER else 0
+    head = str(text).split(":", 1)[0].strip()
+    if not head.isdigit():
+        raise G4VError(f"pick an answer token from the list, not {text!r}")
+    return int(head)
+
+
+def report_markdown(summary: dict) -> str:
+    attribution, deletion = summary["attribution"], summary["deletion"]
+    totals = ", ".join(f"{name} {value:+.3g}" for name, value in attribution["level_totals"].items())
+    verdict = "beats" if deletion["beats_random"] else "does **not** beat"
+    lines = [f"**Answer:** `{''.join(summary['answer']['tokens'])}`",
+             f"**Explained:** {summary['answer']['explained']}, log-probability {attribution['target_logprob']:.4g}",
+             f"**Per level (sum over image tokens):** {totals}",
+             f"**Deletion test ({deletion['level'] or 'all levels'}):** area between random and attributed "
+             f"{deletion['area_between']:.4g}: the map {verdict} random removal on this example."]
+    if attribution["method"] == "ig":
+        lines.append(f"**Integrated gradients:** {attribution['steps']} steps, completeness gap "
+                     f"{attribution['convergence_delta']:.3g} (scores sum vs f(image) - f(no image))")
+    return "\n\n".join(lines)
+
+
+def make_explain(engine, exports, gpu_task):
+    @gpu_task
+    @shows_errors
+    def explain(image_path, prompt, target, token, method, deletion_level, progress=gr.Progress()):
+        """Attribute one answer token (or the whole answer) to the image tokens of every level."""
+        settings = AttributionSettings(target=target or None, token=token_choice(token), method=method,
+                                       deletion_level=deletion_level or None)
+        report = run_attribution(engine, image_path, prompt, settings, exports=exports,
+                                 progress=lambda fraction, text: progress(fraction, desc=text))
+        tokens = [f"{i}: {text!r}" for i, text in enumerate(report.answer.texts)] + [WHOLE_ANSWER]
+        chosen = WHOLE_ANSWER if report.answer.target is None else tokens[report.answer.target]
+        figures = report.figures
+        return (gr.update(choices=tokens, value=chosen), report_markdown(report.summary), figures["tile"],
+                figures["base"], figures["deletion"], figures.get("lens"), figures.get("lens_levels"),
+                [str(path) for path in report.files])
+
+    return explain
+
+
+def attribution_tab(engine, config, last_chat_image: gr.State, exports, concurrency: int = 1,
+                    gpu_task=lambda fn: fn) -> None:
+    gr.Markdown("Which image regions, through which of the 8 levels, an answer token relied on "
+                "(gradient x input, or integrated gradients), whether that map beats removing random "
+                "tokens, and what each layer would predict at the image positions (logit lens).")
+    level_names = [level.name for level in describe_levels(config)] if config is not None else []
+    with gr.Row():
+        image = image_input(label="Image", height=240, elem_id="attribution-image")
+        with gr.Column():
+            from_chat = gr.Button("Use the last chat image", elem_id="attribution-from-chat")
+            prompt = gr.Textbox(label="Prompt", value="What colour is the shape?", elem_id="attribution-prompt")
+            target = gr.Textbox(label="Answer to explain (empty: the model's own answer)")
+            token = gr.Dropdown(["0", WHOLE_ANSWER], value="0", allow_custom_value=True,
+                                label="Answer token (filled after a run)", elem_id="attribution-token")
+            with gr.Row():
+                method = gr.Radio(list(METHODS), value="gradxinput", label="Method")
+                deletion_level = gr.Dropdown([""] + level_names, value="", label="Deletion test at one level only")
+            run = gr.Button("Explain", variant="primary", elem_id="attribution-run")
+    report = gr.Markdown(elem_id="attribution-report")
+    tiles = gr.Image(label="Attribution over the image (tiles)", format="png", elem_id="attribution-tiles")
+    base = gr.Image(label="Attribution over the image (base view)", format="png")
+    deletion = gr.Image(label="Deletion test", format="png", elem_id="attribution-deletion")
+    with gr.Row():
+        lens = gr.Image(label="Logit lens (residual stream)", format="png")
+        lens_levels = gr.Image(label="Logit lens (each level's features)", format="png")
+    export = gr.File(label="Export (summary.json, PNGs, attribution.safetensors)", file_count="multiple")
+
+    use_last_chat_image(from_chat, last_chat_image, image)
+    run.click(make_explain(engine, exports, gpu_task), [image, prompt, target, token, method, deletion_level],
+              [token, report, tiles, base, deletion, lens, lens_levels, export],
+              api_name="attribute", concurrency_id=MODEL_QUEUE, concurrency_limit=concurrency)
