@@ -42,13 +42,15 @@ def step_attribution(check) -> dict:
     """Gradient x input at real size against a plain forward pass: time and peak memory with the
     attribution benchmark's own functions (:mod:`g4v.attribution.bench`; targets: at most 3x the
     time and 2.5x the peak memory), and one attribution of the chat prompt's next token."""
-    from g4v.attribution.bench import MODES, fastest, peak_memory, run_mode
+    from functools import partial
+
+    from g4v.attribution.bench import MODES, run_mode
+    from g4v.inspect.bench import measure_modes
 
     engine = check.engine
     inputs = engine.prepare_inputs(chat_messages(check))
     with engine.adapter_scope(None) as model:
-        seconds = fastest(model, inputs, check.device, check.sizes.repeats)
-        peaks = {mode: peak_memory(model, inputs, check.device, mode) for mode in MODES}
+        seconds, peaks = measure_modes(partial(run_mode, model, inputs), MODES, check.device, check.sizes.repeats)
         run_mode(model, inputs, "gradxinput")
     return {"seconds": seconds, "peak_bytes": peaks, "time_ratio": seconds["gradxinput"] / seconds["forward"],
             "memory_ratio": peaks["gradxinput"] / max(peaks["forward"], 1),
@@ -161,13 +163,14 @@ def _sync(check) -> None:
 def step_deepstack_capture(check) -> dict:
     """The capture's cost at real size: off / norms / full, with the inspector benchmark's own
     timing and memory functions (:mod:`g4v.inspect.bench`)."""
-    from g4v.inspect.bench import MODES, peak_memory, time_modes
+    from functools import partial
+
+    from g4v.inspect.bench import MODES, forward_once, measure_modes
 
     engine = check.engine
     inputs = engine.prepare_inputs(chat_messages(check))
     with engine.adapter_scope(None) as model:
-        seconds = time_modes(model, inputs, check.device, check.sizes.repeats)
-        peaks = {mode: peak_memory(model, inputs, check.device, mode) for mode in MODES}
+        seconds, peaks = measure_modes(partial(forward_once, model, inputs), MODES, check.device, check.sizes.repeats)
     return {"seconds": seconds, "peak_bytes": peaks, "time_norms": seconds["norms"] / seconds["off"],
             "time_full": seconds["full"] / seconds["off"]}
 

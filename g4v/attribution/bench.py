@@ -21,7 +21,7 @@ import torch
 from g4v.attribution.forward import encode_image, make_answer
 from g4v.attribution.gradients import gradient_x_input
 from g4v.errors import G4VError
-from g4v.inspect.bench import fastest_seconds, peak_bytes
+from g4v.inspect.bench import build_model, measure_modes, synthetic_inputs
 from g4v.inspect.levels import describe_levels
 
 MODES = ("forward", "gradxinput")
@@ -58,24 +58,11 @@ class _NoDecode:
         return str(ids)
 
 
-def fastest(model, inputs: dict, device: torch.device, repeats: int) -> dict:
-    """Fastest seconds per mode (``g4v.inspect.bench``'s timing, on these two runs)."""
-    return fastest_seconds({mode: partial(run_mode, model, inputs, mode) for mode in MODES}, device, repeats)
-
-
-def peak_memory(model, inputs: dict, device: torch.device, mode: str) -> int:
-    """Peak bytes allocated while ``mode`` runs once."""
-    return peak_bytes(partial(run_mode, model, inputs, mode), device)
-
-
 def bench(name: str, device: torch.device, dtype: torch.dtype, image_size_hw: tuple[int, int],
           repeats: int) -> AttributionBench:
-    from g4v.inspect.bench import build_model, synthetic_inputs
-
     label, model = build_model(name, device, dtype)
     inputs = synthetic_inputs(model.config, image_size_hw, device, dtype)
-    seconds = fastest(model, inputs, device, repeats)
-    peaks = {mode: peak_memory(model, inputs, device, mode) for mode in MODES}
+    seconds, peaks = measure_modes(partial(run_mode, model, inputs), MODES, device, repeats)
     image_tokens = int((inputs["input_ids"] == model.config.image_token_index).sum())
     return AttributionBench(label, str(device), int(inputs["input_ids"].shape[1]), image_tokens, seconds, peaks)
 

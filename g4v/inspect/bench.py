@@ -178,14 +178,10 @@ def peak_bytes(run: Callable[[], object], device: torch.device) -> int:
     return peak
 
 
-def time_modes(model, inputs: dict, device: torch.device, repeats: int) -> dict:
-    """Fastest seconds of one forward pass per capture mode."""
-    return fastest_seconds({mode: partial(forward_once, model, inputs, mode) for mode in MODES}, device, repeats)
-
-
-def peak_memory(model, inputs: dict, device: torch.device, mode: str) -> int:
-    """Peak bytes allocated during one forward pass in ``mode``."""
-    return peak_bytes(partial(forward_once, model, inputs, mode), device)
+def measure_modes(run: Callable[[str], object], modes, device: torch.device, repeats: int) -> tuple[dict, dict]:
+    """Fastest seconds and peak bytes of ``run(mode)`` for each mode: what every benchmark reports."""
+    runs = {mode: partial(run, mode) for mode in modes}
+    return fastest_seconds(runs, device, repeats), {mode: peak_bytes(runs[mode], device) for mode in modes}
 
 
 def sync_device(device: torch.device) -> None:
@@ -197,8 +193,7 @@ def bench(name: str, device: torch.device, dtype: torch.dtype, image_size_hw: tu
           repeats: int) -> BenchResult:
     label, model = build_model(name, device, dtype)
     inputs = synthetic_inputs(model.config, image_size_hw, device, dtype)
-    seconds = time_modes(model, inputs, device, repeats)
-    peaks = {mode: peak_memory(model, inputs, device, mode) for mode in MODES}
+    seconds, peaks = measure_modes(partial(forward_once, model, inputs), MODES, device, repeats)
     image_tokens = int((inputs["input_ids"] == model.config.image_token_index).sum())
     parameters = sum(p.numel() for p in model.parameters())
     return BenchResult(label, str(device), str(dtype).removeprefix("torch."), parameters,
