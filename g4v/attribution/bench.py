@@ -12,16 +12,14 @@ Peak memory is the allocator's peak on a GPU and the profiler's CPU allocation e
 """
 
 import argparse
-import json
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from functools import partial
 
 import torch
 
 from g4v.attribution.forward import encode_image, make_answer
 from g4v.attribution.gradients import gradient_x_input
-from g4v.errors import G4VError
-from g4v.inspect.bench import build_model, measure_modes, synthetic_inputs
+from g4v.inspect.bench import build_model, measure_modes, run_benchmarks, synthetic_inputs
 from g4v.inspect.levels import describe_levels
 
 MODES = ("forward", "gradxinput")
@@ -91,20 +89,4 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
-    from g4v.inspect.bench import _parse_size
-    from g4v.loading import pick_device, pick_dtype
-
-    device = pick_device(args.device)
-    dtype = pick_dtype(device, args.dtype)
-    image_size = _parse_size(args.image_size)
-    if args.repeats < 1:
-        raise G4VError(f"--repeats must be at least 1, got {args.repeats}")
-    results = []
-    for name in args.models:
-        result = bench(name, device, dtype, image_size, args.repeats)
-        print(format_result(result), flush=True)
-        results.append(result)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump([{**asdict(r), "ratios": r.ratios()} for r in results], f, indent=2)
-    return 0
+    return run_benchmarks(args, bench, format_result)

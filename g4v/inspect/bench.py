@@ -222,19 +222,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
+    return run_benchmarks(args, bench, format_result)
+
+
+def run_benchmarks(args, bench_one, describe) -> int:
+    """The flags every model benchmark shares (``--models``, ``--device``, ``--dtype``,
+    ``--image-size``, ``--repeats``, ``--threads`` where it has one, ``--json``): check them, run
+    ``bench_one`` per model, print ``describe(result)``, write the results (with their ratios)."""
     from g4v.loading import pick_device, pick_dtype
 
     device = pick_device(args.device)
     dtype = pick_dtype(device, args.dtype)
     image_size = _parse_size(args.image_size)
-    if args.threads:
+    if getattr(args, "threads", None):
         torch.set_num_threads(args.threads)
     if args.repeats < 1:
         raise G4VError(f"--repeats must be at least 1, got {args.repeats}")
     results = []
     for name in args.models:
-        result = bench(name, device, dtype, image_size, args.repeats)
-        print(format_result(result), flush=True)
+        result = bench_one(name, device, dtype, image_size, args.repeats)
+        print(describe(result), flush=True)
         results.append(result)
     if args.json:
         rows = [{**asdict(r), "ratios": r.ratios()} for r in results]
