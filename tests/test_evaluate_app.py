@@ -308,3 +308,11 @@ def test_the_tab_in_a_browser_runs_and_opens_a_row_in_chat(app, output_dir):
         page.wait_for_function("(p) => document.querySelector('#chat-box textarea').value === p", arg=prompt)
         assert page.locator("#chat-box img").count() >= 1  # the sample's picture is attached
         page.screenshot(path=str(output_dir / "evaluate-open-in-chat.png"), full_page=True)
+
+        for tab in ("deepstack", "lora"):  # the same row, opened in the other two tabs
+            page.get_by_role("tab", name="Evaluate").click()
+            page.locator(f"#eval-open-{tab}").click()
+            page.wait_for_function("([tab, p]) => document.querySelector(`#${tab}-prompt textarea`)?.value === p",
+                                   arg=[tab, prompt])
+            page.locator(f"#{tab}-image img").first.wait_for(state="visible")
+        assert "tiny-trained-french" in page.locator("#lora-adapter input").input_value()  # arm b's adapter

@@ -105,6 +105,15 @@ def test_csv_parquet_and_saved_dataset_load_the_same_rows(tmp_path):
     assert open_dataset(str(tmp_path / "d.csv")).sample(0).sample_id == "s1"
 
 
+def test_csv_cells_are_read_as_written(tmp_path):
+    """pandas would read a column of numbers with one empty cell as floats (3 -> 3.0), which no
+    answer "3" could match."""
+    picture(tmp_path / "p.png")
+    (tmp_path / "counts.csv").write_text("image,prompt,answer\np.png,How many?,3\np.png,How many?,\np.png,Code?,007\n")
+    dataset = open_dataset(str(tmp_path / "counts.csv"))
+    assert [dataset.sample(i).reference for i in range(3)] == ["3", None, "007"]
+
+
 def refused(source, columns=None, data_dirs=None) -> str:
     with pytest.raises(G4VError) as err:
         open_dataset(str(source), columns, data_dirs)
@@ -239,3 +248,14 @@ def test_an_unreachable_hub_dataset_is_one_line_without_retry_noise(monkeypatch,
     with pytest.raises(G4VError, match="cannot load 'someone/nothing' from the Hugging Face Hub"):
         open_dataset("someone/nothing")
     assert "Retrying" not in capfd.readouterr().err
+
+
+def test_a_vllm_arm_reserves_lora_slots_only_for_an_adapter():
+    """vLLM runs its LoRA kernels on every step once slots exist, so a base arm starts without."""
+    from g4v.engines.vllm_server import server_command
+    from g4v.evaluate.arms import vllm_settings
+
+    base = server_command("model", 8000, vllm_settings([]), "served")
+    with_adapter = server_command("model", 8000, vllm_settings(["french"]), "served", {"french": "/adapters/fr"})
+    assert "--enable-lora" not in base and "--lora-modules" not in base
+    assert "--enable-lora" in with_adapter and with_adapter[with_adapter.index("--lora-modules") + 1] == "french=/adapters/fr"

@@ -19,7 +19,7 @@ from g4v.demo import evaluate as demo_eval
 from g4v.demo import shapes as S
 from g4v.errors import G4VError
 from g4v.evaluate import BUNDLED_DATASET, ArmSpec, EvalConfig, read_results, run_eval
-from g4v.evaluate.store import ROWS_FILE
+from g4v.evaluate.store import PARQUET_FILE, ROWS_FILE, SUMMARY_FILE
 from g4v.paths import REPO_ROOT, TRAINED_MODEL_DIR
 
 ADAPTER = "tiny-trained-french"
@@ -37,7 +37,19 @@ def trained_engine():
 def base_vs_adapter(trained_engine, tmp_path_factory):
     config = EvalConfig(a=ArmSpec("hf"), b=ArmSpec("hf", adapter=ADAPTER), data=str(BUNDLED_DATASET),
                         limit=4 * PICTURES, max_new_tokens=8)
-    return run_eval(config, tmp_path_factory.mktemp("base-vs-adapter"), reuse={ArmSpec("hf"): trained_engine})
+    reports = []
+    result = run_eval(config, tmp_path_factory.mktemp("base-vs-adapter"), reuse={ArmSpec("hf"): trained_engine},
+                      progress=lambda done, total: reports.append((done, total)))
+    result.progress_reports = reports
+    return result
+
+
+def test_progress_moves_with_each_row(base_vs_adapter):
+    """Reports come as answers arrive, not only at the end of each chunk of HF_CHUNK rows."""
+    reports = base_vs_adapter.progress_reports
+    assert {total for _, total in reports} == {4 * PICTURES}
+    assert [done for done, _ in reports] == sorted(done for done, _ in reports)
+    assert set(range(4 * PICTURES + 1)) <= {done for done, _ in reports}
 
 
 def test_adapter_disagrees_exactly_on_colours(base_vs_adapter, trained_engine):
@@ -131,15 +143,35 @@ def g4v_eval(out, *extra):
             "--limit", "5", "--seed", "3", "--max-new-tokens", "6", "--out", str(out), *extra]
 
 
+def start_and_wait_for_a_row(out):
+    """Start a CLI run into ``out`` and return it once its first row is on disk."""
+    process = subprocess.Popen(g4v_eval(out), cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                               text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    deadline = time.monotonic() + 240
+    while not ((out / ROWS_FILE).is_file() and (out / ROWS_FILE).read_bytes().count(b"\n") >= 1):
+        assert process.poll() is None and time.monotonic() < deadline, "the run ended before it could be stopped"
+        time.sleep(0.1)
+    return process
+
+
+def test_ctrl_c_leaves_the_tables_of_the_finished_rows(tmp_path):
+    out = tmp_path / "interrupted"
+    process = start_and_wait_for_a_row(out)
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 130 and stderr.strip().splitlines()[-1] == "error: interrupted"
+    kept = len((out / ROWS_FILE).read_text().splitlines())
+    summary = json.loads((out / SUMMARY_FILE).read_text())
+    assert summary["n"] == kept and not summary["complete"]
+    import pyarrow.parquet as pq
+
+    assert pq.read_table(out / PARQUET_FILE).num_rows == kept
+
+
 def test_a_killed_run_resumes_to_the_same_results(trained_engine, tmp_path):
     out = tmp_path / "resumed"
-    process = subprocess.Popen(g4v_eval(out), cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                               env={**os.environ, "HF_HUB_OFFLINE": "1"})
-    deadline = time.monotonic() + 240
+    process = start_and_wait_for_a_row(out)
     rows_file = out / ROWS_FILE
-    while not (rows_file.is_file() and rows_file.read_bytes().count(b"\n") >= 1):
-        assert process.poll() is None and time.monotonic() < deadline, "the run ended before it could be killed"
-        time.sleep(0.1)
     process.send_signal(signal.SIGKILL)
     process.wait()
     kept = rows_file.read_bytes().count(b"\n")
@@ -165,5 +197,12 @@ def test_a_killed_run_resumes_to_the_same_results(trained_engine, tmp_path):
     assert resumed.summary["paired"] == reference.summary["paired"]
     assert len(rows_file.read_text().splitlines()) == 5  # nothing computed twice, the torn line gone
 
-    with pytest.raises(G4VError, match="the output folder holds a different run .*limit"):
-        run_eval(EvalConfig(**{**vars(config), "limit": 6}), out)
+    # A larger limit and new arm labels ask the same question of one more row: only it is computed.
+    relabelled = EvalConfig(**{**vars(config), "limit": 6, "a": ArmSpec("hf", label="base"),
+                               "b": ArmSpec("hf", label="again")})
+    extended = run_eval(relabelled, out, reuse={ArmSpec("hf"): trained_engine})
+    assert [r.index for r in extended.rows[:5]] == [r.index for r in reference.rows]
+    assert len(extended.rows) == 6 and len(rows_file.read_text().splitlines()) == 6
+    assert [extended.summary["arms"][side]["label"] for side in "ab"] == ["base", "again"]
+    with pytest.raises(G4VError, match="the output folder holds a different run .*max_new_tokens"):
+        run_eval(EvalConfig(**{**vars(config), "max_new_tokens": 7}), out)

@@ -55,11 +55,11 @@ def deepstack_tab(engine, config, last_chat_image: gr.State, exports, concurrenc
                 "changes when a level is zeroed or scaled.")
     level_names = [level.name for level in describe_levels(config)] if config is not None else []
     with gr.Row():
-        image = image_input(label="Image", height=240)
+        image = image_input(label="Image", height=240, elem_id="deepstack-image")
         with gr.Column():
             from_chat = gr.Button("Use the last chat image", elem_id="deepstack-from-chat")
             document_picker(image, elem_id="deepstack-doc")
-            prompt = gr.Textbox(label="Prompt", value="What colour is the shape?")
+            prompt = gr.Textbox(label="Prompt", value="What colour is the shape?", elem_id="deepstack-prompt")
             ablate = gr.CheckboxGroup(level_names, label="Ablate (zero) these levels")
             scales = gr.Textbox(label="Scale levels", placeholder="e.g. deepstack0=0.5, spatial_TL=2")
             full = gr.Checkbox(label="Keep full tensors in the export")

@@ -41,15 +41,15 @@ def lora_tab(engine, model: str, adapters_dir, last_chat_image: gr.State, concur
         options = describe_adapters(adapters_dir, model)  # adapters made for this model first
         adapter = gr.Dropdown([(option.label, option.name) for option in options],
                               value=preselected_adapter(adapters_dir, model), label="Adapter",
-                              allow_custom_value=True)
-        image = image_input(label="Image (optional)", height=200)
+                              allow_custom_value=True, elem_id="lora-adapter")
+        image = image_input(label="Image (optional)", height=200, elem_id="lora-image")
         with gr.Column():
             from_chat = gr.Button("Use the last chat image", elem_id="lora-from-chat")
             document_picker(image, elem_id="lora-doc")
             max_new_tokens = gr.Slider(1, 256, value=48, step=1, label="Max new tokens")
             temperature = gr.Slider(0.0, 2.0, value=0.0, step=0.05, label="Temperature (0 = greedy)")
             seed = gr.Number(value=0, label="Seed")  # checked by sampling_settings
-    prompt = gr.Textbox(label="Prompt", value="What colour is the shape?")
+    prompt = gr.Textbox(label="Prompt", value="What colour is the shape?", elem_id="lora-prompt")
     with gr.Row():
         run = gr.Button("Run side by side", variant="primary")
         diff_run = gr.Button("Token-level difference")

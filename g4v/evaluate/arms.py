@@ -226,15 +226,26 @@ def _start_engine(spec: ArmSpec, adapters: list[str], adapters_dir, reuse: dict)
         return engine, None, [engine.close]
     if spec.backend == "vllm" and not vllm_installed():
         return _served_vllm(model, adapters, adapters_dir)
-    engine = create_engine(spec.backend, model)  # hf: a GPU in its dtype where present, else the CPU in float32
+    if spec.backend == "vllm":
+        engine = create_engine("vllm", model, vllm=vllm_settings(adapters))
+    else:
+        engine = create_engine(spec.backend, model)  # a GPU in its dtype where present, else the CPU in float32
     return engine, model, [engine.close]
+
+
+def vllm_settings(adapters: list[str]):
+    """A vLLM arm's engine settings: LoRA slots only when an arm on this engine has an adapter.
+    vLLM reserves the slots at start-up and runs its LoRA kernels on every step while they exist,
+    even for requests without an adapter, so a base-model arm is faster without them."""
+    from g4v.engines.vllm_engine import VLLMSettings
+
+    return VLLMSettings(enable_lora=bool(adapters))
 
 
 def _served_vllm(model: str, adapters: list[str], adapters_dir) -> tuple[Engine, str, list]:
     """A vLLM arm where vLLM does not import here: a local server from the vLLM environment, with
     the arms' adapters checked and served under their names."""
     from g4v.engines import create_engine, vllm_python
-    from g4v.engines.vllm_engine import VLLMSettings
     from g4v.engines.vllm_server import VLLMServer
     from g4v.loading import load_config
     from g4v.lora.checks import load_adapter_spec
@@ -249,7 +260,7 @@ def _served_vllm(model: str, adapters: list[str], adapters_dir) -> tuple[Engine,
     for name in adapters:
         checked = load_adapter_spec(name, config, adapter_dirs(adapters_dir))
         lora[checked.name] = str(checked.path)
-    server = VLLMServer(model, VLLMSettings(), served_name=SERVED_NAME, lora_modules=lora or None,
+    server = VLLMServer(model, vllm_settings(adapters), served_name=SERVED_NAME, lora_modules=lora or None,
                         python=str(python)).start()
     try:
         engine = create_engine("openai", SERVED_NAME, base_url=server.base_url)

@@ -221,10 +221,29 @@ def _load_file(path: Path, source: str):
         raise G4VError(f"dataset {path.name} has no rows")
     builder = FILE_BUILDERS.get(path.suffix.lower(), "json")
     datasets.disable_progress_bars()  # a one-file table loads in a moment; the run has its own bar
+    features = _csv_as_text(path) if builder == "csv" else None
     try:
-        return datasets.load_dataset(builder, data_files=str(path), split="train")
+        return datasets.load_dataset(builder, data_files=str(path), split="train", features=features)
     except Exception as err:  # noqa: BLE001: datasets raises many types; the user gets one line
         raise G4VError(f"cannot read {path.name} as a dataset: {_clean(err)}") from None
+
+
+def _csv_as_text(path: Path):
+    """Every column of a CSV file read as text (``datasets.Features``), or None when its header
+    cannot be read here (``datasets`` then reports the problem). Without this, pandas reads a
+    column of numbers with an empty cell as floats, and a reference ``3`` would become ``3.0``."""
+    import csv
+
+    import datasets
+
+    try:
+        with open(path, encoding="utf-8", newline="") as handle:
+            header = next(csv.reader(handle), None)
+    except (OSError, UnicodeDecodeError, csv.Error):
+        return None
+    if not header or len(set(header)) != len(header):
+        return None
+    return datasets.Features({name: datasets.Value("string") for name in header})
 
 
 def _count_json_lines(path: Path) -> int:

@@ -15,6 +15,8 @@ A cancel stops after the requests in flight; the rows done so far are kept and s
 ``summary["complete"] = False``.
 """
 
+import contextlib
+import itertools
 import random
 import threading
 from collections.abc import Callable
@@ -148,19 +150,35 @@ def run_eval(config: EvalConfig, out_dir: Path, *, adapters_dir=None, reuse=None
         try:
             size = chunk_size(config)
             model_config = _model_config(arm_a, arm_b)
+            answers_per_row = 4 if config.blank_probe else 2
             for start in range(0, len(todo), size):
                 samples = [dataset.sample(index) for index in todo[start:start + size]]
-                rows = compare_chunk(arm_a, arm_b, samples, config, model_config, cancel)
+                answered = itertools.count(1)  # next() is atomic: a vLLM arm's answers arrive on many threads
+
+                def answer_done(*_):  # progress moves with each answer, not only with each chunk
+                    report(len(done) + next(answered) // answers_per_row, len(order))
+
+                rows = compare_chunk(arm_a, arm_b, samples, config, model_config, cancel, answer_done)
                 writer.write(rows)
                 done.update((row.index, row) for row in rows)
                 report(len(done), len(order))
                 if cancel.is_set():
                     break
+        except BaseException:  # Ctrl-C or a failure: the tables still show every finished row
+            writer.close()
+            with contextlib.suppress(Exception):  # the first error is the one to show
+                _write_results(out_dir, config, order, done)
+            raise
         finally:
             writer.close()
             arm_a.close()
             arm_b.close()
     report(len(done), len(order))
+    return _write_results(out_dir, config, order, done)
+
+
+def _write_results(out_dir: Path, config: EvalConfig, order: list[int], done: dict) -> RunResult:
+    """Sum up the finished rows (in run order) and write the tables and ``summary.json``."""
     rows = [done[index] for index in order if index in done]
     summary = summarise(rows, config.a.display, config.b.display, complete=len(rows) == len(order))
     store.write_tables(out_dir, rows, SampleResult, summary)
@@ -179,17 +197,18 @@ def read_results(out_dir: Path) -> RunResult:
 
 
 def compare_chunk(arm_a: Arm, arm_b: Arm, samples: list[EvalSample], config: EvalConfig, model_config,
-                  cancel: threading.Event) -> list[SampleResult]:
+                  cancel: threading.Event, on_answer=None) -> list[SampleResult]:
     """Answer ``samples`` on both arms and compare them. Rows the cancel left unanswered are
-    not returned (they are not done); bad rows come back with their error."""
+    not returned (they are not done); bad rows come back with their error. ``on_answer(position,
+    generation)`` is called as each answer arrives."""
     settings = config.settings()
     good = [sample for sample in samples if sample.error is None]
-    answers_a = arm_a.answer(good, settings, cancel)
-    answers_b = arm_b.answer(good, settings, cancel)
+    answers_a = arm_a.answer(good, settings, cancel, on_answer)
+    answers_b = arm_b.answer(good, settings, cancel, on_answer)
     blank_a = blank_b = [None] * len(good)
     if config.blank_probe:
         probes = [blanked(sample) for sample in good]
-        blank_a, blank_b = arm_a.answer(probes, settings, cancel), arm_b.answer(probes, settings, cancel)
+        blank_a, blank_b = arm_a.answer(probes, settings, cancel, on_answer), arm_b.answer(probes, settings, cancel, on_answer)
     by_index = {sample.index: i for i, sample in enumerate(good)}
     rows = []
     for sample in samples:

@@ -1,7 +1,8 @@
 """A run's folder: what is written, when, and how an interrupted run is picked up again.
 
 * ``run.json``: the run's settings, written first. A later run in the same folder must ask the
-  same question (concurrency aside, which changes speed, not answers), or it is refused.
+  same question (speed, the number of rows and the arms' labels aside: :data:`MAY_CHANGE`), or it
+  is refused.
 * ``samples.jsonl``: one finished row per line, appended and flushed to disk as each chunk ends,
   so a killed run loses at most the chunk in flight. A kill can tear the last line; reading drops
   it (and cuts it off the file), so the row is simply computed again.
@@ -21,8 +22,20 @@ ROWS_FILE = "samples.jsonl"
 PARQUET_FILE = "samples.parquet"
 CSV_FILE = "samples.csv"
 SUMMARY_FILE = "summary.json"
-#: Settings that change how fast a run goes, not what it finds: a resumed run may change them.
-SPEED_ONLY = ("concurrency",)
+#: Settings a resumed run may change: how fast it goes (``concurrency``) and how many rows it covers
+#: (``limit``: the rows are the first N of one fixed order, so a larger limit only adds rows). An
+#: arm's ``label`` is only its shown name.
+MAY_CHANGE = ("concurrency", "limit")
+
+
+def _question(settings: dict) -> dict:
+    """What a run's answers depend on: its settings without those in :data:`MAY_CHANGE` and
+    without the arms' labels."""
+    kept = {key: value for key, value in settings.items() if key not in MAY_CHANGE}
+    for arm in ("a", "b"):
+        if isinstance(kept.get(arm), dict):
+            kept[arm] = {key: value for key, value in kept[arm].items() if key != "label"}
+    return kept
 
 
 def prepare(out_dir: Path, settings: dict) -> None:
@@ -42,8 +55,8 @@ def prepare(out_dir: Path, settings: dict) -> None:
             previous = json.loads(recorded.read_text())
         except (OSError, json.JSONDecodeError):
             raise G4VError(f"{RUN_FILE} in the output folder is damaged; use a new --out folder") from None
-        changed = sorted(key for key in {**previous, **settings}
-                         if key not in SPEED_ONLY and previous.get(key) != settings.get(key))
+        previous, asked = _question(previous), _question(settings)
+        changed = sorted(key for key in {**previous, **asked} if previous.get(key) != asked.get(key))
         if changed:
             raise G4VError(f"the output folder holds a different run (it differs in {', '.join(changed)}); "
                            "use a new --out folder, or the same settings to resume it")
