@@ -199,6 +199,8 @@ def test_a_page_too_large_even_at_the_lowest_resolution(tmp_path):
 @pytest.mark.parametrize("pages, words", [
     ("0", ["'0' is outside", "1-2"]), ("3", ["'3' is outside"]), ("2-1", ["runs backwards"]),
     ("one", ["'one' is not a page number"]), ("1,,2", ["'' is not a page number"]),
+    ("1_0", ["'1_0' is not a page number"]), ("\u0661", ["is not a page number"]), ("1-2-3", ["'1-2-3' is not"]),
+    ("9" * 5000, ["is not a page number"]),
 ])
 def test_bad_page_ranges(pages, words):
     message = refusal(lambda: pdf.render_pages(REPORT_PDF, pages))

@@ -20,7 +20,7 @@ from pathlib import Path
 from PIL import Image
 
 from g4v.conversation import MAX_IMAGES_PER_MESSAGE
-from g4v.errors import G4VError
+from g4v.errors import G4VError, quoted
 from g4v.images import MAX_IMAGE_PIXELS, to_rgb
 
 #: Larger files are refused before they are read.
@@ -139,16 +139,16 @@ def parse_page_range(text: str | None, pages: int) -> list[int]:
     chosen: list[int] = []
     for part in text.split(","):
         part = part.strip()
-        first, dash, last = part.partition("-")
-        try:
-            start = int(first)
-            end = int(last) if dash else start
-        except ValueError:
-            raise G4VError(f"page range: {part!r} is not a page number or a range like 3-5") from None
+        # ASCII digits only: int() would also take "1_0" (10) and other scripts' digits
+        numbers = re.fullmatch(r"([0-9]{1,9})\s*(?:-\s*([0-9]{1,9}))?", part)
+        if numbers is None:
+            raise G4VError(f"page range: {quoted(part, 40)} is not a page number or a range like 3-5")
+        start = int(numbers[1])
+        end = int(numbers[2]) if numbers[2] else start
         if start > end:
-            raise G4VError(f"page range: {part!r} runs backwards")
+            raise G4VError(f"page range: {quoted(part, 40)} runs backwards")
         if start < 1 or end > pages:
-            raise G4VError(f"page range: {part!r} is outside the document's pages 1-{pages}")
+            raise G4VError(f"page range: {quoted(part, 40)} is outside the document's pages 1-{pages}")
         chosen += [page for page in range(start, end + 1) if page not in chosen]
     return chosen
 
