@@ -103,8 +103,9 @@ def load_model(model: str, device: str | None = None, dtype: str | None = None) 
     torch_device = pick_device(device)
     torch_dtype = pick_dtype(torch_device, dtype)
     processor = load_processor(source)
+    config = load_config(source)
     try:
-        loaded = AutoModelForImageTextToText.from_pretrained(source, dtype=torch_dtype)
+        loaded = AutoModelForImageTextToText.from_pretrained(source, config=config, dtype=torch_dtype)
     except Exception as err:
         raise G4VError(f"could not load model {model}: {first_line(err)}") from None
     if loaded.config.model_type != MODEL_TYPE:
@@ -132,9 +133,23 @@ def load_config(source: str | Path):
     from transformers import AutoConfig
 
     try:
-        return AutoConfig.from_pretrained(str(config_file))
+        return with_qformer_widths(AutoConfig.from_pretrained(str(config_file)))
     except Exception as err:  # transformers raises many types for bad configs; the user needs one line
         raise G4VError(f"could not read {config_file}: {first_line(err)}") from None
+
+
+def with_qformer_widths(config):
+    """``config`` with the Q-Former as wide as the vision tower, as transformers >= 5.21 and vLLM
+    build it (hidden and encoder width = vision width, one head per 64 channels).
+
+    The real checkpoint's config.json leaves these out, and transformers < 5.21 (the vLLM
+    environment's) then builds BLIP-2's defaults: 768 wide, reading 1408-wide features, which
+    cannot hold the real weights."""
+    width = config.vision_config.hidden_size
+    config.qformer_config.hidden_size = width
+    config.qformer_config.encoder_hidden_size = width
+    config.qformer_config.num_attention_heads = width // 64
+    return config
 
 
 def read_raw_config(source: str | Path) -> dict:
@@ -172,7 +187,7 @@ def _hub_config(model_id: str):
         raise G4VError(f"could not fetch the config of {model_id}: {first_line(err)}") from None
     if getattr(config, "model_type", None) != MODEL_TYPE:
         raise G4VError(f"{model_id} is not a Granite 4 Vision model (model_type {config.model_type!r})")
-    return config
+    return with_qformer_widths(config)
 
 
 # ── writing weights ─────────────────────────────────────────────────────────────────────────────
