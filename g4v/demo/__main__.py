@@ -5,8 +5,11 @@
 ``python -m g4v.demo dataset [--out DIR]``: regenerate the bundled dataset for dataset runs.
 
 ``python -m g4v.demo train`` / ``train-adapter``: train the bundled trained checkpoint and its
-French-colours adapter (their flags are the fields of :mod:`g4v.demo.recipe`); ``eval``: measure
-them on held-out pictures (:mod:`g4v.demo.evaluate`)."""
+French-colours adapter (their flags are the fields of :mod:`g4v.demo.recipe`); ``train-documents``:
+its second stage, charts to CSV and key-value extraction (:mod:`g4v.demo.documents_training`);
+``eval``: measure them on held-out pictures (:mod:`g4v.demo.evaluate`).
+
+``python -m g4v.demo examples``: draw the Chat examples of the document tasks (:mod:`g4v.demo.examples`)."""
 
 import argparse
 from pathlib import Path
@@ -23,6 +26,7 @@ def main(argv=None) -> int:
     adapter_cmd.add_argument("--out", type=Path, default=None, help="output folder (default: assets/adapters/demo-lora)")
     dataset_cmd = sub.add_parser("dataset", help="build the bundled dataset for dataset runs (held-out pictures)")
     dataset_cmd.add_argument("--out", type=Path, default=None, help="output folder (default: assets/datasets/shapes-heldout)")
+    sub.add_parser("examples", help="draw the chart and key-value Chat examples into assets/examples")
     _add_training_commands(sub)
     args = parser.parse_args(argv)
 
@@ -42,7 +46,12 @@ def main(argv=None) -> int:
 
         out = build_adapter(args.out or DEFAULT_ADAPTERS_DIR / ADAPTER_NAME)
         print(f"wrote {out}")
-    elif args.command in ("train", "train-adapter", "eval"):
+    elif args.command == "examples":
+        from g4v.demo.examples import write_examples
+
+        for path in write_examples():
+            print(f"wrote {path}")
+    elif args.command in ("train", "train-adapter", "train-documents", "eval"):
         return _run_training_command(args, argv)
     return 0
 
@@ -54,7 +63,8 @@ def _add_training_commands(sub) -> None:
     """The training commands' flags: one per settings field (:mod:`g4v.commands.settings_flags`)."""
     from g4v.commands.settings_flags import add_settings_flags
     from g4v.demo.adapter_training import ADAPTER_DIR
-    from g4v.demo.recipe import AdapterSettings, TrainSettings
+    from g4v.demo.documents_training import DOCUMENTS_MODEL_DIR
+    from g4v.demo.recipe import AdapterSettings, DocumentsSettings, TrainSettings
 
     train_cmd = sub.add_parser("train", help="train the tiny checkpoint from scratch on synthetic shapes (CPU)")
     train_cmd.add_argument("--out", type=Path, default=TRAINED_MODEL_DIR, help="output folder")
@@ -67,6 +77,12 @@ def _add_training_commands(sub) -> None:
     add_settings_flags(adapter_cmd, AdapterSettings)
     adapter_cmd.add_argument("--no-progress", action="store_true", help="no progress bar")
 
+    documents_cmd = sub.add_parser("train-documents",
+                                   help="second stage: charts to CSV and key-value extraction, from the trained checkpoint")
+    documents_cmd.add_argument("--out", type=Path, default=DOCUMENTS_MODEL_DIR, help="output folder")
+    add_settings_flags(documents_cmd, DocumentsSettings)
+    documents_cmd.add_argument("--no-progress", action="store_true", help="no progress bar")
+
     eval_cmd = sub.add_parser("eval", help="accuracy per question type on held-out pictures, ablations, adapter")
     eval_cmd.add_argument("--model", type=Path, default=TRAINED_MODEL_DIR)
     eval_cmd.add_argument("--adapter", default=str(ADAPTER_DIR), help="adapter folder ('' to skip)")
@@ -76,6 +92,8 @@ def _add_training_commands(sub) -> None:
     eval_cmd.add_argument("--no-ablations", action="store_true")
     eval_cmd.add_argument("--adapter-only", action="store_true", help="(hf) only the adapter checks")
     eval_cmd.add_argument("--threads", type=int, default=None)
+    eval_cmd.add_argument("--doc-n", type=int, default=300,
+                          help="held-out charts and key-value pictures for the document tasks (0: skip)")
     eval_cmd.add_argument("--json", type=Path, default=None, help="also write the results here")
 
 
@@ -99,6 +117,14 @@ def _run_training_command(args, argv) -> int:
         settings = settings_from_args(AdapterSettings, args)
         info = train_adapter(args.base, args.out, settings, command, progress=not args.no_progress)
         print(f"wrote {args.out} (adapter sha256 {info['weights_sha256']})")
+    elif args.command == "train-documents":
+        from g4v.commands.settings_flags import settings_from_args
+        from g4v.demo.documents_training import train_documents
+        from g4v.demo.recipe import DocumentsSettings
+
+        sha = train_documents(args.out, settings_from_args(DocumentsSettings, args), command,
+                              progress=not args.no_progress)
+        print(f"wrote {args.out} (weights sha256 {sha})")
     else:
         from g4v.demo.evaluate import main as eval_main
 

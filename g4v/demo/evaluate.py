@@ -12,6 +12,10 @@
 * (hf) the demo adapter: adherence (colour answers given in French) and accuracy with it on, and
   "adapter off => base answers unchanged" (the same engine with the adapter loaded but disabled,
   answer for answer).
+* the document tasks (issue 21, ``--doc-n`` charts and key-value pictures): chart exact match and
+  cell accuracy, key-value JSON validity and field accuracy, through the same engine, and (hf)
+  batched, with all 8 levels ablated and with each single level ablated
+  (:mod:`g4v.demo.documents_eval`).
 """
 
 import json
@@ -159,6 +163,7 @@ def main(args) -> int:
         try:
             replies = answers(engine, pairs, workers=8)
             rows["vllm"] = accuracy(pairs, replies)
+            results["documents"] = _documents(args, engine)
             results["replies"] = replies
             if args.adapter and Path(args.adapter).is_dir():
                 engine.register_adapter("demo", str(args.adapter))
@@ -196,9 +201,20 @@ def main(args) -> int:
             for name in level_names(model):
                 rows[f"{name} ablated"] = accuracy(ab_pairs, ablated_answers(model, processor, ab_pairs, {name: 0.0}))
             results["single_level_ablation_pictures"] = len(ab_pairs) // 4
+        results["documents"] = _documents(args, engine, model, processor)
         if args.adapter and Path(args.adapter).is_dir():
             results["adapter"] = {"path": str(args.adapter), **evaluate_adapter(model, processor, pairs, Path(args.adapter))}
     return _report(args, results, rows, pairs, started)
+
+
+def _documents(args, engine, model=None, processor=None) -> dict | None:
+    """The document tasks' rows (None with ``--doc-n 0``)."""
+    from g4v.demo.documents_eval import evaluate_documents
+
+    if not getattr(args, "doc_n", 0):
+        return None
+    return evaluate_documents(engine, args.doc_n, args.backend, model, processor, ablation_n=args.ablation_n,
+                              ablations=not args.no_ablations)
 
 
 def _report(args, results, rows, pairs, started) -> int:
@@ -218,6 +234,11 @@ def _report(args, results, rows, pairs, started) -> int:
               f"answers with adapter correct {100 * a['accuracy_with_adapter']['all']:.1f}%, "
               f"adapter off == base answers {100 * a['off_equals_base']:.1f}%")
         print("  e.g. " + "; ".join(f"{q} -> {r}" for q, r in a["examples"][:4]))
+    if results.get("documents"):
+        from g4v.demo.documents_eval import report
+
+        print(report(results["documents"]))
+        results["documents"]["rows"] = {k: v.to_dict() for k, v in results["documents"]["rows"].items()}
     print(f"wall time {results['wall_time_s']} s")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1) + "\n")

@@ -1,7 +1,8 @@
 """The settings of the demo model's two trainings, and their learning-rate schedule.
 
 :class:`TrainSettings` is ``python -m g4v.demo train`` (:mod:`g4v.demo.loop`), :class:`AdapterSettings`
-is ``python -m g4v.demo train-adapter`` (:mod:`g4v.demo.adapter_training`). Each field is one
+is ``python -m g4v.demo train-adapter`` (:mod:`g4v.demo.adapter_training`), :class:`DocumentsSettings`
+is ``python -m g4v.demo train-documents`` (:mod:`g4v.demo.documents_training`). Each field is one
 command-line flag (``--kebab-case``, help from the field's metadata: see
 :mod:`g4v.commands.settings_flags`), so a setting's name, type, default and help are written here
 only. The defaults are the recipe of the bundled checkpoint and adapter: ``train`` with no options
@@ -116,3 +117,35 @@ def lr_at(step: int, settings: TrainSettings) -> float:
     progress = (step - settings.warmup_steps) / max(1, settings.steps - settings.warmup_steps)
     cosine = 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
     return settings.lr * (settings.min_lr_ratio + (1 - settings.min_lr_ratio) * cosine)
+
+
+@dataclass
+class DocumentsSettings:
+    """``python -m g4v.demo train-documents``: the second stage (issue 21). Every weight, from the
+    trained checkpoint ``init``, on a mix of chart-to-CSV, key-value extraction and the first
+    stage's shape conversations (so those keep their accuracy), with :func:`lr_at`'s schedule."""
+
+    init: str = _setting("assets/granite4-vision-tiny-trained", "the trained checkpoint this stage continues from")
+    steps: int = _setting(1000, "training steps")
+    batch_size: int = _setting(8, "pictures per step (all of one task and one canvas kind)")
+    #: 1e-3 learnt the CSV layout too slowly in a short trial, 3e-3 twice as fast (docs/demo-model.md).
+    lr: float = _setting(3e-3, "peak learning rate (language model and projectors)")
+    #: The vision tower learnt slowly and easily forgets: as in the first stage, its own lower rate.
+    vision_lr: float | None = _setting(1e-4, "learning rate of the vision tower (None: lr)")
+    min_lr_ratio: float = _setting(0.05, "the cosine decay ends at lr times this")
+    warmup_steps: int = _setting(30, "linear learning-rate warm-up steps")
+    weight_decay: float = _setting(0.01, "AdamW weight decay (matrices only)")
+    grad_clip: float = _setting(1.0, "gradient norm clipping")
+    seed: int = _setting(0, "seed of the pictures, the charts, the task draws and the conversations")
+    threads: int = _setting(2, "torch CPU threads")
+    #: Each step is one task; these are the shares of chart and key-value steps, the rest are the
+    #: first stage's shape conversations (up to 7 answers a picture), which keep the four question
+    #: types from being forgotten.
+    chart_share: float = _setting(0.45, "share of steps that train chart to CSV")
+    kvp_share: float = _setting(0.25, "share of steps that train key-value extraction")
+    three_shape_share: float = _setting(0.3, "share of shape pictures forced to hold three shapes")
+    max_turns: int = _setting(8, "questions per picture in the shape conversations")
+    shape_share: float = _setting(0.9, "share of 'What shape is X?' among later turns' identity questions")
+    device: str = _setting("cpu", "torch device (the recipe is cpu)")
+    eval_every: int = _setting(0, "print validation scores every N steps (0: never)")
+    eval_n: int = _setting(32, "validation pictures and charts")

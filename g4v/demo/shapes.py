@@ -92,7 +92,7 @@ def canvas_kind(rng: random.Random) -> str:
     return rng.choices(list(CANVASES), weights=list(CANVASES.values()))[0]
 
 
-def _canvas_size(rng: random.Random, kind: str) -> tuple[int, int]:
+def canvas_size(rng: random.Random, kind: str) -> tuple[int, int]:
     """(width, height) for a canvas kind."""
     if kind == "square":
         return rng.randint(88, 128), rng.randint(88, 128)
@@ -105,7 +105,8 @@ def _canvas_size(rng: random.Random, kind: str) -> tuple[int, int]:
     raise ValueError(f"unknown canvas kind {kind!r}")
 
 
-def _jitter(rgb, rng: random.Random, amount: int = 20):
+def jitter(rgb, rng: random.Random, amount: int = 20):
+    """``rgb`` moved by up to ``amount`` per channel: a named colour is a range, not one value."""
     return tuple(max(0, min(255, c + rng.randint(-amount, amount))) for c in rgb)
 
 
@@ -154,7 +155,7 @@ def make_picture(rng: random.Random, max_shapes: int = 3, single_shape_p: float 
     """Draw one picture with 1..max_shapes shapes; ``single_shape_p`` biases towards one shape and
     ``max_shapes_p`` towards ``max_shapes`` (None: no extra draw, so the same pictures as without);
     ``canvas`` fixes the canvas kind (training batches share one, so they need little padding)."""
-    width, height = _canvas_size(rng, canvas or canvas_kind(rng))
+    width, height = canvas_size(rng, canvas or canvas_kind(rng))
     if single_shape_p is not None and rng.random() < single_shape_p:
         count = 1
     elif max_shapes_p is not None and rng.random() < max_shapes_p:
@@ -176,7 +177,7 @@ def make_picture(rng: random.Random, max_shapes: int = 3, single_shape_p: float 
         cx = (fx + rng.uniform(-0.03, 0.03)) * width
         cy = (fy + rng.uniform(-0.02, 0.02)) * height
         r = side * rng.uniform(*SHAPE_RADIUS)
-        _draw_shape(draw, kind, cx, cy, r, _jitter(COLOURS[colour], rng))
+        _draw_shape(draw, kind, cx, cy, r, jitter(COLOURS[colour], rng))
         shapes.append(Shape(kind, colour, place))
         _draw_shape(mask_draw, kind, cx, cy, r, len(shapes))
     return Picture(image=image, shapes=shapes, qas=questions(shapes), mask=mask)

@@ -1,0 +1,181 @@
+"""The demo checkpoint's second stage: ``python -m g4v.demo train-documents`` (issue 21).
+
+Continues from the trained checkpoint (``--init``, the first stage's output) and trains every
+weight on a mix of steps, each of one task and one canvas kind (so a batch pads little: a
+key-value prompt is far longer than a shape question):
+
+* chart to CSV (:mod:`g4v.demo.charts`, the ``<chart2csv>`` preset);
+* key-value extraction on shape pictures (the key-value preset with
+  :data:`g4v.demo.documents_data.KVP_SCHEMA`);
+* the first stage's shape conversations (:mod:`g4v.demo.data`), so that colour, shape, position and
+  count keep their accuracy while the new tasks are learnt.
+
+No training aids (probe, pointers): their heads are not in the checkpoint, and fresh ones would
+pull the weights the first stage settled. A lower learning rate than the first stage's, and the
+vision tower lower still, for the same reason. Deterministic for a given seed, step count and
+thread count; ``g4v_build.json`` records the command, settings, data, the first stage's own
+provenance (``init``), the validation curve and the weights' SHA-256.
+"""
+
+import json
+import random
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from g4v.demo import documents_data as D
+from g4v.demo import shapes as S
+from g4v.demo.charts import train_chart
+from g4v.demo.data import conversation_plan, encode
+from g4v.demo.data import data_settings as shapes_data_settings
+from g4v.demo.loop import no_dropout, parameter_groups, progress_bar, validation_accuracy
+from g4v.demo.recipe import DocumentsSettings, lr_at
+from g4v.paths import ASSETS_DIR, REPO_ROOT
+
+#: Where the second stage writes by default: beside the first stage's checkpoint, which it leaves
+#: as it is (the French adapter was trained on that one).
+DOCUMENTS_MODEL_DIR = ASSETS_DIR / "granite4-vision-tiny-documents"
+TASKS = ("shapes", "chart", "kvp")
+
+
+def step_task(settings: DocumentsSettings, rng: random.Random) -> str:
+    """The task of one step, drawn by the settings' shares."""
+    shapes = max(0.0, 1.0 - settings.chart_share - settings.kvp_share)
+    return rng.choices(TASKS, weights=[shapes, settings.chart_share, settings.kvp_share])[0]
+
+
+def step_batch(settings: DocumentsSettings, rng: random.Random, task: str, index: int) -> tuple[list, list, int]:
+    """One step's pictures and conversations (one task, one canvas kind), from example ``index`` on;
+    returns (pictures, turns, next index)."""
+    canvas = S.canvas_kind(rng)
+    three = settings.three_shape_share or None
+    pictures, turns = [], []
+    for k in range(index, index + settings.batch_size):
+        if task == "chart":
+            item = D.chart_item(train_chart(settings.seed, k, canvas=canvas))
+            pictures.append(item)
+            turns.append([(item.qa.question, item.qa.answer)])
+        elif task == "kvp":
+            item = D.kvp_item(S.picture(f"docs:{settings.seed}:{k}", canvas=canvas, max_shapes_p=three))
+            pictures.append(item)
+            turns.append([(item.qa.question, item.qa.answer)])
+        else:
+            picture = S.picture(f"docs-shapes:{settings.seed}:{k}", canvas=canvas, max_shapes_p=three)
+            plan = conversation_plan(picture, rng, settings.max_turns, settings.shape_share)
+            pictures.append(picture)
+            turns.append([(qa.question, qa.answer) for qa, _ in plan])
+    return pictures, turns, index + settings.batch_size
+
+
+def load_init(settings: DocumentsSettings):
+    """The checkpoint this stage starts from (float32, dropout off) and its processor."""
+    from transformers import AutoProcessor, Granite4VisionForConditionalGeneration
+
+    init = _resolve(settings.init)
+    processor = AutoProcessor.from_pretrained(init)
+    model = Granite4VisionForConditionalGeneration.from_pretrained(init, dtype=torch.float32)
+    return model, processor
+
+
+def _resolve(path: str) -> Path:
+    """A relative ``init`` is read from the repository root (the default names the bundled folder)."""
+    folder = Path(path)
+    return folder if folder.is_absolute() or folder.exists() else REPO_ROOT / folder
+
+
+def validation_scores(model, processor, n: int) -> dict[str, float]:
+    """Greedy validation accuracy on the shape questions and the document scores (model left training)."""
+    from g4v.demo.documents_eval import batched, score
+
+    shapes = validation_accuracy(model, processor, n)
+    items = D.validation_items(n)
+    model.eval()
+    try:
+        documents = score(items, batched(model, processor, items, batch_size=32))
+    finally:
+        model.train()
+    return {**shapes, **{name: getattr(documents, name) for name in ("chart_exact", "chart_cells", "kvp_valid",
+                                                                     "kvp_fields")}}
+
+
+def train_documents_model(settings: DocumentsSettings, progress: bool = True, log_every: int = 25):
+    """Train the second stage; returns (model, processor, stats)."""
+    torch.set_num_threads(settings.threads)
+    torch.use_deterministic_algorithms(True, warn_only=settings.device != "cpu")
+    model, processor = load_init(settings)
+    torch.manual_seed(settings.seed)
+    model.to(settings.device)
+    model.train()
+    no_dropout(model)
+    optimizer = torch.optim.AdamW(parameter_groups(list(model.named_parameters()), settings), lr=settings.lr,
+                                  betas=(0.9, 0.98), eps=1e-8)
+    rng = random.Random(f"documents:{settings.seed}")
+    bar = progress_bar(settings.steps, "train-documents") if progress else None
+    started, index = time.time(), 0
+    history: dict[str, list[float]] = {task: [] for task in TASKS}
+    curve, tasks_seen = [], {task: 0 for task in TASKS}
+    for step in range(settings.steps):
+        task = step_task(settings, rng)
+        pictures, turns, index = step_batch(settings, rng, task, index)
+        tasks_seen[task] += 1
+        batch = {k: v.to(settings.device) for k, v in encode(processor, pictures, turns).items()}
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(step, settings) * group.get("lr_scale", 1.0)
+        loss = model(**batch).loss
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_([p for group in optimizer.param_groups for p in group["params"]],
+                                       settings.grad_clip)
+        optimizer.step()
+        history[task].append(loss.item())
+        if bar is not None:
+            bar.update(1)
+            bar.set_postfix({t: f"{_recent(v):.3f}" for t, v in history.items() if v}, refresh=False)
+        if log_every and (step + 1) % log_every == 0:
+            print(f"step {step + 1}/{settings.steps} " + " ".join(f"{t} {_recent(v):.4f}" for t, v in history.items()
+                                                                 if v)
+                  + f" elapsed {time.time() - started:.0f}s", flush=True)
+        if settings.eval_every and ((step + 1) % settings.eval_every == 0 or step + 1 == settings.steps):
+            curve.append({"step": step + 1, **validation_scores(model, processor, settings.eval_n)})
+            print(f"step {step + 1} validation " + " ".join(f"{k} {100 * v:.0f}%" for k, v in curve[-1].items()
+                                                             if k != "step"), flush=True)
+    if bar is not None:
+        bar.close()
+    model.eval()
+    model.to("cpu")
+    stats = {"wall_time_s": round(time.time() - started, 1), "steps_per_task": tasks_seen,
+             "final_loss": {t: round(_recent(v), 4) for t, v in history.items() if v}, "examples_seen": index}
+    if curve:
+        stats["validation_curve"] = curve
+    return model, processor, stats
+
+
+def _recent(values: list[float], window: int = 20) -> float:
+    recent = values[-window:]
+    return sum(recent) / max(1, len(recent))
+
+
+def train_documents(out: Path, settings: DocumentsSettings, command: str, progress: bool = True) -> str:
+    """Train the second stage and save it with its provenance in ``out``; returns the weights' SHA-256."""
+    from g4v.demo.build import build_processor, save_checkpoint
+    from g4v.demo.loop import _drop_subconfig_dtypes
+
+    init = json.loads((_resolve(settings.init) / "g4v_build.json").read_text())  # before ``out`` may replace it
+    model, _, stats = train_documents_model(settings, progress=progress)
+    provenance = {
+        "builder": command,
+        "weights": "the checkpoint in 'init', trained further on charts to CSV, key-value extraction and shapes",
+        "seed": settings.seed,
+        "settings": asdict(settings),
+        "data": {"shapes": shapes_data_settings(), **D.data_settings()},
+        "torch": torch.__version__,
+        **stats,
+        "init": init,
+        "total_wall_time_s": round(stats["wall_time_s"] + init.get("total_wall_time_s", init.get("wall_time_s", 0)), 1),
+    }
+    # A fresh processor: padded calls leave padding switched on in the fast tokenizer's backend.
+    sha = save_checkpoint(model, build_processor(), Path(out), provenance)
+    _drop_subconfig_dtypes(Path(out) / "config.json")
+    return sha

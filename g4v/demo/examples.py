@@ -1,0 +1,53 @@
+"""The Chat examples of the demo checkpoint's document tasks: ``python -m g4v.demo examples``.
+
+Draws a bar chart (asked with the ``<chart2csv>`` preset) and a shape picture (asked with the
+key-value preset and :data:`g4v.demo.documents_data.KVP_SCHEMA`) into ``assets/examples/``, and
+lists both in ``examples.json`` with their right answers, beside the entries already there (an
+entry with the same file name is replaced, every other one kept). Seeded: the same files every run.
+"""
+
+import json
+import random
+from pathlib import Path
+
+from g4v.demo import documents_data as D
+from g4v.demo import shapes as S
+from g4v.demo.charts import make_chart
+from g4v.paths import EXAMPLES_DIR
+
+CHART_FILE = "chart-bars.png"
+KVP_FILE = "shapes-kvp.png"
+
+
+def example_entries() -> list[tuple[object, dict]]:
+    """(image, examples.json entry) for the chart and the key-value example."""
+    chart = make_chart(random.Random(f"example:{CHART_FILE}:0"), canvas="wide")
+    picture = S.make_picture(random.Random(f"example:{KVP_FILE}:0"), canvas="square", max_shapes_p=1.0)
+    return [
+        (chart.image, {"file": CHART_FILE, "prompt": D.chart_prompt(), "answer": chart.csv,
+                       "made_by": f"g4v.demo.charts.make_chart(random.Random('example:{CHART_FILE}:0'), canvas='wide')"}),
+        (picture.image, {"file": KVP_FILE, "prompt": D.kvp_prompt(), "answer": D.kvp_answer(picture),
+                         "made_by": f"g4v.demo.shapes.make_picture(random.Random('example:{KVP_FILE}:0'), "
+                                    "canvas='square', max_shapes_p=1.0)"}),
+    ]
+
+
+def merged(listed: list[dict], new: list[dict]) -> list[dict]:
+    """``listed`` with each entry of ``new`` replacing the one of the same file, or appended."""
+    by_file = {entry["file"]: entry for entry in new}
+    kept = [by_file.pop(entry["file"], entry) for entry in listed]
+    return kept + list(by_file.values())
+
+
+def write_examples(folder: Path = EXAMPLES_DIR) -> list[Path]:
+    """Write both pictures and update ``examples.json``; returns the files written."""
+    written = []
+    entries = example_entries()
+    for image, entry in entries:
+        path = folder / entry["file"]
+        image.save(path, optimize=False)
+        written.append(path)
+    listing = folder / "examples.json"
+    listed = json.loads(listing.read_text()) if listing.is_file() else []
+    listing.write_text(json.dumps(merged(listed, [entry for _, entry in entries]), indent=2) + "\n")
+    return written + [listing]

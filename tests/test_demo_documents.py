@@ -1,0 +1,232 @@
+"""The demo checkpoint's document tasks (issue 21): synthetic charts whose CSV is what the chart
+draws, key-value answers that validate against their schema, prompts as the engines send them, the
+scores against hand-counted cases, the second training stage and the Chat examples."""
+
+import json
+
+import numpy as np
+import pytest
+
+from g4v.demo import charts as C
+from g4v.demo import documents_data as D
+from g4v.demo import shapes as S
+from g4v.documents import metrics, tables
+from g4v.documents.presets import PRESETS
+from g4v.documents.structured import read_answer
+from g4v.loading import sha256_file
+from g4v.paths import EXAMPLES_DIR, TRAINED_MODEL_DIR
+
+# ── charts ──────────────────────────────────────────────────────────────────────────────────────
+
+
+def test_charts_are_seeded_and_their_csv_round_trips():
+    a, b = C.chart_eval_set(5), C.chart_eval_set(5)
+    assert [c.image.tobytes() for c in a] == [c.image.tobytes() for c in b]
+    for chart in C.chart_eval_set(120):
+        colours = [colour for colour, _ in chart.bars]
+        assert 2 <= len(chart.bars) <= 4 and len(set(colours)) == len(colours)
+        assert set(colours) <= set(S.COLOURS) and all(value in range(1, 6) for _, value in chart.bars)
+        rows = tables.parse_csv(chart.csv).rows
+        assert rows == [["label", "value"]] + [[colour, str(value)] for colour, value in chart.bars]
+        assert chart.csv == tables.strip_fence(chart.csv)  # no fence, nothing to strip
+
+
+def _bar_boxes(chart) -> list[tuple[int, int, int, int]]:
+    """Each bar's bounding box found from the pixels alone: the pixels within the drawing jitter of
+    its colour's RGB (text and axes are grey, the background light)."""
+    pixels = np.asarray(chart.image).astype(int)
+    boxes = []
+    for colour, _ in chart.bars:
+        near = (np.abs(pixels - np.array(S.COLOURS[colour])) <= 22).all(axis=-1)
+        ys, xs = np.nonzero(near)
+        boxes.append((xs.min(), ys.min(), xs.max(), ys.max()))
+    return boxes
+
+
+def test_bar_heights_in_the_pixels_are_the_csv_values():
+    """Measured independently of the drawing code: bar heights in pixels are proportional to the
+    CSV's values (one common unit per chart), the bars stand on one baseline, left to right."""
+    for chart in C.chart_eval_set(60):
+        boxes = _bar_boxes(chart)
+        values = [value for _, value in chart.bars]
+        heights = [bottom - top + 1 for _, top, _, bottom in boxes]
+        unit = sum(heights) / sum(values)
+        assert unit > 8, chart.size  # a unit spans more than one vision patch
+        for height, value in zip(heights, values):
+            assert abs(height - value * unit) < 0.3 * unit, (chart.bars, heights)
+        assert len({bottom for *_, bottom in boxes}) == 1
+        lefts = [left for left, *_ in boxes]
+        assert lefts == sorted(lefts)
+
+
+def test_charts_make_several_anyres_grids():
+    """The grid LLaVA-NeXT's own resolution picker chooses for each chart, from the checkpoint's pinpoints."""
+    from transformers.image_processing_utils import select_best_resolution
+
+    pinpoints = json.loads((TRAINED_MODEL_DIR / "config.json").read_text())["image_grid_pinpoints"]
+    grids = {tuple(select_best_resolution((c.size[1], c.size[0]), pinpoints)) for c in C.chart_eval_set(60)}
+    assert {(128, 128), (128, 256), (256, 128)} <= grids and len(grids) >= 4
+
+
+def test_chart_seeds_keep_training_validation_and_held_out_apart():
+    held_out = {c.image.tobytes() for c in C.chart_eval_set(40)}
+    validation = {c.image.tobytes() for c in C.chart_validation_set(40)}
+    training = {C.train_chart(0, i).image.tobytes() for i in range(40)}
+    assert len(held_out) == len(validation) == len(training) == 40
+    assert not held_out & validation and not held_out & training and not validation & training
+
+
+# ── key-value extraction ────────────────────────────────────────────────────────────────────────
+
+
+def test_every_key_value_answer_validates_and_matches_the_picture():
+    for picture in S.eval_set(150) + [S.picture(f"docs:0:{i}") for i in range(50)]:
+        answer = D.kvp_answer(picture)
+        read = read_answer("json", answer, D.KVP_SCHEMA)
+        assert read.ok, (answer, read.problems, read.error)
+        assert read.data["count"] == len(picture.shapes)
+        assert sorted((s["shape"], s["colour"], s["place"]) for s in read.data["shapes"]) == sorted(
+            (s.kind, s.colour, s.place) for s in picture.shapes)
+        places = [s["place"] for s in read.data["shapes"]]
+        assert places == [p for p in ("top", "left", "right", "bottom") if p in places]  # reading order
+        assert metrics.key_value_match(answer, D.kvp_truth(picture)).accuracy == 1.0
+
+
+def test_the_schema_refuses_a_broken_answer():
+    truth = D.kvp_truth(S.eval_set(1)[0])
+    del truth["shapes"][0]["place"]
+    broken = read_answer("json", json.dumps({**truth, "count": "one"}), D.KVP_SCHEMA)
+    assert {p.path for p in broken.problems} == {"$.count", "$.shapes[0].place"}
+
+
+# ── prompts as the engines send them ────────────────────────────────────────────────────────────
+
+
+def test_prompts_are_the_presets_and_labels_only_the_answers():
+    from g4v.demo.build import build_processor
+    from g4v.demo.data import encode, render
+
+    assert D.chart_prompt() == PRESETS["chart2csv"].prompt == "<chart2csv>"
+    assert D.kvp_prompt() == PRESETS["kvp"].prompt.format(schema=json.dumps(D.KVP_SCHEMA, indent=2))
+    processor = build_processor()
+    items = [D.chart_item(C.train_chart(0, 0, canvas="square")), D.kvp_item(S.picture("docs:0:0", canvas="square"))]
+    for item in items:
+        text = render(processor, [(item.qa.question, item.qa.answer)])
+        # The tiny checkpoint's chat template expands no tag: the prompt arrives as written.
+        assert text.startswith("<|start_of_role|>user<|end_of_role|><image>\n" + item.qa.question + "<|end_of_text|>")
+        batch = encode(processor, [item], [[(item.qa.question, item.qa.answer)]])
+        labels = batch["labels"][0]
+        assert processor.tokenizer.decode(labels[labels != -100]) == item.qa.answer + "<|end_of_text|>"
+        ids = processor.tokenizer.encode(item.qa.answer, add_special_tokens=False)
+        assert processor.tokenizer.decode(ids) == item.qa.answer  # byte-level BPE: nothing lost
+
+
+# ── scores ──────────────────────────────────────────────────────────────────────────────────────
+
+
+def test_document_scores_count_what_is_right():
+    from g4v.demo.documents_eval import score
+
+    charts = [D.chart_item(c) for c in C.chart_eval_set(3)]
+    pictures = [D.kvp_item(p) for p in S.eval_set(2)]
+    first = charts[0].truth
+    one_wrong = C.chart_csv([(first[0][0], first[0][1] % 5 + 1), *first[1:]])
+    truth = json.loads(pictures[0].qa.answer)
+    truth["shapes"][0]["colour"] = "white"
+    replies = [one_wrong, charts[1].qa.answer, "a bar chart", json.dumps(truth), "{not json"]
+    got = score(charts + pictures, replies)
+    cells = 2 + 2 * len(first)
+    assert got.chart_exact == pytest.approx(1 / 3)
+    assert got.chart_cells == pytest.approx(((cells - 1) / cells + 1 + 0) / 3)
+    fields = 1 + 3 * len(pictures[0].truth["shapes"])
+    assert got.kvp_valid == pytest.approx(1 / 2)  # a wrong value still validates; broken JSON does not
+    assert got.kvp_fields == pytest.approx((fields - 1) / fields / 2)
+    assert (got.charts, got.kvp) == (3, 2)
+
+
+# ── the second training stage ───────────────────────────────────────────────────────────────────
+
+
+@pytest.mark.skipif(not (TRAINED_MODEL_DIR / "model.safetensors").is_file(), reason="no trained checkpoint")
+def test_train_documents_runs_a_few_steps_and_records_its_sha(tmp_path):
+    from g4v.demo.__main__ import main
+
+    out = tmp_path / "documents"
+    flags = ["--steps", "2", "--batch-size", "2", "--chart-share", "0.5", "--kvp-share", "0.5", "--no-progress"]
+    assert main(["train-documents", "--out", str(out), *flags]) == 0
+    provenance = json.loads((out / "g4v_build.json").read_text())
+    assert provenance["weights_sha256"] == sha256_file(out / "model.safetensors")
+    assert provenance["init"] == json.loads((TRAINED_MODEL_DIR / "g4v_build.json").read_text())
+    assert provenance["settings"]["steps"] == 2 and sum(provenance["steps_per_task"].values()) == 2
+    assert provenance["builder"].startswith("python -m g4v.demo train-documents")
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json", "processor_config.json"):
+        assert (out / name).read_bytes() == (TRAINED_MODEL_DIR / name).read_bytes(), name
+    assert provenance["weights_sha256"] != json.loads((TRAINED_MODEL_DIR / "g4v_build.json").read_text())[
+        "weights_sha256"]  # it trained
+    again = tmp_path / "again"
+    assert main(["train-documents", "--out", str(again), *flags]) == 0
+    assert sha256_file(again / "model.safetensors") == provenance["weights_sha256"]  # seeded: the same weights
+
+
+def test_train_documents_flags_are_the_settings_fields():
+    import argparse
+    import dataclasses
+
+    from g4v.demo.__main__ import _add_training_commands
+    from g4v.demo.recipe import DocumentsSettings
+
+    sub = argparse.ArgumentParser().add_subparsers()
+    _add_training_commands(sub)
+    by_dest = {action.dest: action for action in sub.choices["train-documents"]._actions}
+    for field in dataclasses.fields(DocumentsSettings):
+        assert by_dest[field.name].default == field.default and by_dest[field.name].help, field.name
+    assert set(by_dest) == {"help", "out", "no_progress"} | {f.name for f in dataclasses.fields(DocumentsSettings)}
+
+
+# ── Chat examples ───────────────────────────────────────────────────────────────────────────────
+
+
+def test_examples_are_rebuilt_bit_for_bit_and_answer_right(tmp_path):
+    from g4v.demo.examples import CHART_FILE, KVP_FILE, write_examples
+
+    listed = json.loads((EXAMPLES_DIR / "examples.json").read_text())
+    (tmp_path / "examples.json").write_text(json.dumps(listed, indent=2) + "\n")
+    write_examples(tmp_path)
+    for name in (CHART_FILE, KVP_FILE, "examples.json"):
+        assert (tmp_path / name).read_bytes() == (EXAMPLES_DIR / name).read_bytes(), name
+    entries = {entry["file"]: entry for entry in listed}
+    assert {"shapes-square.png", "shapes-wide.png", "shapes-tall.png"} <= set(entries)
+    chart, kvp = entries[CHART_FILE], entries[KVP_FILE]
+    assert chart["prompt"] == "<chart2csv>" and tables.parse_csv(chart["answer"]).rows[0] == ["label", "value"]
+    assert read_answer("json", kvp["answer"], D.KVP_SCHEMA).ok and kvp["prompt"] == D.kvp_prompt()
+
+
+# ── eval ────────────────────────────────────────────────────────────────────────────────────────
+
+
+@pytest.mark.skipif(not (TRAINED_MODEL_DIR / "model.safetensors").is_file(), reason="no trained checkpoint")
+def test_eval_reports_the_document_tasks(tmp_path, capsys):
+    """``eval --doc-n 1`` asks one held-out chart and one key-value picture through the transformers
+    engine; its rows are the documents metrics of the replies it records (recomputed here)."""
+    from g4v.demo.__main__ import main
+
+    out = tmp_path / "eval.json"
+    assert main(["eval", "--n", "1", "--doc-n", "1", "--no-ablations", "--adapter", "", "--json", str(out)]) == 0
+    assert "document tasks: 1 held-out charts, 1 key-value pictures" in capsys.readouterr().out
+    documents = json.loads(out.read_text())["documents"]
+    chart_reply, kvp_reply = documents["replies"]
+    chart, picture = C.chart_eval_set(1)[0], S.eval_set(1)[0]
+    try:
+        exact = tables.parse_csv(chart_reply).rows == tables.parse_csv(chart.csv).rows
+    except tables.TableError:
+        exact = False
+    for row in ("hf", "hf batched"):
+        assert documents["rows"][row]["charts"] == documents["rows"][row]["kvp"] == 1
+    hf = documents["rows"]["hf"]
+    chance = documents["rows"]["chance (a training example's answer)"]
+    assert chance["kvp_valid"] == 1.0 and chance["chart_cells"] == metrics.csv_cell_accuracy(
+        C.train_chart(0, 0).csv, chart.csv)
+    assert hf["chart_exact"] == float(exact)
+    assert hf["chart_cells"] == metrics.csv_cell_accuracy(chart_reply, chart.csv)
+    assert hf["kvp_valid"] == float(read_answer("json", kvp_reply, D.KVP_SCHEMA).ok)
+    assert hf["kvp_fields"] == metrics.key_value_match(kvp_reply, D.kvp_truth(picture)).accuracy
