@@ -82,6 +82,27 @@ def test_gradient_x_input_equals_autograd_on_the_models_own_features(hf_engine, 
     assert result.scores.abs().sum() > 0
 
 
+def test_contrast_equals_autograd_on_the_models_own_features(hf_engine, request_inputs):
+    """Log-odds of the answer against two rivals: the value and gradient x input equal autograd on
+    the model's own features, one plain forward per answer (no padding, no batching)."""
+    model, tokenizer = hf_engine.model, hf_engine.tokenizer
+    _, inputs = request_inputs
+    levels = describe_levels(model.config)
+    rivals = (" a blue circle", " green")
+    answer = make_answer(tokenizer, inputs["input_ids"], answer_ids(tokenizer, ANSWER), 0, rivals)
+    assert answer.target is None and "against" in answer.describe()
+    result = gradient_x_input(model, encode_image(model, inputs), answer, levels)
+    runs = [_model_own_target(model, inputs, answer_ids(tokenizer, text), None) for text in (ANSWER, *rivals)]
+    values = torch.tensor([value for value, _ in runs])
+    weights = torch.softmax(values[1:], 0)  # d logsumexp / d rival
+    assert result.target_logprob == pytest.approx(float(values[0] - torch.logsumexp(values[1:], 0)), abs=1e-5)
+    for i, level in enumerate(levels):
+        expected = runs[0][1][level.llm_layer] - sum(w * run[1][level.llm_layer] for w, run in zip(weights, runs[1:]))
+        torch.testing.assert_close(result.scores[i], expected, rtol=1e-4, atol=1e-6)
+    with pytest.raises(G4VError, match="the answer itself"):
+        make_answer(tokenizer, inputs["input_ids"], answer_ids(tokenizer, ANSWER), None, (ANSWER,))
+
+
 def test_integrated_gradients_complete_against_the_models_own_outputs(hf_engine, request_inputs, explained):
     """Sum of IG scores ~ f(features) - f(no features), both ends from the inspector's own runs (the
     plain forward, and the forward with every level scaled by 0 by its hooks)."""

@@ -1,6 +1,8 @@
-"""The pointing game on the trained demo checkpoint, on a modest number of held-out pictures: the
-map's top token must land on the named shape far more often than a token picked at random would
-(that chance is computed independently, from the tiling plan and the shape's box). The issue's
+"""The pointing game on the trained demo checkpoint, on a modest number of held-out pictures, with
+the game's defaults (gradient x input, the answer's log-odds against the other colours): the map's
+top token (the tile token by region score, and the base-view token) must land on the named shape far
+more often than a token picked at random would (that chance is computed independently, from the
+tiling plan and the shape's box). The issue's
 80% / 90% targets are measured on more pictures by ``python -m g4v bench attribute --pointing-game N``
 (docs/attribution.md)."""
 
@@ -31,13 +33,17 @@ def trained_engine():
 def test_the_top_token_points_at_the_named_shape_far_above_chance(trained_engine):
     cases = demo_pointing_cases(PICTURES)
     assert all(len(case.question.split()) == 5 and case.box for case in cases)
-    result = pointing_game(trained_engine, cases, method="gradxinput", seeds=1)  # the cheap method, to keep CI lean
+    assert all(case.answer not in case.alternatives and len(case.alternatives) == 5 for case in cases)
+    result = pointing_game(trained_engine, cases)
     config = trained_engine.model.config
     tile_chance = sum(_chance(case, config, "tile") for case in cases) / len(cases)
     base_chance = sum(_chance(case, config, "base") for case in cases) / len(cases)
-    print(f"pointing game on {PICTURES}: tile {result.hit_rate:.2f} (chance {tile_chance:.2f}), "
+    print(f"pointing game on {PICTURES}: tile {result.hit_rate:.2f}, by region {result.region_hit_rate:.2f} "
+          f"(chance {tile_chance:.2f}), "
           f"base {result.base_hit_rate:.2f} (chance {base_chance:.2f}), deletion {result.beats_random_rate:.2f}")
-    assert result.pictures == PICTURES
-    assert result.hit_rate >= min(0.6, 3 * tile_chance)
+    assert result.pictures == PICTURES and result.method == "gradxinput" and result.target == "contrast"
+    assert result.region_hit_rate >= min(0.6, 3 * tile_chance)
     assert result.base_hit_rate >= min(0.6, 3 * base_chance)
-    assert result.beats_random_rate > 0.5  # the deletion curve falls faster than random on most pictures
+    # a random ranking's area between has mean 0: the map's curves fall faster than random on average,
+    # and on at least half of so few pictures
+    assert sum(row["area_between"] for row in result.rows) > 0 and result.beats_random_rate >= 0.5

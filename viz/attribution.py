@@ -19,9 +19,11 @@ LENS_COLOURS = 10  # the most frequent top tokens get a colour each; the rest ar
 def attribution_figure(image: Image.Image, tokens: list[tuple[str, tuple]], scores_by_level: dict[str, list[float]],
                        view: str = "tile", title: str | None = None) -> Image.Image:
     """One panel per level and one for the combined score: each ``view`` token's attribution painted
-    over the image on one shared colour scale (red: the token raised the target's log-probability)."""
+    over the image on one shared colour scale centred on zero (red: the token raised the target,
+    blue: it lowered it, white: no effect), since the scores are signed and a scale that starts at
+    the smallest score would paint "lowered a little" and "no effect" alike."""
     return token_heatmap_grid(
-        image, tokens, scores_by_level, view, cmap="coolwarm", alpha=0.6,
+        image, tokens, scores_by_level, view, cmap="coolwarm", alpha=0.6, symmetric=True,
         colorbar_label="attribution (nats)", panel_title=lambda name, peak: f"{name}  (max {peak:.3g})",
         title=title or f"Attribution per {view} token")
 

@@ -95,10 +95,12 @@ def paint_token_values(size_wh: tuple[int, int], boxes: list[tuple], values: lis
 
 def token_heatmap_grid(image: Image.Image, tokens: list[tuple[str, tuple]], values_by_level: dict[str, list[float]],
                        view: str, cmap: str, alpha: float, colorbar_label: str, panel_title, title: str,
-                       empty_range: tuple[float, float] = (0.0, 1.0)) -> Image.Image:
+                       empty_range: tuple[float, float] = (0.0, 1.0), symmetric: bool = False) -> Image.Image:
     """A grid of panels, one per level, each painting one value per ``view`` token over the image
     with a shared colour scale. ``values_by_level``: level -> one value per image token (NaN to
-    leave a token unpainted); ``panel_title(name, peak)`` names each panel.
+    leave a token unpainted); ``panel_title(name, peak)`` names each panel. ``symmetric``: limits
+    ``-m..m`` (``m`` the largest magnitude), so that 0 sits in the middle of a diverging colormap
+    and the sign of a signed score reads off the colour.
 
     The image is shown at :func:`display_size` with the heatmap bounds, so a panel is
     never a 1-pixel line, and the figure's size in inches depends only on the panels' shape."""
@@ -116,6 +118,9 @@ def token_heatmap_grid(image: Image.Image, tokens: list[tuple[str, tuple]], valu
     finite = [m[np.isfinite(m)] for m in maps.values()]
     finite = np.concatenate(finite) if finite else np.zeros(0)
     vmin, vmax = (float(finite.min()), float(finite.max())) if finite.size else empty_range
+    if symmetric:
+        vmax = max(abs(vmin), abs(vmax))
+        vmin = -vmax
     if vmax <= vmin:
         vmax = vmin + 1e-6
 

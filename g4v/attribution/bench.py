@@ -18,7 +18,8 @@ from functools import partial
 import torch
 
 from g4v.attribution.forward import encode_image, make_answer
-from g4v.attribution.gradients import gradient_x_input
+from g4v.attribution.gradients import METHODS, gradient_x_input
+from g4v.attribution.pointing import PICTURE_SETS, POINTING_METHOD, POINTING_TARGET, POINTING_TARGETS
 from g4v.inspect.bench import build_model, measure_modes, run_benchmarks, synthetic_inputs
 from g4v.inspect.levels import describe_levels
 
@@ -86,6 +87,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="instead: the pointing game on N held-out demo pictures (trained checkpoint)")
     parser.add_argument("--pointing-model", default=None, metavar="DIR",
                         help="checkpoint for --pointing-game (default: the trained demo checkpoint)")
+    parser.add_argument("--pointing-set", default=PICTURE_SETS[0], choices=PICTURE_SETS,
+                        help="pictures for --pointing-game: held-out (report) or validation (choose settings)")
+    parser.add_argument("--pointing-method", default=POINTING_METHOD, choices=METHODS,
+                        help="attribution method for --pointing-game")
+    parser.add_argument("--pointing-target", default=POINTING_TARGET, choices=POINTING_TARGETS,
+                        help="for --pointing-game: the answer's log-prob, or its log-odds against the other colours")
 
 
 def run(args) -> int:

@@ -11,7 +11,7 @@ itself does for several images. No hooks are needed, so nothing can be left behi
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -31,8 +31,15 @@ class Answer:
     ids: list[int]  # the answer's token ids (teacher-forced after the prompt)
     texts: list[str]  # each answer token decoded on its own
     target: int | None  # index into ids of the explained token; None = the whole answer (sum of log-probs)
+    #: Other answers to contrast with (token ids each). When given, the explained number is the
+    #: whole answer's log-odds against them, log p(answer) - log sum_a p(a): what tells the answer
+    #: apart from its rivals, and it keeps moving when p(answer) is already close to 1.
+    alternatives: list[list[int]] = field(default_factory=list)
+    alternative_texts: list[str] = field(default_factory=list)
 
     def describe(self) -> str:
+        if self.alternatives:
+            return f"the whole answer {''.join(self.texts)!r} against {', '.join(map(repr, self.alternative_texts))}"
         if self.target is None:
             return f"the whole answer {''.join(self.texts)!r}"
         return f"answer token {self.target} {self.texts[self.target]!r}"
@@ -80,10 +87,17 @@ def answer_ids(tokenizer, text: str) -> list[int]:
     return list(ids)
 
 
-def make_answer(tokenizer, prompt_ids: torch.Tensor, ids: list[int], target: int | None) -> Answer:
-    """Check ``target`` against the answer's length; decode each token for display."""
+def make_answer(tokenizer, prompt_ids: torch.Tensor, ids: list[int], target: int | None,
+                alternatives: tuple[str, ...] = ()) -> Answer:
+    """Check ``target`` against the answer's length; decode each token for display. With
+    ``alternatives`` (texts), the whole answer is contrasted with them, whatever ``target`` says."""
     if not ids:
         raise G4VError("the answer to explain is empty")
+    if alternatives:
+        rivals = [answer_ids(tokenizer, text) for text in alternatives]
+        if list(ids) in rivals:
+            raise G4VError("an alternative to contrast with is the answer itself")
+        return Answer(prompt_ids, list(ids), [tokenizer.decode([i]) for i in ids], None, rivals, list(alternatives))
     if target is not None and not (isinstance(target, int) and -len(ids) <= target < len(ids)):
         raise G4VError(f"answer token {target!r} does not exist: the answer has {len(ids)} tokens (0-{len(ids) - 1})")
     if target is not None and target < 0:
@@ -110,8 +124,12 @@ def answer_logprobs(model, encoded: Encoded, answer: Answer, features: dict[int,
     """Log-probability of the target for each of ``b`` feature variants, in one forward pass.
 
     ``features``: llm layer -> (b, num_image_tokens, hidden) for every level. Returns (b,) float32:
-    log p(answer[target] | prompt, answer[:target]), or the sum over the whole answer. Differentiable
-    with respect to ``features`` when they require grad."""
+    log p(answer[target] | prompt, answer[:target]), or the sum over the whole answer, or with
+    ``answer.alternatives`` the whole answer's log-odds against them. Differentiable with respect to
+    ``features`` when they require grad."""
+    if answer.alternatives:
+        scores = sequence_logprobs(model, encoded, answer.prompt_ids, [answer.ids] + answer.alternatives, features)
+        return scores[:, 0] - torch.logsumexp(scores[:, 1:], dim=1)  # (b,) log-odds against the rivals
     batch = next(iter(features.values())).shape[0]
     answer_tensor = torch.tensor([answer.ids], device=answer.prompt_ids.device)
     ids = torch.cat([answer.prompt_ids, answer_tensor], dim=1).expand(batch, -1)  # (b, prompt + answer)
@@ -122,6 +140,31 @@ def answer_logprobs(model, encoded: Encoded, answer: Answer, features: dict[int,
     logprobs = torch.log_softmax(logits[:, :-1].float(), dim=-1)  # position i predicts answer token i
     per_token = logprobs.gather(-1, answer_tensor.expand(batch, -1).unsqueeze(-1)).squeeze(-1)  # (b, answer)
     return per_token.sum(-1) if answer.target is None else per_token[:, answer.target]
+
+
+def sequence_logprobs(model, encoded: Encoded, prompt_ids: torch.Tensor, sequences: list[list[int]],
+                      features: dict[int, torch.Tensor]) -> torch.Tensor:
+    """Log-probability of each whole sequence after the prompt, for each of ``b`` feature variants.
+
+    ``features``: llm layer -> (b, num_image_tokens, hidden). The ``k`` sequences are padded on the
+    right (causal attention: padding after a token never changes it) and run as ``b * k`` rows,
+    variant-major. Returns (b, k) float32, differentiable with respect to ``features``."""
+    batch, count = next(iter(features.values())).shape[0], len(sequences)
+    longest = max(len(seq) for seq in sequences)
+    ids = torch.zeros(count, longest, dtype=torch.long, device=prompt_ids.device)  # (k, longest)
+    valid = torch.zeros(count, longest, device=prompt_ids.device)
+    for row, seq in enumerate(sequences):
+        ids[row, :len(seq)] = torch.tensor(seq)
+        valid[row, :len(seq)] = 1.0
+    rows = torch.cat([prompt_ids.expand(count, -1), ids], dim=1).repeat(batch, 1)  # (b * k, prompt + longest)
+    packed = [(layer, features[layer].repeat_interleave(count, 0).reshape(-1, features[layer].shape[-1]))
+              for layer in encoded.features]
+    image = encoded.output_type(deepstack_features=packed)
+    logits = model(input_ids=rows, attention_mask=torch.ones_like(rows), mm_encoder_outputs={"image": image},
+                   logits_to_keep=longest + 1, use_cache=False).logits  # (b * k, longest + 1, vocab)
+    logprobs = torch.log_softmax(logits[:, :-1].float(), dim=-1)
+    per_token = logprobs.gather(-1, ids.repeat(batch, 1).unsqueeze(-1)).squeeze(-1)  # (b * k, longest)
+    return (per_token * valid.repeat(batch, 1)).sum(-1).reshape(batch, count)
 
 
 def batched_features(encoded: Encoded, keep: torch.Tensor, levels: list[Level]) -> dict[int, torch.Tensor]:

@@ -16,6 +16,7 @@ from g4v.attribution.deletion import DEFAULT_FRACTIONS, DEFAULT_SEEDS, DeletionC
 from g4v.attribution.forward import Answer, answer_ids, encode_image, make_answer
 from g4v.attribution.gradients import DEFAULT_IG_STEPS, METHODS, Attribution, attribute
 from g4v.attribution.lens import LogitLens, logit_lens
+from g4v.attribution.regions import region_scores
 from g4v.conversation import Message
 from g4v.engines import transformers_engine
 from g4v.errors import G4VError
@@ -30,6 +31,7 @@ TENSORS_FILE = "attribution.safetensors"
 FIGURE_FILES = {"tile": "attribution_tiles.png", "base": "attribution_base.png",
                 "deletion": "deletion.png", "lens": "lens.png", "lens_levels": "lens_levels.png"}
 LENS_LAYERS_SHOWN = 4  # lens panels drawn: evenly spaced residual-stream points, the last included
+REGION_PANEL = "both views"  # the tile figure's panel of region scores (g4v.attribution.regions)
 
 
 @dataclass
@@ -38,6 +40,7 @@ class AttributionSettings:
 
     target: str | None = None  # answer text to explain (teacher-forced); None: the model's greedy answer
     token: int | None = 0  # answer token to explain; None: the whole answer (sum of log-probs)
+    against: tuple = ()  # other answers: explain the whole answer's log-odds against them instead
     method: str = "gradxinput"  # one of METHODS
     steps: int = DEFAULT_IG_STEPS  # integrated-gradient path points
     deletion_level: str | None = None  # None: remove at every level; else one level's name or index
@@ -97,7 +100,8 @@ def run_attribution(engine, image, prompt: str, settings: AttributionSettings | 
     with engine.adapter_scope(None) as model:
         tell(0.05, "answering")
         ids = target_ids or greedy_continuation(model, inputs, tokenizer, settings.max_new_tokens)
-        answer = make_answer(tokenizer, inputs["input_ids"], ids or [tokenizer.eos_token_id], settings.token)
+        answer = make_answer(tokenizer, inputs["input_ids"], ids or [tokenizer.eos_token_id], settings.token,
+                             tuple(settings.against))
         tell(0.2, "encoding the image")
         encoded = encode_image(model, inputs)
         if encoded.num_image_tokens != plan.num_image_tokens:
@@ -129,9 +133,11 @@ def build_summary(engine, prompt, picture, plan, answer, attribution, deletion, 
         "image_size": [picture.height, picture.width],
         "num_image_tokens": plan.num_image_tokens,
         "answer": {"tokens": answer.texts, "ids": answer.ids, "target": answer.target,
+                   "against": answer.alternative_texts,
                    "explained": answer.describe(), "teacher_forced": settings.target is not None},
         "attribution": attribution.summary(),
         "top_tile_token": top_token(plan, attribution.combined, "tile"),
+        "top_region_token": top_token(plan, region_scores(plan, attribution.combined), "tile"),
         "deletion": deletion.summary(),
         "lens": lens.summary() if lens else None,
         "files": {"summary": SUMMARY_FILE, "tensors": TENSORS_FILE, **FIGURE_FILES},
@@ -159,8 +165,11 @@ def draw_figures(picture, plan, attribution, deletion, lens) -> dict[str, Image.
 
     tokens = [(t.kind, t.box) for t in plan.tokens]
     scores = attribution.by_level()
+    tile_scores = {**scores, REGION_PANEL: region_scores(plan, attribution.combined).tolist()}
     figures = {
-        "tile": attribution_figure(picture, tokens, scores, "tile", "Attribution per tile token (high-resolution view)"),
+        "tile": attribution_figure(picture, tokens, tile_scores, "tile",
+                                   f"Attribution per tile token (high-resolution view; '{REGION_PANEL}': "
+                                   "with the base view's share of each tile token's region)"),
         "base": attribution_figure(picture, tokens, scores, "base", "Attribution per base-view token"),
         "deletion": deletion_figure(deletion.summary()),
     }

@@ -26,6 +26,8 @@ def add_parser(subparsers):
     parser.add_argument("--out", required=True, metavar="DIR", help="folder for summary.json, PNGs, tensors")
     parser.add_argument("--target", default=defaults.target, metavar="TEXT",
                         help="answer text to explain (default: the model's own greedy answer)")
+    parser.add_argument("--against", nargs="+", default=list(defaults.against), metavar="TEXT",
+                        help="explain the whole answer's log-odds against these other answers (contrast)")
     parser.add_argument("--token", default=str(defaults.token), metavar="N|all",
                         help="answer token to explain (0 = first), or 'all' for the whole answer")
     parser.add_argument("--method", choices=METHODS, default=defaults.method)
@@ -57,7 +59,8 @@ def run(args) -> int:
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise G4VError(f"--out is a file, not a folder: {out.name}")
-    settings = AttributionSettings(target=args.target, token=parse_token(args.token), method=args.method,
+    settings = AttributionSettings(target=args.target, token=parse_token(args.token), against=tuple(args.against),
+                                   method=args.method,
                                    steps=args.steps, deletion_level=args.deletion_level, seeds=args.seeds,
                                    lens=not args.no_lens, max_new_tokens=args.max_new_tokens).checked()
 
@@ -80,7 +83,8 @@ def run(args) -> int:
         bar.close()
         engine.close()
     summary = report.summary
-    print(f"explained: {summary['answer']['explained']} (log-prob {summary['attribution']['target_logprob']:.4g})")
+    what = "log-odds" if summary["answer"]["against"] else "log-prob"
+    print(f"explained: {summary['answer']['explained']} ({what} {summary['attribution']['target_logprob']:.4g})")
     for name, total in summary["attribution"]["level_totals"].items():
         print(f"  {name:<12} {total:+.4g}")
     deletion = summary["deletion"]
@@ -90,25 +94,30 @@ def run(args) -> int:
     return 0
 
 
-def demo_pointing_cases(n: int) -> list:
-    """The first ``n`` held-out demo pictures with 2 or 3 shapes, asked "What colour is the <shape>?"
-    about their first shape (drawn as 1 in the picture's mask)."""
-    from g4v.attribution.pointing import PointingCase
+def demo_pointing_cases(n: int, pictures: str = "held-out") -> list:
+    """The first ``n`` demo pictures with 2 or 3 shapes, asked "What colour is the <shape>?" about
+    their first shape (drawn as 1 in the picture's mask). ``pictures``: "held-out" (the demo's
+    evaluation set, for reporting) or "validation" (its own seed, for choosing methods and settings)."""
+    from g4v.attribution.pointing import PICTURE_SETS, PointingCase
     from g4v.demo import shapes
 
+    if pictures not in PICTURE_SETS:
+        raise G4VError(f"unknown picture set {pictures!r}: use {' or '.join(PICTURE_SETS)}")
+    draw = shapes.eval_set if pictures == "held-out" else shapes.validation_set
     cases, start = [], 0
     while len(cases) < n:
-        for picture in shapes.eval_set(start + 4 * n)[start:]:
+        for picture in draw(start + 4 * n)[start:]:
             if len(picture.shapes) >= 2:
                 qa = shapes.question("colour", picture.shapes, 0)
                 box = picture.mask.point(lambda v: 255 if v == 1 else 0).getbbox()
-                cases.append(PointingCase(picture.image, qa.question, qa.answer, box))
+                rivals = tuple(colour for colour in shapes.COLOURS if colour != qa.answer)
+                cases.append(PointingCase(picture.image, qa.question, qa.answer, box, rivals))
         start += 4 * n
     return cases[:n]
 
 
 def run_pointing_game(args) -> int:
-    """``python -m g4v bench attribute --pointing-game N``: the game on N held-out demo pictures."""
+    """``python -m g4v bench attribute --pointing-game N``: the game on N demo pictures."""
     from tqdm import tqdm
 
     from g4v.attribution.pointing import pointing_game
@@ -117,12 +126,14 @@ def run_pointing_game(args) -> int:
 
     if args.pointing_game < 1:
         raise G4VError(f"--pointing-game needs at least 1 picture, got {args.pointing_game}")
-    cases = demo_pointing_cases(args.pointing_game)
+    cases = demo_pointing_cases(args.pointing_game, args.pointing_set)
     engine = TransformersEngine(args.pointing_model or str(TRAINED_MODEL_DIR), device="cpu", dtype="float32")
     with tqdm(total=len(cases), unit="picture", leave=False) as bar:
-        result = pointing_game(engine, cases, progress=lambda done, total: bar.update(done - bar.n))
-    print(f"pointing game ({result.method}) on {result.pictures} held-out pictures: top tile token on the named "
-          f"shape {result.hit_rate:.0%} (target >= 80%), top base-view token {result.base_hit_rate:.0%}, "
+        result = pointing_game(engine, cases, method=args.pointing_method, target=args.pointing_target,
+                               progress=lambda done, total: bar.update(done - bar.n))
+    print(f"pointing game ({result.method}, {result.target}) on {result.pictures} {args.pointing_set} pictures: top tile token on "
+          f"the named shape {result.hit_rate:.0%} by its own score, {result.region_hit_rate:.0%} by region score "
+          f"(both views; target >= 80%), top base-view token {result.base_hit_rate:.0%}, "
           f"deletion beats random {result.beats_random_rate:.0%} (target >= 90%)")
     if args.json:
         Path(args.json).write_text(json.dumps(result.summary(), indent=2) + "\n")
