@@ -39,3 +39,19 @@ def test_attribute_endpoint_refuses_bad_input_in_one_line(client):
         client.predict(handle_file(str(EXAMPLE)), "   ", "", "0", "gradxinput", "", api_name="/attribute")
     with pytest.raises(Exception, match="does not exist"):
         client.predict(handle_file(str(EXAMPLE)), PROMPT, " red", "7: 'x'", "gradxinput", "", api_name="/attribute")
+
+
+def test_attribute_endpoint_contrasts_with_other_answers(client, hf_engine, tmp_path):
+    """"Explain against": the whole answer's log-odds against the listed answers, as the library's
+    ``against`` computes them; too many answers to contrast with are one line."""
+    *_, files = client.predict(handle_file(str(EXAMPLE)), PROMPT, "red", "0", "gradxinput", "",
+                               " green ,blue,", api_name="/attribute")
+    summary = json.loads(open(next(f for f in files if f.endswith("summary.json"))).read())
+    expected = run_attribution(hf_engine, str(EXAMPLE), PROMPT, AttributionSettings(target="red", against=("green", "blue"),
+                               lens=False), out_dir=tmp_path).summary
+    assert summary["answer"]["against"] == ["green", "blue"] == expected["answer"]["against"]
+    assert summary["attribution"]["level_totals"] == pytest.approx(expected["attribution"]["level_totals"], rel=1e-4,
+                                                                   abs=1e-7)
+    with pytest.raises(Exception, match="at most 16 answers to contrast with, got 17"):
+        client.predict(handle_file(str(EXAMPLE)), PROMPT, "red", "0", "gradxinput", "",
+                       ",".join(f"c{i}" for i in range(17)), api_name="/attribute")

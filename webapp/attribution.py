@@ -40,10 +40,12 @@ def report_markdown(summary: dict) -> str:
 def make_explain(engine, exports, gpu_task):
     @gpu_task
     @shows_errors
-    def explain(image_path, prompt, target, token, method, deletion_level, progress=gr.Progress()):
-        """Attribute one answer token (or the whole answer) to the image tokens of every level."""
+    def explain(image_path, prompt, target, token, method, deletion_level, against="", progress=gr.Progress()):
+        """Attribute one answer token (or the whole answer) to the image tokens of every level;
+        with ``against`` (comma-separated answers), the whole answer's log-odds against them."""
+        rivals = tuple(part.strip() for part in (against or "").split(",") if part.strip())
         settings = AttributionSettings(target=target or None, token=token_choice(token), method=method,
-                                       deletion_level=deletion_level or None)
+                                       deletion_level=deletion_level or None, against=rivals)
         report = run_attribution(engine, image_path, prompt, settings, exports=exports,
                                  progress=lambda fraction, text: progress(fraction, desc=text))
         tokens = [f"{i}: {text!r}" for i, text in enumerate(report.answer.texts)] + [WHOLE_ANSWER]
@@ -73,6 +75,9 @@ def attribution_tab(engine, config, last_chat_image: gr.State, exports, concurre
             with gr.Row():
                 method = gr.Radio(list(METHODS), value="gradxinput", label="Method")
                 deletion_level = gr.Dropdown([""] + level_names, value="", label="Deletion test at one level only")
+            against = gr.Textbox(label="Explain against (other answers, comma-separated; empty: the answer's "
+                                 "own log-probability)", value="", placeholder="e.g. red, green, blue",
+                                 elem_id="attribution-against")
             run = gr.Button("Explain", variant="primary", elem_id="attribution-run")
     report = gr.Markdown(elem_id="attribution-report")
     tiles = gr.Image(label="Attribution over the image (tiles)", format="png", elem_id="attribution-tiles")
@@ -84,6 +89,6 @@ def attribution_tab(engine, config, last_chat_image: gr.State, exports, concurre
     export = gr.File(label="Export (summary.json, PNGs, attribution.safetensors)", file_count="multiple")
 
     use_last_chat_image(from_chat, last_chat_image, image)
-    run.click(make_explain(engine, exports, gpu_task), [image, prompt, target, token, method, deletion_level],
+    run.click(make_explain(engine, exports, gpu_task), [image, prompt, target, token, method, deletion_level, against],
               [token, report, tiles, base, deletion, lens, lens_levels, export],
               api_name="attribute", concurrency_id=MODEL_QUEUE, concurrency_limit=concurrency)

@@ -32,6 +32,9 @@ FIGURE_FILES = {"tile": "attribution_tiles.png", "base": "attribution_base.png",
                 "deletion": "deletion.png", "lens": "lens.png", "lens_levels": "lens_levels.png"}
 LENS_LAYERS_SHOWN = 4  # lens panels drawn: evenly spaced residual-stream points, the last included
 REGION_PANEL = "both views"  # the tile figure's panel of region scores (g4v.attribution.regions)
+#: Bounds on the answers to contrast with: each is one more sequence in every forward pass.
+MAX_ALTERNATIVES = 16
+MAX_ALTERNATIVE_CHARS = 200
 
 
 @dataclass
@@ -59,6 +62,14 @@ class AttributionSettings:
         if not isinstance(self.seeds, int) or not 1 <= self.seeds <= 50:
             raise G4VError(f"the deletion test needs 1-50 random seeds, got {self.seeds!r}")
         check_fractions(self.fractions)
+        if len(self.against) > MAX_ALTERNATIVES:
+            raise G4VError(f"at most {MAX_ALTERNATIVES} answers to contrast with, got {len(self.against)}")
+        for text in self.against:
+            if not isinstance(text, str) or not text.strip():
+                raise G4VError("an answer to contrast with is empty")
+            if len(text) > MAX_ALTERNATIVE_CHARS:
+                raise G4VError(f"an answer to contrast with is {len(text):,} characters long "
+                               f"(at most {MAX_ALTERNATIVE_CHARS})")
         return self
 
 
