@@ -160,7 +160,7 @@ def _recent(values: list[float], window: int = 20) -> float:
 def train_documents(out: Path, settings: DocumentsSettings, command: str, progress: bool = True) -> str:
     """Train the second stage and save it with its provenance in ``out``; returns the weights' SHA-256."""
     from g4v.demo.build import build_processor, save_checkpoint
-    from g4v.demo.loop import _drop_subconfig_dtypes
+    from g4v.demo.loop import drop_subconfig_dtypes
 
     init = json.loads((_resolve(settings.init) / "g4v_build.json").read_text())  # before ``out`` may replace it
     model, _, stats = train_documents_model(settings, progress=progress)
@@ -177,5 +177,5 @@ def train_documents(out: Path, settings: DocumentsSettings, command: str, progre
     }
     # A fresh processor: padded calls leave padding switched on in the fast tokenizer's backend.
     sha = save_checkpoint(model, build_processor(), Path(out), provenance)
-    _drop_subconfig_dtypes(Path(out) / "config.json")
+    drop_subconfig_dtypes(Path(out) / "config.json")
     return sha

@@ -305,11 +305,11 @@ def train(out: Path, settings: TrainSettings, command: str, progress: bool = Tru
     # A fresh processor: any padded call (training batches, validation) leaves padding switched on
     # in the fast tokenizer's backend, and save_pretrained would write that into tokenizer.json.
     sha = save_checkpoint(model, build_processor(), Path(out), provenance)
-    _drop_subconfig_dtypes(Path(out) / "config.json")
+    drop_subconfig_dtypes(Path(out) / "config.json")
     return sha
 
 
-def _drop_subconfig_dtypes(path: Path) -> None:
+def drop_subconfig_dtypes(path: Path) -> None:
     """A model loaded with ``from_pretrained`` (``--init``) writes ``"dtype": "float32"`` into each
     sub-config; the random build writes none. Drop them so config.json stays byte-identical."""
     config = json.loads(path.read_text())
