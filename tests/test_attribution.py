@@ -101,6 +101,8 @@ def test_contrast_equals_autograd_on_the_models_own_features(hf_engine, request_
         torch.testing.assert_close(result.scores[i], expected, rtol=1e-4, atol=1e-6)
     with pytest.raises(G4VError, match="the answer itself"):
         make_answer(tokenizer, inputs["input_ids"], answer_ids(tokenizer, ANSWER), None, (ANSWER,))
+    repeated = make_answer(tokenizer, inputs["input_ids"], answer_ids(tokenizer, ANSWER), 0, (" green", *rivals, " green"))
+    assert repeated.alternative_texts == [" green", " a blue circle"]  # each rival counted once in the log-odds
 
 
 def test_integrated_gradients_complete_against_the_models_own_outputs(hf_engine, request_inputs, explained):

@@ -50,6 +50,7 @@ def test_attribute_writes_json_pngs_and_tensors_that_agree(picture, tmp_path, ca
     (["--image", "missing.png"], "missing.png"),
     (["--token", "first"], "--token must be a whole number or 'all'"),
     (["--prompt", "  "], "the prompt is empty"),
+    (["--against", "blue", "--token", "1"], "--token and --against cannot go together"),
 ])
 def test_attribute_bad_input_is_one_line(picture, tmp_path, capsys, args, words):
     base = {"--image": str(picture), "--prompt": "What is it?", "--out": str(tmp_path / "o")}

@@ -230,3 +230,17 @@ def test_eval_reports_the_document_tasks(tmp_path, capsys):
     assert hf["chart_cells"] == metrics.csv_cell_accuracy(chart_reply, chart.csv)
     assert hf["kvp_valid"] == float(read_answer("json", kvp_reply, D.KVP_SCHEMA).ok)
     assert hf["kvp_fields"] == metrics.key_value_match(kvp_reply, D.kvp_truth(picture)).accuracy
+
+
+@pytest.mark.parametrize("flags, words", [
+    (["--init", "/nonexistent"], "is not a trained demo checkpoint"),
+    (["--chart-share", "-1"], "must lie in 0-1 and add up to at most 1"),
+    (["--chart-share", "0.8", "--kvp-share", "0.5"], "add up to at most 1"),
+])
+def test_train_documents_refuses_bad_settings_in_one_line(flags, words, tmp_path, capsys):
+    from g4v.demo.__main__ import run
+
+    assert run(["train-documents", *flags, "--steps", "1", "--out", str(tmp_path / "o")]) == 1
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:") and words in lines[0]
+    assert not (tmp_path / "o").exists()

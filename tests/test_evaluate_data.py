@@ -109,9 +109,13 @@ def test_csv_cells_are_read_as_written(tmp_path):
     """pandas would read a column of numbers with one empty cell as floats (3 -> 3.0), which no
     answer "3" could match."""
     picture(tmp_path / "p.png")
-    (tmp_path / "counts.csv").write_text("image,prompt,answer\np.png,How many?,3\np.png,How many?,\np.png,Code?,007\n")
-    dataset = open_dataset(str(tmp_path / "counts.csv"))
-    assert [dataset.sample(i).reference for i in range(3)] == ["3", None, "007"]
+    rows = "p.png,How many?,3\np.png,How many?,\np.png,Code?,007\np.png,Which?,None\np.png,Which?,NA\n"
+    (tmp_path / "counts.csv").write_text("image,prompt,answer\n" + rows)
+    (tmp_path / "excel.csv").write_bytes(b"\xef\xbb\xbf" + ("image,prompt,answer,\n" + rows.replace("\n", ",\n")).encode())
+    for name in ("counts.csv", "excel.csv"):  # the second: Excel's byte-order mark, a trailing comma
+        dataset = open_dataset(str(tmp_path / name))
+        assert [dataset.sample(i).reference for i in range(5)] == ["3", None, "007", "None", "NA"], name
+        assert dataset.sample(0).error is None and dataset.sample(0).prompt == "How many?"
 
 
 def refused(source, columns=None, data_dirs=None) -> str:

@@ -24,7 +24,7 @@ def attribution_figure(image: Image.Image, tokens: list[tuple[str, tuple]], scor
     the smallest score would paint "lowered a little" and "no effect" alike."""
     return token_heatmap_grid(
         image, tokens, scores_by_level, view, cmap="coolwarm", alpha=0.6, symmetric=True,
-        colorbar_label="attribution (nats)", panel_title=lambda name, peak: f"{name}  (max {peak:.3g})",
+        colorbar_label="attribution (nats)", panel_title=lambda name, peak: f"{name}  (max |x| {peak:.3g})",
         title=title or f"Attribution per {view} token")
 
 

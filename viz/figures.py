@@ -139,7 +139,8 @@ def token_heatmap_grid(image: Image.Image, tokens: list[tuple[str, tuple]], valu
     for ax, (name, heat) in zip(axes.flat, maps.items()):
         ax.imshow(shown)
         mappable = ax.imshow(heat, cmap=cmap, alpha=alpha, vmin=vmin, vmax=vmax)
-        peak = float(np.nanmax(heat)) if np.isfinite(heat).any() else math.nan
+        # the panel's largest value, or its largest magnitude on a scale centred on zero
+        peak = float(np.nanmax(np.abs(heat) if symmetric else heat)) if np.isfinite(heat).any() else math.nan
         ax.set_title(_fit_title(panel_title(name, peak), panel_width), fontsize=8)
         ax.axis("off")
     for ax in list(axes.flat)[len(maps):]:

@@ -94,6 +94,7 @@ def make_answer(tokenizer, prompt_ids: torch.Tensor, ids: list[int], target: int
     if not ids:
         raise G4VError("the answer to explain is empty")
     if alternatives:
+        alternatives = tuple(dict.fromkeys(alternatives))  # a repeated answer would count twice in the log-odds
         rivals = [answer_ids(tokenizer, text) for text in alternatives]
         if list(ids) in rivals:
             raise G4VError("an alternative to contrast with is the answer itself")
@@ -177,13 +178,20 @@ def batched_features(encoded: Encoded, keep: torch.Tensor, levels: list[Level]) 
     return out
 
 
+def variants_per_pass(answer: Answer, batch_size: int) -> int:
+    """Feature variants per forward pass so that a pass holds about ``batch_size`` sequences: a
+    contrast runs every variant once per answer (its own and each alternative's)."""
+    return max(1, batch_size // (1 + len(answer.alternatives)))
+
+
 def logprobs_of_variants(model, encoded: Encoded, answer: Answer, keep: torch.Tensor, levels: list[Level],
                          batch_size: int = DEFAULT_BATCH) -> torch.Tensor:
     """(variants, num_levels, num_image_tokens) keep-masks -> (variants,) target log-probabilities,
-    ``batch_size`` variants per forward pass, without gradients."""
+    about ``batch_size`` sequences per forward pass (:func:`variants_per_pass`), without gradients."""
     out = []
+    step = variants_per_pass(answer, batch_size)
     with torch.inference_mode():
-        for start in range(0, keep.shape[0], batch_size):
-            chunk = keep[start:start + batch_size]
+        for start in range(0, keep.shape[0], step):
+            chunk = keep[start:start + step]
             out.append(answer_logprobs(model, encoded, answer, batched_features(encoded, chunk, levels)).cpu())
     return torch.cat(out)

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
-from g4v.attribution.forward import DEFAULT_BATCH, Answer, Encoded, answer_logprobs, frozen_parameters
+from g4v.attribution.forward import (DEFAULT_BATCH, Answer, Encoded, answer_logprobs, frozen_parameters,
+                                     variants_per_pass)
 from g4v.errors import G4VError
 from g4v.inspect.levels import Level
 
@@ -88,7 +89,7 @@ def integrated_gradients(model, encoded: Encoded, answer: Answer, levels: list[L
     with frozen_parameters(model), torch.enable_grad():
         attributions, delta = IntegratedGradients(forward).attribute(
             inputs, baselines=tuple(torch.zeros_like(x) for x in inputs), n_steps=steps,
-            internal_batch_size=batch_size, return_convergence_delta=True)
+            internal_batch_size=variants_per_pass(answer, batch_size), return_convergence_delta=True)
         with torch.no_grad():
             ends = forward(*(torch.cat([torch.zeros_like(x), x]) for x in inputs))  # (2,): f(0), f(features)
     scores = torch.stack([a[0].float().sum(-1) for a in attributions])  # (levels, tokens)

@@ -28,8 +28,9 @@ def add_parser(subparsers):
                         help="answer text to explain (default: the model's own greedy answer)")
     parser.add_argument("--against", nargs="+", default=list(defaults.against), metavar="TEXT",
                         help="explain the whole answer's log-odds against these other answers (contrast)")
-    parser.add_argument("--token", default=str(defaults.token), metavar="N|all",
-                        help="answer token to explain (0 = first), or 'all' for the whole answer")
+    parser.add_argument("--token", default=None, metavar="N|all",
+                        help=f"answer token to explain (default {defaults.token}; 0 = first), or 'all' for the whole "
+                             "answer; not with --against, which explains the whole answer")
     parser.add_argument("--method", choices=METHODS, default=defaults.method)
     parser.add_argument("--steps", type=int, default=defaults.steps, help="integrated-gradient steps")
     parser.add_argument("--deletion-level", default=defaults.deletion_level, metavar="LEVEL",
@@ -59,7 +60,10 @@ def run(args) -> int:
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise G4VError(f"--out is a file, not a folder: {out.name}")
-    settings = AttributionSettings(target=args.target, token=parse_token(args.token), against=tuple(args.against),
+    if args.against and args.token is not None:
+        raise G4VError("--token and --against cannot go together: a contrast explains the whole answer")
+    token = AttributionSettings.token if args.token is None else parse_token(args.token)
+    settings = AttributionSettings(target=args.target, token=token, against=tuple(args.against),
                                    method=args.method,
                                    steps=args.steps, deletion_level=args.deletion_level, seeds=args.seeds,
                                    lens=not args.no_lens, max_new_tokens=args.max_new_tokens).checked()

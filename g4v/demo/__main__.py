@@ -92,8 +92,9 @@ def _add_training_commands(sub) -> None:
     eval_cmd.add_argument("--no-ablations", action="store_true")
     eval_cmd.add_argument("--adapter-only", action="store_true", help="(hf) only the adapter checks")
     eval_cmd.add_argument("--threads", type=int, default=None)
-    eval_cmd.add_argument("--doc-n", type=int, default=300,
-                          help="held-out charts and key-value pictures for the document tasks (0: skip)")
+    eval_cmd.add_argument("--doc-n", type=int, default=0,
+                          help="held-out charts and key-value pictures for the document tasks (default 0: skip; "
+                               "the bundled checkpoint has not learnt them)")
     eval_cmd.add_argument("--json", type=Path, default=None, help="also write the results here")
 
 
@@ -132,5 +133,18 @@ def _run_training_command(args, argv) -> int:
     return 0
 
 
+def run(argv=None) -> int:
+    """:func:`main`, with a refused input as one ``error:`` line instead of a traceback."""
+    import sys
+
+    from g4v.errors import G4VError
+
+    try:
+        return main(argv)
+    except G4VError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+
+
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run())

@@ -32,6 +32,7 @@ from g4v.demo.data import conversation_plan, encode
 from g4v.demo.data import data_settings as shapes_data_settings
 from g4v.demo.loop import no_dropout, parameter_groups, progress_bar, validation_accuracy
 from g4v.demo.recipe import DocumentsSettings, lr_at
+from g4v.errors import G4VError, quoted
 from g4v.paths import ASSETS_DIR, REPO_ROOT
 
 #: Where the second stage writes by default: beside the first stage's checkpoint, which it leaves
@@ -77,6 +78,16 @@ def load_init(settings: DocumentsSettings):
     processor = AutoProcessor.from_pretrained(init)
     model = Granite4VisionForConditionalGeneration.from_pretrained(init, dtype=torch.float32)
     return model, processor
+
+
+def check_settings(settings: DocumentsSettings) -> None:
+    """Refuse, in one line and before anything loads, task shares that are no shares and an
+    ``init`` that is not a trained checkpoint (it needs the provenance it is recorded with)."""
+    shares = (settings.chart_share, settings.kvp_share)
+    if not all(0.0 <= share <= 1.0 for share in shares) or sum(shares) > 1.0:
+        raise G4VError(f"--chart-share and --kvp-share must lie in 0-1 and add up to at most 1, got {shares}")
+    if not (_resolve(settings.init) / "g4v_build.json").is_file():
+        raise G4VError(f"--init {quoted(settings.init, 80)} is not a trained demo checkpoint (no g4v_build.json)")
 
 
 def _resolve(path: str) -> Path:
@@ -162,6 +173,7 @@ def train_documents(out: Path, settings: DocumentsSettings, command: str, progre
     from g4v.demo.build import build_processor, save_checkpoint
     from g4v.demo.loop import drop_subconfig_dtypes
 
+    check_settings(settings)
     init = json.loads((_resolve(settings.init) / "g4v_build.json").read_text())  # before ``out`` may replace it
     model, _, stats = train_documents_model(settings, progress=progress)
     provenance = {

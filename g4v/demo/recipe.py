@@ -128,7 +128,7 @@ class DocumentsSettings:
     init: str = _setting("assets/granite4-vision-tiny-trained", "the trained checkpoint this stage continues from")
     steps: int = _setting(1000, "training steps")
     batch_size: int = _setting(8, "pictures per step (all of one task and one canvas kind)")
-    #: 1e-3 learnt the CSV layout too slowly in a short trial, 3e-3 twice as fast (docs/demo-model.md).
+    #: Chosen from two short trials (1e-3 and 3e-3; docs/demo-model.md has their numbers).
     lr: float = _setting(3e-3, "peak learning rate (language model and projectors)")
     #: The vision tower learnt slowly and easily forgets: as in the first stage, its own lower rate.
     vision_lr: float | None = _setting(1e-4, "learning rate of the vision tower (None: lr)")

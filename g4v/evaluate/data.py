@@ -221,29 +221,29 @@ def _load_file(path: Path, source: str):
         raise G4VError(f"dataset {path.name} has no rows")
     builder = FILE_BUILDERS.get(path.suffix.lower(), "json")
     datasets.disable_progress_bars()  # a one-file table loads in a moment; the run has its own bar
-    features = _csv_as_text(path) if builder == "csv" else None
+    # A CSV's cells are read as written: every column text, no "NA"/"None"/"null" turned into a
+    # missing value (an empty cell still is one, see _text).
+    options = {"features": _csv_as_text(path), "keep_default_na": False} if builder == "csv" else {}
     try:
-        return datasets.load_dataset(builder, data_files=str(path), split="train", features=features)
+        return datasets.load_dataset(builder, data_files=str(path), split="train", **options)
     except Exception as err:  # noqa: BLE001: datasets raises many types; the user gets one line
         raise G4VError(f"cannot read {path.name} as a dataset: {_clean(err)}") from None
 
 
 def _csv_as_text(path: Path):
-    """Every column of a CSV file read as text (``datasets.Features``), or None when its header
-    cannot be read here (``datasets`` then reports the problem). Without this, pandas reads a
-    column of numbers with an empty cell as floats, and a reference ``3`` would become ``3.0``."""
-    import csv
-
+    """Every column of a CSV file read as text (``datasets.Features``), or None when pandas cannot
+    read its header (``datasets`` then reports the problem). Without this, pandas reads a column of
+    numbers with an empty cell as floats, and a reference ``3`` would become ``3.0``. The names come
+    from pandas itself, so they match what the loader builds (a byte-order mark dropped, an
+    unnamed column called ``Unnamed: N``)."""
     import datasets
+    import pandas
 
     try:
-        with open(path, encoding="utf-8", newline="") as handle:
-            header = next(csv.reader(handle), None)
-    except (OSError, UnicodeDecodeError, csv.Error):
+        header = list(pandas.read_csv(path, nrows=0, encoding="utf-8-sig").columns)
+    except Exception:  # noqa: BLE001 - any unreadable header: let datasets name the problem
         return None
-    if not header or len(set(header)) != len(header):
-        return None
-    return datasets.Features({name: datasets.Value("string") for name in header})
+    return datasets.Features({str(name): datasets.Value("string") for name in header})
 
 
 def _count_json_lines(path: Path) -> int:
@@ -327,10 +327,10 @@ def _inside_data_dirs(path: Path, source: str, data_dirs: list[Path]) -> Path:
 
 
 def _text(value) -> str | None:
-    """A cell as text (answers lists: the first); None stays None."""
+    """A cell as text (answers lists: the first); None and an empty cell are None."""
     if isinstance(value, list):
         value = value[0] if value else None
-    return None if value is None else str(value)
+    return None if value is None or value == "" else str(value)
 
 
 def _clean(err: BaseException) -> str:

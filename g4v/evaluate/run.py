@@ -16,7 +16,6 @@ A cancel stops after the requests in flight; the rows done so far are kept and s
 """
 
 import contextlib
-import itertools
 import random
 import threading
 from collections.abc import Callable
@@ -151,12 +150,15 @@ def run_eval(config: EvalConfig, out_dir: Path, *, adapters_dir=None, reuse=None
             size = chunk_size(config)
             model_config = _model_config(arm_a, arm_b)
             answers_per_row = 4 if config.blank_probe else 2
+            progress_lock = threading.Lock()
             for start in range(0, len(todo), size):
                 samples = [dataset.sample(index) for index in todo[start:start + size]]
-                answered = itertools.count(1)  # next() is atomic: a vLLM arm's answers arrive on many threads
+                answered = [0]
 
                 def answer_done(*_):  # progress moves with each answer, not only with each chunk
-                    report(len(done) + next(answered) // answers_per_row, len(order))
+                    with progress_lock:  # a vLLM or openai arm's answers arrive on many threads
+                        answered[0] += 1
+                        report(len(done) + answered[0] // answers_per_row, len(order))
 
                 rows = compare_chunk(arm_a, arm_b, samples, config, model_config, cancel, answer_done)
                 writer.write(rows)
