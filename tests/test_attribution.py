@@ -132,7 +132,8 @@ def test_deletion_curve_matches_the_model_with_those_tokens_zeroed(hf_engine, re
     model = hf_engine.model
     _, inputs = request_inputs
     levels, answer, encoded, attribution = explained
-    curve = deletion_curve(model, encoded, answer, attribution, level="deepstack1", fractions=(0, 0.25), seeds=2)
+    curve = deletion_curve(model, encoded, answer, attribution, level="deepstack1", fractions=(0, 0.25), seeds=2,
+                           ranking="signed")
     assert curve.attributed[0] == pytest.approx(attribution.target_logprob, abs=1e-5)
     assert [run[0] for run in curve.random] == pytest.approx([attribution.target_logprob] * 2, abs=1e-5)
     tokens = attribution.scores.shape[1]
@@ -149,6 +150,19 @@ def test_deletion_curve_matches_the_model_with_those_tokens_zeroed(hf_engine, re
     expected, _ = _model_own_target(model, inputs, answer.ids, 0, edit=zero_top)
     assert curve.attributed[1] == pytest.approx(expected, abs=1e-5)
     assert curve.area_between == pytest.approx(0.25 * (sum(r[1] for r in curve.random) / 2 - curve.attributed[1]) / 2, abs=1e-7)
+
+    # "positive" (the default) removes, at every level, the tokens whose levels bring the most evidence for the target
+    positive = deletion_curve(model, encoded, answer, attribution, fractions=(0, 0.25), seeds=1)
+    evidence = attribution.scores.clamp(min=0).sum(0)  # (tokens,)
+    top = torch.argsort(evidence, descending=True, stable=True)[: round(0.25 * tokens)]
+
+    def zero_top_everywhere(at, features):
+        keep = torch.ones(tokens, 1)
+        keep[top] = 0.0
+        return features * keep
+
+    expected, _ = _model_own_target(model, inputs, answer.ids, 0, edit=zero_top_everywhere)
+    assert positive.ranking == "positive" and positive.attributed[1] == pytest.approx(expected, abs=1e-5)
 
 
 def test_logit_lens_last_layer_is_the_models_own_logits(hf_engine, request_inputs):

@@ -12,7 +12,8 @@ from pathlib import Path
 import torch
 from PIL import Image
 
-from g4v.attribution.deletion import DEFAULT_FRACTIONS, DEFAULT_SEEDS, DeletionCurve, check_fractions, deletion_curve
+from g4v.attribution.deletion import (DEFAULT_FRACTIONS, DEFAULT_RANKING, DEFAULT_SEEDS, RANKINGS, DeletionCurve,
+                                      check_fractions, deletion_curve)
 from g4v.attribution.forward import Answer, answer_ids, encode_image, make_answer
 from g4v.attribution.gradients import DEFAULT_IG_STEPS, METHODS, Attribution, attribute
 from g4v.attribution.lens import LogitLens, logit_lens
@@ -47,6 +48,7 @@ class AttributionSettings:
     method: str = "gradxinput"  # one of METHODS
     steps: int = DEFAULT_IG_STEPS  # integrated-gradient path points
     deletion_level: str | None = None  # None: remove at every level; else one level's name or index
+    deletion_ranking: str = DEFAULT_RANKING  # one of RANKINGS: which tokens the deletion test removes first
     fractions: tuple = DEFAULT_FRACTIONS
     seeds: int = DEFAULT_SEEDS
     lens: bool = True
@@ -62,6 +64,8 @@ class AttributionSettings:
         if not isinstance(self.seeds, int) or not 1 <= self.seeds <= 50:
             raise G4VError(f"the deletion test needs 1-50 random seeds, got {self.seeds!r}")
         check_fractions(self.fractions)
+        if self.deletion_ranking not in RANKINGS:
+            raise G4VError(f"unknown deletion ranking {self.deletion_ranking!r} (expected one of {', '.join(RANKINGS)})")
         if len(self.against) > MAX_ALTERNATIVES:
             raise G4VError(f"at most {MAX_ALTERNATIVES} answers to contrast with, got {len(self.against)}")
         for text in self.against:
@@ -122,7 +126,7 @@ def run_attribution(engine, image, prompt: str, settings: AttributionSettings | 
         attribution = attribute(model, encoded, answer, levels, settings.method, settings.steps)
         tell(0.55, "deletion test")
         deletion = deletion_curve(model, encoded, answer, attribution, deletion_level, settings.fractions,
-                                  settings.seeds)
+                                  settings.seeds, ranking=settings.deletion_ranking)
         lens = None
         if settings.lens:
             tell(0.8, "logit lens")

@@ -14,6 +14,7 @@ from g4v.errors import G4VError
 
 
 def add_parser(subparsers):
+    from g4v.attribution.deletion import RANKINGS
     from g4v.attribution.gradients import METHODS
     from g4v.attribution.run import AttributionSettings
 
@@ -36,6 +37,9 @@ def add_parser(subparsers):
     parser.add_argument("--deletion-level", default=defaults.deletion_level, metavar="LEVEL",
                         help="remove tokens at this level only in the deletion test (default: all levels)")
     parser.add_argument("--seeds", type=int, default=defaults.seeds, help="random orders in the deletion test")
+    parser.add_argument("--deletion-ranking", choices=RANKINGS, default=defaults.deletion_ranking,
+                        help="remove first the tokens with the most evidence for the target (positive: each "
+                             "level's score clipped at 0) or the highest net score (signed)")
     parser.add_argument("--no-lens", action="store_true", help="skip the logit lens")
     parser.add_argument("--max-new-tokens", type=int, default=defaults.max_new_tokens,
                         help="length of the greedy answer when no --target is given")
@@ -66,6 +70,7 @@ def run(args) -> int:
     settings = AttributionSettings(target=args.target, token=token, against=tuple(args.against),
                                    method=args.method,
                                    steps=args.steps, deletion_level=args.deletion_level, seeds=args.seeds,
+                                   deletion_ranking=args.deletion_ranking,
                                    lens=not args.no_lens, max_new_tokens=args.max_new_tokens).checked()
 
     from tqdm import tqdm
