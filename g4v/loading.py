@@ -133,22 +133,24 @@ def load_config(source: str | Path):
     from transformers import AutoConfig
 
     try:
-        return with_qformer_widths(AutoConfig.from_pretrained(str(config_file)))
+        return with_qformer_widths(AutoConfig.from_pretrained(str(config_file)), data.get("qformer_config") or {})
     except Exception as err:  # transformers raises many types for bad configs; the user needs one line
         raise G4VError(f"could not read {config_file}: {first_line(err)}") from None
 
 
-def with_qformer_widths(config):
-    """``config`` with the Q-Former as wide as the vision tower, as transformers >= 5.21 and vLLM
-    build it (hidden and encoder width = vision width, one head per 64 channels).
+def with_qformer_widths(config, written: dict):
+    """``config`` with the Q-Former widths that config.json leaves out taken from the vision tower,
+    as transformers >= 5.21 and vLLM build them (hidden and encoder width = vision width, one head
+    per 64 channels); ``written`` is config.json's own ``qformer_config``, whose values are kept.
 
     The real checkpoint's config.json leaves these out, and transformers < 5.21 (the vLLM
     environment's) then builds BLIP-2's defaults: 768 wide, reading 1408-wide features, which
     cannot hold the real weights."""
     width = config.vision_config.hidden_size
-    config.qformer_config.hidden_size = width
-    config.qformer_config.encoder_hidden_size = width
-    config.qformer_config.num_attention_heads = width // 64
+    derived = {"hidden_size": width, "encoder_hidden_size": width, "num_attention_heads": width // 64}
+    for name, value in derived.items():
+        if name not in written:
+            setattr(config.qformer_config, name, value)
     return config
 
 
@@ -179,15 +181,16 @@ def engine_config(engine):
 
 
 def _hub_config(model_id: str):
-    from transformers import AutoConfig
+    from transformers import AutoConfig, PretrainedConfig
 
     try:
         config = AutoConfig.from_pretrained(model_id)
+        written, _ = PretrainedConfig.get_config_dict(model_id)  # config.json as written (cached by the hub)
     except Exception as err:  # offline, unknown id, ...: one line
         raise G4VError(f"could not fetch the config of {model_id}: {first_line(err)}") from None
     if getattr(config, "model_type", None) != MODEL_TYPE:
         raise G4VError(f"{model_id} is not a Granite 4 Vision model (model_type {config.model_type!r})")
-    return with_qformer_widths(config)
+    return with_qformer_widths(config, written.get("qformer_config") or {})
 
 
 # ── writing weights ─────────────────────────────────────────────────────────────────────────────
