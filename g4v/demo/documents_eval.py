@@ -10,10 +10,9 @@ Answers come from an engine (transformers or vLLM, one request per question) or 
 greedy decoding (:func:`g4v.demo.evaluate.batched_answers`), which the ablations use.
 """
 
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 
-from g4v.conversation import Message, SamplingSettings
+from g4v.conversation import SamplingSettings
 from g4v.demo.documents_data import KVP_SCHEMA, DocumentItem, pairs
 
 #: Enough new tokens for the longest right answer (4 CSV rows; 3 shapes of key-value JSON), with room.
@@ -98,17 +97,17 @@ def ablated(model, processor, items: list[DocumentItem], scales: dict[str, float
         return batched(model, processor, items)
 
 
-def engine_answers(engine, items: list[DocumentItem], workers: int = 1, adapter: str | None = None) -> list[str]:
-    """One engine request per question, greedy (a vLLM engine takes several at once)."""
-    def ask(item: DocumentItem) -> str:
-        settings = SamplingSettings(max_new_tokens=MAX_NEW_TOKENS[item.qa.kind], temperature=0)
-        kwargs = {"adapter": adapter} if adapter else {}
-        return engine.generate([Message("user", item.qa.question, [item.image])], settings, **kwargs).text.strip()
+def engine_answers(engine, items: list[DocumentItem], workers: int = 1) -> list[str]:
+    """One engine request per question, greedy, each task with its own token limit
+    (:func:`g4v.demo.evaluate.answers`; a vLLM engine takes several at once)."""
+    from g4v.demo.evaluate import answers
 
-    if workers > 1:
-        with ThreadPoolExecutor(workers) as pool:
-            return list(pool.map(ask, items))
-    return [ask(item) for item in items]
+    replies = [""] * len(items)
+    for kind, indices in by_task(items).items():
+        settings = SamplingSettings(max_new_tokens=MAX_NEW_TOKENS[kind], temperature=0)
+        for index, reply in zip(indices, answers(engine, pairs([items[i] for i in indices]), workers, settings)):
+            replies[index] = reply
+    return replies
 
 
 def format_rows(rows: dict[str, DocumentScores]) -> str:

@@ -35,15 +35,15 @@ def items(pictures: list[S.Picture]) -> list[tuple[S.Picture, S.QA]]:
     return [(p, qa) for p in pictures for qa in p.qas]
 
 
-def ask(engine, picture: S.Picture, question: str) -> str:
-    return engine.generate([Message("user", question, [picture.image])], SETTINGS).text.strip()
+def ask(engine, picture: S.Picture, question: str, settings=SETTINGS) -> str:
+    return engine.generate([Message("user", question, [picture.image])], settings).text.strip()
 
 
-def answers(engine, pairs, workers: int = 1) -> list[str]:
+def answers(engine, pairs, workers: int = 1, settings=SETTINGS) -> list[str]:
     if workers > 1:
         with ThreadPoolExecutor(workers) as pool:
-            return list(pool.map(lambda pq: ask(engine, pq[0], pq[1].question), pairs))
-    return [ask(engine, p, qa.question) for p, qa in pairs]
+            return list(pool.map(lambda pq: ask(engine, pq[0], pq[1].question, settings), pairs))
+    return [ask(engine, p, qa.question, settings) for p, qa in pairs]
 
 
 def batched_answers(model, processor, pairs, batch_size: int = 16, max_new_tokens: int = 6) -> list[str]:
