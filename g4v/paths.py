@@ -10,6 +10,10 @@ ASSETS_DIR = REPO_ROOT / "assets"
 BUNDLED_MODEL_DIR = ASSETS_DIR / "granite4-vision-tiny"
 #: The same architecture trained on synthetic shapes (``python -m g4v.demo train``): the app's default.
 TRAINED_MODEL_DIR = ASSETS_DIR / "granite4-vision-tiny-trained"
+#: That checkpoint trained further on charts to CSV and key-value extraction
+#: (``python -m g4v.demo train-documents``). Not the default: the French adapter was trained on the
+#: first one.
+DOCUMENTS_MODEL_DIR = ASSETS_DIR / "granite4-vision-tiny-documents"
 #: The real granite-vision-4.1-4b config and processor settings, without weights.
 REAL_CONFIG_DIR = ASSETS_DIR / "granite-vision-4.1-4b-config"
 EXAMPLES_DIR = ASSETS_DIR / "examples"
@@ -28,8 +32,9 @@ def default_model() -> str:
 
 
 def is_bundled(model: str) -> bool:
-    """True for either bundled demo checkpoint (random or trained)."""
+    """True for a bundled demo checkpoint (random, trained, or trained on documents)."""
     try:
-        return Path(model).resolve() in (BUNDLED_MODEL_DIR.resolve(), TRAINED_MODEL_DIR.resolve())
+        return Path(model).resolve() in (BUNDLED_MODEL_DIR.resolve(), TRAINED_MODEL_DIR.resolve(),
+                                         DOCUMENTS_MODEL_DIR.resolve())
     except OSError:
         return False

@@ -107,7 +107,7 @@ def test_prompts_are_the_presets_and_labels_only_the_answers():
     from g4v.demo.data import encode, render
 
     assert D.chart_prompt() == PRESETS["chart2csv"].prompt == "<chart2csv>"
-    assert D.kvp_prompt() == PRESETS["kvp"].prompt.format(schema=json.dumps(D.KVP_SCHEMA, indent=2))
+    assert D.kvp_prompt() == PRESETS["kvp"].prompt.format(schema=json.dumps(D.KVP_SCHEMA))
     processor = build_processor()
     items = [D.chart_item(C.train_chart(0, 0, canvas="square")), D.kvp_item(S.picture("docs:0:0", canvas="square"))]
     for item in items:
@@ -119,6 +119,105 @@ def test_prompts_are_the_presets_and_labels_only_the_answers():
         assert processor.tokenizer.decode(labels[labels != -100]) == item.qa.answer + "<|end_of_text|>"
         ids = processor.tokenizer.encode(item.qa.answer, add_special_tokens=False)
         assert processor.tokenizer.decode(ids) == item.qa.answer  # byte-level BPE: nothing lost
+
+
+# ── the attention pointer's targets ─────────────────────────────────────────────────────────────
+
+
+def test_segments_are_each_rows_and_objects_text_and_the_mask_marks_that_object():
+    """A chart's segments are bar i's CSV row (pointing at bar i, which its mask marks where the
+    pixels have bar i's colour, found from the pixels alone), then the character ending that row
+    (pointing at the next bar, or after the last at the empty plot right of it). A key-value
+    answer's are the count (spread over every shape), each shape's JSON and the comma before the
+    next shape's (pointing at that one)."""
+    for chart in C.chart_eval_set(30):
+        item, bars = D.chart_item(chart), len(chart.bars)
+        text = chart.csv + "\0"  # the end of text after the last row: one past the answer
+        assert [text[a:b] for a, b, _ in item.segments[0::2]] == [f"{c},{v}" for c, v in chart.bars]
+        assert [text[a:b] for a, b, _ in item.segments[1::2]] == ["\n"] * (bars - 1) + ["\0"]
+        assert [i for *_, i in item.segments] == [i + half for i in range(bars) for half in (0, 1)]
+        mask = np.asarray(chart.mask)
+        boxes = _bar_boxes(chart)
+        for (_, _, index), (left, top, right, bottom) in zip(item.segments[0::2], boxes):
+            assert (mask[top:bottom + 1, left:right + 1] == index + 1).mean() > 0.95
+        ys, xs = np.nonzero(mask == bars + 1)
+        assert item.objects == bars + 1 and xs.size > 0 and xs.min() > boxes[-1][2]
+    for picture in S.eval_set(30):
+        item, order = D.kvp_item(picture), D.reading_order(picture)
+        (a, b, spread), *objects = item.segments
+        assert item.qa.answer[a:b] == str(len(picture.shapes)) and spread == tuple(range(len(picture.shapes)))
+        for (a, b, index), shape in zip(objects[0::2], order):
+            assert picture.shapes[index] == shape
+            assert json.loads(item.qa.answer[a:b]) == {"shape": shape.kind, "colour": shape.colour, "place": shape.place}
+        for (a, b, index), shape in zip(objects[1::2], order[1:]):
+            assert item.qa.answer[a:b] == "," and picture.shapes[index] == shape
+
+
+def _document_batch():
+    from g4v.demo.build import build_processor, build_random_model
+    from g4v.demo.data import encode
+
+    processor = build_processor()
+    model = build_random_model(processor)
+    items = [D.chart_item(C.train_chart(0, 3, canvas="square")), D.kvp_item(S.picture("docs:0:5", canvas="square"))]
+    batch = encode(processor, items, [[(item.qa.question, item.qa.answer)] for item in items])
+    return model, processor, items, batch
+
+
+def test_segment_tokens_decode_to_each_segments_text():
+    from g4v.demo.aids import segment_tokens, token_ends
+    from g4v.demo.data import answer_spans
+
+    _, processor, items, batch = _document_batch()
+    for row, item in enumerate(items):
+        span = answer_spans(batch["labels"][row])[0]
+        ids = batch["input_ids"][row, span.start:span.stop].tolist()
+        found = segment_tokens(token_ends(processor.tokenizer, ids), item.segments)
+        starts = [len(processor.tokenizer.decode(ids[:k])) for k in range(len(ids))]
+        # Every token found lies in a segment about that object, and every token of a segment is found.
+        assert all(any(first <= starts[k] < stop and i == index for first, stop, index in item.segments)
+                   for k, i in found)
+        assert len(found) == sum(first <= start < stop for start in starts for first, stop, _ in item.segments)
+        text = item.qa.answer + "<|end_of_text|>"
+        for first, stop, index in item.segments:
+            tokens = [ids[k] for k, i in found if i == index and first <= len(processor.tokenizer.decode(ids[:k])) < stop]
+            assert processor.tokenizer.decode(tokens) == (text[first:stop] if stop <= len(item.qa.answer) else
+                                                          "<|end_of_text|>")
+
+
+def test_segment_pointer_loss_is_minus_the_log_attention_on_each_segments_object():
+    """Against the model's own attention weights (eager attention, ``output_attentions``): the loss
+    is the mean, over every position predicting a segment's token, of minus the log of the head's
+    attention mass on that segment's object."""
+    import torch
+
+    from g4v.demo.aids import AttentionPointer, object_tokens
+    from g4v.demo.data import answer_spans
+
+    model, processor, items, batch = _document_batch()
+    model.set_attn_implementation("eager")
+    pointer = AttentionPointer(model, layer=9, head=0)
+    try:
+        attentions = model(**batch, output_attentions=True).attentions[9][:, 0]  # (rows, queries, keys)
+        loss = pointer.segment_losses(batch, items, processor.tokenizer)["pointer"]
+    finally:
+        pointer.remove()
+    expected = []
+    for row, item in enumerate(items):
+        image = (batch["input_ids"][row] == model.config.image_token_index).nonzero().flatten()
+        per_object = object_tokens(item.mask, item.size, item.objects, model.config, pointer.min_cover)
+        answer = answer_spans(batch["labels"][row])[0]
+        text = ""
+        for position in range(answer.start, answer.stop):
+            start = len(text)
+            text = processor.tokenizer.decode(batch["input_ids"][row, answer.start:position + 1])
+            for first, stop, index in item.segments:
+                spread = [i for i in (index if isinstance(index, tuple) else (index,)) if per_object[i]]
+                if first <= start < stop and spread:
+                    attention = attentions[row, position - 1]
+                    expected.append(-sum(torch.log(attention[image[per_object[i]]].sum()) for i in spread) / len(spread))
+    assert len(expected) > 40
+    assert torch.allclose(loss, torch.stack(expected).mean(), rtol=1e-4)
 
 
 # ── scores ──────────────────────────────────────────────────────────────────────────────────────
@@ -152,12 +251,14 @@ def test_train_documents_runs_a_few_steps_and_records_its_sha(tmp_path):
     from g4v.demo.__main__ import main
 
     out = tmp_path / "documents"
-    flags = ["--steps", "2", "--batch-size", "2", "--chart-share", "0.5", "--kvp-share", "0.5", "--no-progress"]
+    # Three steps that draw one of each task (chart, key-value, shapes) with the default seed.
+    flags = ["--steps", "3", "--batch-size", "2", "--chart-share", "0.4", "--kvp-share", "0.3", "--no-progress"]
     assert main(["train-documents", "--out", str(out), *flags]) == 0
     provenance = json.loads((out / "g4v_build.json").read_text())
     assert provenance["weights_sha256"] == sha256_file(out / "model.safetensors")
     assert provenance["init"] == json.loads((TRAINED_MODEL_DIR / "g4v_build.json").read_text())
-    assert provenance["settings"]["steps"] == 2 and sum(provenance["steps_per_task"].values()) == 2
+    assert provenance["steps_per_task"] == {"shapes": 1, "chart": 1, "kvp": 1}
+    assert set(provenance["final_loss"]) == {"shapes", "chart", "kvp", "pointer"}
     assert provenance["builder"].startswith("python -m g4v.demo train-documents")
     for name in ("config.json", "tokenizer.json", "tokenizer_config.json", "processor_config.json"):
         assert (out / name).read_bytes() == (TRAINED_MODEL_DIR / name).read_bytes(), name
@@ -199,6 +300,24 @@ def test_examples_are_rebuilt_bit_for_bit_and_answer_right(tmp_path):
     chart, kvp = entries[CHART_FILE], entries[KVP_FILE]
     assert chart["prompt"] == "<chart2csv>" and tables.parse_csv(chart["answer"]).rows[0] == ["label", "value"]
     assert read_answer("json", kvp["answer"], D.KVP_SCHEMA).ok and kvp["prompt"] == D.kvp_prompt()
+
+
+def test_document_examples_are_offered_with_the_checkpoint_that_learnt_them():
+    """The app lists the chart and key-value examples only on the documents checkpoint (the
+    first stage answers them wrongly), and its banner says how to start that one."""
+    from pathlib import Path
+
+    from g4v.demo.examples import CHART_FILE, KVP_FILE
+    from g4v.paths import DOCUMENTS_MODEL_DIR
+    from webapp.layout import banner, example_messages
+
+    def files(model: Path) -> set[str]:
+        return {Path(message["files"][0]).name for message in example_messages(str(model))}
+
+    assert {CHART_FILE, KVP_FILE, "shapes-wide.png"} <= files(DOCUMENTS_MODEL_DIR)
+    assert "shapes-wide.png" in files(TRAINED_MODEL_DIR) and not {CHART_FILE, KVP_FILE} & files(TRAINED_MODEL_DIR)
+    assert f"--model assets/{DOCUMENTS_MODEL_DIR.name}" in banner(str(TRAINED_MODEL_DIR))
+    assert "Chart to CSV" in banner(str(DOCUMENTS_MODEL_DIR)) and "random weights" not in banner(str(DOCUMENTS_MODEL_DIR))
 
 
 # ── eval ────────────────────────────────────────────────────────────────────────────────────────

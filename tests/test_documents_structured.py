@@ -32,7 +32,7 @@ def test_the_key_value_prompt_is_marked_as_ours_and_carries_the_schema():
     assert not preset.documented and preset.needs_schema
     schema = {"type": "object", "properties": {"total": {"type": "number"}}}
     prompt = presets.build_prompt("kvp", schema_text=json.dumps(schema))
-    assert prompt == presets.KVP_PROMPT_TEMPLATE.format(schema=json.dumps(schema, indent=2))
+    assert prompt == presets.KVP_PROMPT_TEMPLATE.format(schema=json.dumps(schema))
     assert json.loads(prompt[prompt.index("{"):]) == schema
 
 

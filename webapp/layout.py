@@ -8,7 +8,7 @@ import gradio as gr
 from g4v.engines import Engine
 from g4v.errors import G4VError
 from g4v.loading import engine_config
-from g4v.paths import EXAMPLES_DIR, REAL_MODEL_ID, TRAINED_MODEL_DIR, is_bundled
+from g4v.paths import ASSETS_DIR, DOCUMENTS_MODEL_DIR, EXAMPLES_DIR, REAL_MODEL_ID, TRAINED_MODEL_DIR, is_bundled
 from webapp.attribution import attribution_tab
 from webapp.chat import chat_tab
 from webapp.deepstack import deepstack_tab
@@ -22,23 +22,36 @@ from webapp.tiling import tiling_tab
 CACHE_CLEANUP = (600, 3600)  # (every seconds, older than seconds)
 
 
+def _serves(model: str, folder: Path) -> bool:
+    """Whether ``model`` names the bundled checkpoint in ``folder``."""
+    return is_bundled(model) and Path(model).resolve() == folder.resolve()
+
+
 def banner(model: str) -> str:
     switch = (f"For the real model run `python app.py --model {REAL_MODEL_ID}` (or set `G4V_MODEL`) on a "
               "machine with a GPU and access to the Hugging Face Hub.")
-    if is_bundled(model) and Path(model).resolve() == TRAINED_MODEL_DIR.resolve():
-        return ("**Demo checkpoint in use**: a tiny Granite 4 Vision (the real architecture, 6 M parameters) "
-                "trained here on synthetic pictures of shapes. It answers questions about the colour, kind, "
-                "position and number of simple shapes, and little else. " + switch)
+    trained = ("**Demo checkpoint in use**: a tiny Granite 4 Vision (the real architecture, 6 M parameters) "
+               "trained here on synthetic pictures of shapes. It answers questions about the colour, kind, "
+               "position and number of simple shapes")
+    if _serves(model, TRAINED_MODEL_DIR):
+        return (trained + ", and little else. Its second stage, which also reads bar charts (Chart to CSV) "
+                "and fills a JSON schema about the shapes (key-value extraction), runs with "
+                f"`python app.py --model assets/{DOCUMENTS_MODEL_DIR.name}`. " + switch)
+    if _serves(model, DOCUMENTS_MODEL_DIR):
+        return (trained + "; its second stage also reads synthetic bar charts (the Chart to CSV task) and fills "
+                "a JSON schema about the shapes (key-value extraction), and little else. " + switch)
     if is_bundled(model):
         return ("**Demo checkpoint in use**: a tiny Granite 4 Vision with the real architecture and random "
                 "weights, bundled so the workbench runs offline. Its answers are not meaningful. " + switch)
     return f"Model: `{model}`"
 
 
-def example_messages() -> list[dict]:
-    """Chat examples listed in assets/examples/examples.json, as textbox values."""
+def example_messages(model: str) -> list[dict]:
+    """Chat examples listed in assets/examples/examples.json, as textbox values. An entry with a
+    ``model`` (a bundled checkpoint's folder name) is shown only when that checkpoint is served."""
     listed = json.loads((EXAMPLES_DIR / "examples.json").read_text())
-    return [{"text": item["prompt"], "files": [str(EXAMPLES_DIR / item["file"])]} for item in listed]
+    return [{"text": item["prompt"], "files": [str(EXAMPLES_DIR / item["file"])]} for item in listed
+            if "model" not in item or _serves(model, ASSETS_DIR / item["model"])]
 
 
 def local_config(engine: Engine):
@@ -68,7 +81,7 @@ def build_app(engine: Engine, model: str, concurrency: int = 1, adapters_dir=Non
         last_chat_image = gr.State(None)  # the newest image sent in Chat, for the inspection tabs
         with gr.Tabs() as tabs:  # by id, so a tab can switch to another (the Evaluate tab's "Open in ...")
             with gr.Tab("Chat", id="chat"):
-                chat_box = chat_tab(engine, last_chat_image, example_messages(), concurrency, gpu_task)
+                chat_box = chat_tab(engine, last_chat_image, example_messages(model), concurrency, gpu_task)
             with gr.Tab("Tiling", id="tiling"):
                 tiling_tab(config, last_chat_image)
             with gr.Tab("Deepstack", id="deepstack"):

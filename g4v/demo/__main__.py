@@ -14,7 +14,7 @@ its second stage, charts to CSV and key-value extraction (:mod:`g4v.demo.documen
 import argparse
 from pathlib import Path
 
-from g4v.paths import BUNDLED_MODEL_DIR, TRAINED_MODEL_DIR
+from g4v.paths import BUNDLED_MODEL_DIR, DOCUMENTS_MODEL_DIR, TRAINED_MODEL_DIR
 
 
 def main(argv=None) -> int:
@@ -63,7 +63,6 @@ def _add_training_commands(sub) -> None:
     """The training commands' flags: one per settings field (:mod:`g4v.commands.settings_flags`)."""
     from g4v.commands.settings_flags import add_settings_flags
     from g4v.demo.adapter_training import ADAPTER_DIR
-    from g4v.demo.documents_training import DOCUMENTS_MODEL_DIR
     from g4v.demo.recipe import AdapterSettings, DocumentsSettings, TrainSettings
 
     train_cmd = sub.add_parser("train", help="train the tiny checkpoint from scratch on synthetic shapes (CPU)")
@@ -92,9 +91,9 @@ def _add_training_commands(sub) -> None:
     eval_cmd.add_argument("--no-ablations", action="store_true")
     eval_cmd.add_argument("--adapter-only", action="store_true", help="(hf) only the adapter checks")
     eval_cmd.add_argument("--threads", type=int, default=None)
-    eval_cmd.add_argument("--doc-n", type=int, default=0,
-                          help="held-out charts and key-value pictures for the document tasks (default 0: skip; "
-                               "the bundled checkpoint has not learnt them)")
+    eval_cmd.add_argument("--doc-n", type=int, default=None,
+                          help="held-out charts and key-value pictures for the document tasks (default: --n for a "
+                               "checkpoint trained on them by train-documents, else 0, which skips them)")
     eval_cmd.add_argument("--json", type=Path, default=None, help="also write the results here")
 
 

@@ -133,35 +133,15 @@ class AttentionPointer:
 
     def shape_tokens(self, picture: S.Picture) -> list[list[int]]:
         """For each shape, the indices (in packing order) of the base/tile image tokens it covers."""
-        import numpy as np
-
-        from g4v.tiling import plan_tiling
-
-        mask = np.asarray(picture.mask)
-        plan = plan_tiling((picture.size[1], picture.size[0]), self.config)
-        covered = [[] for _ in picture.shapes]
-        for token in plan.tokens:
-            left, top, right, bottom = (int(round(v)) for v in token.box)
-            if token.kind == "newline" or right <= left or bottom <= top:
-                continue
-            cell = mask[top:bottom, left:right]
-            for index in range(len(picture.shapes)):
-                if (cell == index + 1).mean() >= self.min_cover:
-                    covered[index].append(token.index)
-        return covered
+        return object_tokens(picture.mask, picture.size, len(picture.shapes), self.config, self.min_cover)
 
     def losses(self, batch: dict, pictures: list[S.Picture],
                plans: list[list[tuple[S.QA, int | None]]]) -> dict[str, torch.Tensor]:
         """``pointer``: minus the log attention mass on the named shape's tokens, averaged over the
         answer-predicting positions; ``readout`` (with a readout head): cross-entropy of its colour,
         shape and place predictions."""
-        from transformers.models.granite4_vision.modeling_granite4_vision import apply_rotary_pos_emb
-
         hidden, (cos, sin) = self._inputs
         self._inputs = None
-        attention = self.attention
-        head_dim = attention.head_dim
-        group = attention.num_key_value_groups
         rows, queries, targets, named = [], [], [], []
         for row, (picture, plan) in enumerate(zip(pictures, plans)):
             image_positions = (batch["input_ids"][row] == self.image_token).nonzero().flatten()
@@ -186,6 +166,41 @@ class AttentionPointer:
                     queries.append(position)
                     targets.append(shape_targets)
                     named.append(shape)
+        return self._losses(hidden, cos, sin, rows, queries, targets, named)
+
+    def segment_losses(self, batch: dict, items: list, tokenizer) -> dict[str, torch.Tensor]:
+        """Document answers (second stage): every position that predicts a token of one stretch of
+        the answer looks at the object that stretch is about. Each item has ``mask`` (object ``i``
+        drawn as value ``i + 1``), ``size``, ``objects`` (their number) and ``segments``: (first
+        character, end character, object index) in its answer, such as a chart's CSV row and its
+        bar, or one shape's JSON object and that shape; a tuple of indices spreads the attention
+        evenly over those objects (as the count pointer does). Returns ``pointer`` as
+        :meth:`losses` does."""
+        hidden, (cos, sin) = self._inputs
+        self._inputs = None
+        rows, queries, targets = [], [], []
+        for row, item in enumerate(items):
+            image_positions = (batch["input_ids"][row] == self.image_token).nonzero().flatten()
+            per_object = object_tokens(item.mask, item.size, item.objects, self.config, self.min_cover)
+            answer = answer_spans(batch["labels"][row])[0]
+            ends = token_ends(tokenizer, batch["input_ids"][row, answer.start:answer.stop].tolist())
+            for k, index in segment_tokens(ends, item.segments):
+                spread = [image_positions[per_object[i]] for i in (index if isinstance(index, tuple) else (index,))
+                          if per_object[i]]
+                if spread:
+                    rows.append(row)
+                    queries.append(answer.start + k - 1)  # the position predicting answer token k
+                    targets.append(spread)
+        return self._losses(hidden, cos, sin, rows, queries, targets, [None] * len(rows))
+
+    def _losses(self, hidden, cos, sin, rows: list[int], queries: list[int], targets: list[list[torch.Tensor]],
+                named: list) -> dict[str, torch.Tensor]:
+        """The pointer loss (and readout) of the gathered (row, query position, target tokens)."""
+        from transformers.models.granite4_vision.modeling_granite4_vision import apply_rotary_pos_emb
+
+        attention = self.attention
+        head_dim = attention.head_dim
+        group = attention.num_key_value_groups
         if not rows:
             zero = hidden.new_zeros(())
             return {"pointer": zero, **({"readout": zero} if self.readout is not None else {})}
@@ -224,6 +239,43 @@ class AttentionPointer:
         cross_entropy = torch.nn.functional.cross_entropy
         return (cross_entropy(logits[:, :colours], colour) + cross_entropy(logits[:, colours:colours + shapes], kind)
                 + cross_entropy(logits[:, colours + shapes:], place)) / 3
+
+
+def object_tokens(mask, size: tuple[int, int], count: int, config, min_cover: float) -> list[list[int]]:
+    """For each of ``count`` objects drawn in ``mask`` (an "L" picture, object ``i`` as value
+    ``i + 1``) on a picture of ``size`` (width, height), the indices (in packing order) of the
+    base/tile image tokens whose box it covers at least ``min_cover`` of."""
+    import numpy as np
+
+    from g4v.tiling import plan_tiling
+
+    pixels = np.asarray(mask)
+    plan = plan_tiling((size[1], size[0]), config)
+    covered = [[] for _ in range(count)]
+    for token in plan.tokens:
+        left, top, right, bottom = (int(round(v)) for v in token.box)
+        if token.kind == "newline" or right <= left or bottom <= top:
+            continue
+        cell = pixels[top:bottom, left:right]
+        for index in range(count):
+            if (cell == index + 1).mean() >= min_cover:
+                covered[index].append(token.index)
+    return covered
+
+
+def token_ends(tokenizer, ids: list[int]) -> list[int]:
+    """The character where each token's text ends in the decoded ``ids`` (decoding each prefix:
+    a byte-level word piece need not be a whole character)."""
+    return [len(tokenizer.decode(ids[: k + 1])) for k in range(len(ids))]
+
+
+def segment_tokens(ends: list[int], segments) -> list[tuple[int, int]]:
+    """(answer token, object index) for every token that starts inside a segment (first character,
+    end character, object index), given where each token ends (:func:`token_ends`)."""
+    found = []
+    for k, (start, end) in enumerate(zip([0] + ends[:-1], ends)):
+        found += [(k, index) for first, stop, index in segments if first <= start < stop and end > start]
+    return found
 
 
 def object_shape_logits(model, head: torch.nn.Linear, pictures: list[S.Picture], pixel_values: torch.Tensor):

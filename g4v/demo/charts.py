@@ -33,10 +33,14 @@ FONT_SIZES = (10, 9, 8, 7, 6)
 
 @dataclass
 class Chart:
-    """One drawn chart and its bars, left to right, as (colour name, height)."""
+    """One drawn chart, its bars left to right as (colour name, height), and where each bar is
+    (``mask``: bar ``i`` drawn as value ``i + 1``, and the empty plot right of the last bar as
+    ``len(bars) + 1``, where "is there another bar?" is answered; the training's attention pointer
+    uses it)."""
 
     image: Image.Image
     bars: list[tuple[str, int]]
+    mask: Image.Image | None = None
 
     @property
     def size(self) -> tuple[int, int]:
@@ -90,7 +94,8 @@ def make_chart(rng: random.Random, canvas: str | None = None) -> Chart:
     bars = [(colour, rng.choice(HEIGHTS)) for colour in colours]
     background = tuple(rng.randint(215, 250) for _ in range(3))
     image = Image.new("RGB", (width, height), background)
-    draw = ImageDraw.Draw(image)
+    mask = Image.new("L", (width, height), 0)
+    draw, mask_draw = ImageDraw.Draw(image), ImageDraw.Draw(mask)
     font = label_font(colours, (width * 0.82) / len(bars))
     label_height = round(font.size * 1.1)
     box = layout(width, height, len(bars), label_height)
@@ -106,10 +111,13 @@ def make_chart(rng: random.Random, canvas: str | None = None) -> Chart:
     for index, (colour, value) in enumerate(bars):
         centre = box.x0 + (index + 0.5) * box.slot
         half = box.slot * fraction / 2
-        draw.rectangle([centre - half, box.y0 - value * box.unit, centre + half, box.y0 - 1],
-                       fill=S.jitter(S.COLOURS[colour], rng))
+        bar = [centre - half, box.y0 - value * box.unit, centre + half, box.y0 - 1]
+        draw.rectangle(bar, fill=S.jitter(S.COLOURS[colour], rng))
+        mask_draw.rectangle(bar, fill=index + 1)
         draw.text((centre, box.y0 + 3), colour, fill=ink, font=font, anchor="mt")
-    return Chart(image=image, bars=bars)
+    top = box.y0 - max(HEIGHTS) * box.unit
+    mask_draw.rectangle([centre + half + 1, top, box.right, box.y0 - 1], fill=len(bars) + 1)
+    return Chart(image=image, bars=bars, mask=mask)
 
 
 def chart(seed: int | str, **kwargs) -> Chart:

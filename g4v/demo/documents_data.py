@@ -22,7 +22,7 @@ from g4v.documents.presets import build_prompt
 #: The kinds of document examples (the :class:`g4v.demo.shapes.QA` ``kind`` they carry).
 DOCUMENT_TASKS = ("chart", "kvp")
 #: The schema a user would write for a shapes picture. Kept short: the tokenizer is tiny, and the
-#: key-value prompt carries the schema pretty-printed (hundreds of tokens) on every example.
+#: key-value prompt carries the schema (one line of JSON, about 250 of its 330 tokens) on every example.
 KVP_SCHEMA = {
     "type": "object",
     "properties": {
@@ -51,6 +51,12 @@ class DocumentItem:
     qa: S.QA
     #: The right answer as data: the CSV's bars, or the key-value JSON as a dict.
     truth: object
+    #: For the training's attention pointer: the drawn objects (bars or shapes, object ``i`` as
+    #: value ``i + 1``), their number, and which stretch of the answer is about which:
+    #: (first character, end character, object index or a tuple of them to spread over).
+    mask: object = None
+    objects: int = 0
+    segments: tuple[tuple[int, int, int | tuple[int, ...]], ...] = ()
 
     @property
     def size(self) -> tuple[int, int]:
@@ -83,12 +89,46 @@ def kvp_answer(picture: S.Picture) -> str:
     return json.dumps(kvp_truth(picture), separators=(",", ":"))
 
 
+def chart_segments(csv: str, bars: int) -> tuple:
+    """Bar ``i``'s row of the CSV (after the header line): (first character, end character, i);
+    and the character that ends the row (a newline, or the end of text after the last row, one
+    past the answer): the next bar, or after the last one the empty plot right of it (object
+    ``bars``), which is where "another row or stop?" is decided."""
+    segments, start = [], 0
+    for line_number, line in enumerate(csv.split("\n")):
+        if line_number:
+            end = start + len(line)
+            segments += [(start, end, line_number - 1), (end, end + 1, line_number)]
+        start += len(line) + 1
+    return tuple(segments)
+
+
+def kvp_segments(picture: S.Picture, answer: str) -> tuple:
+    """(first character, end character, object) for the count's value (spread over every
+    shape, as the first stage's count pointer), each shape's JSON object (that shape, in reading
+    order as the answer lists them) and the comma before the next object (the next shape); nothing
+    after the last object."""
+    value = answer.index('"count":') + len('"count":')
+    segments = [(value, value + 1, tuple(range(len(picture.shapes))))]
+    order, start = reading_order(picture), 0
+    for position, shape in enumerate(order):
+        first = answer.index('{"shape"', start)
+        start = answer.index("}", first) + 1
+        segments.append((first, start, picture.shapes.index(shape)))
+        if position + 1 < len(order):
+            segments.append((start, start + 1, picture.shapes.index(order[position + 1])))
+    return tuple(segments)
+
+
 def chart_item(chart) -> DocumentItem:
-    return DocumentItem(chart.image, S.QA("chart", chart_prompt(), chart.csv), list(chart.bars))
+    return DocumentItem(chart.image, S.QA("chart", chart_prompt(), chart.csv), list(chart.bars), chart.mask,
+                        len(chart.bars) + 1, chart_segments(chart.csv, len(chart.bars)))
 
 
 def kvp_item(picture: S.Picture) -> DocumentItem:
-    return DocumentItem(picture.image, S.QA("kvp", kvp_prompt(), kvp_answer(picture)), kvp_truth(picture))
+    answer = kvp_answer(picture)
+    return DocumentItem(picture.image, S.QA("kvp", kvp_prompt(), answer), kvp_truth(picture), picture.mask,
+                        len(picture.shapes), kvp_segments(picture, answer))
 
 
 def held_out_items(n: int) -> list[DocumentItem]:

@@ -10,9 +10,14 @@ key-value prompt is far longer than a shape question):
 * the first stage's shape conversations (:mod:`g4v.demo.data`), so that colour, shape, position and
   count keep their accuracy while the new tasks are learnt.
 
-No training aids (probe, pointers): their heads are not in the checkpoint, and fresh ones would
-pull the weights the first stage settled. A lower learning rate than the first stage's, and the
-vision tower lower still, for the same reason. Deterministic for a given seed, step count and
+One training aid, the first stage's attention pointers without their readouts (no fresh heads to
+pull the weights the first stage settled: the pointer loss only trains the attention that is
+already there, see :class:`g4v.demo.aids.AttentionPointer`). On chart and key-value steps, the
+first pointer's head looks, from every position that predicts a token of one CSV row or one
+shape's JSON object, at that bar or shape: the answer goes through the objects one by one, and
+this is the lookup that says which one comes next. On shape steps the three pointers keep the
+first stage's lookups. A lower learning rate than the first stage's, and the vision tower lower
+still, so that what the first stage learnt is kept. Deterministic for a given seed, step count and
 thread count; ``g4v_build.json`` records the command, settings, data, the first stage's own
 provenance (``init``), the validation curve and the weights' SHA-256.
 """
@@ -20,7 +25,7 @@ provenance (``init``), the validation curve and the weights' SHA-256.
 import json
 import random
 import time
-from dataclasses import asdict
+from dataclasses import asdict, fields, replace
 from pathlib import Path
 
 import torch
@@ -30,14 +35,11 @@ from g4v.demo import shapes as S
 from g4v.demo.charts import train_chart
 from g4v.demo.data import conversation_plan, encode
 from g4v.demo.data import data_settings as shapes_data_settings
-from g4v.demo.loop import no_dropout, parameter_groups, progress_bar, validation_accuracy
-from g4v.demo.recipe import DocumentsSettings, lr_at
+from g4v.demo.loop import make_pointers, no_dropout, parameter_groups, progress_bar, validation_accuracy
+from g4v.demo.recipe import DocumentsSettings, TrainSettings, lr_at
 from g4v.errors import G4VError, quoted
-from g4v.paths import ASSETS_DIR, REPO_ROOT
+from g4v.paths import REPO_ROOT
 
-#: Where the second stage writes by default: beside the first stage's checkpoint, which it leaves
-#: as it is (the French adapter was trained on that one).
-DOCUMENTS_MODEL_DIR = ASSETS_DIR / "granite4-vision-tiny-documents"
 TASKS = ("shapes", "chart", "kvp")
 
 
@@ -47,12 +49,12 @@ def step_task(settings: DocumentsSettings, rng: random.Random) -> str:
     return rng.choices(TASKS, weights=[shapes, settings.chart_share, settings.kvp_share])[0]
 
 
-def step_batch(settings: DocumentsSettings, rng: random.Random, task: str, index: int) -> tuple[list, list, int]:
+def step_batch(settings: DocumentsSettings, rng: random.Random, task: str, index: int) -> tuple[list, list, list, int]:
     """One step's pictures and conversations (one task, one canvas kind), from example ``index`` on;
-    returns (pictures, turns, next index)."""
+    returns (pictures or document items, turns, the shape conversations' plans, next index)."""
     canvas = S.canvas_kind(rng)
     three = settings.three_shape_share or None
-    pictures, turns = [], []
+    pictures, turns, plans = [], [], []
     for k in range(index, index + settings.batch_size):
         if task == "chart":
             item = D.chart_item(train_chart(settings.seed, k, canvas=canvas))
@@ -67,7 +69,8 @@ def step_batch(settings: DocumentsSettings, rng: random.Random, task: str, index
             plan = conversation_plan(picture, rng, settings.max_turns, settings.shape_share)
             pictures.append(picture)
             turns.append([(qa.question, qa.answer) for qa, _ in plan])
-    return pictures, turns, index + settings.batch_size
+            plans.append(plan)
+    return pictures, turns, plans, index + settings.batch_size
 
 
 def load_init(settings: DocumentsSettings):
@@ -123,35 +126,44 @@ def train_documents_model(settings: DocumentsSettings, progress: bool = True, lo
     optimizer = torch.optim.AdamW(parameter_groups(list(model.named_parameters()), settings), lr=settings.lr,
                                   betas=(0.9, 0.98), eps=1e-8)
     rng = random.Random(f"documents:{settings.seed}")
+    pointers = first_stage_pointers(model, _resolve(settings.init)) if settings.pointer_weight > 0 else []
     bar = progress_bar(settings.steps, "train-documents") if progress else None
     started, index = time.time(), 0
-    history: dict[str, list[float]] = {task: [] for task in TASKS}
+    history: dict[str, list[float]] = {task: [] for task in TASKS + ("pointer",)}
     curve, tasks_seen = [], {task: 0 for task in TASKS}
-    for step in range(settings.steps):
-        task = step_task(settings, rng)
-        pictures, turns, index = step_batch(settings, rng, task, index)
-        tasks_seen[task] += 1
-        batch = {k: v.to(settings.device) for k, v in encode(processor, pictures, turns).items()}
-        for group in optimizer.param_groups:
-            group["lr"] = lr_at(step, settings) * group.get("lr_scale", 1.0)
-        loss = model(**batch).loss
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_([p for group in optimizer.param_groups for p in group["params"]],
-                                       settings.grad_clip)
-        optimizer.step()
-        history[task].append(loss.item())
-        if bar is not None:
-            bar.update(1)
-            bar.set_postfix({t: f"{_recent(v):.3f}" for t, v in history.items() if v}, refresh=False)
-        if log_every and (step + 1) % log_every == 0:
-            print(f"step {step + 1}/{settings.steps} " + " ".join(f"{t} {_recent(v):.4f}" for t, v in history.items()
-                                                                 if v)
-                  + f" elapsed {time.time() - started:.0f}s", flush=True)
-        if settings.eval_every and ((step + 1) % settings.eval_every == 0 or step + 1 == settings.steps):
-            curve.append({"step": step + 1, **validation_scores(model, processor, settings.eval_n)})
-            print(f"step {step + 1} validation " + " ".join(f"{k} {100 * v:.0f}%" for k, v in curve[-1].items()
-                                                             if k != "step"), flush=True)
+    try:
+        for step in range(settings.steps):
+            task = step_task(settings, rng)
+            pictures, turns, plans, index = step_batch(settings, rng, task, index)
+            tasks_seen[task] += 1
+            batch = {k: v.to(settings.device) for k, v in encode(processor, pictures, turns).items()}
+            for group in optimizer.param_groups:
+                group["lr"] = lr_at(step, settings) * group.get("lr_scale", 1.0)
+            loss = model(**batch).loss
+            history[task].append(loss.item())
+            if pointers:
+                pointing = pointer_loss(pointers, task, batch, pictures, plans, processor.tokenizer)
+                history["pointer"].append(pointing.item())
+                loss = loss + settings.pointer_weight * pointing
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_([p for group in optimizer.param_groups for p in group["params"]],
+                                           settings.grad_clip)
+            optimizer.step()
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix({t: f"{_recent(v):.3f}" for t, v in history.items() if v}, refresh=False)
+            if log_every and (step + 1) % log_every == 0:
+                print(f"step {step + 1}/{settings.steps} " + " ".join(f"{t} {_recent(v):.4f}" for t, v in history.items()
+                                                                     if v)
+                      + f" elapsed {time.time() - started:.0f}s", flush=True)
+            if settings.eval_every and ((step + 1) % settings.eval_every == 0 or step + 1 == settings.steps):
+                curve.append({"step": step + 1, **validation_scores(model, processor, settings.eval_n)})
+                print(f"step {step + 1} validation " + " ".join(f"{k} {100 * v:.0f}%" for k, v in curve[-1].items()
+                                                                 if k != "step"), flush=True)
+    finally:
+        for pointer in pointers:
+            pointer.remove()
     if bar is not None:
         bar.close()
     model.eval()
@@ -161,6 +173,23 @@ def train_documents_model(settings: DocumentsSettings, progress: bool = True, lo
     if curve:
         stats["validation_curve"] = curve
     return model, processor, stats
+
+
+def first_stage_pointers(model, init: Path) -> list:
+    """The first stage's attention pointers, at the layers and heads its recipe (stored beside
+    ``init``) put them, without readouts: no fresh heads to pull the settled weights."""
+    stored = json.loads((init / "g4v_build.json").read_text())["settings"]
+    known = {field.name for field in fields(TrainSettings)}
+    recipe = TrainSettings(**{name: value for name, value in stored.items() if name in known})
+    return make_pointers(model, replace(recipe, readout_weight=0.0))
+
+
+def pointer_loss(pointers: list, task: str, batch: dict, pictures: list, plans: list, tokenizer) -> torch.Tensor:
+    """Shape steps: the sum of the first stage's pointer losses. Document steps: the first
+    pointer's, from each CSV row or JSON object to its bar or shape."""
+    if task == "shapes":
+        return sum(pointer.losses(batch, pictures, plans)["pointer"] for pointer in pointers)
+    return pointers[0].segment_losses(batch, pictures, tokenizer)["pointer"]
 
 
 def _recent(values: list[float], window: int = 20) -> float:

@@ -207,13 +207,22 @@ def main(args) -> int:
     return _report(args, results, rows, pairs, started)
 
 
+def trained_on_documents(model: Path) -> bool:
+    """Whether ``model``'s provenance says ``train-documents`` made it (its data lists the charts)."""
+    try:
+        return "chart" in json.loads((Path(model) / "g4v_build.json").read_text()).get("data", {})
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 def _documents(args, engine, model=None, processor=None) -> dict | None:
-    """The document tasks' rows (None with ``--doc-n 0``)."""
+    """The document tasks' rows (None with ``--doc-n 0``, the default for a model not trained on them)."""
     from g4v.demo.documents_eval import evaluate_documents
 
-    if not getattr(args, "doc_n", 0):
+    doc_n = args.doc_n if args.doc_n is not None else (args.n if trained_on_documents(args.model) else 0)
+    if not doc_n:
         return None
-    return evaluate_documents(engine, args.doc_n, args.backend, model, processor, ablation_n=args.ablation_n,
+    return evaluate_documents(engine, doc_n, args.backend, model, processor, ablation_n=args.ablation_n,
                               ablations=not args.no_ablations)
 
 

@@ -2,7 +2,8 @@
 
 Draws a bar chart (asked with the ``<chart2csv>`` preset) and a shape picture (asked with the
 key-value preset and :data:`g4v.demo.documents_data.KVP_SCHEMA`) into ``assets/examples/``, and
-lists both in ``examples.json`` with their right answers, beside the entries already there (an
+lists both in ``examples.json`` with their right answers and the checkpoint that learnt them
+(``model``: the app lists them only with that one), beside the entries already there (an
 entry with the same file name is replaced, every other one kept). Seeded: the same files every run.
 """
 
@@ -13,7 +14,7 @@ from pathlib import Path
 from g4v.demo import documents_data as D
 from g4v.demo import shapes as S
 from g4v.demo.charts import make_chart
-from g4v.paths import EXAMPLES_DIR
+from g4v.paths import DOCUMENTS_MODEL_DIR, EXAMPLES_DIR
 
 CHART_FILE = "chart-bars.png"
 KVP_FILE = "shapes-kvp.png"
@@ -23,10 +24,11 @@ def example_entries() -> list[tuple[object, dict]]:
     """(image, examples.json entry) for the chart and the key-value example."""
     chart = make_chart(random.Random(f"example:{CHART_FILE}:0"), canvas="wide")
     picture = S.make_picture(random.Random(f"example:{KVP_FILE}:0"), canvas="square", max_shapes_p=1.0)
+    model = DOCUMENTS_MODEL_DIR.name
     return [
-        (chart.image, {"file": CHART_FILE, "prompt": D.chart_prompt(), "answer": chart.csv,
+        (chart.image, {"file": CHART_FILE, "prompt": D.chart_prompt(), "answer": chart.csv, "model": model,
                        "made_by": f"g4v.demo.charts.make_chart(random.Random('example:{CHART_FILE}:0'), canvas='wide')"}),
-        (picture.image, {"file": KVP_FILE, "prompt": D.kvp_prompt(), "answer": D.kvp_answer(picture),
+        (picture.image, {"file": KVP_FILE, "prompt": D.kvp_prompt(), "answer": D.kvp_answer(picture), "model": model,
                          "made_by": f"g4v.demo.shapes.make_picture(random.Random('example:{KVP_FILE}:0'), "
                                     "canvas='square', max_shapes_p=1.0)"}),
     ]

@@ -37,7 +37,8 @@ TRANSFORMERS_DOC = "transformers docs/source/en/model_doc/granite4_vision.md ('U
 CARD_33 = "https://huggingface.co/ibm-granite/granite-vision-3.3-2b (model card, 'Usage with transformers')"
 
 #: Our own key-value prompt (NOT documented, see the module docstring); ``{schema}`` is the user's
-#: JSON schema, pretty-printed. The demo checkpoint's key-value training (issue 21) uses this text.
+#: JSON schema on one line (``json.dumps``' default separators): indentation would add hundreds of
+#: tokens to every request and tell the model nothing. The demo checkpoint's key-value training (issue 21) uses this text.
 KVP_PROMPT_TEMPLATE = ("Extract the values of the fields described by this JSON schema from the document. "
                        "Answer with one JSON object that matches the schema, nothing else.\n{schema}")
 #: The longest schema text accepted (it becomes part of the prompt).
@@ -113,7 +114,7 @@ def build_prompt(key: str, question: str = "", schema_text: str = "") -> str:
     preset = get_preset(key)
     if preset.needs_schema:
         schema = parse_schema(schema_text)
-        return preset.prompt.format(schema=json.dumps(schema, indent=2, ensure_ascii=False))
+        return preset.prompt.format(schema=json.dumps(schema, ensure_ascii=False))
     if preset.needs_question:
         if not question or not question.strip():
             raise G4VError("a document question needs the question itself")
