@@ -35,8 +35,8 @@ from g4v.demo import shapes as S
 from g4v.demo.charts import train_chart
 from g4v.demo.data import conversation_plan, encode
 from g4v.demo.data import data_settings as shapes_data_settings
-from g4v.demo.loop import make_pointers, no_dropout, parameter_groups, progress_bar, validation_accuracy
-from g4v.demo.recipe import DocumentsSettings, TrainSettings, lr_at
+from g4v.demo.loop import make_pointers, no_dropout, parameter_groups, progress_bar, update, validation_accuracy
+from g4v.demo.recipe import DocumentsSettings, TrainSettings
 from g4v.errors import G4VError, quoted
 from g4v.paths import REPO_ROOT
 
@@ -137,19 +137,13 @@ def train_documents_model(settings: DocumentsSettings, progress: bool = True, lo
             pictures, turns, plans, index = step_batch(settings, rng, task, index)
             tasks_seen[task] += 1
             batch = {k: v.to(settings.device) for k, v in encode(processor, pictures, turns).items()}
-            for group in optimizer.param_groups:
-                group["lr"] = lr_at(step, settings) * group.get("lr_scale", 1.0)
             loss = model(**batch).loss
             history[task].append(loss.item())
             if pointers:
                 pointing = pointer_loss(pointers, task, batch, pictures, plans, processor.tokenizer)
                 history["pointer"].append(pointing.item())
                 loss = loss + settings.pointer_weight * pointing
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_([p for group in optimizer.param_groups for p in group["params"]],
-                                           settings.grad_clip)
-            optimizer.step()
+            update(optimizer, loss, step, settings)
             if bar is not None:
                 bar.update(1)
                 bar.set_postfix({t: f"{_recent(v):.3f}" for t, v in history.items() if v}, refresh=False)

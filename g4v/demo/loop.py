@@ -56,6 +56,17 @@ def make_pointers(model, settings: TrainSettings) -> list[AttentionPointer]:
     return pointers
 
 
+def update(optimizer, loss: torch.Tensor, step: int, settings) -> None:
+    """One AdamW step on ``loss`` at :func:`lr_at`'s rate for ``step`` (times each group's
+    ``lr_scale``), gradients clipped to ``settings.grad_clip``."""
+    for group in optimizer.param_groups:
+        group["lr"] = lr_at(step, settings) * group.get("lr_scale", 1.0)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_([p for group in optimizer.param_groups for p in group["params"]], settings.grad_clip)
+    optimizer.step()
+
+
 def parameter_groups(named: list, settings: TrainSettings) -> list[dict]:
     """AdamW groups: weight decay on matrices only; with ``vision_lr``, the vision tower apart (its
     ``lr_scale`` is vision_lr / lr, applied on top of the schedule)."""
@@ -172,14 +183,8 @@ def train_model(settings: TrainSettings, progress: bool = True, log_every: int =
         plans = [conversation_plan(p, rng, settings.max_turns, settings.shape_share) for p in pictures]
         turns = [[(qa.question, qa.answer) for qa, _ in plan] for plan in plans]
         batch = {k: v.to(settings.device) for k, v in encode(processor, pictures, turns).items()}
-        for group in optimizer.param_groups:
-            group["lr"] = lr_at(step, settings) * group.get("lr_scale", 1.0)
         loss = joint_loss(model, batch, pictures, plans, probe, pointers, settings, history)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_([p for group in optimizer.param_groups for p in group["params"]],
-                                       settings.grad_clip)
-        optimizer.step()
+        update(optimizer, loss, step, settings)
         if bar is not None:
             bar.update(1)
             if step % 5 == 0:
