@@ -58,8 +58,10 @@ def pick_dtype(device: torch.device, dtype: str | None = None) -> torch.dtype:
 
 
 def looks_like_local_path(model: str) -> bool:
-    """A hub id is ``name`` or ``org/name``; anything else (``./x``, ``/x``, ``a/b/c``) is a folder."""
-    return model.startswith((".", "/", "~")) or model.count("/") > 1 or os.sep != "/" and os.sep in model
+    """A hub id is ``name`` or ``org/name``; anything else (``./x``, ``/x``, ``a/b/c``) is a folder, and
+    so is ``org/name`` whose ``org`` is a folder here (``assets/typo``: refused now, not retried on the hub)."""
+    return (model.startswith((".", "/", "~")) or model.count("/") > 1 or os.sep != "/" and os.sep in model
+            or "/" in model and Path(model.split("/")[0]).is_dir())
 
 
 def resolve_source(model: str) -> str:

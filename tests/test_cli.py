@@ -59,6 +59,8 @@ def bad_files(tmp_path):
         ("folder", ["not a file"]),
         ("empty-prompt", ["prompt is empty"]),
         ("unknown-model", ["model folder not found", "no-such-model"]),
+        ("mistyped-bundled-model", ["model folder not found", "granite4-vision-tiny-document"]),
+        ("task-without-image", ["--task chart2csv", "--image"]),
         ("not-a-model", ["no config.json"]),
         ("bad-temperature", ["temperature"]),
     ],
@@ -71,6 +73,9 @@ def test_bad_input_gives_one_line(bad_files, tmp_path, case, words):
         "folder": ["--image", str(bad_files["folder"]), "hi"],
         "empty-prompt": ["--image", str(EXAMPLE), "  "],
         "unknown-model": ["--model", str(tmp_path / "no-such-model"), "hi"],
+        # A folder under assets/ (one slash, like a hub id), one letter short: not sent to the hub.
+        "mistyped-bundled-model": ["--model", "assets/granite4-vision-tiny-document", "hi"],
+        "task-without-image": ["--task", "chart2csv"],
         "not-a-model": ["--model", str(tmp_path), "hi"],
         "bad-temperature": ["--temperature", "-2", "hi"],
     }[case]

@@ -288,18 +288,24 @@ def test_train_documents_flags_are_the_settings_fields():
 
 
 def test_examples_are_rebuilt_bit_for_bit_and_answer_right(tmp_path):
-    from g4v.demo.examples import CHART_FILE, KVP_FILE, write_examples
+    from argparse import Namespace
+
+    from g4v.commands.tasks import task_prompt
+    from g4v.demo.examples import CHART_FILE, KVP_FILE, SCHEMA_FILE, write_examples
 
     listed = json.loads((EXAMPLES_DIR / "examples.json").read_text())
     (tmp_path / "examples.json").write_text(json.dumps(listed, indent=2) + "\n")
     write_examples(tmp_path)
-    for name in (CHART_FILE, KVP_FILE, "examples.json"):
+    for name in (CHART_FILE, KVP_FILE, SCHEMA_FILE, "examples.json"):
         assert (tmp_path / name).read_bytes() == (EXAMPLES_DIR / name).read_bytes(), name
     entries = {entry["file"]: entry for entry in listed}
     assert {"shapes-square.png", "shapes-wide.png", "shapes-tall.png"} <= set(entries)
     chart, kvp = entries[CHART_FILE], entries[KVP_FILE]
     assert chart["prompt"] == "<chart2csv>" and tables.parse_csv(chart["answer"]).rows[0] == ["label", "value"]
     assert read_answer("json", kvp["answer"], D.KVP_SCHEMA).ok and kvp["prompt"] == D.kvp_prompt()
+    # The CLI's --task kvp with the schema file sends the example's prompt.
+    cli = Namespace(task="kvp", schema=str(EXAMPLES_DIR / SCHEMA_FILE), prompt=None, image=[EXAMPLES_DIR / KVP_FILE])
+    assert task_prompt(cli) == kvp["prompt"]
 
 
 def test_document_examples_are_offered_with_the_checkpoint_that_learnt_them():
@@ -363,3 +369,14 @@ def test_train_documents_refuses_bad_settings_in_one_line(flags, words, tmp_path
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error:") and words in lines[0]
     assert not (tmp_path / "o").exists()
+
+
+def test_eval_checks_the_french_adapter_only_with_the_checkpoint_it_was_trained_on():
+    from g4v.demo.adapter_training import ADAPTER_DIR
+    from g4v.demo.evaluate import default_adapter
+    from g4v.paths import DOCUMENTS_MODEL_DIR, REPO_ROOT
+
+    base = json.loads((ADAPTER_DIR / "adapter_config.json").read_text())["base_model_name_or_path"]
+    assert (REPO_ROOT / base).resolve() == TRAINED_MODEL_DIR.resolve()
+    assert default_adapter(TRAINED_MODEL_DIR) == str(ADAPTER_DIR)
+    assert default_adapter(DOCUMENTS_MODEL_DIR) == ""

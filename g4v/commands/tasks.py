@@ -37,7 +37,10 @@ def task_prompt(args) -> str:
         raise G4VError(f"--schema is only for --task kvp, not --task {args.task}")
     if preset.needs_schema and not args.schema:
         raise G4VError("--task kvp needs --schema FILE (a JSON schema of the fields to extract)")
-    return build_prompt(args.task, question=args.prompt or "", schema_text=_schema_text(args.schema))
+    prompt = build_prompt(args.task, question=args.prompt or "", schema_text=_schema_text(args.schema))
+    if not args.image:
+        raise G4VError(f"--task {args.task} reads a picture or a page: give --image FILE")
+    return prompt
 
 
 def _schema_text(path: str | None) -> str:

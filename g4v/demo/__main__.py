@@ -14,7 +14,7 @@ its second stage, charts to CSV and key-value extraction (:mod:`g4v.demo.documen
 import argparse
 from pathlib import Path
 
-from g4v.paths import BUNDLED_MODEL_DIR, DOCUMENTS_MODEL_DIR, TRAINED_MODEL_DIR
+from g4v.paths import BUNDLED_MODEL_DIR, DOCUMENTS_MODEL_DIR, REPO_ROOT, TRAINED_MODEL_DIR
 
 
 def main(argv=None) -> int:
@@ -84,7 +84,9 @@ def _add_training_commands(sub) -> None:
 
     eval_cmd = sub.add_parser("eval", help="accuracy per question type on held-out pictures, ablations, adapter")
     eval_cmd.add_argument("--model", type=Path, default=TRAINED_MODEL_DIR)
-    eval_cmd.add_argument("--adapter", default=str(ADAPTER_DIR), help="adapter folder ('' to skip)")
+    eval_cmd.add_argument("--adapter", default=None,
+                          help=f"adapter folder ('' to skip; default: {ADAPTER_DIR.relative_to(REPO_ROOT)} with the "
+                               "checkpoint it was trained on, else none)")
     eval_cmd.add_argument("--n", type=int, default=300, help="held-out pictures")
     eval_cmd.add_argument("--backend", choices=("hf", "vllm"), default="hf")
     eval_cmd.add_argument("--ablation-n", type=int, default=100, help="pictures for the single-level ablations")

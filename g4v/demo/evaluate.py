@@ -27,6 +27,7 @@ from pathlib import Path
 
 from g4v.conversation import Message, SamplingSettings
 from g4v.demo import shapes as S
+from g4v.paths import TRAINED_MODEL_DIR
 
 SETTINGS = SamplingSettings(max_new_tokens=8, temperature=0)
 
@@ -150,6 +151,8 @@ def main(args) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if args.adapter is None:
+        args.adapter = default_adapter(args.model)
     pictures = S.eval_set(args.n)
     pairs = items(pictures)
     rows: dict[str, dict[str, float]] = {}
@@ -205,6 +208,13 @@ def main(args) -> int:
         if args.adapter and Path(args.adapter).is_dir():
             results["adapter"] = {"path": str(args.adapter), **evaluate_adapter(model, processor, pairs, Path(args.adapter))}
     return _report(args, results, rows, pairs, started)
+
+
+def default_adapter(model: Path) -> str:
+    """The French adapter for the checkpoint it was trained on; none ('') for any other model."""
+    from g4v.demo.adapter_training import ADAPTER_DIR
+
+    return str(ADAPTER_DIR) if Path(model).resolve() == TRAINED_MODEL_DIR.resolve() else ""
 
 
 def trained_on_documents(model: Path) -> bool:

@@ -4,7 +4,8 @@ Draws a bar chart (asked with the ``<chart2csv>`` preset) and a shape picture (a
 key-value preset and :data:`g4v.demo.documents_data.KVP_SCHEMA`) into ``assets/examples/``, and
 lists both in ``examples.json`` with their right answers and the checkpoint that learnt them
 (``model``: the app lists them only with that one), beside the entries already there (an
-entry with the same file name is replaced, every other one kept). Seeded: the same files every run.
+entry with the same file name is replaced, every other one kept); and the schema as a file, for
+``python -m g4v chat --task kvp --schema``. Seeded: the same files every run.
 """
 
 import json
@@ -18,6 +19,7 @@ from g4v.paths import DOCUMENTS_MODEL_DIR, EXAMPLES_DIR
 
 CHART_FILE = "chart-bars.png"
 KVP_FILE = "shapes-kvp.png"
+SCHEMA_FILE = "shapes-kvp-schema.json"
 
 
 def example_entries() -> list[tuple[object, dict]]:
@@ -42,8 +44,9 @@ def merged(listed: list[dict], new: list[dict]) -> list[dict]:
 
 
 def write_examples(folder: Path = EXAMPLES_DIR) -> list[Path]:
-    """Write both pictures and update ``examples.json``; returns the files written."""
-    written = []
+    """Write both pictures and the schema, and update ``examples.json``; returns the files written."""
+    (folder / SCHEMA_FILE).write_text(json.dumps(D.KVP_SCHEMA, indent=2) + "\n")
+    written = [folder / SCHEMA_FILE]
     entries = example_entries()
     for image, entry in entries:
         path = folder / entry["file"]
