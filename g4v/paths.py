@@ -31,10 +31,14 @@ def default_model() -> str:
     return str(BUNDLED_MODEL_DIR)
 
 
-def is_bundled(model: str) -> bool:
-    """True for a bundled demo checkpoint (random, trained, or trained on documents)."""
+def names_folder(model: str | Path, folder: Path) -> bool:
+    """Whether the path ``model`` is ``folder`` (symlinks resolved; False where it cannot be resolved)."""
     try:
-        return Path(model).resolve() in (BUNDLED_MODEL_DIR.resolve(), TRAINED_MODEL_DIR.resolve(),
-                                         DOCUMENTS_MODEL_DIR.resolve())
+        return Path(model).resolve() == folder.resolve()
     except OSError:
         return False
+
+
+def is_bundled(model: str) -> bool:
+    """True for a bundled demo checkpoint (random, trained, or trained on documents)."""
+    return any(names_folder(model, folder) for folder in (BUNDLED_MODEL_DIR, TRAINED_MODEL_DIR, DOCUMENTS_MODEL_DIR))

@@ -1,14 +1,14 @@
 """The whole page: a banner, then one tab per panel, each built by its own module."""
 
 import json
-from pathlib import Path
 
 import gradio as gr
 
 from g4v.engines import Engine
 from g4v.errors import G4VError
 from g4v.loading import engine_config
-from g4v.paths import ASSETS_DIR, DOCUMENTS_MODEL_DIR, EXAMPLES_DIR, REAL_MODEL_ID, TRAINED_MODEL_DIR, is_bundled
+from g4v.paths import (ASSETS_DIR, DOCUMENTS_MODEL_DIR, EXAMPLES_DIR, REAL_MODEL_ID, TRAINED_MODEL_DIR, is_bundled,
+                       names_folder)
 from webapp.attribution import attribution_tab
 from webapp.chat import chat_tab
 from webapp.deepstack import deepstack_tab
@@ -22,22 +22,17 @@ from webapp.tiling import tiling_tab
 CACHE_CLEANUP = (600, 3600)  # (every seconds, older than seconds)
 
 
-def _serves(model: str, folder: Path) -> bool:
-    """Whether ``model`` names the bundled checkpoint in ``folder``."""
-    return is_bundled(model) and Path(model).resolve() == folder.resolve()
-
-
 def banner(model: str) -> str:
     switch = (f"For the real model run `python app.py --model {REAL_MODEL_ID}` (or set `G4V_MODEL`) on a "
               "machine with a GPU and access to the Hugging Face Hub.")
     trained = ("**Demo checkpoint in use**: a tiny Granite 4 Vision (the real architecture, 6 M parameters) "
                "trained here on synthetic pictures of shapes. It answers questions about the colour, kind, "
                "position and number of simple shapes")
-    if _serves(model, TRAINED_MODEL_DIR):
+    if names_folder(model, TRAINED_MODEL_DIR):
         return (trained + ", and little else. Its second stage, which also reads bar charts (Chart to CSV) "
                 "and fills a JSON schema about the shapes (key-value extraction), runs with "
                 f"`python app.py --model assets/{DOCUMENTS_MODEL_DIR.name}`. " + switch)
-    if _serves(model, DOCUMENTS_MODEL_DIR):
+    if names_folder(model, DOCUMENTS_MODEL_DIR):
         return (trained + "; its second stage also reads synthetic bar charts (the Chart to CSV task) and fills "
                 "a JSON schema about the shapes (key-value extraction), and little else. " + switch)
     if is_bundled(model):
@@ -51,7 +46,7 @@ def example_messages(model: str) -> list[dict]:
     ``model`` (a bundled checkpoint's folder name) is shown only when that checkpoint is served."""
     listed = json.loads((EXAMPLES_DIR / "examples.json").read_text())
     return [{"text": item["prompt"], "files": [str(EXAMPLES_DIR / item["file"])]} for item in listed
-            if "model" not in item or _serves(model, ASSETS_DIR / item["model"])]
+            if "model" not in item or names_folder(model, ASSETS_DIR / item["model"])]
 
 
 def local_config(engine: Engine):

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from g4v.conversation import Message, SamplingSettings
 from g4v.demo import shapes as S
-from g4v.paths import TRAINED_MODEL_DIR
+from g4v.paths import TRAINED_MODEL_DIR, names_folder
 
 SETTINGS = SamplingSettings(max_new_tokens=8, temperature=0)
 
@@ -214,7 +214,7 @@ def default_adapter(model: Path) -> str:
     """The French adapter for the checkpoint it was trained on; none ('') for any other model."""
     from g4v.demo.adapter_training import ADAPTER_DIR
 
-    return str(ADAPTER_DIR) if Path(model).resolve() == TRAINED_MODEL_DIR.resolve() else ""
+    return str(ADAPTER_DIR) if names_folder(model, TRAINED_MODEL_DIR) else ""
 
 
 def trained_on_documents(model: Path) -> bool:
