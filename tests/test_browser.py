@@ -168,3 +168,55 @@ def test_a_pdf_page_a_task_preset_and_the_structured_panel_in_a_browser(app_url,
                                " return i && i.naturalWidth > 0 }")
         assert "total" in page.inner_text("body")
         page.screenshot(path=str(shots / "7-tiling-pdf.png"), full_page=True)
+
+
+def test_a_document_example_brings_its_task_preset_and_the_panel_reads_its_answer(shots):
+    """On the documents checkpoint, clicking the chart example fills the box with its prompt and
+    picture and picks the Chart to CSV preset; its answer is then read in the structured panel,
+    whose table holds the answer's rows. The key-value example picks its preset and shows the
+    schema it is asked with; a plain question's example clears the preset again."""
+    import json
+
+    from g4v.documents.tables import parse_csv
+    from g4v.paths import DOCUMENTS_MODEL_DIR
+    from tests.conftest import running_app
+
+    listed = {item["file"]: item for item in json.loads((EXAMPLES_DIR / "examples.json").read_text())}
+
+    def click_example(page, name: str):
+        page.locator(f"#chat-examples button:has(img[src*='{name}'])").click()
+        page.wait_for_function(f"() => document.querySelector('#chat-box textarea').value == {json.dumps(listed[name]['prompt'])}"
+                               f" && document.querySelector(\"#chat-box img[src*='{name}']\") !== null")
+
+    with running_app("--model", str(DOCUMENTS_MODEL_DIR)) as url, browser_page(height=1400) as page:
+        page.goto(url)
+        click_example(page, "shapes-kvp.png")
+        page.wait_for_function("() => document.querySelector('#chat-task input').value.startsWith('Key-value')")
+        page.locator("#chat-schema").wait_for(state="visible")
+        assert json.loads(page.locator("#chat-schema .cm-content").inner_text()) == \
+            json.loads((EXAMPLES_DIR / listed["shapes-kvp.png"]["schema"]).read_text())
+
+        click_example(page, "chart-bars.png")
+        page.wait_for_function("() => document.querySelector('#chat-task input').value == 'Chart to CSV'")
+        page.locator("#chat-schema").wait_for(state="hidden")
+        assert page.locator("#chat-box img").count() == 1
+        page.locator("#chat-box textarea").focus()
+        page.keyboard.press("Enter")
+        page.wait_for_function("() => /Read as CSV|Could not read/"
+                               ".test(document.querySelector('#chat-structured-notes').innerText)", timeout=120_000)
+        answer = page.locator("[data-testid='bot']").last.inner_text().strip()
+        assert "Read as CSV" in page.inner_text("#chat-structured-notes")
+        rows = parse_csv(answer).rows  # the header, then one row per bar
+        grid = page.locator("#chat-structured-table [role=grid]")  # virtualised: counts rows, draws what shows
+        grid.scroll_into_view_if_needed()
+        page.wait_for_function("() => [...document.querySelectorAll('#chat-structured-table tbody td')]"
+                               ".some(td => td.textContent.trim())")
+        assert grid.get_attribute("aria-rowcount") == str(len(rows)) and grid.get_attribute("aria-colcount") == "2"
+        assert [th.get_attribute("title") for th in page.locator("#chat-structured-table th").all()[:2]] == rows[0]
+        drawn = [td.strip() for td in page.locator("#chat-structured-table tbody td").all_text_contents() if td.strip()]
+        cells = [cell for row in rows[1:] for cell in row]
+        assert len(drawn) >= 2 and drawn == cells[:len(drawn)]
+        page.screenshot(path=str(shots / "8-document-example.png"), full_page=True)
+
+        click_example(page, "shapes-wide.png")
+        page.wait_for_function("() => document.querySelector('#chat-task input').value == '(free question)'")

@@ -315,15 +315,36 @@ def test_document_examples_are_offered_with_the_checkpoint_that_learnt_them():
 
     from g4v.demo.examples import CHART_FILE, KVP_FILE
     from g4v.paths import DOCUMENTS_MODEL_DIR
-    from webapp.layout import banner, example_messages
+    from webapp.layout import banner, example_rows
 
     def files(model: Path) -> set[str]:
-        return {Path(message["files"][0]).name for message in example_messages(str(model))}
+        return {Path(message["files"][0]).name for message, _, _ in example_rows(str(model))}
 
     assert {CHART_FILE, KVP_FILE, "shapes-wide.png"} <= files(DOCUMENTS_MODEL_DIR)
     assert "shapes-wide.png" in files(TRAINED_MODEL_DIR) and not {CHART_FILE, KVP_FILE} & files(TRAINED_MODEL_DIR)
     assert f"--model assets/{DOCUMENTS_MODEL_DIR.name}" in banner(str(TRAINED_MODEL_DIR))
     assert "Chart to CSV" in banner(str(DOCUMENTS_MODEL_DIR)) and "random weights" not in banner(str(DOCUMENTS_MODEL_DIR))
+
+
+def test_clicking_a_document_example_picks_its_task_preset_and_keeps_its_prompt():
+    """Each example row carries its preset (and the key-value one its schema): the Chat tab's
+    task.change then rebuilds the box (``fill_prompt``), which must give back the example's own
+    prompt and picture; plain questions carry no preset."""
+    from pathlib import Path
+
+    from g4v.demo.examples import CHART_FILE, KVP_FILE
+    from g4v.paths import DOCUMENTS_MODEL_DIR
+    from webapp.documents import fill_prompt
+    from webapp.layout import example_rows
+
+    rows = {Path(message["files"][0]).name: (message, task, schema) for message, task, schema in
+            example_rows(str(DOCUMENTS_MODEL_DIR))}
+    assert rows[CHART_FILE][1] == "chart2csv" and rows[KVP_FILE][1] == "kvp" and rows["shapes-wide.png"][1] == ""
+    assert json.loads(rows[KVP_FILE][2]) == D.KVP_SCHEMA
+    for name in (CHART_FILE, KVP_FILE):
+        message, task, schema = rows[name]
+        box, schema_field = fill_prompt(task, schema, message)
+        assert box == message and schema_field["visible"] == (task == "kvp")
 
 
 # ── eval ────────────────────────────────────────────────────────────────────────────────────────
@@ -337,7 +358,13 @@ def test_eval_reports_the_document_tasks(tmp_path, capsys):
 
     out = tmp_path / "eval.json"
     assert main(["eval", "--n", "1", "--doc-n", "1", "--no-ablations", "--adapter", "", "--json", str(out)]) == 0
-    assert "document tasks: 1 held-out charts, 1 key-value pictures" in capsys.readouterr().out
+    printed = capsys.readouterr()
+    assert "document tasks: 1 held-out charts, 1 key-value pictures" in printed.out
+    # The progress bar (stderr) named each phase and counted every question asked: 4 about the
+    # picture, through the engine and batched, then the chart and the key-value picture, the same two ways.
+    progress = printed.err.replace("\r", "\n")
+    assert "eval: hf engine" in progress and "eval: documents, hf batched" in progress
+    assert "12/12 [" in progress.strip().splitlines()[-1]
     documents = json.loads(out.read_text())["documents"]
     chart_reply, kvp_reply = documents["replies"]
     chart, picture = C.chart_eval_set(1)[0], S.eval_set(1)[0]

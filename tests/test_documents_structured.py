@@ -276,3 +276,68 @@ def test_the_example_answers_score_perfectly_against_themselves():
     """The constants a dataset run would use as the right answers read back as themselves."""
     assert read_answer("html", examples.table_html()).rows == [list(row) for row in examples.TABLE_ROWS]
     assert metrics.teds(tables.rows_html([list(r) for r in examples.TABLE_ROWS]), examples.table_html()) == 1.0
+
+
+# ── the schema's regular expressions ────────────────────────────────────────────────────────────
+
+#: ``(a|a)*`` backtracks 2**n ways over n a's before a mismatch: under ``re`` (the library's engine),
+#: 40 of them would not finish in a lifetime and would hold the server's thread and its GIL.
+BACKTRACKING = "^(a|a)*$"
+STUCK = "a" * 40 + "!"
+
+
+@pytest.mark.parametrize("schema, answer", [
+    ({"type": "object", "properties": {"name": {"type": "string", "pattern": BACKTRACKING}}}, {"name": STUCK}),
+    ({"type": "object", "patternProperties": {BACKTRACKING: {"type": "string"}}}, {STUCK: "x"}),
+    ({"type": "object", "properties": {"id": {}}, "patternProperties": {BACKTRACKING: {}},
+      "additionalProperties": False}, {STUCK: 1}),
+    ({"type": "array", "items": {"type": "object", "propertyNames": {"pattern": BACKTRACKING}}}, [{STUCK: 1}]),
+], ids=["pattern", "patternProperties", "additionalProperties", "propertyNames"])
+def test_a_backtracking_schema_pattern_is_stopped_and_named(schema, answer):
+    result = read_answer("json", json.dumps(answer), presets.parse_schema(json.dumps(schema)))
+    assert result.error and BACKTRACKING in result.error and "not checked" in result.error, result.error
+    assert result.data == answer  # the answer itself is still shown
+
+
+def test_a_schema_whose_patterns_the_library_would_match_untimed_is_refused_in_one_line():
+    """For ``unevaluatedProperties`` jsonschema matches ``patternProperties`` itself, with ``re``."""
+    from g4v.documents.structured import schema_problems
+
+    schema = {"type": "object", "allOf": [{"patternProperties": {BACKTRACKING: {}}}], "unevaluatedProperties": False}
+    with pytest.raises(G4VError, match="unevaluatedProperties together with patternProperties"):
+        presets.parse_schema(json.dumps(schema))
+    with pytest.raises(ValueError, match="unevaluatedProperties together with patternProperties"):
+        schema_problems({STUCK: 1}, schema)
+    assert presets.parse_schema(json.dumps({"unevaluatedProperties": False, "properties": {"a": {}}}))
+
+
+SCHEMA_CASES = [
+    ({"type": "object", "properties": {"code": {"type": "string", "pattern": "^[A-Z]{2}-\\d+$"}}},
+     [{"code": "AB-12"}, {"code": "ab-12"}, {"code": 7}, {"code": "XAB-1"}]),
+    ({"type": "object", "patternProperties": {"^n_": {"type": "number"}, "^s_": {"type": "string"}},
+      "additionalProperties": False},
+     [{"n_a": 1, "s_b": "x"}, {"n_a": "1"}, {"other": 1, "more": 2}, {}]),
+    ({"$schema": "http://json-schema.org/draft-07/schema#", "type": "object", "properties": {"a": {}},
+      "patternProperties": {"^x": {"minimum": 3}}, "additionalProperties": {"type": "boolean"}},
+     [{"a": 1, "x1": 4, "b": True}, {"x1": 2, "b": "no"}, {"c": False}]),
+    ({"type": "object", "additionalProperties": False, "properties": {"p": {"type": "array",
+      "items": {"type": "string", "pattern": "[0-9]"}}}},
+     [{"p": ["a1", "b"]}, {"q": 1}, {"p": []}]),
+]
+
+
+@pytest.mark.parametrize("schema, answers", SCHEMA_CASES)
+def test_time_limited_keywords_find_what_the_library_finds(schema, answers):
+    """The rewritten ``pattern``, ``patternProperties`` and ``additionalProperties`` report the same
+    problems, at the same places, as the jsonschema library's own validator."""
+    from jsonschema import validators
+
+    from g4v.documents.structured import schema_problems
+
+    library = validators.validator_for(schema)(schema)
+    for answer in answers:
+        expected = sorted(("$" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in e.absolute_path),
+                           e.validator) for e in library.iter_errors(answer))
+        found = sorted((p.path, p.expected.split()[0] if p.expected != "no other fields" else "additionalProperties")
+                       for p in schema_problems(answer, schema))
+        assert found == expected, answer

@@ -194,7 +194,7 @@ def newest_image(message: dict | None, history: list) -> str | None:
 # ── the tab ─────────────────────────────────────────────────────────────────────────────────────
 
 
-def chat_tab(engine, last_chat_image: gr.State, examples: list[dict], concurrency: int = 1,
+def chat_tab(engine, last_chat_image: gr.State, examples: list[list], concurrency: int = 1,
              gpu_task=lambda fn: fn) -> gr.MultimodalTextbox:
     """Render the Chat tab into the current ``gr.Blocks``; returns its message box, which other
     tabs fill (the Evaluate tab's "Open in Chat")."""
@@ -241,13 +241,14 @@ def chat_tab(engine, last_chat_image: gr.State, examples: list[dict], concurrenc
     with gr.Row():
         stop = gr.Button("Stop", size="sm", elem_id="chat-stop")
         clear = gr.Button("Clear", size="sm", elem_id="chat-clear")
-    follow_answers = chat_documents(box, chatbot)  # PDF pages, task presets, the structured panel
+    follow_answers, task, schema = chat_documents(box, chatbot)  # PDF pages, task presets, the structured panel
     with gr.Accordion("Sampling", open=False):
         max_new_tokens = gr.Slider(1, MAX_NEW_TOKENS, value=128, step=1, label="Max new tokens")
         temperature = gr.Slider(0.0, 2.0, value=0.0, step=0.05, label="Temperature (0 = greedy)")
         top_p = gr.Slider(0.05, 1.0, value=1.0, step=0.05, label="Top-p")
         seed = gr.Number(value=0, label="Seed (-1 = random)")  # checked by sampling_settings
-    gr.Examples(examples, inputs=[box], label="Examples")
+    # A row sets the box, the task preset and the schema; only the message shows in the list.
+    gr.Examples(examples, inputs=[box, task, schema], visible_columns=[0], label="Examples", elem_id="chat-examples")
     sending = gr.State(None)  # the message being answered, put back in the box if the answer fails
     checked = gr.State(None)  # the same message as accept() read it: text and opened pictures
     before = gr.State([])  # the history before it

@@ -124,11 +124,16 @@ def fill_prompt(task, schema_text, current):
     """Choosing a task puts its prompt into the Chat box (attachments kept); key-value extraction
     shows the schema box and rebuilds the prompt when the schema changes."""
     current = current if isinstance(current, dict) else {}
-    needs_schema = bool(task) and get_preset(task).needs_schema
+    shown = schema_field(task)
     if not task or get_preset(task).needs_question:
-        return gr.update(), gr.update(visible=needs_schema)
-    prompt = build_prompt(task, schema_text=schema_text) if needs_schema else build_prompt(task)
-    return {"text": prompt, "files": current.get("files") or []}, gr.update(visible=needs_schema)
+        return gr.update(), shown
+    prompt = build_prompt(task, schema_text=schema_text) if shown["visible"] else build_prompt(task)
+    return {"text": prompt, "files": current.get("files") or []}, shown
+
+
+def schema_field(task):
+    """The schema field shows only for key-value extraction."""
+    return gr.update(visible=bool(task) and get_preset(task).needs_schema)
 
 
 def last_answer(history) -> str:
@@ -177,7 +182,7 @@ def _code(text: str) -> str:
 
 def chat_documents(box, chatbot):
     """Render the Chat tab's document tools under its box; returns ``follow(event)``, which updates
-    the structured panel after each answer."""
+    the structured panel after each answer, and the task and schema fields (the examples set them)."""
     document_picker(box, chat_box=True, elem_id="chat-doc")
     with gr.Row():
         task = gr.Dropdown(preset_choices(), value="", label="Task preset (Granite Vision's documented prompts)",
@@ -188,11 +193,14 @@ def chat_documents(box, chatbot):
         notes = gr.Markdown(elem_id="chat-structured-notes")
         rendered = gr.HTML(elem_id="chat-structured-html")
         table = gr.Dataframe(visible=False, interactive=False, label="Table", elem_id="chat-structured-table")
-    task.change(fill_prompt, [task, schema, box], [box, schema], api_visibility="private")
+    # A preset the user picks puts its prompt into the box; one an example sets comes with the
+    # example's own prompt and picture, which a rebuild here could race (it reads the box as it was).
+    task.input(fill_prompt, [task, schema, box], [box, schema], api_visibility="private")
+    task.change(schema_field, task, schema, api_visibility="private", queue=False, show_progress="hidden")
     schema.blur(fill_prompt, [task, schema, box], [box, schema], api_visibility="private")
 
     def follow(event):
         return event.then(structured_view, [task, schema, chatbot], [rendered, table, notes],
                           api_visibility="private", show_progress="hidden")
 
-    return follow
+    return follow, task, schema

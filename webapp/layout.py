@@ -12,6 +12,7 @@ from g4v.paths import (ASSETS_DIR, DOCUMENTS_MODEL_DIR, EXAMPLES_DIR, REAL_MODEL
 from webapp.attribution import attribution_tab
 from webapp.chat import chat_tab
 from webapp.deepstack import deepstack_tab
+from webapp.documents import EXAMPLE_SCHEMA
 from webapp.evaluate import EvalWorkspace, OpenTargets, evaluate_tab
 from webapp.lora import lora_tab
 from webapp.port import port_tab
@@ -41,12 +42,16 @@ def banner(model: str) -> str:
     return f"Model: `{model}`"
 
 
-def example_messages(model: str) -> list[dict]:
-    """Chat examples listed in assets/examples/examples.json, as textbox values. An entry with a
-    ``model`` (a bundled checkpoint's folder name) is shown only when that checkpoint is served."""
+def example_rows(model: str) -> list[list]:
+    """Chat examples listed in assets/examples/examples.json, as rows of the Chat tab's examples:
+    [the box's value, the task preset the example is asked with ("" for a plain question), the JSON
+    schema's text (the default one when the example has none)], so clicking a document example
+    also picks its preset and the structured panel reads the answer. An entry with a ``model``
+    (a bundled checkpoint's folder name) is shown only when that checkpoint is served."""
     listed = json.loads((EXAMPLES_DIR / "examples.json").read_text())
-    return [{"text": item["prompt"], "files": [str(EXAMPLES_DIR / item["file"])]} for item in listed
-            if "model" not in item or names_folder(model, ASSETS_DIR / item["model"])]
+    return [[{"text": item["prompt"], "files": [str(EXAMPLES_DIR / item["file"])]}, item.get("task", ""),
+             (EXAMPLES_DIR / item["schema"]).read_text() if "schema" in item else EXAMPLE_SCHEMA]
+            for item in listed if "model" not in item or names_folder(model, ASSETS_DIR / item["model"])]
 
 
 def local_config(engine: Engine):
@@ -76,7 +81,7 @@ def build_app(engine: Engine, model: str, concurrency: int = 1, adapters_dir=Non
         last_chat_image = gr.State(None)  # the newest image sent in Chat, for the inspection tabs
         with gr.Tabs() as tabs:  # by id, so a tab can switch to another (the Evaluate tab's "Open in ...")
             with gr.Tab("Chat", id="chat"):
-                chat_box = chat_tab(engine, last_chat_image, example_messages(model), concurrency, gpu_task)
+                chat_box = chat_tab(engine, last_chat_image, example_rows(model), concurrency, gpu_task)
             with gr.Tab("Tiling", id="tiling"):
                 tiling_tab(config, last_chat_image)
             with gr.Tab("Deepstack", id="deepstack"):

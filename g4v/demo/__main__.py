@@ -97,6 +97,7 @@ def _add_training_commands(sub) -> None:
                           help="held-out charts and key-value pictures for the document tasks (default: --n for a "
                                "checkpoint trained on them by train-documents, else 0, which skips them)")
     eval_cmd.add_argument("--json", type=Path, default=None, help="also write the results here")
+    eval_cmd.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
 def _run_training_command(args, argv) -> int:

@@ -77,27 +77,28 @@ def by_task(items: list[DocumentItem]) -> dict[str, list[int]]:
     return groups
 
 
-def batched(model, processor, items: list[DocumentItem], batch_size: int = 16) -> list[str]:
+def batched(model, processor, items: list[DocumentItem], batch_size: int = 16, bar=None) -> list[str]:
     """Greedy answers, batched per task (:func:`g4v.demo.evaluate.batched_answers`)."""
     from g4v.demo.evaluate import batched_answers
 
     replies = [""] * len(items)
     for kind, indices in by_task(items).items():
         chosen = pairs([items[i] for i in indices])
-        for index, reply in zip(indices, batched_answers(model, processor, chosen, batch_size, MAX_NEW_TOKENS[kind])):
+        replies_of_kind = batched_answers(model, processor, chosen, batch_size, MAX_NEW_TOKENS[kind], bar)
+        for index, reply in zip(indices, replies_of_kind):
             replies[index] = reply
     return replies
 
 
-def ablated(model, processor, items: list[DocumentItem], scales: dict[str, float]) -> list[str]:
+def ablated(model, processor, items: list[DocumentItem], scales: dict[str, float], bar=None) -> list[str]:
     """Batched answers with the given levels scaled (0 = ablated), as the shapes' ablations."""
     from g4v.inspect.capture import instrument
 
     with instrument(model, scales=scales, record=False):
-        return batched(model, processor, items)
+        return batched(model, processor, items, bar=bar)
 
 
-def engine_answers(engine, items: list[DocumentItem], workers: int = 1) -> list[str]:
+def engine_answers(engine, items: list[DocumentItem], workers: int = 1, bar=None) -> list[str]:
     """One engine request per question, greedy, each task with its own token limit
     (:func:`g4v.demo.evaluate.answers`; a vLLM engine takes several at once)."""
     from g4v.demo.evaluate import answers
@@ -105,7 +106,7 @@ def engine_answers(engine, items: list[DocumentItem], workers: int = 1) -> list[
     replies = [""] * len(items)
     for kind, indices in by_task(items).items():
         settings = SamplingSettings(max_new_tokens=MAX_NEW_TOKENS[kind], temperature=0)
-        for index, reply in zip(indices, answers(engine, pairs([items[i] for i in indices]), workers, settings)):
+        for index, reply in zip(indices, answers(engine, pairs([items[i] for i in indices]), workers, settings, bar)):
             replies[index] = reply
     return replies
 
@@ -120,27 +121,31 @@ def format_rows(rows: dict[str, DocumentScores]) -> str:
 
 
 def evaluate_documents(engine, n: int, backend: str, model=None, processor=None, ablation_n: int = 0,
-                       ablations: bool = True) -> dict:
+                       ablations: bool = True, bar=None) -> dict:
     """The document rows of ``eval``: through the engine; with hf also batched, with all 8 levels
     ablated and with each single level ablated (on the first ``ablation_n`` charts and pictures).
-    Returns {"rows": {name: DocumentScores}, "replies": [...], ...}."""
+    Returns {"rows": {name: DocumentScores}, "replies": [...], ...}; ``bar`` counts the questions."""
     from g4v.demo.documents_data import held_out_items
-    from g4v.demo.evaluate import ablation_scales, level_names
+    from g4v.demo.evaluate import ablation_scales, level_names, phase
 
     items = held_out_items(n)
-    replies = engine_answers(engine, items, workers=8 if backend == "vllm" else 1)
+    phase(bar, f"documents, {backend} engine")
+    replies = engine_answers(engine, items, workers=8 if backend == "vllm" else 1, bar=bar)
     rows = {backend: score(items, replies)}
     results = {"n": n, "replies": replies}
     if backend == "hf" and model is not None:
-        same = batched(model, processor, items)
+        phase(bar, "documents, hf batched")
+        same = batched(model, processor, items, bar=bar)
         rows["hf batched"] = score(items, same)
         results["batched_agrees_with_engine"] = sum(a == b for a, b in zip(same, replies)) / max(1, len(items))
         if ablations:
-            rows["all 8 ablated"] = score(items, ablated(model, processor, items, ablation_scales(model, None)))
+            phase(bar, "documents, all 8 levels ablated")
+            rows["all 8 ablated"] = score(items, ablated(model, processor, items, ablation_scales(model, None), bar))
             k = min(n, ablation_n or n)
             few = items[:k] + items[n : n + k]  # the first k charts, then the first k key-value pictures
             for name in level_names(model):
-                rows[f"{name} ablated"] = score(few, ablated(model, processor, few, {name: 0.0}))
+                phase(bar, f"documents, {name} ablated")
+                rows[f"{name} ablated"] = score(few, ablated(model, processor, few, {name: 0.0}, bar))
             results["single_level_ablation_items"] = len(few)
     rows["chance (a training example's answer)"] = score(items, blind_answers(n))
     results["rows"] = rows

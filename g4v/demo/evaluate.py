@@ -36,18 +36,41 @@ def items(pictures: list[S.Picture]) -> list[tuple[S.Picture, S.QA]]:
     return [(p, qa) for p in pictures for qa in p.qas]
 
 
-def ask(engine, picture: S.Picture, question: str, settings=SETTINGS) -> str:
-    return engine.generate([Message("user", question, [picture.image])], settings).text.strip()
+def ask(engine, picture: S.Picture, question: str, settings=SETTINGS, adapter: str | None = None) -> str:
+    return engine.generate([Message("user", question, [picture.image])], settings, adapter=adapter).text.strip()
 
 
-def answers(engine, pairs, workers: int = 1, settings=SETTINGS) -> list[str]:
+def answers(engine, pairs, workers: int = 1, settings=SETTINGS, bar=None, adapter: str | None = None) -> list[str]:
+    """One engine request per question (``workers`` at once), in order; ``bar`` counts them."""
+    grow(bar, len(pairs))
+
+    def one(pair) -> str:
+        reply = ask(engine, pair[0], pair[1].question, settings, adapter)
+        if bar is not None:
+            bar.update(1)
+        return reply
+
     if workers > 1:
         with ThreadPoolExecutor(workers) as pool:
-            return list(pool.map(lambda pq: ask(engine, pq[0], pq[1].question, settings), pairs))
-    return [ask(engine, p, qa.question, settings) for p, qa in pairs]
+            return list(pool.map(one, pairs))
+    return [one(pair) for pair in pairs]
 
 
-def batched_answers(model, processor, pairs, batch_size: int = 16, max_new_tokens: int = 6) -> list[str]:
+def grow(bar, questions: int, phase: str | None = None) -> None:
+    """Add ``questions`` to the progress bar's total (None: no bar), and name the phase they are."""
+    if bar is not None:
+        bar.total = (bar.total or 0) + questions
+        if phase:
+            bar.set_description(f"eval: {phase}")
+        bar.refresh()
+
+
+def phase(bar, name: str) -> None:
+    """Name the phase the progress bar's next questions belong to."""
+    grow(bar, 0, name)
+
+
+def batched_answers(model, processor, pairs, batch_size: int = 16, max_new_tokens: int = 6, bar=None) -> list[str]:
     """Greedy answers for many questions at once: the same prompts as the engines (chat template,
     processor), left-padded into batches for ``model.generate``. Rotary position embeddings make a
     left-padded row compute what it computes alone (up to float rounding); the transformers
@@ -57,6 +80,7 @@ def batched_answers(model, processor, pairs, batch_size: int = 16, max_new_token
     tokenizer = processor.tokenizer
     eos = tokenizer.eos_token_id
     replies = []
+    grow(bar, len(pairs))
     for start in range(0, len(pairs), batch_size):
         chunk = pairs[start : start + batch_size]
         texts = [
@@ -78,6 +102,8 @@ def batched_answers(model, processor, pairs, batch_size: int = 16, max_new_token
         for row in out[:, inputs["input_ids"].shape[1] :].tolist():
             row = row[: row.index(eos)] if eos in row else row
             replies.append(tokenizer.decode(row, skip_special_tokens=True).strip())
+        if bar is not None:
+            bar.update(len(chunk))
     return replies
 
 
@@ -104,26 +130,27 @@ def level_names(model) -> list[str]:
     return [level.name for level in describe_levels(model.config)]
 
 
-def ablated_answers(model, processor, pairs, scales: dict[str, float]) -> list[str]:
+def ablated_answers(model, processor, pairs, scales: dict[str, float], bar=None) -> list[str]:
     """Batched answers with the given levels scaled (0 = ablated)."""
     from g4v.inspect.capture import instrument
 
     with instrument(model, scales=scales, record=False):
-        return batched_answers(model, processor, pairs)
+        return batched_answers(model, processor, pairs, bar=bar)
 
 
-def evaluate_adapter(model, processor, pairs, adapter_dir: Path) -> dict:
+def evaluate_adapter(model, processor, pairs, adapter_dir: Path, bar=None) -> dict:
     """Answers without the adapter, then with it loaded by PEFT (on, and disabled), batched the same
     way, so "adapter off => base answers unchanged" compares like with like."""
     from peft import PeftModel
 
-    base_replies = batched_answers(model, processor, pairs)
+    phase(bar, "adapter")
+    base_replies = batched_answers(model, processor, pairs, bar=bar)
     peft_model = PeftModel.from_pretrained(model, str(adapter_dir))
     peft_model.eval()
     try:
-        on = batched_answers(model, processor, pairs)  # PEFT wrapped the model's own layers in place
+        on = batched_answers(model, processor, pairs, bar=bar)  # PEFT wrapped the model's own layers in place
         with peft_model.disable_adapter():
-            off = batched_answers(model, processor, pairs)
+            off = batched_answers(model, processor, pairs, bar=bar)
     finally:
         peft_model.unload()  # LoRA layers removed again
     french = set(S.FRENCH.values())
@@ -159,21 +186,35 @@ def main(args) -> int:
     results: dict = {"model": str(args.model), "n_pictures": args.n, "backend": args.backend,
                      "chance": S.CHANCE}
     started = time.time()
+    from g4v.demo.loop import progress_bar
+
+    bar = None if getattr(args, "no_progress", False) else progress_bar(None, "eval")
+    try:
+        _evaluate(args, pictures, pairs, rows, results, bar)
+    finally:
+        if bar is not None:
+            bar.close()
+    return _report(args, results, rows, pairs, started)
+
+
+def _evaluate(args, pictures, pairs, rows, results, bar) -> None:
+    """Fill ``rows`` and ``results`` with the runs ``main`` asked for, through the engine
+    ``--backend`` names; ``bar`` (None: none) counts the questions asked."""
     if args.backend == "vllm":
         from g4v.engines.vllm_engine import VLLMEngine
 
         engine = VLLMEngine(str(args.model))
         try:
-            replies = answers(engine, pairs, workers=8)
+            phase(bar, "vllm engine")
+            replies = answers(engine, pairs, workers=8, bar=bar)
             rows["vllm"] = accuracy(pairs, replies)
-            results["documents"] = _documents(args, engine)
+            results["documents"] = _documents(args, engine, bar=bar)
             results["replies"] = replies
             if args.adapter and Path(args.adapter).is_dir():
                 engine.register_adapter("demo", str(args.adapter))
-                with ThreadPoolExecutor(8) as pool:
-                    on = list(pool.map(lambda pq: engine.generate(
-                        [Message("user", pq[1].question, [pq[0].image])], SETTINGS, adapter="demo").text.strip(), pairs))
-                    off = answers(engine, pairs, workers=8)
+                phase(bar, "adapter")
+                on = answers(engine, pairs, workers=8, bar=bar, adapter="demo")
+                off = answers(engine, pairs, workers=8, bar=bar)
                 colour = [reply for (_, qa), reply in zip(pairs, on) if qa.kind == "colour"]
                 results["adapter"] = {
                     "path": str(args.adapter),
@@ -189,25 +230,30 @@ def main(args) -> int:
 
         engine = TransformersEngine(str(args.model), device="cpu", dtype="float32")
         model, processor = engine.model, engine.processor
-        if getattr(args, "adapter_only", False):
-            results["adapter"] = {"path": str(args.adapter), **evaluate_adapter(model, processor, pairs, Path(args.adapter))}
-            return _report(args, results, rows, pairs, started)
-        replies = answers(engine, pairs)
-        rows["hf"] = accuracy(pairs, replies)
-        results["replies"] = replies
-        batched = batched_answers(model, processor, pairs)
-        rows["hf batched"] = accuracy(pairs, batched)
-        results["batched_agrees_with_engine"] = sum(a == b for a, b in zip(batched, replies)) / len(pairs)
-        if not args.no_ablations:
-            rows["all 8 ablated"] = accuracy(pairs, ablated_answers(model, processor, pairs, ablation_scales(model, None)))
-            ab_pairs = items(pictures[: args.ablation_n or args.n])
-            for name in level_names(model):
-                rows[f"{name} ablated"] = accuracy(ab_pairs, ablated_answers(model, processor, ab_pairs, {name: 0.0}))
-            results["single_level_ablation_pictures"] = len(ab_pairs) // 4
-        results["documents"] = _documents(args, engine, model, processor)
+        adapter_only = getattr(args, "adapter_only", False)
+        if not adapter_only:
+            phase(bar, "hf engine")
+            replies = answers(engine, pairs, bar=bar)
+            rows["hf"] = accuracy(pairs, replies)
+            results["replies"] = replies
+            phase(bar, "hf batched")
+            batched = batched_answers(model, processor, pairs, bar=bar)
+            rows["hf batched"] = accuracy(pairs, batched)
+            results["batched_agrees_with_engine"] = sum(a == b for a, b in zip(batched, replies)) / len(pairs)
+            if not args.no_ablations:
+                phase(bar, "all 8 levels ablated")
+                rows["all 8 ablated"] = accuracy(pairs, ablated_answers(model, processor, pairs,
+                                                                        ablation_scales(model, None), bar))
+                ab_pairs = items(pictures[: args.ablation_n or args.n])
+                for name in level_names(model):
+                    phase(bar, f"{name} ablated")
+                    rows[f"{name} ablated"] = accuracy(ab_pairs, ablated_answers(model, processor, ab_pairs,
+                                                                                 {name: 0.0}, bar))
+                results["single_level_ablation_pictures"] = len(ab_pairs) // 4
+            results["documents"] = _documents(args, engine, model, processor, bar)
         if args.adapter and Path(args.adapter).is_dir():
-            results["adapter"] = {"path": str(args.adapter), **evaluate_adapter(model, processor, pairs, Path(args.adapter))}
-    return _report(args, results, rows, pairs, started)
+            results["adapter"] = {"path": str(args.adapter),
+                                  **evaluate_adapter(model, processor, pairs, Path(args.adapter), bar)}
 
 
 def default_adapter(model: Path) -> str:
@@ -225,7 +271,7 @@ def trained_on_documents(model: Path) -> bool:
         return False
 
 
-def _documents(args, engine, model=None, processor=None) -> dict | None:
+def _documents(args, engine, model=None, processor=None, bar=None) -> dict | None:
     """The document tasks' rows (None with ``--doc-n 0``, the default for a model not trained on them)."""
     from g4v.demo.documents_eval import evaluate_documents
 
@@ -233,7 +279,7 @@ def _documents(args, engine, model=None, processor=None) -> dict | None:
     if not doc_n:
         return None
     return evaluate_documents(engine, doc_n, args.backend, model, processor, ablation_n=args.ablation_n,
-                              ablations=not args.no_ablations)
+                              ablations=not args.no_ablations, bar=bar)
 
 
 def _report(args, results, rows, pairs, started) -> int:

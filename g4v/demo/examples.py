@@ -2,8 +2,10 @@
 
 Draws a bar chart (asked with the ``<chart2csv>`` preset) and a shape picture (asked with the
 key-value preset and :data:`g4v.demo.documents_data.KVP_SCHEMA`) into ``assets/examples/``, and
-lists both in ``examples.json`` with their right answers and the checkpoint that learnt them
-(``model``: the app lists them only with that one), beside the entries already there (an
+lists both in ``examples.json`` with their right answers, the task preset they are asked with
+(``task``, and the key-value one's ``schema`` file: clicking the example in the Chat tab picks
+both, so the structured panel reads the answer) and the checkpoint that learnt them (``model``:
+the app lists them only with that one), beside the entries already there (an
 entry with the same file name is replaced, every other one kept); and the schema as a file, for
 ``python -m g4v chat --task kvp --schema``. Seeded: the same files every run.
 """
@@ -28,9 +30,11 @@ def example_entries() -> list[tuple[object, dict]]:
     picture = S.make_picture(random.Random(f"example:{KVP_FILE}:0"), canvas="square", max_shapes_p=1.0)
     model = DOCUMENTS_MODEL_DIR.name
     return [
-        (chart.image, {"file": CHART_FILE, "prompt": D.chart_prompt(), "answer": chart.csv, "model": model,
+        (chart.image, {"file": CHART_FILE, "prompt": D.chart_prompt(), "answer": chart.csv, "task": "chart2csv",
+                       "model": model,
                        "made_by": f"g4v.demo.charts.make_chart(random.Random('example:{CHART_FILE}:0'), canvas='wide')"}),
-        (picture.image, {"file": KVP_FILE, "prompt": D.kvp_prompt(), "answer": D.kvp_answer(picture), "model": model,
+        (picture.image, {"file": KVP_FILE, "prompt": D.kvp_prompt(), "answer": D.kvp_answer(picture), "task": "kvp",
+                         "schema": SCHEMA_FILE, "model": model,
                          "made_by": f"g4v.demo.shapes.make_picture(random.Random('example:{KVP_FILE}:0'), "
                                     "canvas='square', max_shapes_p=1.0)"}),
     ]

@@ -84,6 +84,8 @@ def parse_schema(text: str) -> dict:
     """A user's JSON schema text as a dict, checked to be a valid JSON Schema, or one line saying why not."""
     from jsonschema import SchemaError, validators
 
+    from g4v.documents.structured import UNTIMED, untimed_patterns
+
     if not text or not text.strip():
         raise G4VError("key-value extraction needs a JSON schema (the fields to extract)")
     if len(text) > MAX_SCHEMA_CHARS:
@@ -105,6 +107,8 @@ def parse_schema(text: str) -> dict:
     except SchemaError as err:
         where = "/".join(str(part) for part in err.path) or "(top level)"
         raise G4VError(f"the JSON schema is not a valid JSON Schema at {where}: {err.message[:200]}") from None
+    if untimed_patterns(schema):
+        raise G4VError(UNTIMED)
     return schema
 
 

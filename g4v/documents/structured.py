@@ -9,6 +9,7 @@ only tokenised by Pygments for colours, JSON is parsed with the standard library
 import html
 import json
 from dataclasses import asdict, dataclass, field
+from functools import lru_cache
 
 from g4v.documents import tables
 from g4v.errors import quoted
@@ -105,19 +106,104 @@ def schema_problems(data, schema: dict) -> list[Problem]:
 
     Only references inside the schema (``#/...``) and to the JSON Schema meta-schemas are followed:
     nothing is fetched, so a ``$ref`` to a URL or a server file is named as a problem, not read.
+    The schema's regular expressions run with a time limit (:func:`_search`).
     """
     from jsonschema import validators
     from jsonschema_specifications import REGISTRY  # the meta-schemas only; it retrieves nothing
     from referencing.exceptions import Unresolvable
 
-    validator = validators.validator_for(schema)(schema, registry=REGISTRY)
+    if untimed_patterns(schema):
+        raise ValueError(UNTIMED)
+    validator = _time_limited(validators.validator_for(schema))(schema, registry=REGISTRY)
     try:
         errors = sorted(validator.iter_errors(data), key=lambda e: (list(map(str, e.absolute_path)), e.validator))
     except Unresolvable as err:
         ref = getattr(err, "ref", None) or getattr(getattr(err, "_wrapped", None), "ref", None) or str(err)
         raise ValueError(f"the schema's $ref {quoted(str(ref), 80)} cannot be resolved inside the "
                          "schema (nothing outside it is fetched)") from None
+    except _SlowPattern as err:
+        raise ValueError(f"the schema's pattern {quoted(err.pattern, 80)} took over {PATTERN_SECONDS} s on "
+                         "the answer, so it was not checked (a pattern like (a+)+ backtracks without end)") from None
     return [_problem(error) for error in errors[:MAX_PROBLEMS]]
+
+
+#: The longest one of the schema's regular expressions may run on one string of the answer.
+PATTERN_SECONDS = 0.5
+
+
+class _SlowPattern(Exception):
+    def __init__(self, pattern: str):
+        self.pattern = pattern
+
+
+def _search(pattern: str, text: str) -> bool:
+    """``re.search`` as JSON Schema's ``pattern`` means it, with a time limit (the ``regex``
+    package's): the schema is user input and the answer model output, and a backtracking pattern
+    such as ``^(a+)+$`` takes time exponential in the answer's length under ``re``, which cannot be
+    interrupted and would hold the server."""
+    import regex
+
+    try:
+        return regex.search(pattern, text, timeout=PATTERN_SECONDS) is not None
+    except TimeoutError:
+        raise _SlowPattern(pattern) from None
+    except regex.error as err:  # check_schema compiled it with re; the two dialects differ at the edges
+        raise ValueError(f"the schema's pattern {quoted(pattern, 80)} cannot be used: {err}") from None
+
+
+#: Why a schema is refused by :func:`untimed_patterns`.
+UNTIMED = ("the JSON schema uses unevaluatedProperties together with patternProperties, which is not "
+           "checked (those patterns could not be time-limited); use additionalProperties instead")
+
+
+def untimed_patterns(schema) -> bool:
+    """Whether ``schema`` has both ``unevaluatedProperties`` and ``patternProperties`` somewhere:
+    for ``unevaluatedProperties`` the library matches the patterns itself, with ``re`` and no time
+    limit, so such a schema is refused rather than checked slowly."""
+    seen, stack = set(), [schema]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            seen.update(key for key in node if key in ("unevaluatedProperties", "patternProperties"))
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    return len(seen) == 2
+
+
+@lru_cache(maxsize=None)
+def _time_limited(validator_class):
+    """``validator_class`` with the three keywords that match regular expressions (``pattern`` on
+    strings, ``patternProperties`` and ``additionalProperties`` on keys) rewritten around
+    :func:`_search`; the other keywords are the library's own."""
+    from jsonschema import ValidationError, validators
+
+    def pattern(validator, regexp, instance, schema):
+        if validator.is_type(instance, "string") and not _search(regexp, instance):
+            yield ValidationError(f"{instance!r} does not match {regexp!r}")
+
+    def pattern_properties(validator, patterns, instance, schema):
+        if validator.is_type(instance, "object"):
+            for regexp, subschema in patterns.items():
+                for key, value in instance.items():
+                    if _search(regexp, key):
+                        yield from validator.descend(value, subschema, path=key, schema_path=regexp)
+
+    def additional_properties(validator, allowed, instance, schema):
+        if not validator.is_type(instance, "object"):
+            return
+        named, patterns = schema.get("properties", {}), schema.get("patternProperties", {})
+        extras = sorted(key for key in instance
+                        if key not in named and not any(_search(regexp, key) for regexp in patterns))
+        if validator.is_type(allowed, "object"):
+            for key in extras:
+                yield from validator.descend(instance[key], allowed, path=key)
+        elif not allowed and extras:
+            yield ValidationError(f"Additional properties are not allowed ({', '.join(map(repr, extras))} "
+                                  f"{'was' if len(extras) == 1 else 'were'} unexpected)")
+
+    return validators.extend(validator_class, {"pattern": pattern, "patternProperties": pattern_properties,
+                                               "additionalProperties": additional_properties})
 
 
 def _problem(error) -> Problem:
