@@ -11,6 +11,7 @@ A new panel adds its step in :func:`panel_steps` (one line), so the check grows 
 
 from __future__ import annotations
 
+import json
 import time
 
 import numpy as np
@@ -35,7 +36,7 @@ def STEPS() -> list[tuple[str, object]]:
 def panel_steps() -> list[tuple[str, object]]:
     """Where a new panel's step goes: ``("name", function)``, the function taking the check and
     returning its numbers. ``None`` in place of the function reports the step as not written yet."""
-    return [("attribution", step_attribution)]
+    return [("attribution", step_attribution), ("documents", step_documents), ("dataset_run", step_dataset_run)]
 
 
 def step_attribution(check) -> dict:
@@ -55,6 +56,75 @@ def step_attribution(check) -> dict:
     return {"seconds": seconds, "peak_bytes": peaks, "time_ratio": seconds["gradxinput"] / seconds["forward"],
             "memory_ratio": peaks["gradxinput"] / max(peaks["forward"], 1),
             "image_tokens": int((inputs["input_ids"] == engine.model.config.image_token_index).sum())}
+
+
+# ── documents ──────────────────────────────────────────────────────────────────────────────────
+
+#: The key-value step's schema: a user's kind of schema, small (the answer is read against it).
+DOCUMENT_SCHEMA = {"type": "object", "properties": {"title": {"type": "string"}, "total": {"type": "number"}},
+                   "required": ["title", "total"]}
+#: Rows of the bundled held-out dataset the dataset-run step compares.
+DATASET_ROWS = {"gpu": 16, "smoke": 2}
+#: Longest answer of the dataset run, in tokens (its questions have one-word answers).
+DATASET_TOKENS = 8
+
+
+def step_documents(check) -> dict:
+    """A PDF page at real size: page 1 of the bundled report (a chart) rendered at the Chat tab's
+    resolution, asked with the Chart to CSV preset and the key-value preset through the engine,
+    each answer read as the structured panel reads it. The page's image tokens must equal the
+    tiling plan's; with random weights an unreadable answer is expected, and must come back as a
+    parse error, not an exception."""
+    from g4v.documents.examples import REPORT_PDF
+    from g4v.documents.pdf import render_pages
+    from g4v.documents.presets import build_prompt, get_preset
+    from g4v.documents.structured import read_answer
+    from g4v.tiling import plan_tiling
+
+    engine = check.engine
+    start = time.perf_counter()
+    page = render_pages(REPORT_PDF, [1])[0]
+    render_s = time.perf_counter() - start
+    planned = plan_tiling((page.height, page.width), engine.model.config).num_image_tokens
+    schema_text = json.dumps(DOCUMENT_SCHEMA)
+    found = {"page_px": [page.width, page.height], "render_s": render_s, "image_tokens": planned}
+    for key in ("chart2csv", "kvp"):
+        preset = get_preset(key)
+        messages = [Message("user", build_prompt(key, schema_text=schema_text), [page])]
+        tokens = int((engine.prepare_inputs(messages)["input_ids"] == engine.model.config.image_token_index).sum())
+        if tokens != planned:
+            raise RuntimeError(f"{key}: the processor made {tokens} image tokens, the tiling plan {planned}")
+        start = time.perf_counter()
+        answer = engine.generate(messages, SamplingSettings(max_new_tokens=check.sizes.new_tokens))
+        seconds = time.perf_counter() - start
+        read = read_answer(preset.output, answer.text, DOCUMENT_SCHEMA if preset.needs_schema else None)
+        found[key] = {"prompt_tokens": answer.prompt_tokens, "answer_s": seconds, "answer_chars": len(answer.text),
+                      "read_ok": read.ok,
+                      "read_error": read.error, "schema_problems": len(read.problems)}
+    return found
+
+
+# ── dataset runs ───────────────────────────────────────────────────────────────────────────────
+
+
+def step_dataset_run(check) -> dict:
+    """The Evaluate panel's run (:func:`g4v.evaluate.run_eval`) over the bundled held-out dataset,
+    the real-size model on both arms (the same engine), with the blank-picture probe and the
+    per-level norms on: rows per second, and the run's own summary. Both arms decode greedily on
+    the same weights, so every row must agree and the teacher-forced KL must be about 0."""
+    from g4v.evaluate import BUNDLED_DATASET, ArmSpec, EvalConfig, run_eval
+
+    rows = DATASET_ROWS["smoke" if check.smoke else "gpu"]
+    config = EvalConfig(a=ArmSpec("hf", label="first"), b=ArmSpec("hf", label="second"), data=str(BUNDLED_DATASET),
+                        limit=rows, max_new_tokens=DATASET_TOKENS, blank_probe=True, levels=True)
+    start = time.perf_counter()
+    result = run_eval(config, check.out_dir / "dataset-run", reuse={ArmSpec("hf"): check.engine})
+    seconds = time.perf_counter() - start
+    summary = result.summary
+    if summary["n"] != rows or summary["n_errors"] or summary["agreement"] != 1.0:
+        raise RuntimeError(f"{summary['n']} rows, {summary['n_errors']} errors, agreement {summary['agreement']}")
+    return {"rows": rows, "seconds": seconds, "rows_per_s": rows / seconds, "answers_per_row": 4,
+            "agreement": summary["agreement"], "kl": summary.get("kl"), "complete": summary["complete"]}
 
 
 def noise_picture(height: int, width: int, seed: int = 0) -> Image.Image:

@@ -46,7 +46,8 @@ def test_every_step_runs_or_says_why_not(report):
             assert step["error"] or step["metrics"].get("reason"), name
         assert name in report["table"]
     assert {name for name, step in by_name.items() if step["status"] == "ok"} >= {
-        "load", "chat", "deepstack_capture", "deepstack_ablation", "tiling_27_pinpoints", "lora"}
+        "load", "chat", "deepstack_capture", "deepstack_ablation", "tiling_27_pinpoints", "attribution", "documents",
+        "dataset_run", "lora"}
 
 
 def test_smoke_model_has_the_real_geometry(report):
@@ -107,3 +108,31 @@ def test_a_failing_step_is_recorded_and_the_next_still_runs():
     assert later.status == "skipped" and "did not load" in later.error
     late = run_step(check, "load", lambda check: {}, time.monotonic() - 1)
     assert late.status == "skipped" and "out of time" in late.error
+
+
+def test_a_pdf_page_is_asked_with_both_document_presets_and_read(report):
+    """The report's chart page, rendered as the Chat tab renders it, gets the real model's tiling
+    plan's image tokens (planned here from the real config), and both answers come back read: with
+    random weights as a parse error in one line, not as an exception."""
+    from g4v.documents.examples import REPORT_PDF
+    from g4v.documents.pdf import render_pages
+    from g4v.loading import load_config
+    from g4v.tiling import plan_tiling
+
+    page = render_pages(REPORT_PDF, [1])[0]
+    documents = steps(report)["documents"]["metrics"]
+    assert documents["page_px"] == [page.width, page.height]
+    assert documents["image_tokens"] == plan_tiling((page.height, page.width), load_config(REAL_CONFIG_DIR)).num_image_tokens
+    for key in ("chart2csv", "kvp"):
+        read = documents[key]
+        assert read["read_ok"] or (isinstance(read["read_error"], str) and "\n" not in read["read_error"]), read
+        assert read["prompt_tokens"] > documents["image_tokens"]
+
+
+def test_the_dataset_run_compares_both_arms_on_every_row(report):
+    """Both arms run the same weights greedily: every row agrees and the teacher-forced KL is 0."""
+    from gpu_check_steps import DATASET_ROWS
+
+    run = steps(report)["dataset_run"]["metrics"]
+    assert run["rows"] == DATASET_ROWS["smoke"] and run["complete"] and run["agreement"] == 1.0
+    assert run["kl"]["max"] < 1e-6
