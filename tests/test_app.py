@@ -81,3 +81,19 @@ def test_app_serves_its_example_images(app_url):
     example = EXAMPLES_DIR / "shapes-wide.png"
     response = httpx.get(f"{app_url}gradio_api/file={example}", timeout=10)
     assert response.status_code == 200 and response.content == example.read_bytes()
+
+
+def test_one_client_is_one_conversation_and_a_new_client_starts_afresh(app_url, hf_engine):
+    """As the README's API section says: ``/chat`` keeps the conversation per client session, so a
+    second call on the same Client is answered after the first turn, and a new Client starts anew."""
+    from g4v.conversation import Message, SamplingSettings
+    from g4v.images import open_image
+
+    image = EXAMPLES_DIR / "shapes-wide.png"
+    client = Client(app_url, verbose=False)
+    first = chat(client, "What colour is the shape?", [image])
+    second = chat(client, "What shape is it?")
+    turns = [Message("user", "What colour is the shape?", [open_image(image)]), Message("assistant", first),
+             Message("user", "What shape is it?")]
+    assert second == hf_engine.generate(turns, SamplingSettings(max_new_tokens=12)).text
+    assert chat(Client(app_url, verbose=False), "What shape is it?") == engine_answer(hf_engine, "What shape is it?")
