@@ -159,8 +159,10 @@ def test_ctrl_c_leaves_the_tables_of_the_finished_rows(tmp_path):
     process = start_and_wait_for_a_row(out)
     process.send_signal(signal.SIGINT)
     _, stderr = process.communicate(timeout=120)
-    assert process.returncode == 130 and stderr.strip().splitlines()[-1] == "error: interrupted"
     kept = len((out / ROWS_FILE).read_text().splitlines())
+    assert process.returncode == 130
+    assert stderr.strip().splitlines()[-1] == (f"error: interrupted; {kept} of 5 rows are kept in {out}: "
+                                               "run the same command again to resume")
     summary = json.loads((out / SUMMARY_FILE).read_text())
     assert summary["n"] == kept and not summary["complete"]
     import pyarrow.parquet as pq

@@ -51,6 +51,13 @@ def run(args) -> int:
 
     try:
         result = run_eval(config, args.out, adapters_dir=args.adapters_dir, progress=progress)
+    except KeyboardInterrupt:
+        for bar in bars:
+            bar.close()
+        kept = f"{bars[0].n} of {bars[0].total} rows are" if bars else "the finished rows are"
+        print(f"error: interrupted; {kept} kept in {args.out}: run the same command again to resume",
+              file=sys.stderr)
+        return 130
     finally:
         for bar in bars:
             bar.close()

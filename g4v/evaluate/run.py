@@ -170,6 +170,7 @@ def run_eval(config: EvalConfig, out_dir: Path, *, adapters_dir=None, reuse=None
             writer.close()
             with contextlib.suppress(Exception):  # the first error is the one to show
                 _write_results(out_dir, config, order, done)
+                report(len(done), len(order))  # mid-chunk the count ran ahead of the rows kept
             raise
         finally:
             writer.close()
