@@ -171,10 +171,11 @@ def test_a_pdf_page_a_task_preset_and_the_structured_panel_in_a_browser(app_url,
 
 
 def test_a_document_example_brings_its_task_preset_and_the_panel_reads_its_answer(shots):
-    """On the documents checkpoint, clicking the chart example fills the box with its prompt and
-    picture and picks the Chart to CSV preset; its answer is then read in the structured panel,
-    whose table holds the answer's rows. The key-value example picks its preset and shows the
-    schema it is asked with; a plain question's example clears the preset again."""
+    """On the documents checkpoint, the key-value example picks its preset and shows the schema it
+    is asked with (also when clicked again), and its answer is read as JSON valid against it;
+    clicking the chart example fills the box with its prompt and picture and picks the Chart to CSV
+    preset; its answer is then read in the structured panel, whose table holds the answer's rows;
+    a plain question's example clears the preset again."""
     import json
 
     from g4v.documents.tables import parse_csv
@@ -190,11 +191,19 @@ def test_a_document_example_brings_its_task_preset_and_the_panel_reads_its_answe
 
     with running_app("--model", str(DOCUMENTS_MODEL_DIR)) as url, browser_page(height=1400) as page:
         page.goto(url)
-        click_example(page, "shapes-kvp.png")
-        page.wait_for_function("() => document.querySelector('#chat-task input').value.startsWith('Key-value')")
-        page.locator("#chat-schema").wait_for(state="visible")
+        for _ in range(2):  # the second click finds the preset already chosen: the schema stays shown
+            click_example(page, "shapes-kvp.png")
+            page.wait_for_function("() => document.querySelector('#chat-task input').value.startsWith('Key-value')")
+            page.wait_for_timeout(1000)
+            page.locator("#chat-schema").wait_for(state="visible")
         assert json.loads(page.locator("#chat-schema .cm-content").inner_text()) == \
             json.loads((EXAMPLES_DIR / listed["shapes-kvp.png"]["schema"]).read_text())
+        page.locator("#chat-box textarea").focus()
+        page.keyboard.press("Enter")  # the default token limit fits the whole JSON answer
+        page.wait_for_function("() => /Read as JSON|Could not read/"
+                               ".test(document.querySelector('#chat-structured-notes').innerText)", timeout=120_000)
+        assert "Read as JSON and valid against the schema" in page.inner_text("#chat-structured-notes")
+        page.locator("#chat-clear").click()
 
         click_example(page, "chart-bars.png")
         page.wait_for_function("() => document.querySelector('#chat-task input').value == 'Chart to CSV'")

@@ -363,8 +363,8 @@ def test_eval_reports_the_document_tasks(tmp_path, capsys):
     # The progress bar (stderr) named each phase and counted every question asked: 4 about the
     # picture, through the engine and batched, then the chart and the key-value picture, the same two ways.
     progress = printed.err.replace("\r", "\n")
-    assert "eval: hf engine" in progress and "eval: documents, hf batched" in progress
-    assert "12/12 [" in progress.strip().splitlines()[-1]
+    assert "eval (hf engine)" in progress and "eval (documents, hf batched)" in progress
+    assert "12 questions [" in progress.strip().splitlines()[-1]
     documents = json.loads(out.read_text())["documents"]
     chart_reply, kvp_reply = documents["replies"]
     chart, picture = C.chart_eval_set(1)[0], S.eval_set(1)[0]

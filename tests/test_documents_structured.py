@@ -311,6 +311,40 @@ def test_a_schema_whose_patterns_the_library_would_match_untimed_is_refused_in_o
     assert presets.parse_schema(json.dumps({"unevaluatedProperties": False, "properties": {"a": {}}}))
 
 
+def fan_out(depth: int, width: int = 8) -> dict:
+    """A schema whose ``$ref``s fan out: ``width ** depth`` evaluations of one short pattern."""
+    defs = {"d0": {"type": "string", "pattern": "^a"}}
+    defs.update({f"d{level}": {"allOf": [{"$ref": f"#/$defs/d{level - 1}"}] * width} for level in range(1, depth + 1)})
+    return {"$defs": defs, "$ref": f"#/$defs/d{depth}"}
+
+
+@pytest.mark.parametrize("schema, answer", [
+    ({"type": "array", "items": {"pattern": "^(a|a)*$"}}, ["a" * 17 + "b"] * 1000),  # each search well short of 0.5 s
+    (fan_out(7), "abc"),  # 8 ** 7 evaluations
+], ids=["many searches", "$ref fan-out"])
+def test_a_check_that_asks_for_too_much_work_is_stopped_as_a_whole(schema, answer):
+    from g4v.documents.structured import CHECK_SECONDS
+
+    result = read_answer("json", json.dumps(answer), presets.parse_schema(json.dumps(schema)))
+    assert result.error and f"took over {CHECK_SECONDS} s, so it was stopped" in result.error, result.error
+
+
+@pytest.mark.parametrize("schema, words", [
+    ({"properties": {"a": {"pattern": "a{99999999999}"}}}, "a pattern that cannot be compiled"),
+], ids=["huge repeat"])
+def test_a_schema_pattern_that_cannot_be_compiled_is_refused_in_one_line(schema, words):
+    with pytest.raises(G4VError, match=words):
+        presets.parse_schema(json.dumps(schema))
+
+
+def test_keyword_names_used_as_property_names_or_values_are_not_refused():
+    schema = {"properties": {"patternProperties": {"type": "string"}, "kind": {"enum": ["patternProperties"]}},
+              "unevaluatedProperties": False}
+    result = read_answer("json", '{"patternProperties": "x", "kind": "patternProperties", "extra": 1}',
+                         presets.parse_schema(json.dumps(schema)))
+    assert result.error is None and [p.path for p in result.problems] == ["$"]  # "extra" is unevaluated
+
+
 SCHEMA_CASES = [
     ({"type": "object", "properties": {"code": {"type": "string", "pattern": "^[A-Z]{2}-\\d+$"}}},
      [{"code": "AB-12"}, {"code": "ab-12"}, {"code": 7}, {"code": "XAB-1"}]),

@@ -25,7 +25,7 @@ from g4v.conversation import (MAX_IMAGES_PER_CONVERSATION, MAX_IMAGES_PER_MESSAG
 from g4v.errors import G4VError, PromptTooLong
 from g4v.images import open_image
 from webapp.common import MODEL_QUEUE, sampling_settings, shows_errors
-from webapp.documents import chat_documents
+from webapp.documents import chat_documents, chat_examples
 
 
 # ── Gradio messages -> g4v conversation ────────────────────────────────────────────────────────
@@ -243,12 +243,11 @@ def chat_tab(engine, last_chat_image: gr.State, examples: list[list], concurrenc
         clear = gr.Button("Clear", size="sm", elem_id="chat-clear")
     follow_answers, task, schema = chat_documents(box, chatbot)  # PDF pages, task presets, the structured panel
     with gr.Accordion("Sampling", open=False):
-        max_new_tokens = gr.Slider(1, MAX_NEW_TOKENS, value=128, step=1, label="Max new tokens")
+        max_new_tokens = gr.Slider(1, MAX_NEW_TOKENS, value=256, step=1, label="Max new tokens")
         temperature = gr.Slider(0.0, 2.0, value=0.0, step=0.05, label="Temperature (0 = greedy)")
         top_p = gr.Slider(0.05, 1.0, value=1.0, step=0.05, label="Top-p")
         seed = gr.Number(value=0, label="Seed (-1 = random)")  # checked by sampling_settings
-    # A row sets the box, the task preset and the schema; only the message shows in the list.
-    gr.Examples(examples, inputs=[box, task, schema], visible_columns=[0], label="Examples", elem_id="chat-examples")
+    chat_examples(examples, box, task, schema)  # a document example also picks its task preset
     sending = gr.State(None)  # the message being answered, put back in the box if the answer fails
     checked = gr.State(None)  # the same message as accept() read it: text and opened pictures
     before = gr.State([])  # the history before it

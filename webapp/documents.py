@@ -136,6 +136,23 @@ def schema_field(task):
     return gr.update(visible=bool(task) and get_preset(task).needs_schema)
 
 
+def chat_examples(rows: list[list], box, task, schema) -> gr.Examples:
+    """The Chat tab's examples (rows of :func:`webapp.layout.example_rows`): a click puts the
+    message in the box, then sets the task preset and the schema field (the key-value example's
+    schema, shown; otherwise the user's schema kept and shown only for key-value extraction).
+    The field's visibility is set here, not left to ``task.change``, which does not fire when the
+    preset is already the example's."""
+    presets = {message["text"]: (preset, schema_text) for message, preset, schema_text in rows}
+
+    def picked(message):
+        preset, schema_text = presets.get((message or {}).get("text"), ("", None))
+        shown = schema_field(preset)
+        return preset, gr.update(value=schema_text, visible=shown["visible"]) if preset == "kvp" else shown
+
+    return gr.Examples([[message] for message, _, _ in rows], inputs=[box], outputs=[task, schema], fn=picked,
+                       run_on_click=True, cache_examples=False, label="Examples", elem_id="chat-examples")
+
+
 def last_answer(history) -> str:
     """The newest assistant text of the chat history (Gradio's messages format)."""
     for entry in reversed(history or []):

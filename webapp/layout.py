@@ -12,7 +12,6 @@ from g4v.paths import (ASSETS_DIR, DOCUMENTS_MODEL_DIR, EXAMPLES_DIR, REAL_MODEL
 from webapp.attribution import attribution_tab
 from webapp.chat import chat_tab
 from webapp.deepstack import deepstack_tab
-from webapp.documents import EXAMPLE_SCHEMA
 from webapp.evaluate import EvalWorkspace, OpenTargets, evaluate_tab
 from webapp.lora import lora_tab
 from webapp.port import port_tab
@@ -45,12 +44,12 @@ def banner(model: str) -> str:
 def example_rows(model: str) -> list[list]:
     """Chat examples listed in assets/examples/examples.json, as rows of the Chat tab's examples:
     [the box's value, the task preset the example is asked with ("" for a plain question), the JSON
-    schema's text (the default one when the example has none)], so clicking a document example
-    also picks its preset and the structured panel reads the answer. An entry with a ``model``
+    schema's text (None when the example has none)], so clicking a document example also picks its
+    preset and the structured panel reads the answer. An entry with a ``model``
     (a bundled checkpoint's folder name) is shown only when that checkpoint is served."""
     listed = json.loads((EXAMPLES_DIR / "examples.json").read_text())
     return [[{"text": item["prompt"], "files": [str(EXAMPLES_DIR / item["file"])]}, item.get("task", ""),
-             (EXAMPLES_DIR / item["schema"]).read_text() if "schema" in item else EXAMPLE_SCHEMA]
+             (EXAMPLES_DIR / item["schema"]).read_text() if "schema" in item else None]
             for item in listed if "model" not in item or names_folder(model, ASSETS_DIR / item["model"])]
 
 

@@ -42,7 +42,6 @@ def ask(engine, picture: S.Picture, question: str, settings=SETTINGS, adapter: s
 
 def answers(engine, pairs, workers: int = 1, settings=SETTINGS, bar=None, adapter: str | None = None) -> list[str]:
     """One engine request per question (``workers`` at once), in order; ``bar`` counts them."""
-    grow(bar, len(pairs))
 
     def one(pair) -> str:
         reply = ask(engine, pair[0], pair[1].question, settings, adapter)
@@ -56,18 +55,11 @@ def answers(engine, pairs, workers: int = 1, settings=SETTINGS, bar=None, adapte
     return [one(pair) for pair in pairs]
 
 
-def grow(bar, questions: int, phase: str | None = None) -> None:
-    """Add ``questions`` to the progress bar's total (None: no bar), and name the phase they are."""
-    if bar is not None:
-        bar.total = (bar.total or 0) + questions
-        if phase:
-            bar.set_description(f"eval: {phase}")
-        bar.refresh()
-
-
 def phase(bar, name: str) -> None:
-    """Name the phase the progress bar's next questions belong to."""
-    grow(bar, 0, name)
+    """Name the phase the progress bar's next questions belong to (None: no bar). The bar counts
+    questions without a total: the phases differ in size and some are known only as they start."""
+    if bar is not None:
+        bar.set_description(f"eval ({name})")
 
 
 def batched_answers(model, processor, pairs, batch_size: int = 16, max_new_tokens: int = 6, bar=None) -> list[str]:
@@ -80,7 +72,6 @@ def batched_answers(model, processor, pairs, batch_size: int = 16, max_new_token
     tokenizer = processor.tokenizer
     eos = tokenizer.eos_token_id
     replies = []
-    grow(bar, len(pairs))
     for start in range(0, len(pairs), batch_size):
         chunk = pairs[start : start + batch_size]
         texts = [
@@ -188,7 +179,7 @@ def main(args) -> int:
     started = time.time()
     from g4v.demo.loop import progress_bar
 
-    bar = None if getattr(args, "no_progress", False) else progress_bar(None, "eval")
+    bar = None if getattr(args, "no_progress", False) else progress_bar(None, "eval", unit=" questions")
     try:
         _evaluate(args, pictures, pairs, rows, results, bar)
     finally:

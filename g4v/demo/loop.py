@@ -133,11 +133,11 @@ def no_dropout(model) -> None:
             module.p = 0.0
 
 
-def progress_bar(total: int, desc: str):
+def progress_bar(total: int | None, desc: str, unit: str = "it"):
     """A tqdm bar on stderr (stdout carries the logs)."""
     from tqdm.auto import tqdm
 
-    return tqdm(total=total, desc=desc, file=sys.stderr, dynamic_ncols=True, mininterval=2.0)
+    return tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, dynamic_ncols=True, mininterval=2.0)
 
 
 def tick(bar, step: int, every: int, name: str, values: list[float], window: int, digits: int = 3) -> None:

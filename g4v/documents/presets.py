@@ -104,6 +104,8 @@ def parse_schema(text: str) -> dict:
         validators.validator_for(schema).check_schema(schema)
     except RecursionError:
         raise G4VError("the JSON schema is nested too deeply") from None
+    except OverflowError as err:  # compiling a pattern such as a{99999999999}
+        raise G4VError(f"the JSON schema has a pattern that cannot be compiled: {err}") from None
     except SchemaError as err:
         where = "/".join(str(part) for part in err.path) or "(top level)"
         raise G4VError(f"the JSON schema is not a valid JSON Schema at {where}: {err.message[:200]}") from None

@@ -6,8 +6,11 @@ Nothing in an answer runs: HTML is sanitised (:func:`g4v.documents.tables.saniti
 only tokenised by Pygments for colours, JSON is parsed with the standard library.
 """
 
+import contextvars
 import html
 import json
+import math
+import time
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 
@@ -115,38 +118,60 @@ def schema_problems(data, schema: dict) -> list[Problem]:
     if untimed_patterns(schema):
         raise ValueError(UNTIMED)
     validator = _time_limited(validators.validator_for(schema))(schema, registry=REGISTRY)
+    deadline = _DEADLINE.set(time.monotonic() + CHECK_SECONDS)
     try:
         errors = sorted(validator.iter_errors(data), key=lambda e: (list(map(str, e.absolute_path)), e.validator))
     except Unresolvable as err:
         ref = getattr(err, "ref", None) or getattr(getattr(err, "_wrapped", None), "ref", None) or str(err)
         raise ValueError(f"the schema's $ref {quoted(str(ref), 80)} cannot be resolved inside the "
                          "schema (nothing outside it is fetched)") from None
-    except _SlowPattern as err:
-        raise ValueError(f"the schema's pattern {quoted(err.pattern, 80)} took over {PATTERN_SECONDS} s on "
-                         "the answer, so it was not checked (a pattern like (a+)+ backtracks without end)") from None
+    except _TooSlow as err:
+        if err.pattern is not None:
+            raise ValueError(f"the schema's pattern {quoted(err.pattern, 80)} took over {PATTERN_SECONDS} s on the "
+                             "answer, so it was not checked (a pattern like (a+)+ backtracks without end)") from None
+        raise ValueError(f"checking the answer against the schema took over {CHECK_SECONDS} s, so it was stopped "
+                         "(the schema asks for too much work: slow patterns, or $refs that fan out)") from None
+    finally:
+        _DEADLINE.reset(deadline)
     return [_problem(error) for error in errors[:MAX_PROBLEMS]]
 
 
-#: The longest one of the schema's regular expressions may run on one string of the answer.
+#: The longest one of the schema's regular expressions may run on one string of the answer, and
+#: the longest a whole check may take (a schema can ask for many searches, or fan out through $refs).
 PATTERN_SECONDS = 0.5
+CHECK_SECONDS = 2.0
+#: When the check under way must stop (``time.monotonic``), set by :func:`schema_problems`.
+_DEADLINE = contextvars.ContextVar("schema_check_deadline", default=None)
 
 
-class _SlowPattern(Exception):
-    def __init__(self, pattern: str):
+class _TooSlow(Exception):
+    def __init__(self, pattern: str | None = None):
         self.pattern = pattern
 
 
-def _search(pattern: str, text: str) -> bool:
+def _seconds_left() -> float:
+    """Seconds until the check's deadline; :class:`_TooSlow` once it has passed."""
+    deadline = _DEADLINE.get()
+    left = math.inf if deadline is None else deadline - time.monotonic()
+    if left <= 0:
+        raise _TooSlow()
+    return left
+
+
+def _search(pattern, text: str) -> bool:
     """``re.search`` as JSON Schema's ``pattern`` means it, with a time limit (the ``regex``
     package's): the schema is user input and the answer model output, and a backtracking pattern
     such as ``^(a+)+$`` takes time exponential in the answer's length under ``re``, which cannot be
     interrupted and would hold the server."""
     import regex
 
+    if not isinstance(pattern, str):
+        raise ValueError(f"the schema's pattern must be a string, not {type(pattern).__name__}")
+    left = _seconds_left()
     try:
-        return regex.search(pattern, text, timeout=PATTERN_SECONDS) is not None
+        return regex.search(pattern, text, timeout=min(PATTERN_SECONDS, left)) is not None
     except TimeoutError:
-        raise _SlowPattern(pattern) from None
+        raise _TooSlow(pattern if left > PATTERN_SECONDS else None) from None  # this search, or the check
     except regex.error as err:  # check_schema compiled it with re; the two dialects differ at the edges
         raise ValueError(f"the schema's pattern {quoted(pattern, 80)} cannot be used: {err}") from None
 
@@ -157,26 +182,43 @@ UNTIMED = ("the JSON schema uses unevaluatedProperties together with patternProp
 
 
 def untimed_patterns(schema) -> bool:
-    """Whether ``schema`` has both ``unevaluatedProperties`` and ``patternProperties`` somewhere:
-    for ``unevaluatedProperties`` the library matches the patterns itself, with ``re`` and no time
-    limit, so such a schema is refused rather than checked slowly."""
+    """Whether ``schema`` uses both ``unevaluatedProperties`` and ``patternProperties`` as keywords
+    (not as property names or values): for ``unevaluatedProperties`` the library matches the
+    patterns itself, with ``re`` and no time limit, so such a schema is refused rather than checked
+    slowly."""
     seen, stack = set(), [schema]
     while stack:
         node = stack.pop()
-        if isinstance(node, dict):
-            seen.update(key for key in node if key in ("unevaluatedProperties", "patternProperties"))
-            stack.extend(node.values())
-        elif isinstance(node, list):
+        if isinstance(node, list):
             stack.extend(node)
+        elif isinstance(node, dict):
+            for key, value in node.items():
+                seen.update({key} & {"unevaluatedProperties", "patternProperties"})
+                if key in _NAMED_SUBSCHEMAS and isinstance(value, dict):
+                    stack.extend(value.values())  # {name: subschema}: the names are data
+                elif key not in _DATA_KEYWORDS:
+                    stack.append(value)
     return len(seen) == 2
+
+
+#: Keywords whose value maps names to subschemas, and keywords whose value is data, not schema.
+_NAMED_SUBSCHEMAS = {"properties", "patternProperties", "$defs", "definitions", "dependentSchemas"}
+_DATA_KEYWORDS = {"const", "enum", "default", "examples"}
 
 
 @lru_cache(maxsize=None)
 def _time_limited(validator_class):
     """``validator_class`` with the three keywords that match regular expressions (``pattern`` on
     strings, ``patternProperties`` and ``additionalProperties`` on keys) rewritten around
-    :func:`_search`; the other keywords are the library's own."""
+    :func:`_search`, and every keyword checking the check's deadline before it runs (a schema's
+    ``$ref``s can fan out into millions of evaluations); otherwise the library's own keywords."""
     from jsonschema import ValidationError, validators
+
+    def on_the_clock(keyword):
+        def checked(validator, value, instance, schema):
+            _seconds_left()
+            yield from keyword(validator, value, instance, schema) or ()
+        return checked
 
     def pattern(validator, regexp, instance, schema):
         if validator.is_type(instance, "string") and not _search(regexp, instance):
@@ -202,8 +244,10 @@ def _time_limited(validator_class):
             yield ValidationError(f"Additional properties are not allowed ({', '.join(map(repr, extras))} "
                                   f"{'was' if len(extras) == 1 else 'were'} unexpected)")
 
-    return validators.extend(validator_class, {"pattern": pattern, "patternProperties": pattern_properties,
-                                               "additionalProperties": additional_properties})
+    rewritten = {"pattern": pattern, "patternProperties": pattern_properties,
+                 "additionalProperties": additional_properties}
+    keywords = {**validator_class.VALIDATORS, **rewritten}
+    return validators.extend(validator_class, {name: on_the_clock(keyword) for name, keyword in keywords.items()})
 
 
 def _problem(error) -> Problem:
