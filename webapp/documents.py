@@ -147,7 +147,7 @@ def chat_examples(rows: list[list], box, task, schema) -> gr.Examples:
     def picked(message):
         preset, schema_text = presets.get((message or {}).get("text"), ("", None))
         shown = schema_field(preset)
-        return preset, gr.update(value=schema_text, visible=shown["visible"]) if preset == "kvp" else shown
+        return preset, shown if schema_text is None else gr.update(value=schema_text, visible=shown["visible"])
 
     return gr.Examples([[message] for message, _, _ in rows], inputs=[box], outputs=[task, schema], fn=picked,
                        run_on_click=True, cache_examples=False, label="Examples", elem_id="chat-examples")

@@ -169,8 +169,8 @@ def run_eval(config: EvalConfig, out_dir: Path, *, adapters_dir=None, reuse=None
         except BaseException:  # Ctrl-C or a failure: the tables still show every finished row
             writer.close()
             with contextlib.suppress(Exception):  # the first error is the one to show
-                _write_results(out_dir, config, order, done)
                 report(len(done), len(order))  # mid-chunk the count ran ahead of the rows kept
+                _write_results(out_dir, config, order, done)
             raise
         finally:
             writer.close()
