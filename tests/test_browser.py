@@ -173,7 +173,7 @@ def test_a_pdf_page_a_task_preset_and_the_structured_panel_in_a_browser(app_url,
 def test_a_document_example_brings_its_task_preset_and_the_panel_reads_its_answer(shots):
     """On the documents checkpoint, the key-value example picks its preset and shows the schema it
     is asked with (also when clicked again), and its answer is read as JSON valid against it;
-    clicking the chart example fills the box with its prompt and picture and picks the Chart to CSV
+    Clear empties the panel; clicking the chart example fills the box with its prompt and picture and picks the Chart to CSV
     preset; its answer is then read in the structured panel, whose table holds the answer's rows;
     a plain question's example clears the preset again."""
     import json
@@ -203,7 +203,8 @@ def test_a_document_example_brings_its_task_preset_and_the_panel_reads_its_answe
         page.wait_for_function("() => /Read as JSON|Could not read/"
                                ".test(document.querySelector('#chat-structured-notes').innerText)", timeout=120_000)
         assert "Read as JSON and valid against the schema" in page.inner_text("#chat-structured-notes")
-        page.locator("#chat-clear").click()
+        page.locator("#chat-clear").click()  # a cleared chat has no answer to read
+        page.wait_for_function("() => document.querySelector('#chat-structured-notes').innerText.trim() === ''")
 
         click_example(page, "chart-bars.png")
         page.wait_for_function("() => document.querySelector('#chat-task input').value == 'Chart to CSV'")

@@ -269,6 +269,44 @@ def test_train_documents_runs_a_few_steps_and_records_its_sha(tmp_path):
     assert sha256_file(again / "model.safetensors") == provenance["weights_sha256"]  # seeded: the same weights
 
 
+@pytest.mark.skipif(not (TRAINED_MODEL_DIR / "model.safetensors").is_file(), reason="no trained checkpoint")
+def test_a_stage_continues_from_a_documents_stage_with_the_first_stages_pointers(tmp_path, capfd):
+    """A third stage (``--init`` a documents checkpoint) nests its start's provenance, adds up the
+    wall time of all stages, and points with the first stage's heads (found under both ``init``s).
+    ``--no-progress`` draws no bar, transformers' loading bar included, and leaves that switch on."""
+    from transformers import Granite4VisionForConditionalGeneration
+    from transformers.utils import logging
+
+    from g4v.demo.__main__ import main
+    from g4v.demo.documents_training import first_stage_pointers, stages
+
+    second, third = tmp_path / "second", tmp_path / "third"
+    flags = ["--steps", "1", "--batch-size", "2", "--kvp-share", "1", "--chart-share", "0", "--no-progress"]
+    assert main(["train-documents", "--out", str(second), *flags]) == 0
+    assert main(["train-documents", "--init", str(second), "--out", str(third), *flags]) == 0
+    assert "Loading weights" not in capfd.readouterr().err and logging.is_progress_bar_enabled()
+    provenance = json.loads((third / "g4v_build.json").read_text())
+    assert provenance["weights_sha256"] == sha256_file(third / "model.safetensors")
+    assert provenance["init"] == json.loads((second / "g4v_build.json").read_text())
+    chain = stages(provenance)
+    assert chain[-1] == json.loads((TRAINED_MODEL_DIR / "g4v_build.json").read_text())
+    assert len(chain) == 3 and provenance["steps_per_task"]["kvp"] == 1 and "pointer" in provenance["final_loss"]
+    assert provenance["total_wall_time_s"] == pytest.approx(sum(stage["wall_time_s"] for stage in chain), abs=0.2)
+
+    model = Granite4VisionForConditionalGeneration.from_pretrained(third)
+    heads = []
+    for init in (TRAINED_MODEL_DIR, second, third):
+        pointers = first_stage_pointers(model, init)
+        heads.append([(p.attention, p.head, p.kinds) for p in pointers])
+        for pointer in pointers:
+            pointer.remove()
+    assert heads[0] == heads[1] == heads[2] and len(heads[0]) == 3
+    first = json.loads((TRAINED_MODEL_DIR / "g4v_build.json").read_text())["settings"]
+    layers = model.model.language_model.layers
+    assert heads[0][1][:2] == (layers[first["shape_pointer_layer"]].self_attn, first["shape_pointer_head"])
+    assert heads[0][2][:2] == (layers[first["count_pointer_layer"]].self_attn, first["count_pointer_head"])
+
+
 def test_train_documents_flags_are_the_settings_fields():
     import argparse
     import dataclasses

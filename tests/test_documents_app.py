@@ -66,6 +66,15 @@ def test_the_structured_panel_shows_a_malformed_answer_with_its_error():
     assert "&lt;b&gt;up&lt;/b&gt;" in html and table["visible"] is False
 
 
+def test_the_structured_panel_is_empty_before_the_first_answer_and_reads_an_empty_one():
+    """A new or cleared chat has nothing to read; an answer that is empty is an error to show."""
+    for history in ([], None, [{"role": "user", "content": "<chart2csv>"}]):
+        assert documents.structured_view("chart2csv", "", history) == ("", {"__type__": "update", "value": None,
+                                                                           "visible": False}, "")
+    _, _, notes = documents.structured_view("chart2csv", "", history_with(""))
+    assert notes == "**Could not read the answer as CSV:** `the answer is empty`"
+
+
 def test_the_structured_panel_lists_schema_problems():
     history = history_with('{"total": "12"}')
     schema = '{"type": "object", "properties": {"total": {"type": "number"}}, "required": ["total", "date"]}'

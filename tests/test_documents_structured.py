@@ -159,10 +159,20 @@ def test_json_problems_name_the_field_what_was_expected_and_what_came():
     result = read_answer("json", answer, schema)
     assert result.error is None and result.data["total"] == "12"
     assert [problem.line() for problem in result.problems] == [
-        "$: expected no other fields, got 'extra' was unexpected",
+        '$: expected no other fields, got "extra"',
         "$.date: expected a required field, got nothing",
         '$.items[1].price: expected minimum 0, got -1',
         '$.total: expected type "number", got "12"',
+    ]
+
+
+def test_problem_lines_name_keys_with_quotes_and_brackets_whole():
+    schema = {"type": "object", "required": ["it's (net)", "a"], "additionalProperties": False,
+              "properties": {"it's (net)": {}, "a": {}}}
+    result = read_answer("json", '{"a": 1, "x (y)": 2, "z\'s": 3}', schema)
+    assert [problem.line() for problem in result.problems] == [
+        '$: expected no other fields, got "x (y)", "z\'s"',
+        "$.it's (net): expected a required field, got nothing",
     ]
 
 

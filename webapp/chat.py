@@ -264,8 +264,8 @@ def chat_tab(engine, last_chat_image: gr.State, examples: list[list], concurrenc
         api_visibility="private", concurrency_id=MODEL_QUEUE, concurrency_limit=concurrency, show_progress="minimal")
     follow_answers(answered)
     stop.click(lambda: gr.MultimodalTextbox(interactive=True), None, box, cancels=[answered], api_visibility="private")
-    clear.click(lambda: ([], gr.MultimodalTextbox(interactive=True)), None, [chatbot, box], cancels=[answered],
-                api_visibility="private")
+    follow_answers(clear.click(lambda: ([], gr.MultimodalTextbox(interactive=True)), None, [chatbot, box],
+                               cancels=[answered], api_visibility="private"))  # and empties the structured panel
 
     api_answer = gr.Textbox(visible=False)
     gr.Button(visible=False).click(

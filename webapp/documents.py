@@ -153,8 +153,9 @@ def chat_examples(rows: list[list], box, task, schema) -> gr.Examples:
                        run_on_click=True, cache_examples=False, label="Examples", elem_id="chat-examples")
 
 
-def last_answer(history) -> str:
-    """The newest assistant text of the chat history (Gradio's messages format)."""
+def last_answer(history) -> str | None:
+    """The newest assistant text of the chat history (Gradio's messages format); None before the
+    first answer (a new or cleared chat)."""
     for entry in reversed(history or []):
         entry = entry if isinstance(entry, dict) else {"role": getattr(entry, "role", None),
                                                        "content": getattr(entry, "content", None)}
@@ -163,14 +164,15 @@ def last_answer(history) -> str:
             if isinstance(content, list):
                 return "".join(p.get("text", "") if isinstance(p, dict) else str(p) for p in content)
             return content if isinstance(content, str) else ""
-    return ""
+    return None
 
 
 @shows_errors
 def structured_view(task, schema_text, history):
     """The panel for the newest answer: rendered HTML, table rows, problems (schema or parse) as text.
     A malformed answer shows as-is with its parse error; nothing here raises on model output."""
-    if not task:
+    answer = last_answer(history)
+    if not task or answer is None:
         return "", gr.update(value=None, visible=False), ""
     preset = get_preset(task)
     try:
@@ -179,7 +181,7 @@ def structured_view(task, schema_text, history):
         schema, schema_note = None, f"The schema could not be used: {err}"
     else:
         schema_note = ""
-    result = read_answer(preset.output, last_answer(history), schema)
+    result = read_answer(preset.output, answer, schema)
     lines = [schema_note] if schema_note else []
     if result.error:
         lines.append(f"**Could not read the answer as {preset.output.upper()}:** {_code(result.error)}")

@@ -6,12 +6,13 @@
 
 ``python -m g4v.demo train`` / ``train-adapter``: train the bundled trained checkpoint and its
 French-colours adapter (their flags are the fields of :mod:`g4v.demo.recipe`); ``train-documents``:
-its second stage, charts to CSV and key-value extraction (:mod:`g4v.demo.documents_training`);
+its document stages, charts to CSV and key-value extraction (:mod:`g4v.demo.documents_training`);
 ``eval``: measure them on held-out pictures (:mod:`g4v.demo.evaluate`).
 
 ``python -m g4v.demo examples``: draw the Chat examples of the document tasks (:mod:`g4v.demo.examples`)."""
 
 import argparse
+from contextlib import contextmanager
 from pathlib import Path
 
 from g4v.paths import BUNDLED_MODEL_DIR, DOCUMENTS_MODEL_DIR, REPO_ROOT, TRAINED_MODEL_DIR
@@ -52,8 +53,25 @@ def main(argv=None) -> int:
         for path in write_examples():
             print(f"wrote {path}")
     elif args.command in ("train", "train-adapter", "train-documents", "eval"):
-        return _run_training_command(args, argv)
+        with _loading_bars(not args.no_progress):
+            return _run_training_command(args, argv)
     return 0
+
+
+@contextmanager
+def _loading_bars(shown: bool):
+    """``--no-progress`` also hides transformers' "Loading weights" bars (a global switch, so it is
+    put back as it was: tests call :func:`main` in one process)."""
+    from transformers.utils import logging
+
+    was_shown = logging.is_progress_bar_enabled()
+    if not shown:
+        logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_shown:
+            logging.enable_progress_bar()
 
 
 # ── train / train-adapter / eval (g4v.demo.loop, g4v.demo.adapter_training, g4v.demo.evaluate) ──
@@ -77,7 +95,8 @@ def _add_training_commands(sub) -> None:
     adapter_cmd.add_argument("--no-progress", action="store_true", help="no progress bar")
 
     documents_cmd = sub.add_parser("train-documents",
-                                   help="second stage: charts to CSV and key-value extraction, from the trained checkpoint")
+                                   help="a document stage: charts to CSV and key-value extraction, from the trained "
+                                        "checkpoint or an earlier document stage")
     documents_cmd.add_argument("--out", type=Path, default=DOCUMENTS_MODEL_DIR, help="output folder")
     add_settings_flags(documents_cmd, DocumentsSettings)
     documents_cmd.add_argument("--no-progress", action="store_true", help="no progress bar")

@@ -1,8 +1,9 @@
-"""The demo checkpoint's second stage: ``python -m g4v.demo train-documents`` (issue 21).
+"""The demo checkpoint's document stages: ``python -m g4v.demo train-documents`` (issue 21).
 
-Continues from the trained checkpoint (``--init``, the first stage's output) and trains every
-weight on a mix of steps, each of one task and one canvas kind (so a batch pads little: a
-key-value prompt is far longer than a shape question):
+Continues from the trained checkpoint (``--init``, the first stage's output), or from a checkpoint
+this command wrote (a later stage, with other shares and rate), and trains every weight on a mix of
+steps, each of one task and one canvas kind (so a batch pads little: a key-value prompt is far
+longer than a shape question):
 
 * chart to CSV (:mod:`g4v.demo.charts`, the ``<chart2csv>`` preset);
 * key-value extraction on shape pictures (the key-value preset with
@@ -115,7 +116,7 @@ def validation_scores(model, processor, n: int) -> dict[str, float]:
 
 
 def train_documents_model(settings: DocumentsSettings, progress: bool = True, log_every: int = 25):
-    """Train the second stage; returns (model, processor, stats)."""
+    """Train one document stage; returns (model, processor, stats)."""
     torch.set_num_threads(settings.threads)
     torch.use_deterministic_algorithms(True, warn_only=settings.device != "cpu")
     model, processor = load_init(settings)
@@ -171,11 +172,21 @@ def train_documents_model(settings: DocumentsSettings, progress: bool = True, lo
 
 def first_stage_pointers(model, init: Path) -> list:
     """The first stage's attention pointers, at the layers and heads its recipe (stored beside
-    ``init``) put them, without readouts: no fresh heads to pull the settled weights."""
-    stored = json.loads((init / "g4v_build.json").read_text())["settings"]
+    ``init``) put them, without readouts: no fresh heads to pull the settled weights. ``init`` may
+    itself be a documents stage (:func:`stages` finds the first)."""
+    stored = stages(json.loads((init / "g4v_build.json").read_text()))[-1]["settings"]
     known = {field.name for field in fields(TrainSettings)}
     recipe = TrainSettings(**{name: value for name, value in stored.items() if name in known})
     return make_pointers(model, replace(recipe, readout_weight=0.0))
+
+
+def stages(provenance: dict) -> list[dict]:
+    """A checkpoint's training stages, its own first: each stage's provenance nests the one it
+    started from under ``init``, down to the first stage (trained from scratch: no ``init``)."""
+    chain = [provenance]
+    while isinstance(chain[-1].get("init"), dict):
+        chain.append(chain[-1]["init"])
+    return chain
 
 
 def pointer_loss(pointers: list, task: str, batch: dict, pictures: list, plans: list, tokenizer) -> torch.Tensor:
@@ -192,7 +203,7 @@ def _recent(values: list[float], window: int = 20) -> float:
 
 
 def train_documents(out: Path, settings: DocumentsSettings, command: str, progress: bool = True) -> str:
-    """Train the second stage and save it with its provenance in ``out``; returns the weights' SHA-256."""
+    """Train one document stage and save it with its provenance in ``out``; returns the weights' SHA-256."""
     from g4v.demo.build import build_processor, save_checkpoint
     from g4v.demo.loop import drop_subconfig_dtypes
 

@@ -121,11 +121,13 @@ def lr_at(step: int, settings: TrainSettings) -> float:
 
 @dataclass
 class DocumentsSettings:
-    """``python -m g4v.demo train-documents``: the second stage (issue 21). Every weight, from the
-    trained checkpoint ``init``, on a mix of chart-to-CSV, key-value extraction and the first
-    stage's shape conversations (so those keep their accuracy), with :func:`lr_at`'s schedule."""
+    """``python -m g4v.demo train-documents``: a document stage (issue 21); the defaults are the
+    second stage's. Every weight, from the checkpoint ``init``, on a mix of chart-to-CSV, key-value
+    extraction and the first stage's shape conversations (so those keep their accuracy), with
+    :func:`lr_at`'s schedule."""
 
-    init: str = _setting("assets/granite4-vision-tiny-trained", "the trained checkpoint this stage continues from")
+    init: str = _setting("assets/granite4-vision-tiny-trained",
+                         "the checkpoint this stage continues from (the first stage's, or one this command wrote)")
     steps: int = _setting(1200, "training steps")
     batch_size: int = _setting(8, "pictures per step (all of one task and one canvas kind)")
     #: Chosen from two short trials (1e-3 and 3e-3; docs/demo-model.md, "How this stage was found").

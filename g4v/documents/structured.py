@@ -241,8 +241,10 @@ def _time_limited(validator_class):
             for key in extras:
                 yield from validator.descend(instance[key], allowed, path=key)
         elif not allowed and extras:
-            yield ValidationError(f"Additional properties are not allowed ({', '.join(map(repr, extras))} "
-                                  f"{'was' if len(extras) == 1 else 'were'} unexpected)")
+            error = ValidationError(f"Additional properties are not allowed ({', '.join(map(repr, extras))} "
+                                    f"{'was' if len(extras) == 1 else 'were'} unexpected)")
+            error.unexpected = extras  # for the problem line: a key may hold any character, "(" too
+            yield error
 
     rewritten = {"pattern": pattern, "patternProperties": pattern_properties,
                  "additionalProperties": additional_properties}
@@ -254,11 +256,13 @@ def _problem(error) -> Problem:
     """A jsonschema ValidationError in field / expected / got terms."""
     path = "$" + "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in error.absolute_path)
     if error.validator == "required":
-        missing = error.message.split("'")[1] if "'" in error.message else error.message
-        return Problem(f"{path}.{missing}" if path != "$" else f"$.{missing}", "a required field", "nothing",
+        # jsonschema reports one missing key per error, as "<key's repr> is a required property".
+        missing = next((key for key in error.validator_value if error.message == f"{key!r} is a required property"),
                        error.message)
+        return Problem(f"{path}.{missing}", "a required field", "nothing", error.message)
     if error.validator == "additionalProperties":
-        return Problem(path, "no other fields", error.message.split("(")[-1].rstrip(")"), error.message)
+        unexpected = ", ".join(map(_short, getattr(error, "unexpected", [])))
+        return Problem(path, "no other fields", unexpected or error.message, error.message)
     expected = f"{error.validator} {_short(error.validator_value)}"
     return Problem(path, expected, _short(error.instance), error.message[:300])
 
