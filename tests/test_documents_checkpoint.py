@@ -21,7 +21,7 @@ N_ITEMS = 40
 #: pictures hold too few fields to hold 95% to within a wrong shape or two, so its floor is a little
 #: lower. (Chance here is 0% / 32.5% for charts and 100% / 34.2% for key-value.)
 FLOORS = {"chart_exact": 0.9, "chart_cells": 0.97, "kvp_valid": 0.97, "kvp_fields": 0.9}
-#: Issue 5's targets for the shape questions, which the second stage must keep (40 pictures, as in
+#: Issue 5's targets for the shape questions, which the document stages must keep (40 pictures, as in
 #: tests/test_demo_training.py).
 SHAPE_TARGETS = {"colour": 0.9, "shape": 0.8, "position": 0.75, "count": 0.7}
 

@@ -167,13 +167,20 @@ def test_json_problems_name_the_field_what_was_expected_and_what_came():
 
 
 def test_problem_lines_name_keys_with_quotes_and_brackets_whole():
-    schema = {"type": "object", "required": ["it's (net)", "a"], "additionalProperties": False,
-              "properties": {"it's (net)": {}, "a": {}}}
-    result = read_answer("json", '{"a": 1, "x (y)": 2, "z\'s": 3}', schema)
+    schema = {"type": "object", "required": ["it's (net)", 'say "[a]"', "a"], "additionalProperties": False,
+              "properties": {"it's (net)": {}, 'say "[a]"': {}, "a": {}}}
+    result = read_answer("json", '{"a": 1, "x (y)": 2, "z\'s [\\"q\\"]": 3}', schema)
     assert [problem.line() for problem in result.problems] == [
-        '$: expected no other fields, got "x (y)", "z\'s"',
+        '$: expected no other fields, got "x (y)", "z\'s [\\"q\\"]"',
         "$.it's (net): expected a required field, got nothing",
+        '$.say "[a]": expected a required field, got nothing',
     ]
+
+
+def test_a_draft_3_required_field_is_one_problem_line():
+    schema = {"$schema": "http://json-schema.org/draft-03/schema#", "properties": {"a": {"required": True}}}
+    assert [problem.line() for problem in read_answer("json", "{}", schema).problems] == [
+        "$.a: expected a required field, got nothing"]
 
 
 @pytest.mark.parametrize("ref", ["http://127.0.0.1:9/schema.json", "file:///etc/hostname", "#/$defs/missing"])

@@ -29,11 +29,11 @@ def banner(model: str) -> str:
                "trained here on synthetic pictures of shapes. It answers questions about the colour, kind, "
                "position and number of simple shapes")
     if names_folder(model, TRAINED_MODEL_DIR):
-        return (trained + ", and little else. Its second stage, which also reads bar charts (Chart to CSV) "
+        return (trained + ", and little else. Its document stages, which also read bar charts (Chart to CSV) "
                 "and fills a JSON schema about the shapes (key-value extraction), runs with "
                 f"`python app.py --model assets/{DOCUMENTS_MODEL_DIR.name}`. " + switch)
     if names_folder(model, DOCUMENTS_MODEL_DIR):
-        return (trained + "; its second stage also reads synthetic bar charts (the Chart to CSV task) and fills "
+        return (trained + "; its document stages also read synthetic bar charts (the Chart to CSV task) and fills "
                 "a JSON schema about the shapes (key-value extraction), and little else. " + switch)
     if is_bundled(model):
         return ("**Demo checkpoint in use**: a tiny Granite 4 Vision with the real architecture and random "

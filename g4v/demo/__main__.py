@@ -97,7 +97,8 @@ def _add_training_commands(sub) -> None:
     documents_cmd = sub.add_parser("train-documents",
                                    help="a document stage: charts to CSV and key-value extraction, from the trained "
                                         "checkpoint or an earlier document stage")
-    documents_cmd.add_argument("--out", type=Path, default=DOCUMENTS_MODEL_DIR, help="output folder")
+    documents_cmd.add_argument("--out", type=Path, default=DOCUMENTS_MODEL_DIR,
+                               help=f"output folder (default: the bundled {DOCUMENTS_MODEL_DIR.relative_to(REPO_ROOT)})")
     add_settings_flags(documents_cmd, DocumentsSettings)
     documents_cmd.add_argument("--no-progress", action="store_true", help="no progress bar")
 

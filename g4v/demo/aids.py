@@ -169,7 +169,7 @@ class AttentionPointer:
         return self._losses(hidden, cos, sin, rows, queries, targets, named)
 
     def segment_losses(self, batch: dict, items: list, tokenizer) -> dict[str, torch.Tensor]:
-        """Document answers (second stage): every position that predicts a token of one stretch of
+        """Document answers (the document stages): every position that predicts a token of one stretch of
         the answer looks at the object that stretch is about. Each item has ``mask`` (object ``i``
         drawn as value ``i + 1``), ``size``, ``objects`` (their number) and ``segments``: (first
         character, end character, object index) in its answer, such as a chart's CSV row and its

@@ -130,7 +130,7 @@ class DocumentsSettings:
                          "the checkpoint this stage continues from (the first stage's, or one this command wrote)")
     steps: int = _setting(1200, "training steps")
     batch_size: int = _setting(8, "pictures per step (all of one task and one canvas kind)")
-    #: Chosen from two short trials (1e-3 and 3e-3; docs/demo-model.md, "How this stage was found").
+    #: Chosen from two short trials (1e-3 and 3e-3; docs/demo-model.md, "How the second stage was found").
     lr: float = _setting(3e-3, "peak learning rate (language model and projectors)")
     #: The vision tower learnt slowly and easily forgets: as in the first stage, its own lower rate.
     vision_lr: float | None = _setting(1e-4, "learning rate of the vision tower (None: lr)")

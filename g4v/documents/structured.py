@@ -255,6 +255,8 @@ def _time_limited(validator_class):
 def _problem(error) -> Problem:
     """A jsonschema ValidationError in field / expected / got terms."""
     path = "$" + "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in error.absolute_path)
+    if error.validator == "required" and isinstance(error.validator_value, bool):
+        return Problem(path, "a required field", "nothing", error.message)  # draft 3: the path names the field
     if error.validator == "required":
         # jsonschema reports one missing key per error, as "<key's repr> is a required property".
         missing = next((key for key in error.validator_value if error.message == f"{key!r} is a required property"),

@@ -1,4 +1,4 @@
-"""The demo checkpoint's second stage (issue 21) through vLLM: the same greedy answers as the
+"""The documents checkpoint (issue 21) through vLLM: the same greedy answers as the
 transformers engine, text for text, on held-out charts and key-value pictures (so vLLM's document
 scores equal transformers'; ``python -m g4v.demo eval --backend vllm`` runs all 300 of each)."""
 
