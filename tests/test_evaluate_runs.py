@@ -19,6 +19,7 @@ from g4v.demo import evaluate as demo_eval
 from g4v.demo import shapes as S
 from g4v.errors import G4VError
 from g4v.evaluate import BUNDLED_DATASET, ArmSpec, EvalConfig, read_results, run_eval
+from g4v.evaluate.run import HF_CHUNK
 from g4v.evaluate.store import PARQUET_FILE, ROWS_FILE, SUMMARY_FILE
 from g4v.paths import REPO_ROOT, TRAINED_MODEL_DIR
 
@@ -138,9 +139,15 @@ def test_bad_rows_are_recorded_and_the_run_goes_on(trained_engine, tmp_path):
     assert result.summary["n_errors"] == 3 and result.summary["arms"]["a"]["accuracy"] is None
 
 
+#: Rows of the interrupted runs: three chunks of two hf arms (run.HF_CHUNK rows each), so that after
+#: the first chunk is on disk the run is far from done when the signal comes (with 5 rows, one row
+#: was left, and a fast machine finished it before the signal).
+INTERRUPTED_ROWS = 3 * HF_CHUNK
+
+
 def g4v_eval(out, *extra):
     return [sys.executable, "-m", "g4v", "eval", "--a", "hf", "--b", "hf", "--data", str(BUNDLED_DATASET),
-            "--limit", "5", "--seed", "3", "--max-new-tokens", "6", "--out", str(out), *extra]
+            "--limit", str(INTERRUPTED_ROWS), "--seed", "3", "--max-new-tokens", "6", "--out", str(out), *extra]
 
 
 def start_and_wait_for_a_row(out):
@@ -161,8 +168,8 @@ def test_ctrl_c_leaves_the_tables_of_the_finished_rows(tmp_path):
     _, stderr = process.communicate(timeout=120)
     kept = len((out / ROWS_FILE).read_text().splitlines())
     assert process.returncode == 130
-    assert stderr.strip().splitlines()[-1] == (f"error: interrupted; {kept} of 5 rows are kept in {out}: "
-                                               "run the same command again to resume")
+    assert stderr.strip().splitlines()[-1] == (f"error: interrupted; {kept} of {INTERRUPTED_ROWS} rows are kept in "
+                                               f"{out}: run the same command again to resume")
     summary = json.loads((out / SUMMARY_FILE).read_text())
     assert summary["n"] == kept and not summary["complete"]
     import pyarrow.parquet as pq
@@ -177,14 +184,15 @@ def test_a_killed_run_resumes_to_the_same_results(trained_engine, tmp_path):
     process.send_signal(signal.SIGKILL)
     process.wait()
     kept = rows_file.read_bytes().count(b"\n")
-    assert 1 <= kept < 5, "the kill came too late to interrupt the run"
+    assert 1 <= kept < INTERRUPTED_ROWS, "the kill came too late to interrupt the run"
     with open(rows_file, "ab") as handle:  # a kill mid-write leaves a torn last line
         handle.write(b'{"index": 17, "sample_id": "p0')
     finished = subprocess.run(g4v_eval(out), cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
     assert finished.returncode == 0, finished.stderr
-    assert "rows 5 (errors 0)" in finished.stdout
+    assert f"rows {INTERRUPTED_ROWS} (errors 0)" in finished.stdout
 
-    config = EvalConfig(a=ArmSpec("hf"), b=ArmSpec("hf"), data=str(BUNDLED_DATASET), limit=5, seed=3, max_new_tokens=6)
+    config = EvalConfig(a=ArmSpec("hf"), b=ArmSpec("hf"), data=str(BUNDLED_DATASET), limit=INTERRUPTED_ROWS, seed=3,
+                        max_new_tokens=6)
     reference = run_eval(config, tmp_path / "uninterrupted", reuse={ArmSpec("hf"): trained_engine})
     resumed = read_results(out)
     assert [r.index for r in resumed.rows] == [r.index for r in reference.rows]
@@ -194,17 +202,18 @@ def test_a_killed_run_resumes_to_the_same_results(trained_engine, tmp_path):
                 assert getattr(got, name) == pytest.approx(value, rel=1e-5, abs=1e-7), name  # another process: float sums may round differently
             else:
                 assert getattr(got, name) == value, name
-    assert resumed.summary["n"] == 5 and resumed.summary["complete"]
+    assert resumed.summary["n"] == INTERRUPTED_ROWS and resumed.summary["complete"]
     assert resumed.summary["arms"] == reference.summary["arms"]
     assert resumed.summary["paired"] == reference.summary["paired"]
-    assert len(rows_file.read_text().splitlines()) == 5  # nothing computed twice, the torn line gone
+    assert len(rows_file.read_text().splitlines()) == INTERRUPTED_ROWS  # nothing computed twice, the torn line gone
 
     # A larger limit and new arm labels ask the same question of one more row: only it is computed.
-    relabelled = EvalConfig(**{**vars(config), "limit": 6, "a": ArmSpec("hf", label="base"),
+    more = INTERRUPTED_ROWS + 1
+    relabelled = EvalConfig(**{**vars(config), "limit": more, "a": ArmSpec("hf", label="base"),
                                "b": ArmSpec("hf", label="again")})
     extended = run_eval(relabelled, out, reuse={ArmSpec("hf"): trained_engine})
-    assert [r.index for r in extended.rows[:5]] == [r.index for r in reference.rows]
-    assert len(extended.rows) == 6 and len(rows_file.read_text().splitlines()) == 6
+    assert [r.index for r in extended.rows[:INTERRUPTED_ROWS]] == [r.index for r in reference.rows]
+    assert len(extended.rows) == more and len(rows_file.read_text().splitlines()) == more
     assert [extended.summary["arms"][side]["label"] for side in "ab"] == ["base", "again"]
     with pytest.raises(G4VError, match="the output folder holds a different run .*max_new_tokens"):
         run_eval(EvalConfig(**{**vars(config), "max_new_tokens": 7}), out)
