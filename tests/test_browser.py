@@ -173,9 +173,9 @@ def test_a_pdf_page_a_task_preset_and_the_structured_panel_in_a_browser(app_url,
 def test_a_document_example_brings_its_task_preset_and_the_panel_reads_its_answer(shots):
     """On the documents checkpoint, the key-value example picks its preset and shows the schema it
     is asked with (also when clicked again), and its answer is read as JSON valid against it;
-    Clear empties the panel; clicking the chart example fills the box with its prompt and picture and picks the Chart to CSV
-    preset; its answer is then read in the structured panel, whose table holds the answer's rows;
-    a plain question's example clears the preset again."""
+    Clear empties the panel; clicking the chart example fills the box with its prompt and picture
+    and picks the Chart to CSV preset; its answer is then read in the structured panel, whose table
+    holds the answer's rows; a plain question's example clears the preset again."""
     import json
 
     from g4v.documents.tables import parse_csv

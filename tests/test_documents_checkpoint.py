@@ -1,7 +1,8 @@
 """The documents checkpoint as bundled (issue 21): the stored weights are the ones its provenance
-names, each of its document stages recorded the command that rebuilds its recipe, it fits the size budget, it reads charts
-and fills the key-value schema on held-out pictures (scored against the generator's own truth),
-it still answers the four shape questions, and with all 8 levels ablated its charts fall to chance."""
+names, each of its document stages recorded the command that rebuilds its recipe, it fits the size
+budget, it reads charts and fills the key-value schema on held-out pictures (scored against the
+generator's own truth), it still answers the four shape questions, and with all 8 levels ablated its
+charts fall to chance."""
 
 import json
 from dataclasses import asdict

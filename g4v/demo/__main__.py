@@ -98,7 +98,7 @@ def _add_training_commands(sub) -> None:
                                    help="a document stage: charts to CSV and key-value extraction, from the trained "
                                         "checkpoint or an earlier document stage")
     documents_cmd.add_argument("--out", type=Path, default=DOCUMENTS_MODEL_DIR,
-                               help=f"output folder (default: the bundled {DOCUMENTS_MODEL_DIR.relative_to(REPO_ROOT)})")
+                               help=f"output folder (default: {DOCUMENTS_MODEL_DIR.relative_to(REPO_ROOT)})")
     add_settings_flags(documents_cmd, DocumentsSettings)
     documents_cmd.add_argument("--no-progress", action="store_true", help="no progress bar")
 

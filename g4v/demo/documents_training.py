@@ -219,7 +219,7 @@ def train_documents(out: Path, settings: DocumentsSettings, command: str, progre
         "torch": torch.__version__,
         **stats,
         "init": init,
-        "total_wall_time_s": round(stats["wall_time_s"] + init.get("total_wall_time_s", init.get("wall_time_s", 0)), 1),
+        "total_wall_time_s": round(stats["wall_time_s"] + sum(stage["wall_time_s"] for stage in stages(init)), 1),
     }
     # A fresh processor: padded calls leave padding switched on in the fast tokenizer's backend.
     sha = save_checkpoint(model, build_processor(), Path(out), provenance)
