@@ -216,3 +216,102 @@ def test_more_pages_than_one_message_carries(tmp_path):
 @pytest.mark.parametrize("dpi", [0, 1000, "high", float("nan")])
 def test_bad_resolutions(dpi):
     assert "render resolution" in refusal(lambda: pdf.render_pages(REPORT_PDF, "1", dpi=dpi))
+
+
+# ── hostile documents: PDFium runs in a bounded child process ──────────────────────────────────
+
+
+def self_drawing_pdf() -> bytes:
+    """A page whose content draws form X0, and X0 draws itself twice: without a limit PDFium
+    allocates until the process dies (about 200 MB a second here)."""
+    with_form = page(content_object=4)[:-2] + "/Resources << /XObject << /X0 5 0 R >> >> >>"
+    form = ("<< /Type /XObject /Subtype /Form /BBox [0 0 200 100] /Resources << /XObject << /X0 5 0 R >> >> "
+            "/Length 13 >>\nstream\n/X0 Do /X0 Do\nendstream")
+    return minimal_pdf([with_form], {4: stream("/X0 Do"), 5: form})
+
+
+def page_tree_cycle_pdf() -> bytes:
+    """The page tree's root lists itself among its kids (and claims two pages)."""
+    return minimal_pdf([page()], {2: "<< /Type /Pages /Kids [2 0 R 3 0 R] /Count 2 >>"})
+
+
+def own_peak_memory() -> int:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+@pytest.mark.parametrize("limit", ["memory", "time"])
+def test_a_form_that_draws_itself_is_one_line_and_this_process_stays_small(tmp_path, monkeypatch, limit):
+    """In process this PDF took the server from 1.3 to 6 GB and ended in SIGABRT; now the child
+    hits its address-space limit (or is killed at the time limit) and the caller reads one line."""
+    if limit == "memory":
+        monkeypatch.setattr(pdf, "RENDER_MEMORY", 512 * 1024 ** 2)
+    else:
+        monkeypatch.setattr(pdf, "PAGE_SECONDS", 1.0)
+    path = write(tmp_path, "loop.pdf", self_drawing_pdf())
+    before = own_peak_memory()
+    for call in (lambda: pdf.render_thumbnails(path), lambda: pdf.render_pages(path, "1", dpi=72)):
+        message = refusal(call)
+        assert message.startswith("page 1 of loop.pdf needs more memory or time than a page may take to render")
+    assert own_peak_memory() - before < 100 * 1024 ** 2
+    assert pdf.render_pages(REPORT_PDF, "1", dpi=36)[0].size == (math.ceil(PAGE_INCHES[0] * 36),
+                                                                  math.ceil(PAGE_INCHES[1] * 36))  # still working
+
+
+def test_a_page_tree_that_loops_back_is_one_line(tmp_path):
+    path = write(tmp_path, "cycle.pdf", page_tree_cycle_pdf())
+    assert refusal(lambda: pdf.render_thumbnails(path)) == "page 2 of cycle.pdf is corrupt or unreadable"
+    assert refusal(lambda: pdf.render_pages(path, "2")) == "page 2 of cycle.pdf is corrupt or unreadable"
+
+
+def test_pages_and_thumbnails_match_pdfium_in_this_process():
+    """The child's pictures are PDFium's own, pixel for pixel: rendered here with pypdfium2 directly."""
+    import numpy as np
+    import pypdfium2
+
+    document = pypdfium2.PdfDocument(str(REPORT_PDF))
+    try:
+        for number, image in enumerate(pdf.render_pages(REPORT_PDF, "1-2", dpi=100), start=1):
+            here = document[number - 1].render(scale=100 / 72, may_draw_forms=False).to_pil().convert("RGB")
+            assert np.array_equal(np.asarray(image), np.asarray(here))
+        first = document[0]
+        here = first.render(scale=pdf.THUMBNAIL_WIDTH / first.get_size()[0], may_draw_forms=False).to_pil()
+        assert np.array_equal(np.asarray(pdf.render_thumbnails(REPORT_PDF)[0]), np.asarray(here.convert("RGB")))
+    finally:
+        document.close()
+
+
+def test_a_slow_document_does_not_hold_up_another(tmp_path, monkeypatch):
+    """One user's runaway page (here a few seconds until its child is killed) and another's page
+    render at the same time: the second is done while the first still runs (one PDFium lock made it wait)."""
+    import threading
+
+    monkeypatch.setattr(pdf, "RENDER_MEMORY", 512 * 1024 ** 2)
+    path = write(tmp_path, "loop.pdf", self_drawing_pdf())
+    slow = threading.Thread(target=lambda: pytest.raises(G4VError, pdf.render_pages, path, "1"))
+    slow.start()
+    try:
+        assert pdf.render_pages(REPORT_PDF, "2", dpi=72)[0].width == math.ceil(PAGE_INCHES[0] * 72)
+        assert slow.is_alive()
+    finally:
+        slow.join(60)
+
+
+def test_renderers_are_capped_and_a_request_past_the_cap_is_one_line(tmp_path, monkeypatch):
+    import threading
+
+    monkeypatch.setattr(pdf, "_RENDER_SLOTS", threading.BoundedSemaphore(1))
+    monkeypatch.setattr(pdf, "WAIT_SECONDS", 0.5)
+    monkeypatch.setattr(pdf, "RENDER_MEMORY", 512 * 1024 ** 2)
+    path = write(tmp_path, "loop.pdf", self_drawing_pdf())
+    slow = threading.Thread(target=lambda: pytest.raises(G4VError, pdf.render_pages, path, "1"))
+    slow.start()
+    try:
+        import time
+
+        time.sleep(0.3)  # the slow render has its slot
+        assert "every PDF renderer is busy" in refusal(lambda: pdf.page_count(REPORT_PDF))
+    finally:
+        slow.join(60)
+    assert pdf.page_count(REPORT_PDF) == 2  # the slot came back

@@ -14,7 +14,7 @@ from pathlib import Path
 import gradio as gr
 
 from g4v.conversation import MAX_IMAGES_PER_MESSAGE
-from g4v.documents.pdf import DEFAULT_DPI, MAX_DPI, MIN_DPI, render_pages, render_thumbnails
+from g4v.documents.pdf import DEFAULT_DPI, MAX_DPI, MIN_DPI, numbered_pages, render_thumbnails
 from g4v.documents.presets import PRESETS, build_prompt, get_preset, parse_schema
 from g4v.documents.structured import read_answer
 from g4v.errors import G4VError
@@ -67,12 +67,9 @@ def pick_thumbnail(evt: gr.SelectData):
 
 def page_files(pdf_path, pages: str, dpi, limit: int) -> list[str]:
     """The chosen pages rendered to PNG files (each checked and refused in one line as in the CLI)."""
-    from g4v.documents.pdf import page_count, parse_page_range
-
     path = _checked_pdf(pdf_path)
-    numbers = parse_page_range(pages, page_count(path, name=Path(path).name))
-    images = render_pages(path, numbers, dpi, name=Path(path).name, max_images=limit)
-    return save_pages(images, Path(path).stem, numbers, float(dpi))
+    numbered = numbered_pages(path, pages, dpi, name=Path(path).name, max_images=limit)
+    return save_pages([image for _, image in numbered], Path(path).stem, [n for n, _ in numbered], float(dpi))
 
 
 def document_picker(target, chat_box: bool = False, elem_id: str = "doc"):

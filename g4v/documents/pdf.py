@@ -1,19 +1,27 @@
 """PDF pages as pictures: every page a user picks becomes one RGB image, or one line saying why not.
 
-Rendering goes through PDFium (``pypdfium2``), the engine Chrome uses, in process: no shell-out.
+Rendering goes through PDFium (``pypdfium2``), the engine Chrome uses; no external program.
 Nothing in the file runs: forms are never initialised (so no form actions and no JavaScript, and
 PDFium builds from PyPI carry no JavaScript engine anyway), links and attachments are ignored, only
 page content is drawn. Every limit is checked before the work it guards: the file size before
 reading, the page count before rendering, each page's pixel count before its bitmap exists.
 
-PDFium is not thread-safe, and the app calls it from several request threads, so every call into it
-holds one module lock.
+PDFium itself runs in a child process (:mod:`g4v.documents.pdf_worker`), one per document opened,
+under an address-space and CPU limit: a page that would take without end (a form that draws
+itself) or crash PDFium kills only that child, and the user reads one line. At most
+:data:`MAX_RENDERERS` children run at once, each with its own PDFium, so one heavy document no longer
+holds a lock every other user waits behind.
 """
 
+import importlib.util
 import math
 import os
 import re
+import select
+import subprocess
+import sys
 import threading
+import time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -37,7 +45,16 @@ MAX_THUMBNAILS = 60
 HEADER_WINDOW = 1024
 POINTS_PER_INCH = 72
 
-_PDFIUM_LOCK = threading.RLock()
+#: One child process renders one document; at most this many run at once (the rest wait their turn).
+MAX_RENDERERS = int(os.environ.get("G4V_PDF_RENDERERS", 2))
+#: A child's address space, and how long PDFium may take to open the document or draw one page.
+RENDER_MEMORY = int(os.environ.get("G4V_PDF_RENDER_MEMORY", 1024 ** 3))
+PAGE_SECONDS = float(os.environ.get("G4V_PDF_PAGE_SECONDS", 30))
+#: How long a request waits for a free renderer before it is refused.
+WAIT_SECONDS = 120
+WORKER = Path(__file__).with_name("pdf_worker.py")
+
+_RENDER_SLOTS = threading.BoundedSemaphore(MAX_RENDERERS)
 EMPTY_PAGE_TREE = re.compile(rb"/Count\s*0\b")
 PAGE_OBJECT = re.compile(rb"/Type\s*/Page(?![a-zA-Z])")
 
@@ -77,40 +94,125 @@ def read_pdf(source, name: str | None = None) -> tuple[bytes, str]:
     return data, label
 
 
+class RenderedDocument:
+    """One document open in its child process: ``len()`` pages, each page's size and its picture.
+
+    Every answer is awaited at most :data:`PAGE_SECONDS`; a child that runs past it is killed, and a
+    child that dies (its memory limit, a PDFium crash) is reported, both in one line naming the page."""
+
+    def __init__(self, data: bytes, label: str):
+        from g4v.documents.pdf_worker import read_frame, write_frame  # the same framing both ways
+
+        self.label, self._read_frame, self._write_frame = label, read_frame, write_frame
+        # -P: the worker's folder is not put on sys.path; a fresh interpreter, never a fork of this
+        # threaded one. Its stderr (PDFium's warnings, a crash's report) is not the user's business.
+        self._child = subprocess.Popen([sys.executable, "-P", str(WORKER), str(RENDER_MEMORY),
+                                        str(math.ceil(PAGE_SECONDS * (MAX_THUMBNAILS + 2)))],
+                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        self._out = _TimedReader(self._child.stdout)
+        reply, _ = self._ask({"op": "open"}, data, f"{label} needs more memory or time than a PDF may take to open")
+        if reply.get("error") == "load":
+            raise G4VError(_load_problem(label, reply.get("code"), data))
+        self.pages = reply["pages"]
+
+    def __len__(self) -> int:
+        return self.pages
+
+    def page_size(self, number: int) -> tuple[float, float]:
+        reply, _ = self._ask_page({"op": "size", "index": number - 1}, number)
+        return tuple(reply["size"])
+
+    def render(self, number: int, scale: float) -> Image.Image:
+        """Page ``number`` (1-based) drawn at ``scale`` pixels per point, as PdfBitmap.to_pil() gives it."""
+        reply, pixels = self._ask_page({"op": "render", "index": number - 1, "scale": scale}, number)
+        size = (reply["width"], reply["height"])
+        return Image.frombuffer(reply["dest_mode"], size, pixels, "raw", reply["mode"], reply["stride"], 1)
+
+    def _ask_page(self, request: dict, number: int):
+        reply = self._ask(request, b"", f"page {number} of {self.label} needs more memory or time than a page "
+                                        f"may take to render")
+        if reply[0].get("error") == "page":
+            raise G4VError(f"page {number} of {self.label} is corrupt or unreadable")
+        return reply
+
+    def _ask(self, request: dict, payload: bytes, too_much: str):
+        limits = f" (the limits are {RENDER_MEMORY / 1024 ** 3:g} GiB and {PAGE_SECONDS:g} s)"
+        try:
+            self._write_frame(self._child.stdin, request, payload)
+            reply = self._read_frame(self._out.until(time.monotonic() + PAGE_SECONDS))
+        except (OSError, ValueError, TimeoutError):  # a closed pipe, a cut frame, no answer in time
+            reply = None
+        if reply is None:
+            self.close()
+            raise G4VError(too_much + limits)
+        return reply
+
+    def close(self) -> None:
+        if self._child.poll() is None:
+            self._child.kill()
+        self._child.wait()
+        for pipe in (self._child.stdin, self._child.stdout):
+            try:
+                pipe.close()
+            except OSError:  # the child is gone; nothing is left to flush into it
+                pass
+
+
+class _TimedReader:
+    """The child's stdout read with a deadline: ``read(n)`` waits at most until ``until()``'s time."""
+
+    def __init__(self, pipe):
+        self._fd, self._deadline = pipe.fileno(), 0.0
+
+    def until(self, deadline: float) -> "_TimedReader":
+        self._deadline = deadline
+        return self
+
+    def read(self, count: int) -> bytearray:
+        buffer, done = bytearray(count), 0
+        view = memoryview(buffer)  # filled in place: a page's bitmap is not held twice
+        while done < count:
+            wait = self._deadline - time.monotonic()
+            if wait <= 0 or not select.select([self._fd], [], [], wait)[0]:
+                raise TimeoutError
+            got = os.readv(self._fd, [view[done:]])
+            if not got:
+                return buffer[:done]  # the child closed its end (it died): a short read
+            done += got
+        return buffer
+
+
 @contextmanager
 def open_pdf(data: bytes, label: str):
-    """The PDFium document for checked bytes, closed afterwards; holds the PDFium lock throughout.
+    """The document for checked bytes, in a child process of its own, closed afterwards.
 
-    Refuses encrypted (password-protected), corrupt, zero-page and too-long documents in one line.
+    Waits for one of the :data:`MAX_RENDERERS` slots. Refuses encrypted (password-protected),
+    corrupt, zero-page and too-long documents in one line.
     """
+    if importlib.util.find_spec("pypdfium2") is None:
+        raise G4VError("PDF input needs pypdfium2 in this environment (pip install pypdfium2)")
+    if not _RENDER_SLOTS.acquire(timeout=WAIT_SECONDS):
+        raise G4VError("every PDF renderer is busy right now; try again in a minute")
+    document = None
     try:
-        import pypdfium2 as pdfium
-    except ImportError:
-        raise G4VError("PDF input needs pypdfium2 in this environment (pip install pypdfium2)") from None
-
-    with _PDFIUM_LOCK:
-        try:
-            document = pdfium.PdfDocument(data)
-        except pdfium.PdfiumError as err:
-            raise G4VError(_load_problem(label, err, data)) from None
-        try:
-            pages = len(document)
-            if pages < 1:
-                raise G4VError(f"{label} has no pages")
-            if pages > MAX_PDF_PAGES:
-                raise G4VError(f"{label} has too many pages: {pages:,} (the limit is {MAX_PDF_PAGES:,})")
-            yield document
-        finally:
+        document = RenderedDocument(data, label)
+        if document.pages < 1:
+            raise G4VError(f"{label} has no pages")
+        if document.pages > MAX_PDF_PAGES:
+            raise G4VError(f"{label} has too many pages: {document.pages:,} (the limit is {MAX_PDF_PAGES:,})")
+        yield document
+    finally:
+        if document is not None:
             document.close()
+        _RENDER_SLOTS.release()
 
 
-def _load_problem(label: str, err, data: bytes) -> str:
+def _load_problem(label: str, code, data: bytes) -> str:
     """PDFium's load error in the user's words (codes: 4 password, 5 security handler).
 
     PDFium refuses a document without pages (its own empty file included) without setting an error
     of its own, so the code left over from an earlier failure shows; such a file is recognised by
     its empty page tree (``/Count 0`` and no page object) to say so."""
-    code = getattr(err, "err_code", None)
     if code in (4, 5):
         return f"{label} is encrypted (password-protected); save an unencrypted copy and try again"
     if EMPTY_PAGE_TREE.search(data) and not PAGE_OBJECT.search(data):
@@ -172,35 +274,36 @@ def render_pages(source, pages: str | list[int] | None = None, dpi=DEFAULT_DPI, 
     is refused before its bitmap is allocated, naming the page and a resolution that would fit.
     More pages than ``max_images`` (one message's image limit) are refused, not silently cut.
     """
+    return [image for _, image in numbered_pages(source, pages, dpi, name, max_images)]
+
+
+def numbered_pages(source, pages: str | list[int] | None = None, dpi=DEFAULT_DPI, name: str | None = None,
+                   max_images: int = MAX_IMAGES_PER_MESSAGE) -> list[tuple[int, Image.Image]]:
+    """:func:`render_pages` with each picture's page number: the document is opened once for both."""
     dpi = check_dpi(dpi)
     data, label = read_pdf(source, name)
     with open_pdf(data, label) as document:
         numbers = pages if isinstance(pages, list) else parse_page_range(pages, len(document))
         if len(numbers) > max_images:
             raise G4VError(f"too many pages: {len(numbers)} chosen from {label}, at most {max_images} can be used here")
-        return [_render_page(document, number, dpi, label) for number in numbers]
+        return [(number, _render_page(document, number, dpi, label)) for number in numbers]
 
 
-def _render_page(document, number: int, dpi: float, label: str) -> Image.Image:
+def _render_page(document: RenderedDocument, number: int, dpi: float, label: str) -> Image.Image:
     """One page (1-based) at ``dpi``: (points W x H) -> RGB picture of ceil(W*dpi/72) x ceil(H*dpi/72)."""
     if not 1 <= number <= len(document):
         raise G4VError(f"{label} has no page {number} (it has {len(document)})")
-    page = document[number - 1]
-    try:
-        width, height = page.get_size()
-        scale = dpi / POINTS_PER_INCH
-        pixels = math.ceil(width * scale) * math.ceil(height * scale)  # PDFium rounds sizes up
-        if pixels > MAX_IMAGE_PIXELS:
-            fitting = int(POINTS_PER_INCH * (MAX_IMAGE_PIXELS / max(width * height, 1)) ** 0.5) - 1
-            advice = f"try {fitting} dpi or less" if fitting >= MIN_DPI else f"too large even at {MIN_DPI} dpi"
-            raise G4VError(f"page {number} of {label} is too large at {dpi:g} dpi: {pixels:,} pixels "
-                           f"(the limit is {MAX_IMAGE_PIXELS:,}; {advice})")
-        if pixels < 1:
-            raise G4VError(f"page {number} of {label} has no area ({width:g} x {height:g} points)")
-        bitmap = page.render(scale=scale, may_draw_forms=False)
-        return to_rgb(bitmap.to_pil())
-    finally:
-        page.close()
+    width, height = document.page_size(number)
+    scale = dpi / POINTS_PER_INCH
+    pixels = math.ceil(width * scale) * math.ceil(height * scale)  # PDFium rounds sizes up
+    if pixels > MAX_IMAGE_PIXELS:
+        fitting = int(POINTS_PER_INCH * (MAX_IMAGE_PIXELS / max(width * height, 1)) ** 0.5) - 1
+        advice = f"try {fitting} dpi or less" if fitting >= MIN_DPI else f"too large even at {MIN_DPI} dpi"
+        raise G4VError(f"page {number} of {label} is too large at {dpi:g} dpi: {pixels:,} pixels "
+                       f"(the limit is {MAX_IMAGE_PIXELS:,}; {advice})")
+    if pixels < 1:
+        raise G4VError(f"page {number} of {label} has no area ({width:g} x {height:g} points)")
+    return to_rgb(document.render(number, scale))
 
 
 def render_thumbnails(source, name: str | None = None, width: int = THUMBNAIL_WIDTH,
@@ -209,14 +312,10 @@ def render_thumbnails(source, name: str | None = None, width: int = THUMBNAIL_WI
     data, label = read_pdf(source, name)
     with open_pdf(data, label) as document:
         thumbnails = []
-        for index in range(min(len(document), limit)):
-            page = document[index]
-            try:
-                page_width, page_height = page.get_size()
-                scale = width / max(page_width, 1.0)
-                if page_height * scale > 20 * width:  # a ribbon-shaped page: cap its thumbnail height
-                    scale = 20 * width / page_height
-                thumbnails.append(to_rgb(page.render(scale=scale, may_draw_forms=False).to_pil()))
-            finally:
-                page.close()
+        for number in range(1, min(len(document), limit) + 1):
+            page_width, page_height = document.page_size(number)
+            scale = width / max(page_width, 1.0)
+            if page_height * scale > 20 * width:  # a ribbon-shaped page: cap its thumbnail height
+                scale = 20 * width / page_height
+            thumbnails.append(to_rgb(document.render(number, scale)))
         return thumbnails
