@@ -392,3 +392,58 @@ def test_time_limited_keywords_find_what_the_library_finds(schema, answers):
         found = sorted((p.path, p.expected.split()[0] if p.expected != "no other fields" else "additionalProperties")
                        for p in schema_problems(answer, schema))
         assert found == expected, answer
+
+
+#: 25 characters that Python's ``re`` compiles at once, and the ``regex`` package (the time-limited
+#: matcher) expands into 1000 ** 3 letters when it compiles them: 17 GB, before any time limit.
+EXPANDING = "((a{1000}){1000}){1000}"
+EXPANDING_SCHEMAS = {
+    "pattern": {"type": "object", "properties": {"name": {"type": "string", "pattern": EXPANDING}}},
+    "patternProperties": {"type": "object", "patternProperties": {EXPANDING: {}}},
+    "additionalProperties": {"type": "object", "properties": {"id": {}}, "patternProperties": {EXPANDING: {}},
+                             "additionalProperties": False},
+    "propertyNames": {"type": "object", "propertyNames": {"pattern": EXPANDING}},
+}
+
+#: Run in a child under a 1.5 GiB address-space limit (so the unfixed code ends in MemoryError there,
+#: not in the test machine's swap): each schema through parse_schema, then checked directly.
+UNDER_A_MEMORY_LIMIT = """
+import json, resource, sys
+resource.setrlimit(resource.RLIMIT_AS, (3 * 2 ** 29, 3 * 2 ** 29))
+from g4v.documents import presets
+from g4v.documents.structured import read_answer
+from g4v.errors import G4VError
+out = {}
+for name, schema in json.loads(sys.argv[1]).items():
+    try:
+        presets.parse_schema(json.dumps(schema))
+        refused = None
+    except G4VError as err:
+        refused = str(err)
+    out[name] = [refused, read_answer("json", '{"id": 1, "name": "aaa", "aaa": 2}', schema).error]
+print(json.dumps(out))
+"""
+
+
+def test_a_schema_pattern_that_expands_when_compiled_is_one_line_under_a_memory_limit():
+    import subprocess
+    import sys
+
+    from g4v.paths import REPO_ROOT
+
+    run = subprocess.run([sys.executable, "-c", UNDER_A_MEMORY_LIMIT, json.dumps(EXPANDING_SCHEMAS)],
+                         cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    expected = (f"the schema's pattern '{EXPANDING}' repeats too much to be compiled: its counted repetitions "
+                f"come to {1000 ** 3:,} (the limit is 100,000)")
+    assert json.loads(run.stdout) == {name: [expected, expected] for name in EXPANDING_SCHEMAS}
+
+
+@pytest.mark.parametrize("pattern, good, bad", [
+    ("^[a-z]{1,5}$", "abc", "abcdefg"), (r"\d{4}-\d{2}", "2024-05", "24-5"),
+    ("^(ab){2,3}$", "abab", "ab"), ("^x{50000}$", "x" * 50000, "x"),
+])
+def test_ordinary_counted_patterns_are_still_accepted_and_checked(pattern, good, bad):
+    schema = presets.parse_schema(json.dumps({"type": "object", "properties": {"v": {"pattern": pattern}}}))
+    assert read_answer("json", json.dumps({"v": good}), schema).problems == []
+    assert [p.path for p in read_answer("json", json.dumps({"v": bad}), schema).problems] == ["$.v"]

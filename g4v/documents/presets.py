@@ -84,7 +84,7 @@ def parse_schema(text: str) -> dict:
     """A user's JSON schema text as a dict, checked to be a valid JSON Schema, or one line saying why not."""
     from jsonschema import SchemaError, validators
 
-    from g4v.documents.structured import UNTIMED, untimed_patterns
+    from g4v.documents.structured import UNTIMED, schema_pattern_problem, untimed_patterns
 
     if not text or not text.strip():
         raise G4VError("key-value extraction needs a JSON schema (the fields to extract)")
@@ -111,6 +111,8 @@ def parse_schema(text: str) -> dict:
         raise G4VError(f"the JSON schema is not a valid JSON Schema at {where}: {err.message[:200]}") from None
     if untimed_patterns(schema):
         raise G4VError(UNTIMED)
+    if problem := schema_pattern_problem(schema):
+        raise G4VError(problem)
     return schema
 
 

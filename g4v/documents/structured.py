@@ -10,6 +10,7 @@ import contextvars
 import html
 import json
 import math
+import re
 import time
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
@@ -167,6 +168,9 @@ def _search(pattern, text: str) -> bool:
 
     if not isinstance(pattern, str):
         raise ValueError(f"the schema's pattern must be a string, not {type(pattern).__name__}")
+    problem = pattern_problem(pattern)  # before regex compiles it: compiling is not time-limited
+    if problem:
+        raise ValueError(problem)
     left = _seconds_left()
     try:
         return regex.search(pattern, text, timeout=min(PATTERN_SECONDS, left)) is not None
@@ -186,19 +190,82 @@ def untimed_patterns(schema) -> bool:
     (not as property names or values): for ``unevaluatedProperties`` the library matches the
     patterns itself, with ``re`` and no time limit, so such a schema is refused rather than checked
     slowly."""
-    seen, stack = set(), [schema]
+    return {"unevaluatedProperties", "patternProperties"} <= {key for key, _ in _keywords(schema)}
+
+
+def _keywords(schema):
+    """Every ``(keyword, value)`` of ``schema`` and its subschemas, never a property name or data."""
+    stack = [schema]
     while stack:
         node = stack.pop()
         if isinstance(node, list):
             stack.extend(node)
         elif isinstance(node, dict):
             for key, value in node.items():
-                seen.update({key} & {"unevaluatedProperties", "patternProperties"})
+                yield key, value
                 if key in _NAMED_SUBSCHEMAS and isinstance(value, dict):
                     stack.extend(value.values())  # {name: subschema}: the names are data
                 elif key not in _DATA_KEYWORDS:
                     stack.append(value)
-    return len(seen) == 2
+
+
+#: A pattern's counted repetitions multiplied through their nesting (``(a{10}){20}`` is 200 letters),
+#: summed, at most this. The ``regex`` package compiles ``a{n}`` into n copies, before and outside
+#: its time limit: ``((a{1000}){1000}){1000}`` (25 characters) took 17 GB; 100,000 takes about 30 MB.
+MAX_PATTERN_SIZE = 100_000
+
+
+def schema_pattern_problem(schema) -> str | None:
+    """The first of the schema's regular expressions (``pattern`` values, ``patternProperties``
+    keys) that :func:`pattern_problem` refuses, in one line; None when all can be compiled."""
+    for key, value in _keywords(schema):
+        patterns = [value] if key == "pattern" else list(value) if key == "patternProperties" else []
+        for pattern in patterns:
+            if isinstance(pattern, str) and (problem := pattern_problem(pattern)):
+                return problem
+    return None
+
+
+@lru_cache(maxsize=256)
+def pattern_problem(pattern: str) -> str | None:
+    """Why ``pattern`` is too large to compile (see :data:`MAX_PATTERN_SIZE`), or None. Sized from
+    Python's own parse of it, which is cheap: nothing is expanded."""
+    import re._parser as parser  # the standard library's own parser of regular expressions
+
+    try:
+        size = _pattern_size(parser.parse(pattern), parser)
+    except (re.error, OverflowError) as err:  # OverflowError: a count such as a{99999999999}
+        return f"the schema's pattern {quoted(pattern, 80)} cannot be used: {err}"
+    except RecursionError:
+        return f"the schema's pattern {quoted(pattern, 80)} is nested too deeply"
+    if size > MAX_PATTERN_SIZE:
+        return (f"the schema's pattern {quoted(pattern, 80)} repeats too much to be compiled: its counted "
+                f"repetitions come to {size:,} (the limit is {MAX_PATTERN_SIZE:,})")
+    return None
+
+
+def _pattern_size(items, parser) -> int:
+    """Characters and classes count 1; a repetition counts its content times its largest bounded
+    count (its smallest when unbounded: ``a{3,}`` is compiled as three then a loop)."""
+    repeats = {parser.MAX_REPEAT, parser.MIN_REPEAT, getattr(parser, "POSSESSIVE_REPEAT", None)}
+    total = 0
+    for op, argument in items:
+        if op in repeats:
+            low, high, content = argument
+            total += max(low if high == parser.MAXREPEAT else high, 1) * _pattern_size(content, parser)
+        else:
+            inner = [part for part in _nested(argument) if isinstance(part, parser.SubPattern)]
+            total += sum(_pattern_size(part, parser) for part in inner) if inner else 1
+    return total
+
+
+def _nested(argument):
+    """The values inside a parsed item's argument (groups, branches, lookarounds hold sub-patterns)."""
+    if isinstance(argument, (tuple, list)):
+        for part in argument:
+            yield part
+            if isinstance(part, (tuple, list)):
+                yield from _nested(part)
 
 
 #: Keywords whose value maps names to subschemas, and keywords whose value is data, not schema.
