@@ -142,6 +142,14 @@ def test_bad_datasets_are_one_line(tmp_path, table):
     assert refused(write_jsonl(tmp_path / "list.jsonl", ["[1, 2]"])) == "line 1 of list.jsonl is not a JSON object"
     (tmp_path / "empty.csv").write_text("")
     assert refused(tmp_path / "empty.csv") == "dataset empty.csv has no rows"
+    # issue 31: a JSON line nested past Python's recursion limit, a CSV or JSON file in Latin-1
+    deep = write_jsonl(tmp_path / "deep.jsonl", [{"image": "a.png", "prompt": "p"},
+                                                 '{"image": ' + "[" * 100_000 + "]" * 100_000 + ', "prompt": "p"}'])
+    assert refused(deep) == "line 2 of deep.jsonl is nested too deeply"
+    (tmp_path / "latin1.csv").write_bytes("image,prompt\na.png,caf\u00e9?\n".encode("latin-1"))
+    assert refused(tmp_path / "latin1.csv") == "latin1.csv is not UTF-8 text"
+    (tmp_path / "latin1.json").write_bytes('[{"image": "a.png", "prompt": "caf\u00e9?"}]'.encode("latin-1"))
+    assert refused(tmp_path / "latin1.json") == "latin1.json is not UTF-8 text"
 
 
 def test_data_dirs_confine_the_dataset_and_its_pictures(tmp_path):
@@ -362,6 +370,18 @@ def test_picture_paths_in_an_image_feature_are_the_rows_never_datasets(tmp_path,
         assert sample.error == f"image {path!r} is a URL: only picture files of the dataset are read"
     assert samples[7].error == "image path 'a\\x00b.png' holds a NUL byte"
     assert all(s.images == [] for s in samples[1:]) and asked == []
+    # a list of pictures per row (a nested feature) is read undecoded too
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(data / "d.parquet")
+    features = datasets.Features({"images": datasets.List(datasets.Image()), "prompt": datasets.Value("string")})
+    lists = pa.array([table["image"].to_pylist()[:1], table["image"].to_pylist()[:3]], features.arrow_schema.field("images").type)
+    pq.write_table(pa.table({"images": lists, "prompt": ["one", "three"]}).replace_schema_metadata(
+        {"huggingface": json.dumps({"info": {"features": features.to_dict()}})}), data / "lists.parquet")
+    listed = open_dataset("lists.parquet", data_dirs=[data])
+    assert listed.sample(0).error is None and len(listed.sample(0).images) == 1
+    assert "is outside the dataset's folder" in listed.sample(1).error and asked == []
 
 
 def test_table_files_leave_nothing_in_the_datasets_cache(tmp_path, monkeypatch):
