@@ -142,6 +142,14 @@ def test_bad_datasets_are_one_line(tmp_path, table):
     assert refused(write_jsonl(tmp_path / "list.jsonl", ["[1, 2]"])) == "line 1 of list.jsonl is not a JSON object"
     (tmp_path / "empty.csv").write_text("")
     assert refused(tmp_path / "empty.csv") == "dataset empty.csv has no rows"
+    # issue 31: a JSON line nested past Python's recursion limit, a CSV or JSON file in Latin-1
+    deep = write_jsonl(tmp_path / "deep.jsonl", [{"image": "a.png", "prompt": "p"},
+                                                 '{"image": ' + "[" * 100_000 + "]" * 100_000 + ', "prompt": "p"}'])
+    assert refused(deep) == "line 2 of deep.jsonl is nested too deeply"
+    (tmp_path / "latin1.csv").write_bytes("image,prompt\na.png,caf\u00e9?\n".encode("latin-1"))
+    assert refused(tmp_path / "latin1.csv") == "latin1.csv is not UTF-8 text"
+    (tmp_path / "latin1.json").write_bytes('[{"image": "a.png", "prompt": "caf\u00e9?"}]'.encode("latin-1"))
+    assert refused(tmp_path / "latin1.json") == "latin1.json is not UTF-8 text"
 
 
 def test_data_dirs_confine_the_dataset_and_its_pictures(tmp_path):
@@ -263,3 +271,149 @@ def test_a_vllm_arm_reserves_lora_slots_only_for_an_adapter():
     with_adapter = server_command("model", 8000, vllm_settings(["french"]), "served", {"french": "/adapters/fr"})
     assert "--enable-lora" not in base and "--lora-modules" not in base
     assert "--enable-lora" in with_adapter and with_adapter[with_adapter.index("--lora-modules") + 1] == "french=/adapters/fr"
+
+
+# ── files a dataset names: only its own, never through datasets (issue 31: H6, H7, M2) ─────────
+
+
+def save_rows(folder: Path, prompts: list[str], dict_split: str | None = None) -> Path:
+    """A real ``save_to_disk`` folder (a DatasetDict with one split when ``dict_split``)."""
+    import datasets
+
+    rows = datasets.Dataset.from_dict({"image": ["p.png"] * len(prompts), "prompt": prompts})
+    (datasets.DatasetDict({dict_split: rows}) if dict_split else rows).save_to_disk(str(folder))
+    picture(folder / "p.png")
+    return folder
+
+
+ARROW = "data-00000-of-00001.arrow"
+
+
+@pytest.mark.parametrize("tamper", ["climbs out", "absolute", "/etc/passwd", "names a link", "data file is a link",
+                                    "split climbs out"])
+def test_a_saved_dataset_reads_only_its_own_files(tmp_path, tamper):
+    """``load_from_disk`` joins state.json's file names (and dataset_dict.json's splits) onto the
+    folder: a tampered upload loaded another saved dataset on the server into the sample table."""
+    uploads = tmp_path / "uploads"
+    theirs = save_rows(tmp_path / "theirs", ["someone else's row"])
+    mine = save_rows(uploads / "mine", ["my row"], dict_split="test" if tamper == "split climbs out" else None)
+    assert open_dataset("mine", data_dirs=[uploads]).sample(0).prompt == "my row"  # untampered, it loads
+    state_file = mine / "state.json"
+    state = json.loads(state_file.read_text()) if state_file.is_file() else None
+    names = {"climbs out": f"../../theirs/{ARROW}", "absolute": str(theirs / ARROW), "/etc/passwd": "/etc/passwd",
+             "names a link": "link.arrow"}
+    if tamper in names:
+        state["_data_files"] = [{"filename": names[tamper]}]
+        state_file.write_text(json.dumps(state))
+    if tamper == "names a link":
+        (mine / "link.arrow").symlink_to(theirs / ARROW)
+    if tamper == "data file is a link":
+        (mine / ARROW).unlink()
+        (mine / ARROW).symlink_to(theirs / ARROW)
+    if tamper == "split climbs out":
+        (mine / "dataset_dict.json").write_text(json.dumps({"splits": ["../../theirs"]}))
+    message = refused("mine", data_dirs=[uploads])
+    assert message.startswith("the saved dataset 'mine' (") and message.endswith("only its own files are read")
+    assert str(tmp_path) not in message and "etc" not in message
+    # the CLI (no data folders) refuses the same: a saved dataset's files are its own
+    assert refused(mine).endswith("only its own files are read")
+
+
+def test_damaged_saved_dataset_files_are_one_line(tmp_path):
+    mine = save_rows(tmp_path / "mine", ["my row"])
+    for text, expected in [("[1]", "state.json is not a JSON object"), ('{"_data_files": "x"}', "state.json lists no data files"),
+                           ('{"_data_files": [{"filename": "gone.arrow"}]}', "that data file is missing"),
+                           ("[" * 100_000, "state.json is not a JSON object")]:
+        (mine / "state.json").write_text(text)
+        assert refused(mine).endswith(expected), text
+
+
+def parquet_with_image_feature(path: Path, picture_paths: list[str]) -> Path:
+    """A Parquet table whose ``image`` column is a ``datasets.Image`` feature holding only paths,
+    written with pyarrow (``Dataset.to_parquet`` itself would look the paths up)."""
+    import datasets
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    features = datasets.Features({"image": datasets.Image(), "prompt": datasets.Value("string")})
+    images = pa.array([{"bytes": None, "path": p} for p in picture_paths], features.arrow_schema.field("image").type)
+    table = pa.table({"image": images, "prompt": ["What colour?"] * len(picture_paths)})
+    table = table.replace_schema_metadata({"huggingface": json.dumps({"info": {"features": features.to_dict()}})})
+    pq.write_table(table, path)
+    assert datasets.load_dataset("parquet", data_files=str(path), split="train", keep_in_memory=True,
+                                 cache_dir=str(path.parent / "check")).features["image"] == datasets.Image()
+    return path
+
+
+def test_picture_paths_in_an_image_feature_are_the_rows_never_datasets(tmp_path, monkeypatch):
+    """``datasets`` decoding an ``Image`` feature opens its path itself, any fsspec URL included:
+    an outside picture was served, ``hf://`` went out with the server's token, ``file://`` and
+    ``zip::`` failed the whole run. Now each such row is refused before ``datasets`` is asked."""
+    import socket
+
+    import datasets
+
+    asked = []
+    monkeypatch.setattr(datasets.Image, "decode_example", lambda self, *a, **k: asked.append(a) or 1 / 0)
+    monkeypatch.setattr(socket.socket, "connect", lambda self, address: asked.append(address) or 1 / 0)
+    data, outside = tmp_path / "uploads", tmp_path / "outside"
+    picture(data / "inside.png")
+    picture(outside / "secret.png", (9, 9, 9))
+    paths = ["inside.png", str(outside / "secret.png"), "hf://x/y.png", "http://127.0.0.1:1/a.png",
+             "file:///etc/hostname", "memory://a.png", "zip::file:///a.zip", "a\x00b.png"]
+    parquet_with_image_feature(data / "d.parquet", paths)
+    dataset = open_dataset("d.parquet", data_dirs=[data])
+    samples = [dataset.sample(i) for i in range(len(paths))]
+    assert samples[0].error is None and list(samples[0].images[0].getdata())[0] == (200, 30, 30)
+    assert samples[1].error.startswith("image '/") and samples[1].error.endswith("' is outside the dataset's folder")
+    for sample, path in zip(samples[2:7], paths[2:7]):
+        assert sample.error == f"image {path!r} is a URL: only picture files of the dataset are read"
+    assert samples[7].error == "image path 'a\\x00b.png' holds a NUL byte"
+    assert all(s.images == [] for s in samples[1:]) and asked == []
+    # a list of pictures per row (a nested feature) is read undecoded too
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(data / "d.parquet")
+    features = datasets.Features({"images": datasets.List(datasets.Image()), "prompt": datasets.Value("string")})
+    lists = pa.array([table["image"].to_pylist()[:1], table["image"].to_pylist()[:3]], features.arrow_schema.field("images").type)
+    pq.write_table(pa.table({"images": lists, "prompt": ["one", "three"]}).replace_schema_metadata(
+        {"huggingface": json.dumps({"info": {"features": features.to_dict()}})}), data / "lists.parquet")
+    listed = open_dataset("lists.parquet", data_dirs=[data])
+    assert listed.sample(0).error is None and len(listed.sample(0).images) == 1
+    assert "is outside the dataset's folder" in listed.sample(1).error and asked == []
+
+
+def test_table_files_leave_nothing_in_the_datasets_cache(tmp_path, monkeypatch):
+    """Every load wrote an Arrow copy into ``~/.cache/huggingface/datasets``, never deleted (+201 MB
+    for 10 uploads of 56 KB, other visitors' rows kept). The copy now goes to a temporary folder
+    that is gone when ``open_dataset`` returns; the rows stay readable."""
+    import tempfile
+
+    import datasets
+
+    shared_cache, temporary = tmp_path / "hf-datasets-cache", tmp_path / "tmp"
+    temporary.mkdir()
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", shared_cache)
+    monkeypatch.setattr(tempfile, "tempdir", str(temporary))
+    caches = []
+    real_load = datasets.load_dataset
+
+    def load_and_look(*args, **kwargs):
+        loaded = real_load(*args, **kwargs)
+        caches.append(sorted(p for p in Path(kwargs.get("cache_dir") or shared_cache).rglob("*.arrow")))
+        return loaded
+
+    monkeypatch.setattr(datasets, "load_dataset", load_and_look)
+    data = tmp_path / "upload"
+    picture(data / "p.png")
+    write_jsonl(data / "d.jsonl", [{"image": "p.png", "prompt": "jsonl?"}])
+    (data / "d.csv").write_text("image,prompt\np.png,csv?\n")
+    datasets.Dataset.from_list([{"image": "p.png", "prompt": "parquet?"}]).to_parquet(str(data / "d.parquet"))
+    save_rows(data / "saved", ["saved?"])
+    for name in ("d.jsonl", "d.csv", "d.parquet", "saved"):
+        sample = open_dataset(str(data / name)).sample(0)
+        assert sample.error is None and sample.prompt == name.removeprefix("d.") + "?", name
+    assert len(caches) == 3 and all(found and all(p.is_relative_to(temporary) for p in found) for found in caches)
+    assert not shared_cache.exists() or not any(shared_cache.rglob("*"))
+    assert list(temporary.iterdir()) == []

@@ -15,18 +15,21 @@ column, no rows, a broken JSON line) stops the run with one line before any mode
 row (:attr:`EvalSample.error`) and the run goes on.
 
 Paths are the user's input: with ``data_dirs`` (the app) the dataset must lie inside one of them,
-links resolved, and every picture path inside the dataset's own folder.
+links resolved, and every picture path inside the dataset's own folder. Whatever the mode, a
+picture path that is a URL (``hf://``, ``http://``, an fsspec chain with ``::``) is refused on its
+row, and ``datasets`` never opens a picture itself (:mod:`g4v.evaluate.readers` reads every table
+with its pictures undecoded), so nothing is fetched and the folder rule is the only way in.
 """
 
-import json
-import os
+import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from PIL import Image
 
+import g4v.evaluate.readers as readers
 from g4v.conversation import MAX_IMAGES_PER_MESSAGE
-from g4v.errors import G4VError, first_line, quoted
+from g4v.errors import G4VError, quoted
 from g4v.images import open_image
 from g4v.paths import ASSETS_DIR
 
@@ -34,8 +37,6 @@ from g4v.paths import ASSETS_DIR
 BUNDLED_DATASET = ASSETS_DIR / "datasets" / "shapes-heldout"
 #: Metadata files of the imagefolder layout, in the order they are looked for.
 METADATA_FILES = ("metadata.jsonl", "metadata.csv")
-#: File types read as a table, and the ``datasets`` builder that reads each.
-FILE_BUILDERS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
 #: Column names guessed for each role when the mapping does not name one, first match wins.
 GUESSES = {
     "image": ("image", "images", "file_name", "image_path", "image_file", "img"),
@@ -44,6 +45,8 @@ GUESSES = {
     "category": ("category", "kind", "type", "question_type"),
     "id": ("id", "sample_id", "question_id"),
 }
+#: A picture path naming a URL or an fsspec chain (``hf://x``, ``http://...``, ``zip::...``).
+URL_LIKE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://|::")
 
 
 @dataclass(frozen=True)
@@ -146,13 +149,22 @@ class EvalDataset:
         return open_image(str(real), name=Path(path).name), str(real)
 
     def _picture_path(self, path: str) -> Path:
-        candidate = Path(path).expanduser()
-        if not candidate.is_absolute() and self._folder is not None:
-            candidate = self._folder / candidate
-        real = candidate.resolve()
-        if self._confined and not real.is_relative_to(self._folder.resolve()):
-            raise G4VError(f"image {quoted(path, 60)} is outside the dataset's folder")
-        if not real.is_file():
+        """The file ``path`` names: never a URL, inside the dataset's folder when confined."""
+        if URL_LIKE.search(path):
+            raise G4VError(f"image {quoted(path, 60)} is a URL: only picture files of the dataset are read")
+        if "\x00" in path:
+            raise G4VError(f"image path {quoted(path, 60)} holds a NUL byte")
+        try:
+            candidate = Path(path).expanduser()
+            if not candidate.is_absolute() and self._folder is not None:
+                candidate = self._folder / candidate
+            real = candidate.resolve()
+            if self._confined and not real.is_relative_to(self._folder.resolve()):
+                raise G4VError(f"image {quoted(path, 60)} is outside the dataset's folder")
+            found = real.is_file()
+        except (OSError, RuntimeError):  # a name too long, a link loop
+            raise G4VError(f"image path {quoted(path, 60)} cannot be read") from None
+        if not found:
             raise G4VError(f"image not found: {quoted(path, 60)}")
         return real
 
@@ -169,7 +181,7 @@ def open_dataset(source: str, columns: Columns | None = None, data_dirs: list[Pa
     if path.exists():
         table, folder = _load_local(path, source)
     elif data_dirs is None and _looks_like_hub_id(source):
-        table, folder = _load_hub(source), None
+        table, folder = readers.read_hub(source), None
     else:
         raise G4VError(f"dataset not found: {quoted(source, 80)}")
     if len(table) == 0:
@@ -199,110 +211,17 @@ def _load_local(path: Path, source: str):
     """``(table, folder pictures are relative to)`` for a local file or folder."""
     if path.is_dir():
         if (path / "dataset_info.json").is_file() or (path / "dataset_dict.json").is_file():
-            return _load_saved(path, source), path
+            return readers.read_saved(path, source), path
         for name in METADATA_FILES:
             if (path / name).is_file():
-                return _load_file(path / name, source), path
+                return readers.read_file(path / name, source), path
         raise G4VError(f"{quoted(source, 80)} is not a dataset: no metadata.jsonl or metadata.csv, "
                        "and not a saved dataset")
-    builder = FILE_BUILDERS.get(path.suffix.lower())
+    builder = readers.FILE_BUILDERS.get(path.suffix.lower())
     if builder is None:
         raise G4VError(f"{quoted(source, 80)} is not a dataset file "
-                       f"(expected {', '.join(FILE_BUILDERS)} or a folder)")
-    return _load_file(path, source), path.parent
-
-
-def _load_file(path: Path, source: str):
-    """One table file through ``datasets``; a broken JSON line is named by its number first
-    (``datasets`` itself reports the failing chunk, not the line)."""
-    import datasets
-
-    if path.stat().st_size == 0 or (path.suffix.lower() == ".jsonl" and _count_json_lines(path) == 0):
-        raise G4VError(f"dataset {path.name} has no rows")
-    builder = FILE_BUILDERS.get(path.suffix.lower(), "json")
-    datasets.disable_progress_bars()  # a one-file table loads in a moment; the run has its own bar
-    # A CSV's cells are read as written: every column text, no "NA"/"None"/"null" turned into a
-    # missing value (an empty cell still is one, see _text).
-    options = {"features": _csv_as_text(path), "keep_default_na": False} if builder == "csv" else {}
-    try:
-        return datasets.load_dataset(builder, data_files=str(path), split="train", **options)
-    except Exception as err:  # noqa: BLE001: datasets raises many types; the user gets one line
-        raise G4VError(f"cannot read {path.name} as a dataset: {_clean(err)}") from None
-
-
-def _csv_as_text(path: Path):
-    """Every column of a CSV file read as text (``datasets.Features``), or None when pandas cannot
-    read its header (``datasets`` then reports the problem). Without this, pandas reads a column of
-    numbers with an empty cell as floats, and a reference ``3`` would become ``3.0``. The names come
-    from pandas itself, so they match what the loader builds (a byte-order mark dropped, an
-    unnamed column called ``Unnamed: N``)."""
-    import datasets
-    import pandas
-
-    try:
-        header = list(pandas.read_csv(path, nrows=0, encoding="utf-8-sig").columns)
-    except Exception:  # noqa: BLE001 - any unreadable header: let datasets name the problem
-        return None
-    return datasets.Features({str(name): datasets.Value("string") for name in header})
-
-
-def _count_json_lines(path: Path) -> int:
-    """Rows of a JSON-lines file, each checked to be a JSON object (line numbers in the errors)."""
-    rows = 0
-    try:
-        with open(path, encoding="utf-8") as handle:
-            for number, line in enumerate(handle, 1):
-                if line.strip():
-                    rows += 1
-                    try:
-                        value = json.loads(line)
-                    except json.JSONDecodeError:
-                        raise G4VError(f"line {number} of {path.name} is not valid JSON") from None
-                    if not isinstance(value, dict):
-                        raise G4VError(f"line {number} of {path.name} is not a JSON object")
-    except UnicodeDecodeError:
-        raise G4VError(f"{path.name} is not UTF-8 text") from None
-    return rows
-
-
-def _load_saved(path: Path, source: str):
-    """A ``save_to_disk`` folder; for a DatasetDict the ``test`` split, else the first. Image
-    features are read undecoded, so a broken picture is one row's error, not the whole run's."""
-    import datasets
-
-    try:
-        loaded = datasets.load_from_disk(str(path))
-    except Exception as err:  # noqa: BLE001
-        raise G4VError(f"cannot read the saved dataset {quoted(source, 80)}: {_clean(err)}") from None
-    if isinstance(loaded, datasets.DatasetDict):
-        loaded = loaded["test"] if "test" in loaded else loaded[next(iter(loaded))]
-    for name, feature in loaded.features.items():
-        if isinstance(feature, datasets.Image):
-            loaded = loaded.cast_column(name, datasets.Image(decode=False))
-    return loaded
-
-
-def _load_hub(source: str):
-    import datasets
-    from huggingface_hub.utils import logging as hub_logging
-
-    # offline, the Hub client logs every retry ("Retrying in 8s", the URL) on stderr: the user
-    # gets the one line below instead
-    levels = datasets.logging.get_verbosity(), hub_logging.get_verbosity()
-    datasets.logging.set_verbosity_error()
-    hub_logging.set_verbosity_error()
-    try:
-        loaded = datasets.load_dataset(source, split="test")
-    except Exception as err:  # noqa: BLE001
-        raise G4VError(f"cannot load {quoted(source, 80)} from the Hugging Face Hub "
-                       f"(offline, or no such dataset or test split): {_clean(err)}") from None
-    finally:
-        datasets.logging.set_verbosity(levels[0])
-        hub_logging.set_verbosity(levels[1])
-    for name, feature in loaded.features.items():
-        if isinstance(feature, datasets.Image):
-            loaded = loaded.cast_column(name, datasets.Image(decode=False))
-    return loaded
+                       f"(expected {', '.join(readers.FILE_BUILDERS)} or a folder)")
+    return readers.read_file(path, source), path.parent
 
 
 def _looks_like_hub_id(source: str) -> bool:
@@ -310,7 +229,7 @@ def _looks_like_hub_id(source: str) -> bool:
     suffix means a mistyped path, which should be "not found" at once, not a Hub lookup)."""
     parts = source.split("/")
     return (len(parts) == 2 and all(p and not p.startswith(".") for p in parts) and not source.startswith("~")
-            and Path(source).suffix.lower() not in FILE_BUILDERS)
+            and Path(source).suffix.lower() not in readers.FILE_BUILDERS)
 
 
 def _inside_data_dirs(path: Path, source: str, data_dirs: list[Path]) -> Path:
@@ -331,9 +250,3 @@ def _text(value) -> str | None:
     if isinstance(value, list):
         value = value[0] if value else None
     return None if value is None or value == "" else str(value)
-
-
-def _clean(err: BaseException) -> str:
-    """The library's message without server paths: each path-like word reduced to its file name."""
-    words = first_line(err, 200).split()
-    return " ".join(Path(w.strip("'\",")).name if os.sep in w else w for w in words)
