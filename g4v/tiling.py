@@ -17,6 +17,9 @@ token counts, the CLI, the overlay, heatmaps and ablations all read :attr:`Tilin
 
 Coordinates: sizes are ``(height, width)`` like transformers' ``image_sizes``; boxes are
 ``(left, top, right, bottom)`` in pixels like PIL, as floats because resizing makes them fractional.
+What people read says width first, in words (:func:`across`, :func:`pixels`): "512 x 600 px (width x
+height)", "2 wide x 3 tall"; the JSON keeps ``image_size`` as [height, width] and adds
+``image_width`` / ``image_height``.
 """
 
 from __future__ import annotations
@@ -33,6 +36,16 @@ Box = tuple[float, float, float, float]  # (left, top, right, bottom) in pixels
 Size = tuple[int, int]  # (height, width)
 
 TOKEN_KINDS = ("base", "tile", "newline")
+
+
+def across(width: int, height: int) -> str:
+    """A grid (of tiles or features) for a reader: ``"2 wide x 3 tall"``."""
+    return f"{width} wide x {height} tall"
+
+
+def pixels(width: int, height: int) -> str:
+    """A size in pixels for a reader: ``"512 x 600 px (width x height)"``."""
+    return f"{width} x {height} px (width x height)"
 
 
 @dataclass(frozen=True)
@@ -121,8 +134,8 @@ class TilingPlan:
         """
         height, width = image_size_hw
         if (height, width) != self.image_size:
-            raise G4VError(f"the image changed since it was analysed ({self.image_size[1]}x{self.image_size[0]}, "
-                           f"now {width}x{height}): analyse it again")
+            raise G4VError(f"the image changed since it was analysed ({self.image_size[1]} x {self.image_size[0]} "
+                           f"px, now {width} x {height}, width x height): analyse it again")
 
     def token(self, token_index) -> ImageToken:
         """The token at ``token_index`` (an int, or a whole float such as a Number box sends); a bad
@@ -139,8 +152,9 @@ class TilingPlan:
         rows, cols = self.unpadded_grid
         tile_rows, tile_cols = self.grid
         return [
-            ["base view", f"{view_rows} x {view_cols} features", self.base_tokens],
-            ["tiles", f"{tile_rows} x {tile_cols} tiles -> {rows} x {cols} unpadded features", self.tile_tokens],
+            ["base view", f"features {across(view_cols, view_rows)}", self.base_tokens],
+            ["tiles", f"tiles {across(tile_cols, tile_rows)} -> unpadded features {across(cols, rows)}",
+             self.tile_tokens],
             ["newlines", f"one after each of {rows} rows", self.newline_tokens],
             ["total", "", self.num_image_tokens],
         ]
@@ -148,7 +162,9 @@ class TilingPlan:
     def as_dict(self) -> dict:
         """Plain JSON-ready data (lists, numbers, strings); boxes rounded to 1/100 pixel."""
         return {
-            "image_size": list(self.image_size),
+            "image_size": list(self.image_size),  # [height, width], as transformers' image_sizes
+            "image_width": self.image_size[1],
+            "image_height": self.image_size[0],
             "tile_size": self.tile_size,
             "patch_size": self.patch_size,
             "downsample_rate": self.downsample_rate,

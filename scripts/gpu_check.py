@@ -53,7 +53,9 @@ SMOKE_WIDTHS = {
 class Sizes:
     """How much work each step does: the GPU run's, or the smoke run's (fewer tokens and repeats)."""
 
-    image_hw: tuple[int, int] = (768, 1536)  # 2 x 4 tiles + the base view: 1320 image tokens on the real config
+    # (height, width): 1536 x 768 px (width x height), tiles 4 wide x 2 tall + the base view: 1320 image
+    # tokens on the real config.
+    image_hw: tuple[int, int] = (768, 1536)
     new_tokens: int = 128
     batch: int = 8
     repeats: int = 5

@@ -282,7 +282,8 @@ def step_tiling(check) -> dict:
         inputs = engine.prepare_inputs([Message("user", PROMPT, [noise_picture(height, width)])])
         tokens = int((inputs["input_ids"] == config.image_token_index).sum())
         if tuple(plan.grid) != (height // tile, width // tile) or tokens != plan.num_image_tokens:
-            problems.append(f"{height}x{width}: grid {plan.grid}, plan {plan.num_image_tokens}, processor {tokens}")
+            problems.append(f"{width} x {height} px: grid (rows, cols) {plan.grid}, plan {plan.num_image_tokens}, "
+                            f"processor {tokens}")
         seconds = None
         if (height, width) in forwarded:
             start = time.perf_counter()
@@ -291,7 +292,7 @@ def step_tiling(check) -> dict:
             _sync(check)
             seconds = time.perf_counter() - start
             if not torch.isfinite(logits).all():
-                problems.append(f"{height}x{width}: non-finite logits")
+                problems.append(f"{width} x {height} px: non-finite logits")
         rows.append([height, width, tokens, seconds])
     if problems:
         raise RuntimeError("; ".join(problems))

@@ -116,9 +116,11 @@ def test_port_diff_endpoint_compares_vllm_with_transformers(client):
     verdict, table, picture, summary = client.predict(handle_file(str(EXAMPLE)), "What colour is it?",
                                                       api_name="/port_diff")
     assert "Agrees" in verdict, verdict
-    assert table["headers"][4:] == ["tolerance used", "verdict"]
-    assert len(table["data"]) == 8 and all(row[5] == "ok" and row[4] <= 1.0 for row in table["data"])
+    assert table["headers"][4:] == ["share of tolerance used", "verdict"]
+    assert len(table["data"]) == 8 and all(row[5] == "ok" and float(row[4]) <= 1.0 for row in table["data"])
     levels = {level["name"]: level for level in summary["levels"]}
-    assert [row[2] for row in table["data"]] == [levels[row[0]]["max_abs_diff"] for row in table["data"]]
+    assert [float(row[2]) for row in table["data"]] == pytest.approx(
+        [levels[row[0]]["max_abs_diff"] for row in table["data"]], rel=5e-3)  # three significant digits
+    assert "/" not in summary["model"]  # the folder's name, not the server's path
     assert Image.open(picture).size[0] > 100
     assert summary["next_token"]["top5_overlap"] == 5

@@ -217,3 +217,26 @@ def test_a_killed_run_resumes_to_the_same_results(trained_engine, tmp_path):
     assert [extended.summary["arms"][side]["label"] for side in "ab"] == ["base", "again"]
     with pytest.raises(G4VError, match="the output folder holds a different run .*max_new_tokens"):
         run_eval(EvalConfig(**{**vars(config), "max_new_tokens": 7}), out)
+
+
+def test_cli_writes_the_tabs_plots_as_png(tmp_path, capsys):
+    """Issue 31, item 11: ``eval --out DIR`` writes the pictures the Evaluate tab shows (the same
+    figures, redrawn here from the run's own files as the tab draws them) and lists them."""
+    from dataclasses import asdict
+
+    import numpy as np
+
+    from g4v.cli import main
+    from viz.evaluate import run_figures
+
+    out = tmp_path / "run"
+    assert main(["eval", "--a", "hf", "--b", f"hf:adapter={ADAPTER}", "--data", str(BUNDLED_DATASET),
+                 "--limit", "4", "--max-new-tokens", "6", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    again = read_results(out)
+    expected = run_figures(again.summary, [asdict(row) for row in again.rows])
+    for name in ("accuracy", "paired", "kl", "divergence"):
+        path = out / f"{name}.png"
+        assert f"wrote {path}" in printed
+        with Image.open(path) as written:
+            assert np.array_equal(np.asarray(written.convert("RGB")), np.asarray(expected[name].convert("RGB")))

@@ -280,3 +280,33 @@ def test_lora_diff_command_json(capsys):
     data = json.loads(capsys.readouterr().out)
     assert {"base_text", "adapter_text", "first_divergence", "base_tokens", "adapter_tokens"} <= set(data)
     assert {"logprob_base", "logprob_adapter", "delta", "kl"} <= set(data["adapter_tokens"][0])
+
+
+def test_lora_diff_report_keeps_every_tokens_quotes(capsys):
+    """Issue 31, item 11: the text table cut a token's repr at 16 characters, dropping its closing
+    quote. Every token cell now reads back (``ast.literal_eval``) as the token or a shortened one."""
+    import ast
+
+    from g4v.cli import main
+    from g4v.commands.lora_diff import SYNOPSIS, TOKEN_WIDTH, _quoted
+
+    # Written out by hand: 16 characters, 13 letters of the token, an ellipsis, both quotes.
+    assert _quoted("abcdefghijklmnopqrstuvwxyz") == "'abcdefghijklm…'"
+    assert _quoted(" red") == "' red'"
+
+    path = ASSETS_DIR.parent / "test-output" / "lora_cli_text.png"
+    path.parent.mkdir(exist_ok=True)
+    make_image(120, 90).save(path)
+    assert main(["lora-diff", "--adapter", ADAPTER_NAME, "--image", str(path), "--prompt", "Describe it.",
+                 "--max-new-tokens", "6", "--device", "cpu", "--dtype", "float32"]) == 0
+    text = capsys.readouterr().out
+    rows = [line for line in text.splitlines() if line[:8].strip().isdigit()]
+    assert rows
+    for row in rows:
+        cell = row[8 : 8 + TOKEN_WIDTH].rstrip()
+        token = ast.literal_eval(cell)  # a whole Python string: both quotes there
+        assert isinstance(token, str) and len(cell) <= TOKEN_WIDTH
+
+    with pytest.raises(SystemExit):
+        main(["lora-diff", "--help"])
+    assert SYNOPSIS in capsys.readouterr().out and "--png OUT.png] [--plot OUT.png]" in SYNOPSIS

@@ -59,9 +59,9 @@ def test_figure_draws_from_a_summary_without_torch():
     image = Image.new("RGB", (120, 80), "white")
     tokens = [("base", (0, 0, 60, 40)), ("base", (60, 0, 120, 40)), ("tile", (0, 40, 60, 80)),
               ("tile", (60, 40, 120, 80)), ("newline", (0, 40, 120, 80))]
-    levels = [{"name": "deepstack0", "llm_layer": 3, "max_abs_diff": 3e-7, "tolerance_used": 0.02, "ok": True},
-              {"name": "spatial_TL", "llm_layer": 4, "max_abs_diff": None, "tolerance_used": None, "ok": False},
-              {"name": "spatial_TR", "llm_layer": 5, "max_abs_diff": 1e-9, "tolerance_used": math.inf, "ok": False}]
+    levels = [{"name": "deepstack0", "llm_layer": 3, "max_abs_diff": 3e-7, "share_of_tolerance_used": 0.02, "ok": True},
+              {"name": "spatial_TL", "llm_layer": 4, "max_abs_diff": None, "share_of_tolerance_used": None, "ok": False},
+              {"name": "spatial_TR", "llm_layer": 5, "max_abs_diff": 1e-9, "share_of_tolerance_used": math.inf, "ok": False}]
     trajectory = {"layers": [0, 1, 2], "injection_layers": {"1": "deepstack0"}, "rtol": 1e-4,
                   "transformers": {"image_norm": [1.0, 2.0, 2.5], "text_norm": [1.0, 1.0, 1.1]},
                   "vllm": {"image_norm": [1.0, 2.0, 2.6], "text_norm": [1.0, 1.0, None]},
@@ -101,8 +101,61 @@ def test_report_names_the_tolerance_and_its_use():
     from g4v.commands.port_diff import report
 
     levels = [{"name": "deepstack0", "llm_layer": 3, "max_abs_diff": 3e-7, "max_rel_diff": 4e-7,
-               "tolerance_used": 0.021, "ok": True, "problem": None}]
+               "share_of_tolerance_used": 0.021, "ok": True, "problem": None}]
     text = report({"model": "m", "ok": True, "message": "all levels agree", "levels": levels, "tolerance": TOLERANCE})
     assert f"{TOLERANCE['rule']} (float32 defaults)" in text
     row = next(line for line in text.splitlines() if "deepstack0" in line)
     assert "0.021" in row and row.rstrip().endswith("ok")
+
+
+# ── the level table: one formatter for the CLI and the tab (issue 31, item 7) ──────────────────
+
+#: A summary as ``port-diff --json`` writes it, with full-precision floats and the server's path.
+SERVER_MODEL = str(REPO_ROOT / "assets" / "granite4-vision-tiny-trained")
+FULL_PRECISION = {
+    "model": SERVER_MODEL, "ok": False, "tolerance": TOLERANCE,
+    "message": f"levels that differ: spatial_TR; could not read {SERVER_MODEL}/config.json",
+    "levels": [{"name": "deepstack0", "llm_layer": 3, "max_abs_diff": 6.381234567890123e-06,
+                "max_rel_diff": 4.123456789012345e-07, "share_of_tolerance_used": 0.021345678901234567,
+                "ok": True, "problem": None},
+               {"name": "spatial_TR", "llm_layer": 5, "max_abs_diff": 1e-9, "max_rel_diff": 2e-9,
+                "share_of_tolerance_used": math.inf, "ok": False, "problem": "differs by up to 1e-09"}],
+    "config_audit": {"vllm_source": f"{SERVER_MODEL}/config.json", "message": "ok", "fields": []},
+}
+
+
+def test_tab_and_cli_show_the_same_three_digit_numbers():
+    from g4v.commands.port_diff import report
+    from webapp.port import tab_outputs
+
+    _, rows, _ = tab_outputs(FULL_PRECISION)
+    # Written out by hand: three significant digits, as a person reads them.
+    assert rows[0] == ["deepstack0", "3", "6.38e-06", "4.12e-07", "0.0213", "ok"]
+    assert rows[1][2:5] == ["1e-09", "2e-09", "inf"]
+    text = report(FULL_PRECISION)
+    for row in rows:
+        line = next(line for line in text.splitlines() if line.strip().startswith(row[0]))
+        assert line.split()[:5] == row[:5]  # the CLI prints the very same cells
+
+
+def test_the_share_of_the_tolerance_is_named_as_a_share():
+    from g4v.commands.port_diff import report
+    from g4v.port.table import LEVEL_COLUMNS
+
+    assert "share of tolerance used" in LEVEL_COLUMNS and "tolerance used" not in LEVEL_COLUMNS
+    assert "share of tol. used" in report(FULL_PRECISION)
+    assert set(FULL_PRECISION["levels"][0]) >= {"share_of_tolerance_used"}
+
+
+def test_json_panel_shows_the_model_folder_not_the_server_path():
+    import json
+
+    from webapp.port import tab_outputs
+
+    verdict, _, summary = tab_outputs(FULL_PRECISION)
+    shown = json.dumps(summary) + verdict
+    assert summary["model"] == "granite4-vision-tiny-trained"
+    assert str(REPO_ROOT) not in shown and "granite4-vision-tiny-trained/config.json" in shown
+    assert FULL_PRECISION["model"] == SERVER_MODEL  # the caller's summary is left as it was
+    hub = tab_outputs({**FULL_PRECISION, "model": "ibm-granite/granite-vision-4.1-4b"})[2]
+    assert hub["model"] == "ibm-granite/granite-vision-4.1-4b"

@@ -135,15 +135,15 @@ def test_relative_noise_of_4e_6_at_magnitude_20_agrees(run, kind):
 
 
 def test_tolerance_used_is_the_worst_share_of_the_allowance(run, float64_features):
-    """``tolerance_used`` is max |diff| / (atol + rtol * max(|ref|, token RMS)), recomputed here."""
+    """``share_of_tolerance_used`` is max |diff| / (atol + rtol * max(|ref|, token RMS)), recomputed here."""
     tolerance = default_tolerance(torch.float32)
     rows = rows_of(run["levels"], float64_features, {n: f.double() for n, f in run["features"].items()}, tolerance)
     for name, ref in float64_features.items():
         ref = ref.double()
         allowed = tolerance.atol + tolerance.rtol * torch.maximum(ref.abs(), token_rms(ref))
         expected = float(((run["features"][name].double() - ref).abs() / allowed).max())
-        assert rows[name].tolerance_used == pytest.approx(expected, rel=1e-6)
-        assert 0 < rows[name].tolerance_used < 1
+        assert rows[name].share_of_tolerance_used == pytest.approx(expected, rel=1e-6)
+        assert 0 < rows[name].share_of_tolerance_used < 1
 
 
 # ── planted faults: caught and explained ──────────────────────────────────────────────────────────
@@ -156,7 +156,7 @@ def test_level_scaled_by_1_001_is_caught(run, float64_features, magnitude):
     candidate["spatial_BL"] = candidate["spatial_BL"] * 1.001
     rows = rows_of(run["levels"], reference, candidate, default_tolerance(torch.float32))
     bad = rows["spatial_BL"]
-    assert not bad.ok and bad.tolerance_used > 1
+    assert not bad.ok and bad.share_of_tolerance_used > 1
     assert "scaled" in bad.problem and "1.001" in bad.problem
     assert [name for name, row in rows.items() if not row.ok] == ["spatial_BL"]
 

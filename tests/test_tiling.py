@@ -465,3 +465,32 @@ def test_cli_real_config_file_and_errors(tmp_path, processors):
     bad_config = _cli("--config", str(image_path), str(image_path))
     assert bad_config.returncode == 1 and bad_config.stderr.startswith("error:")
     assert "Traceback" not in bad_config.stderr
+
+
+def test_sizes_read_width_first_and_grids_in_words(tmp_path, capsys):
+    """Issue 31, item 8: one order everywhere. A tall picture whose grid has more rows than columns,
+    checked against the picture's own size and transformers' grid (rows, cols), never g4v's."""
+    from g4v.cli import main
+    from viz.tiling import overlay_title
+
+    picture = make_image(400, 1000, seed=5)
+    path = tmp_path / "tall.png"
+    picture.save(path)
+    config = load_config(REAL_CONFIG_DIR)
+    rows, cols = get_anyres_image_grid_shape([picture.height, picture.width], config.image_grid_pinpoints,
+                                             config.vision_config.image_size)
+    assert rows != cols  # else the order could not show
+
+    assert main(["tiling", "--config", str(REAL_CONFIG_DIR), str(path)]) == 0
+    text = capsys.readouterr().out
+    assert f"image            {picture.width} x {picture.height} px (width x height)" in text
+    assert f"{cols} wide x {rows} tall" in text
+    assert f"tiles {cols} wide x {rows} tall ->" in text  # the budget row
+
+    assert main(["tiling", "--config", str(REAL_CONFIG_DIR), "--json", str(path)]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert (data["image_width"], data["image_height"]) == picture.size
+    assert data["image_size"] == [picture.height, picture.width]  # [height, width], as transformers' image_sizes
+    title = overlay_title(data)
+    assert title.startswith(f"image {picture.width} x {picture.height} px (width x height)")
+    assert f"tiles {cols} wide x {rows} tall" in title

@@ -21,11 +21,11 @@ from viz.figures import figure_to_image, floats_or_nan, stack_vertically, token_
 
 
 def level_bars_figure(levels: list[dict], tolerance: dict) -> Image.Image:
-    """Bars of ``tolerance_used`` (max |diff| / what the tolerance allows there), not of the raw
+    """Bars of ``share_of_tolerance_used`` (max |diff| / what the tolerance allows there), not of the raw
     difference: the tolerance scales with each element's magnitude, so one line at 1 is the limit
     for every level. Each bar is labelled with its max absolute difference."""
     names = [f"{row['name']}\nLLM {row['llm_layer']}" for row in levels]
-    values = [_number_or_nan(row.get("tolerance_used")) for row in levels]
+    values = [_number_or_nan(row.get("share_of_tolerance_used")) for row in levels]
     finite = [v for v in values if math.isfinite(v)]
     floor = min([v for v in finite if v > 0] + [1.0]) / 10
     ceiling = max(finite + [1.0]) * 10  # where an infinite share (zero tolerance) is drawn

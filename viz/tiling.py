@@ -49,6 +49,16 @@ def save_tiling_overlay(image: Image.Image, plan: dict, path: str | Path) -> Pat
     return path
 
 
+def overlay_title(plan: dict) -> str:
+    """The overlay's title: sizes width first and grids in words, as the CLI writes them."""
+    height, width = plan["image_size"]
+    best_height, best_width = plan["best_resolution"]
+    rows, cols = plan["grid"]
+    unpadded_rows, unpadded_cols = plan["unpadded_grid"]
+    return (f"image {width} x {height} px (width x height) -> canvas {best_width} x {best_height}, "
+            f"tiles {cols} wide x {rows} tall, tile tokens kept {unpadded_cols} wide x {unpadded_rows} tall")
+
+
 def padded_canvas(image: Image.Image, plan: dict) -> Image.Image:
     """The image resized and padded with black exactly as the processor does, before tiling."""
     best_height, best_width = plan["best_resolution"]
@@ -61,7 +71,6 @@ def padded_canvas(image: Image.Image, plan: dict) -> Image.Image:
 
 def _draw_canvas(axes, image: Image.Image, plan: dict) -> None:
     best_height, best_width = plan["best_resolution"]
-    rows, cols = plan["grid"]
     axes.imshow(np.asarray(padded_canvas(image, plan)), extent=(0, best_width, best_height, 0))
 
     # Padding: everything outside the resized image.
@@ -98,11 +107,7 @@ def _draw_canvas(axes, image: Image.Image, plan: dict) -> None:
 
     axes.set_xlim(0, best_width)
     axes.set_ylim(best_height, 0)
-    height, width = plan["image_size"]
-    unpadded_rows, unpadded_cols = plan["unpadded_grid"]
-    axes.set_title(
-        f"image {width}x{height} (w x h) -> canvas {best_width}x{best_height}, {rows} x {cols} tiles, "
-        f"{unpadded_rows} x {unpadded_cols} tile tokens kept", fontsize=10)
+    axes.set_title(overlay_title(plan), fontsize=10)
     axes.figure.legend(handles=[
         mpatches.Patch(facecolor="none", edgecolor=TILE_COLOUR, linewidth=2, label="tile"),
         mpatches.Patch(facecolor=PADDING_COLOUR, alpha=0.55, hatch="//", label="padding"),

@@ -5,10 +5,10 @@ import gradio as gr
 
 from g4v.engines import vllm_python
 from g4v.port.in_vllm_env import run_port_diff_in_vllm_env
+from g4v.port.table import LEVEL_COLUMNS, level_rows, without_model_path
 from webapp.common import image_input, shows_errors, use_last_chat_image
 from webapp.documents import document_picker
 
-PORT_COLUMNS = ["level", "LLM layer", "max |diff|", "max relative diff", "tolerance used", "verdict"]
 SETUP_HINT = ("The vLLM environment was not found, so this tab cannot run here. Build it with "
               "`scripts/setup_vllm_cpu_env.sh` (a few minutes, about 6 GiB), or point `G4V_VLLM_PYTHON` "
               "at a Python that has vLLM, then restart the app.")
@@ -19,15 +19,20 @@ def make_port_diff(model: str):
     def port_diff(image_path, prompt):
         """vLLM's granite4_vision against transformers for one image (runs in the vLLM environment)."""
         report = run_port_diff_in_vllm_env(image_path, prompt, model)
-        summary = report.summary
-        rows = [[lv["name"], lv["llm_layer"], lv["max_abs_diff"], lv["max_rel_diff"], lv.get("tolerance_used"),
-                 "ok" if lv["ok"] else lv.get("problem") or "differs"] for lv in summary.get("levels") or []]
-        tolerance = summary.get("tolerance") or {}
-        verdict = (f"**{'Agrees' if summary.get('ok') else 'Differs'}**: {summary.get('message', '')}"
-                   + (f"\n\nPer-level tolerance: `{tolerance['rule']}` ({tolerance['source']})" if tolerance else ""))
+        verdict, rows, summary = tab_outputs(report.summary)
         return verdict, rows, str(report.png), summary
 
     return port_diff
+
+
+def tab_outputs(summary: dict) -> tuple[str, list[list[str]], dict]:
+    """The verdict line, the level table (formatted as the CLI prints it) and the JSON panel's
+    summary, with the model's path on the server reduced to its folder name."""
+    summary = without_model_path(summary)
+    tolerance = summary.get("tolerance") or {}
+    verdict = (f"**{'Agrees' if summary.get('ok') else 'Differs'}**: {summary.get('message', '')}"
+               + (f"\n\nPer-level tolerance: `{tolerance['rule']}` ({tolerance['source']})" if tolerance else ""))
+    return verdict, level_rows(summary.get("levels") or []), summary
 
 
 def port_tab(model: str, last_chat_image: gr.State) -> None:
@@ -44,7 +49,7 @@ def port_tab(model: str, last_chat_image: gr.State) -> None:
             prompt = gr.Textbox(label="Prompt", value="What colour is the shape?")
             run = gr.Button("Compare", variant="primary", interactive=available)
     verdict = gr.Markdown()
-    table = gr.Dataframe(headers=PORT_COLUMNS, label="Levels", interactive=False)
+    table = gr.Dataframe(headers=list(LEVEL_COLUMNS), label="Levels", interactive=False)
     picture = gr.Image(label="Per-token differences and trajectories", format="png")
     details = gr.JSON(label="Everything (trajectory, next token, config audit)")
     use_last_chat_image(from_chat, last_chat_image, image)

@@ -2,8 +2,9 @@
 
 Arms: ``hf``, ``hf:adapter=NAME``, ``hf:model=DIR``, ``vllm[:adapter=NAME]``,
 ``openai:URL[,model=NAME][,adapter=NAME]``. Writes ``samples.jsonl`` as rows finish (run the same
-command again to resume), then ``samples.parquet``, ``samples.csv`` and ``summary.json``; prints
-a short summary table. See ``docs/evaluate.md``.
+command again to resume), then ``samples.parquet``, ``samples.csv`` and ``summary.json``, and the
+Evaluate tab's pictures as PNG (:data:`PLOT_FILES`); prints a short summary table and the files.
+See ``docs/evaluate.md``.
 """
 
 import sys
@@ -12,6 +13,8 @@ from pathlib import Path
 from g4v.commands.common import add_adapters_dir_flag
 from g4v.commands.settings_flags import add_settings_flags, settings_from_args
 
+#: The Evaluate tab's pictures (:func:`viz.evaluate.run_figures`, by name) and the PNG each becomes.
+PLOT_FILES = {"accuracy": "accuracy.png", "paired": "paired.png", "kl": "kl.png", "divergence": "divergence.png"}
 #: EvalConfig fields typed as their own flags (the rest come from add_settings_flags).
 _OWN_FLAGS = ("a", "b", "data", "columns")
 
@@ -63,7 +66,23 @@ def run(args) -> int:
             bar.close()
     print(summary_table(result.summary))
     print(f"results: {args.out}")
+    for path in write_plots(result, args.out):
+        print(f"wrote {path}")
     return 0
+
+
+def write_plots(result, out_dir: Path) -> list[Path]:
+    """The pictures the Evaluate tab shows for this run, drawn by the same function, as PNG files."""
+    from dataclasses import asdict
+
+    from viz.evaluate import run_figures
+
+    pictures = run_figures(result.summary, [asdict(row) for row in result.rows])
+    paths = []
+    for name, file_name in PLOT_FILES.items():
+        pictures[name].save(out_dir / file_name)
+        paths.append(out_dir / file_name)
+    return paths
 
 
 def summary_table(summary: dict) -> str:

@@ -1,6 +1,7 @@
-"""``python -m g4v lora-diff [--model M] --adapter A --image IMG --prompt P [--json]``: where an
-adapter's answer departs from the base model's, token by token (transformers backend)."""
+"""``python -m g4v lora-diff`` (:data:`SYNOPSIS`): where an adapter's answer departs from the base
+model's, token by token (transformers backend)."""
 
+import argparse
 import json
 
 from g4v.commands.chat import open_images
@@ -8,9 +9,19 @@ from g4v.commands.common import add_adapters_dir_flag, add_model_flags
 from g4v.commands.inputs import add_page_flags
 from g4v.conversation import Message, SamplingSettings, validate_conversation
 
+#: What ``--help`` and the README show first.
+SYNOPSIS = ("python -m g4v lora-diff [--model M] --adapter A --image IMG --prompt P [--json] "
+            "[--png OUT.png] [--plot OUT.png]")
+#: Width of the token column of the report: a token's quoted text, shortened to fit, quotes kept.
+TOKEN_WIDTH = 16
+
 
 def add_parser(subparsers):
-    parser = subparsers.add_parser("lora-diff", help="compare base and adapter answers token by token")
+    parser = subparsers.add_parser("lora-diff", help="compare base and adapter answers token by token",
+                                   description=f"{SYNOPSIS}\n\nWhere an adapter's answer departs from the base "
+                                               "model's, token by token; --png saves the highlighted answers, "
+                                               "--plot the per-token plot.",
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
     add_model_flags(parser)
     parser.add_argument("--adapter", required=True, help="adapter name or folder inside the adapter folders")
     parser.add_argument("--image", action="append", default=[], metavar="PATH", help="an image or a PDF (repeatable)")
@@ -67,7 +78,17 @@ def _report(data: dict) -> str:
         lines.append(f"\n{title}:  pos  token              logp_base  logp_adapter     delta        KL")
         for t in data[key]:
             lines.append(
-                f"  {t['position']:4d}  {t['text']!r:16.16} {t['logprob_base']:10.3f} {t['logprob_adapter']:13.3f} "
+                f"  {t['position']:4d}  {_quoted(t['text']):<{TOKEN_WIDTH}} {t['logprob_base']:10.3f} {t['logprob_adapter']:13.3f} "
                 f"{t['delta']:+9.3f} {t['kl']:9.4f}"
             )
     return "\n".join(lines)
+
+
+def _quoted(text: str, width: int = TOKEN_WIDTH) -> str:
+    """``repr(text)`` in at most ``width`` characters: a long token loses its end (marked with an
+    ellipsis), never its closing quote (cutting the repr itself dropped it)."""
+    if len(repr(text)) <= width:
+        return repr(text)
+    while text and len(repr(text + "…")) > width:
+        text = text[:-1]
+    return repr(text + "…")

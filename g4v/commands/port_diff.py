@@ -78,7 +78,14 @@ def _tolerance_flag(text: str) -> float:
     return value
 
 
+#: The table's headers as the report prints them (:data:`g4v.port.table.LEVEL_COLUMNS`, short), and widths.
+CLI_COLUMNS = ("level", "LLM", "max |diff|", "max rel", "share of tol. used", "verdict")
+CLI_WIDTHS = (13, 3, 10, 9, 18, 0)
+
+
 def report(data: dict) -> str:
+    from g4v.port.table import level_rows
+
     lines = [f"model: {data['model']}", f"verdict: {'OK' if data.get('ok') else 'DIFFERS'}: {data.get('message')}"]
     for key in ("load_error", "vllm_error"):
         if data.get(key):
@@ -86,13 +93,7 @@ def report(data: dict) -> str:
     if data.get("levels"):
         tolerance = data.get("tolerance") or {}
         lines.append(f"\nper-level tolerance: {tolerance.get('rule')} ({tolerance.get('source')})")
-        lines.append("level          LLM  max|diff|   max rel  tol. used")
-        for row in data["levels"]:
-            abs_diff = "-" if row["max_abs_diff"] is None else f"{row['max_abs_diff']:.2e}"
-            rel = "-" if row["max_rel_diff"] is None else f"{row['max_rel_diff']:.2e}"
-            used = "-" if row.get("tolerance_used") is None else f"{row['tolerance_used']:.2g}"
-            lines.append(f"  {row['name']:13} {row['llm_layer']:3}  {abs_diff:>9}  {rel:>9}  {used:>9}  "
-                         f"{'ok' if row['ok'] else row['problem']}")
+        lines += [_table_line(cells) for cells in [CLI_COLUMNS, *level_rows(data["levels"])]]
     trajectory = data.get("trajectory")
     if trajectory and trajectory.get("transformers"):
         lines.append("\nlayer  image(hf)  image(vllm)  text(hf)  text(vllm)  max token rel")
@@ -119,6 +120,12 @@ def report(data: dict) -> str:
             lines.append(f"  {mark:7} {row['field']}: checkpoint {_short(row['checkpoint'])}, "
                          f"transformers {_short(row['transformers'])}, vLLM {_short(row['vllm'])}")
     return "\n".join(lines)
+
+
+def _table_line(cells) -> str:
+    """Names left-aligned, numbers right-aligned, in :data:`CLI_WIDTHS`."""
+    return "  " + "  ".join(f"{cell:<{width}}" if i in (0, 5) else f"{cell:>{width}}"
+                            for i, (cell, width) in enumerate(zip(cells, CLI_WIDTHS))).rstrip()
 
 
 def _f(value) -> str:

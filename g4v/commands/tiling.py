@@ -58,18 +58,22 @@ def _checked_png_path(text: str) -> Path:
 
 
 def _summary(plan) -> str:
+    """Sizes width first, grids as "W wide x H tall" (:func:`g4v.tiling.across`)."""
+    from g4v.tiling import across, pixels
+
     height, width = plan.image_size
     best_height, best_width = plan.best_resolution
     resized_height, resized_width = plan.resized_size
+    rows, cols = plan.grid
     pad = plan.padding
     lines = [
-        f"image            {width}x{height} (w x h)",
-        f"best resolution  {best_width}x{best_height}: {plan.grid[0]} x {plan.grid[1]} tiles of {plan.tile_size} px",
-        f"resized to       {resized_width}x{resized_height}, padding top {pad.top} bottom {pad.bottom} "
+        f"image            {pixels(width, height)}",
+        f"best resolution  {pixels(best_width, best_height)}: tiles of {plan.tile_size} px, {across(cols, rows)}",
+        f"resized to       {pixels(resized_width, resized_height)}, padding top {pad.top} bottom {pad.bottom} "
         f"left {pad.left} right {pad.right}",
-        f"features         {plan.view_feature_grid[0]} x {plan.view_feature_grid[1]} per view; "
-        f"tile grid {plan.tile_feature_grid[0]} x {plan.tile_feature_grid[1]} -> unpadded "
-        f"{plan.unpadded_grid[0]} x {plan.unpadded_grid[1]}",
+        f"features         {across(plan.view_feature_grid[1], plan.view_feature_grid[0])} per view; "
+        f"tile grid {across(plan.tile_feature_grid[1], plan.tile_feature_grid[0])} -> unpadded "
+        f"{across(plan.unpadded_grid[1], plan.unpadded_grid[0])}",
         "",
     ]
     for part, layout, count in plan.budget_rows():

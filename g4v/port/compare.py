@@ -112,14 +112,14 @@ class LevelDiff:
     mean_abs_diff: float | None
     reference_max_abs: float | None
     problem: str | None  # None when ok
-    tolerance_used: float | None = None  # max |diff| / allowed (Tolerance.used); ok when <= 1
+    share_of_tolerance_used: float | None = None  # max |diff| / allowed (Tolerance.used); ok when <= 1
     token_diff: list[float] = field(default_factory=list)  # per image token: max |vllm - ref|
 
     def summary(self) -> dict:
         return {"name": self.name, "llm_layer": self.llm_layer, "kind": self.kind, "ok": self.ok,
                 "max_abs_diff": self.max_abs_diff, "max_rel_diff": self.max_rel_diff,
                 "mean_abs_diff": self.mean_abs_diff, "reference_max_abs": self.reference_max_abs,
-                "tolerance_used": self.tolerance_used, "problem": self.problem}
+                "share_of_tolerance_used": self.share_of_tolerance_used, "problem": self.problem}
 
 
 def split_levels(packed: torch.Tensor, llm_layers: list[int], hidden: int) -> dict[int, torch.Tensor]:
@@ -168,7 +168,7 @@ def compare_levels(levels: list[Level], reference: dict[str, torch.Tensor], cand
         rows.append(LevelDiff(**base, ok=ok, max_abs_diff=max_abs, max_rel_diff=float(rel.max()) if rel.numel() else 0.0,
                               mean_abs_diff=float(diff.mean()) if diff.numel() else 0.0,
                               reference_max_abs=float(ref.abs().max()) if ref.numel() else 0.0, problem=problem,
-                              tolerance_used=used, token_diff=token_diff.float().tolist()))
+                              share_of_tolerance_used=used, token_diff=token_diff.float().tolist()))
     return rows
 
 

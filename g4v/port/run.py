@@ -91,7 +91,7 @@ def run_port_diff(image, prompt: str, model: str | None = None, max_new_tokens: 
     ref = reference_run(hf_engine, picture, prompt, max_new_tokens)
     plan = plan_tiling((picture.height, picture.width), config)
     tokens = [(token.kind, token.box) for token in plan.tokens]
-    summary = {"model": source, "prompt": prompt, "image_size": [picture.height, picture.width],
+    summary = {"model": source, "prompt": prompt, **_image_size(picture),
                "dtype": str(dtype).removeprefix("torch."), "tolerance": tolerance.summary(),
                "num_image_tokens": ref["capture"].num_image_tokens, "num_text_tokens": ref["capture"].num_text_tokens,
                "vllm_error": None}
@@ -173,11 +173,17 @@ def _verdict(level_rows: list[LevelDiff], trajectory: dict, next_token: dict, au
 
 def _unloadable(source: str, prompt: str, picture: Image.Image, error: str) -> PortDiffResult:
     audit = audit_checkpoint(source)
-    summary = {"model": source, "prompt": prompt, "image_size": [picture.height, picture.width], "tolerance": None,
+    summary = {"model": source, "prompt": prompt, **_image_size(picture), "tolerance": None,
                "vllm_error": None, "load_error": error, "levels": [], "trajectory": None, "next_token": None,
                "config_audit": audit.summary(), "ok": False,
                "message": f"could not load the checkpoint ({error}). Config audit: {audit.message}"}
     return PortDiffResult(summary, [], picture, [])
+
+
+def _image_size(picture: Image.Image) -> dict:
+    """``image_size`` is [height, width] (transformers' ``image_sizes``); the explicit keys say which."""
+    return {"image_size": [picture.height, picture.width], "image_width": picture.width,
+            "image_height": picture.height}
 
 
 def _finish(result: PortDiffResult, draw: bool) -> PortDiffResult:

@@ -73,7 +73,7 @@ def test_every_level_agrees_within_1e_5(result):
         assert row["ok"], row
         assert row["max_abs_diff"] <= 1e-5, row
         assert row["max_rel_diff"] <= 1e-4, row
-        assert 0 <= row["tolerance_used"] < 0.5, row  # well inside the tolerance, not at its edge
+        assert 0 <= row["share_of_tolerance_used"] < 0.5, row  # well inside the tolerance, not at its edge
         assert row["reference_max_abs"] > 1e-3, "the features compared must not be trivially zero"
     num_image_tokens = result.summary["num_image_tokens"]
     assert all(len(level.token_diff) == num_image_tokens for level in result.levels)
@@ -147,7 +147,7 @@ def test_scaled_level_is_flagged(sides):
     scaled = {**ref["features"], "spatial_BL": ref["features"]["spatial_BL"] * 1.001}
     rows = {row.name: row for row in compare_levels(ref["levels"], scaled, vllm, default_tolerance(torch.float32))}
     bad = rows["spatial_BL"]
-    assert not bad.ok and bad.tolerance_used > 1
+    assert not bad.ok and bad.share_of_tolerance_used > 1
     assert 5e-4 < bad.max_rel_diff < 2e-3  # the per-token relative difference sees the 0.1 %
     assert "scaled" in bad.problem
     assert sum(not row.ok for row in rows.values()) == 1
@@ -277,7 +277,7 @@ def test_cli_json_on_a_checkpoint_vllm_misreads(tmp_path):
     assert set(data) >= {"levels", "trajectory", "next_token", "config_audit", "ok", "message"}
     assert len(data["levels"]) == 8
     for row in data["levels"]:
-        assert set(row) >= {"name", "llm_layer", "max_abs_diff", "max_rel_diff", "tolerance_used"}
+        assert set(row) >= {"name", "llm_layer", "max_abs_diff", "max_rel_diff", "share_of_tolerance_used"}
         assert isinstance(row["llm_layer"], int) and isinstance(row["max_abs_diff"], float)
     assert set(data["trajectory"]) >= {"layers", "transformers", "vllm", "first_departure", "ok"}
     assert set(data["next_token"]) >= {"kl_divergence", "top5_overlap", "first_divergence"}
