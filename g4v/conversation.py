@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from PIL import Image
 
-from g4v.errors import G4VError
+from g4v.errors import G4VError, PromptTooLong
 
 ROLES = ("system", "user", "assistant")
 
@@ -20,6 +20,15 @@ MAX_IMAGES_PER_MESSAGE = 4
 MAX_IMAGES_PER_CONVERSATION = 8
 #: The longest answer a request may ask for (app, API and CLI).
 MAX_NEW_TOKENS = 1024
+#: Characters of text allowed per token of the model's context window. A token covers about four
+#: characters of ordinary text, so longer text cannot fit; it is refused by its length in characters
+#: before any tokenizer sees it (tokenizing costs hundreds of bytes of memory per character: a
+#: 100 MB prompt took a server past 18 GB).
+CHARS_PER_CONTEXT_TOKEN = 4
+#: The context window assumed where a model does not say (a remote server): the real model's.
+ASSUMED_CONTEXT_WINDOW = 131072
+#: How much of a too-long text tables, exports and messages show.
+PREVIEW_CHARS = 200
 
 
 @dataclass
@@ -63,16 +72,37 @@ def _is_number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value  # not NaN
 
 
-def validate_conversation(messages: list[Message], max_images: int | None = None) -> None:
-    """Raise :class:`G4VError` unless ``messages`` is a conversation a model can answer."""
+def max_text_chars(context_window: int | None = None) -> int:
+    """The most characters of text that may go to a tokenizer for a model with ``context_window``
+    tokens (None: :data:`ASSUMED_CONTEXT_WINDOW`)."""
+    return CHARS_PER_CONTEXT_TOKEN * (context_window or ASSUMED_CONTEXT_WINDOW)
+
+
+def text_preview(text: str, limit: int = PREVIEW_CHARS) -> str:
+    """``text`` as a table or an export may echo it: whole up to ``limit`` characters, else its
+    start and its length."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text):,} characters in all)"
+
+
+def validate_conversation(messages: list[Message], max_images: int | None = None,
+                          context_window: int | None = None) -> None:
+    """Raise :class:`G4VError` unless ``messages`` is a conversation a model can answer.
+
+    Text is checked against :func:`max_text_chars` of ``context_window``: one message over it is
+    refused; a conversation over it raises :class:`PromptTooLong`, so a chat drops its oldest turns."""
     if not messages:
         raise G4VError("the conversation is empty")
+    limit = max_text_chars(context_window)
     for message in messages:
         if message.role not in ROLES:
             raise G4VError(f"unknown role {message.role!r} (expected one of {', '.join(ROLES)})")
         if message.images and message.role != "user":
             raise G4VError("only user messages can carry images")
-        _check_text(message.text)
+        check_text(message.text, limit)
+    total = sum(len(m.text) for m in messages)
+    if total > limit:
+        raise PromptTooLong(f"the conversation is too long: {total:,} characters of text, the limit is "
+                            f"{limit:,} for this model's context window")
     last = messages[-1]
     if last.role != "user":
         raise G4VError("the last message must come from the user")
@@ -89,18 +119,23 @@ def validate_conversation(messages: list[Message], max_images: int | None = None
 IMAGE_PLACEHOLDER = "<image>"
 
 
-def _check_text(text) -> None:
-    """Refuse text a tokenizer cannot take or would misread, with the reason in one line."""
+def check_text(text, limit: int | None = None, what: str = "the message text") -> None:
+    """Refuse text a tokenizer cannot take or would misread, with the reason in one line: not a
+    string, longer than ``limit`` characters (default :func:`max_text_chars`), not Unicode, or with
+    the image placeholder in it. ``what`` names the text in the message."""
     if not isinstance(text, str):
-        raise G4VError(f"the message text must be a string, got {type(text).__name__}")
+        raise G4VError(f"{what} must be a string, got {type(text).__name__}")
+    limit = max_text_chars() if limit is None else limit
+    if len(text) > limit:
+        raise G4VError(f"{what} is too long: {len(text):,} characters, the limit is {limit:,}")
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as err:
-        raise G4VError(f"the text is not valid Unicode at character {err.start + 1} "
+        raise G4VError(f"{what} is not valid Unicode at character {err.start + 1} "
                        "(a lone surrogate, or bytes that are not UTF-8)") from None
     if IMAGE_PLACEHOLDER in text:
         # Named in words: a browser shows an error as HTML, where the tag itself would vanish.
-        raise G4VError("the text contains the model's image placeholder (the word image in angle brackets): "
+        raise G4VError(f"{what} contains the model's image placeholder (the word image in angle brackets): "
                        "attach pictures as files instead, or write it differently")
 
 

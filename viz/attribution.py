@@ -11,7 +11,7 @@ import numpy as np
 from matplotlib.figure import Figure
 from PIL import Image
 
-from viz.figures import figure_to_image, token_heatmap_grid
+from viz.figures import figure_to_image, heatmap_picture, token_heatmap_grid
 
 LENS_COLOURS = 10  # the most frequent top tokens get a colour each; the rest are grey
 
@@ -54,7 +54,7 @@ def lens_figure(image: Image.Image, tokens: list[tuple[str, tuple]], views: list
     counts = Counter(v["top_ids"][i] for v in views for i in picked)
     common = [token for token, _ in counts.most_common(LENS_COLOURS)]
     palette = {token: n for n, token in enumerate(common)}
-    shown = image.convert("RGB")
+    shown, scale_x, scale_y = heatmap_picture(image)  # never the full-size picture: 40 Mpx would take GBs
     cols = min(4, max(1, len(views)))
     rows = max(1, math.ceil(len(views) / cols))
     aspect = shown.height / shown.width
@@ -62,9 +62,11 @@ def lens_figure(image: Image.Image, tokens: list[tuple[str, tuple]], views: list
     axes = fig.subplots(rows, cols, squeeze=False)
     colours = [tuple(c) for c in _tab10()]
     for ax, lens_view in zip(axes.flat, views):
-        canvas = np.full((shown.height, shown.width, 4), 0.0)
+        canvas = np.zeros((shown.height, shown.width, 4), dtype=np.float32)
         for i in picked:
-            left, top, right, bottom = (int(round(v)) for v in tokens[i][1])
+            box = tokens[i][1]
+            left, top, right, bottom = (int(round(v)) for v in (box[0] * scale_x, box[1] * scale_y,
+                                                                 box[2] * scale_x, box[3] * scale_y))
             if right <= left or bottom <= top:
                 continue
             n = palette.get(lens_view["top_ids"][i])

@@ -36,6 +36,22 @@ def display_size(width: int, height: int, max_side: int = MAX_PICTURE_SIDE,
             min(max_side, max(min_side, round(height * scale))))
 
 
+def shown_picture(image: Image.Image, size: tuple[int, int]) -> Image.Image:
+    """``image`` at ``size`` (width, height) in RGB, resized before anything else: a 40-megapixel
+    picture is never copied or converted at full size (PIL reduces it on the way), so what is drawn
+    over it stays as small as the picture shown."""
+    if image.size != tuple(size):
+        image = image.resize(tuple(size), Image.Resampling.BICUBIC, reducing_gap=3.0)
+    return image if image.mode == "RGB" else image.convert("RGB")
+
+
+def heatmap_picture(image: Image.Image) -> tuple[Image.Image, float, float]:
+    """The picture a heatmap panel paints over (at most ``HEATMAP_MAX_SIDE`` on a side, at least
+    ``HEATMAP_MIN_SIDE``) and the x and y scales from original-image pixels to it."""
+    width, height = display_size(image.width, image.height, HEATMAP_MAX_SIDE, HEATMAP_MIN_SIDE)
+    return shown_picture(image, (width, height)), width / image.width, height / image.height
+
+
 def original_point(x: float, y: float, image_size: tuple[int, int]) -> tuple[float, float]:
     """A point of a picture shown at :func:`display_size` (e.g. a click on :func:`highlight_box`'s
     output) -> the same point in the original image of ``image_size`` (width, height)."""
@@ -104,9 +120,8 @@ def token_heatmap_grid(image: Image.Image, tokens: list[tuple[str, tuple]], valu
 
     The image is shown at :func:`display_size` with the heatmap bounds, so a panel is
     never a 1-pixel line, and the figure's size in inches depends only on the panels' shape."""
-    shown_width, shown_height = display_size(image.width, image.height, HEATMAP_MAX_SIDE, HEATMAP_MIN_SIDE)
-    scale_x, scale_y = shown_width / image.width, shown_height / image.height
-    shown = image.convert("RGB").resize((shown_width, shown_height))
+    shown, scale_x, scale_y = heatmap_picture(image)
+    shown_width, shown_height = shown.size
     picked = [i for i, (kind, _) in enumerate(tokens) if kind == view]
     if not picked:
         return note_figure(title, f"This image has no {view} tokens: nothing to paint. (A strip this thin "

@@ -19,7 +19,7 @@ from matplotlib import patches as mpatches  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from PIL import Image, ImageDraw  # noqa: E402
 
-from viz.figures import MAX_PICTURE_SIDE, display_size, figure_to_image  # noqa: E402
+from viz.figures import MAX_PICTURE_SIDE, display_size, figure_to_image, shown_picture  # noqa: E402
 
 TILE_COLOUR = "#ffd400"
 CELL_COLOUR = "#ffffff"
@@ -64,7 +64,7 @@ def padded_canvas(image: Image.Image, plan: dict) -> Image.Image:
     best_height, best_width = plan["best_resolution"]
     resized_height, resized_width = plan["resized_size"]
     canvas = Image.new("RGB", (best_width, best_height), (0, 0, 0))
-    resized = image.convert("RGB").resize((resized_width, resized_height), Image.Resampling.BICUBIC)
+    resized = shown_picture(image, (resized_width, resized_height))
     canvas.paste(resized, (plan["padding"]["left"], plan["padding"]["top"]))
     return canvas
 
@@ -122,7 +122,7 @@ def _draw_base_view(axes, image: Image.Image, plan: dict) -> None:
     """The whole image squashed to one tile, with its feature cells (one base token each)."""
     size = plan["tile_size"]
     feat_rows, feat_cols = plan["view_feature_grid"]
-    base = image.convert("RGB").resize((size, size), Image.Resampling.BICUBIC)
+    base = shown_picture(image, (size, size))
     axes.imshow(np.asarray(base), extent=(0, size, size, 0))
     for r in range(1, feat_rows):
         axes.plot([0, size], [r * size / feat_rows] * 2, color=CELL_COLOUR, linewidth=0.5, alpha=0.6)
@@ -160,9 +160,7 @@ def highlight_box(image: Image.Image, box, label: str | None = None, context_box
     then it is :func:`display_size` (map points on it back with :func:`viz.figures.original_point`)."""
     original_width, original_height = image.size
     width, height = display_size(original_width, original_height)
-    base = image.convert("RGB")
-    if (width, height) != base.size:
-        base = base.resize((width, height), Image.Resampling.BICUBIC)
+    base = shown_picture(image, (width, height))
     scale_x, scale_y = width / original_width, height / original_height
 
     def shown(original_box):

@@ -18,9 +18,9 @@ from g4v.attribution.forward import Answer, answer_ids, encode_image, make_answe
 from g4v.attribution.gradients import DEFAULT_IG_STEPS, METHODS, Attribution, attribute
 from g4v.attribution.lens import LogitLens, logit_lens
 from g4v.attribution.regions import region_scores
-from g4v.conversation import Message
+from g4v.conversation import Message, check_text, max_text_chars
 from g4v.engines import transformers_engine
-from g4v.errors import G4VError
+from g4v.errors import G4VError, quoted
 from g4v.images import open_image
 from g4v.inspect.ablation import greedy_continuation
 from g4v.inspect.exports import ExportStore, default_export_store
@@ -36,6 +36,9 @@ REGION_PANEL = "both views"  # the tile figure's panel of region scores (g4v.att
 #: Bounds on the answers to contrast with: each is one more sequence in every forward pass.
 MAX_ALTERNATIVES = 16
 MAX_ALTERNATIVE_CHARS = 200
+#: The longest answer explained, in tokens (a greedy answer's ``max_new_tokens`` or a typed target):
+#: every forward pass keeps a vocabulary-wide row of logits per answer token and sequence.
+MAX_ANSWER_TOKENS = 256
 
 
 @dataclass
@@ -57,8 +60,10 @@ class AttributionSettings:
     def checked(self) -> "AttributionSettings":
         if self.method not in METHODS:
             raise G4VError(f"unknown attribution method {self.method!r} (expected one of {', '.join(METHODS)})")
-        if not isinstance(self.max_new_tokens, int) or not 1 <= self.max_new_tokens <= 256:
-            raise G4VError(f"max_new_tokens must be 1-256, got {self.max_new_tokens!r}")
+        if not isinstance(self.max_new_tokens, int) or not 1 <= self.max_new_tokens <= MAX_ANSWER_TOKENS:
+            raise G4VError(f"max_new_tokens must be 1-{MAX_ANSWER_TOKENS}, got {self.max_new_tokens!r}")
+        if self.target is not None:  # by characters first: a tokenizer would take any length
+            check_text(self.target, max_text_chars(MAX_ANSWER_TOKENS), "the answer to explain")
         if self.method == "ig" and not (isinstance(self.steps, int) and 2 <= self.steps <= 512):
             raise G4VError(f"integrated gradients needs 2-512 steps, got {self.steps!r}")
         if not isinstance(self.seeds, int) or not 1 <= self.seeds <= 50:
@@ -71,9 +76,7 @@ class AttributionSettings:
         for text in self.against:
             if not isinstance(text, str) or not text.strip():
                 raise G4VError("an answer to contrast with is empty")
-            if len(text) > MAX_ALTERNATIVE_CHARS:
-                raise G4VError(f"an answer to contrast with is {len(text):,} characters long "
-                               f"(at most {MAX_ALTERNATIVE_CHARS})")
+            check_text(text, MAX_ALTERNATIVE_CHARS, "an answer to contrast with")
         return self
 
 
@@ -109,7 +112,8 @@ def run_attribution(engine, image, prompt: str, settings: AttributionSettings | 
     levels = describe_levels(config)
     deletion_level = None if settings.deletion_level in (None, "") else find_level(levels, settings.deletion_level).name
     target_ids = answer_ids(tokenizer, settings.target) if settings.target is not None else None
-    inputs = engine.prepare_inputs([Message("user", prompt, [picture])], settings.max_new_tokens)
+    inputs = engine.prepare_inputs([Message("user", prompt, [picture])])
+    check_answer_fits(engine, inputs, target_ids, settings)
     plan = plan_tiling((picture.height, picture.width), config)
 
     with engine.adapter_scope(None) as model:
@@ -138,6 +142,22 @@ def run_attribution(engine, image, prompt: str, settings: AttributionSettings | 
     folder = Path(out_dir) if out_dir is not None else (exports or default_export_store()).new_folder()
     report.export_dir, report.files = folder, write_export(folder, report)
     return report
+
+
+def check_answer_fits(engine, inputs: dict, target_ids: list[int] | None, settings: AttributionSettings) -> None:
+    """Refuse, in one line, an answer to explain (the target, the greedy answer's length, each
+    answer to contrast with) longer than :data:`MAX_ANSWER_TOKENS` or past the context window after
+    the prompt and its image tokens."""
+    lengths = {"the answer to explain": len(target_ids) if target_ids is not None else settings.max_new_tokens}
+    for text in settings.against:
+        lengths[f"the answer to contrast with {quoted(text)}"] = len(answer_ids(engine.tokenizer, text))
+    what, longest = max(lengths.items(), key=lambda item: item[1])
+    if longest > MAX_ANSWER_TOKENS:
+        raise G4VError(f"{what} is too long: {longest} tokens, the limit is {MAX_ANSWER_TOKENS}")
+    prompt_tokens, window = inputs["input_ids"].shape[1], engine.context_window()
+    if prompt_tokens + longest > window:
+        raise G4VError(f"the prompt ({prompt_tokens} tokens with the image) and {what} ({longest} tokens) "
+                       f"do not fit the model's context window of {window} tokens")
 
 
 def build_summary(engine, prompt, picture, plan, answer, attribution, deletion, lens, settings) -> dict:

@@ -67,7 +67,7 @@ class TransformersEngine(Engine):
 
     def prepare_inputs(self, messages: list[Message], max_new_tokens: int = 0) -> dict:
         """Tokenised prompt with expanded image placeholders, pixel values and image sizes."""
-        validate_conversation(messages)
+        validate_conversation(messages, context_window=self.context_window())  # text cut before tokenizing
         _, images = to_template_messages(messages)
         prompt = self.render_prompt(messages)
         inputs = self.processor(text=[prompt], images=images or None, return_tensors="pt")

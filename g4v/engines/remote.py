@@ -142,7 +142,7 @@ class RemoteEngine(Engine):
                 yield text
 
     def _body(self, messages: list[Message], settings: SamplingSettings, adapter: str | None) -> dict:
-        validate_conversation(messages)
+        validate_conversation(messages, context_window=self.context_window())
         settings = settings.validated()
         if adapter is not None and adapter not in self.adapters():
             raise G4VError(f"unknown adapter {adapter!r} (the server serves: {', '.join(self.adapters()) or 'none'})")

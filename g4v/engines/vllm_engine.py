@@ -223,7 +223,7 @@ class VLLMEngine(Engine):
 
     def build_prompt(self, messages: list[Message]) -> dict:
         """vLLM's prompt: text plus the images, which vLLM's processor expands into feature tokens."""
-        validate_conversation(messages, max_images=self.settings.max_images)
+        validate_conversation(messages, max_images=self.settings.max_images, context_window=self.context_window())
         _, images = to_template_messages(messages)
         prompt = {"prompt": self.render_prompt(messages)}
         if images:

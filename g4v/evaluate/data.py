@@ -28,7 +28,7 @@ from pathlib import Path
 from PIL import Image
 
 import g4v.evaluate.readers as readers
-from g4v.conversation import MAX_IMAGES_PER_MESSAGE
+from g4v.conversation import MAX_IMAGES_PER_MESSAGE, max_text_chars, text_preview
 from g4v.errors import G4VError, quoted
 from g4v.images import open_image
 from g4v.paths import ASSETS_DIR
@@ -116,6 +116,7 @@ class EvalDataset:
             category=_text(row.get(cols.category)) if cols.category else None,
         )
         try:
+            _bound_texts(sample)
             self._load_images(sample, row.get(cols.image))
             if not sample.prompt.strip():
                 raise G4VError("empty prompt")
@@ -243,6 +244,24 @@ def _inside_data_dirs(path: Path, source: str, data_dirs: list[Path]) -> Path:
     if any(candidate.resolve().exists() for candidate in candidates):
         raise G4VError(f"dataset {quoted(source, 80)} is outside the data folders")
     raise G4VError(f"dataset not found: {quoted(source, 80)}")
+
+
+#: A row's text fields, as :class:`EvalSample` names them.
+ROW_TEXTS = ("prompt", "reference", "category", "sample_id")
+
+
+def _bound_texts(sample: EvalSample) -> None:
+    """Refuse a row whose text is longer than any model could read (:func:`max_text_chars`) before a
+    tokenizer sees it; the row then keeps only previews of its texts for the tables and exports."""
+    limit = max_text_chars()
+    too_long = [role for role in ROW_TEXTS if len(getattr(sample, role) or "") > limit]
+    if too_long:
+        length = len(getattr(sample, too_long[0]))
+        for role in ROW_TEXTS:
+            if getattr(sample, role) is not None:
+                setattr(sample, role, text_preview(getattr(sample, role)))
+        raise G4VError(f"the {too_long[0].removeprefix('sample_')} is too long: {length:,} characters "
+                       f"(the limit is {limit:,})")
 
 
 def _text(value) -> str | None:
