@@ -116,14 +116,23 @@ def _whole(value, name: str) -> int:
     return int(number)
 
 
+#: For a quick event whose output is an input box (a picture copied or rendered into it): Gradio
+#: marks the outputs of a failed event with an "Error" badge that stays over the box, hiding the
+#: next picture uploaded there; the refusal's toast is message enough.
+QUIET_INPUT = {"show_progress": "hidden"}
+
 
 def use_last_chat_image(button: gr.Button, last_chat_image: gr.State, image: gr.Image):
     """Wire a "Use the last chat image" button: it copies the newest chat image into ``image``.
-    Returns the event, so a tab can chain its own step after it."""
+    Returns the event, so a tab can chain its own step after it (``.success``: not after a refusal).
 
+    A refusal is a toast, nothing else: no traceback in the server log, and no progress shown on
+    ``image`` (see :data:`QUIET_INPUT`)."""
+
+    @shows_errors
     def pick(path):
         if not path or not os.path.isfile(path):
-            raise gr.Error("no chat image yet: send a picture in the Chat tab first")
+            raise G4VError("no chat image yet: send a picture in the Chat tab first")
         return path
 
-    return button.click(pick, last_chat_image, image, api_visibility="private")
+    return button.click(pick, last_chat_image, image, api_visibility="private", **QUIET_INPUT)

@@ -18,7 +18,7 @@ from g4v.documents.pdf import DEFAULT_DPI, MAX_DPI, MIN_DPI, numbered_pages, ren
 from g4v.documents.presets import PRESETS, build_prompt, get_preset, parse_schema
 from g4v.documents.structured import read_answer
 from g4v.errors import G4VError
-from webapp.common import shows_errors
+from webapp.common import QUIET_INPUT, shows_errors
 
 #: Rendered pages live here until Gradio has copied them into its own cache; the oldest go first.
 PAGES_DIR = Path(tempfile.gettempdir()) / "g4v-pages"
@@ -106,7 +106,7 @@ def document_picker(target, chat_box: bool = False, elem_id: str = "doc"):
                            f"one message takes at most {MAX_IMAGES_PER_MESSAGE}")
         return {"text": current.get("text") or "", "files": attached + files}
 
-    return use.click(use_pages, [document, pages, dpi, target], target, api_visibility="private")
+    return use.click(use_pages, [document, pages, dpi, target], target, api_visibility="private", **QUIET_INPUT)
 
 
 # ── Chat: task presets and the structured panel ─────────────────────────────────────────────────

@@ -42,7 +42,7 @@ def port_tab(model: str, last_chat_image: gr.State) -> None:
     if not available:
         gr.Markdown(SETUP_HINT, elem_id="port-setup-hint")
     with gr.Row():
-        image = image_input(label="Image", height=200)
+        image = image_input(label="Image", height=200, elem_id="port-image")
         with gr.Column():
             from_chat = gr.Button("Use the last chat image", elem_id="port-from-chat")
             document_picker(image, elem_id="port-doc")

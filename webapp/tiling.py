@@ -71,7 +71,7 @@ def tiling_tab(config, last_chat_image: gr.State) -> None:
     gr.Markdown("Which anyres grid the model picks, how the image is resized and padded, and "
                 "which pixels each image token covers.")
     with gr.Row():
-        image = image_input(label="Image", height=320)
+        image = image_input(label="Image", height=320, elem_id="tiling-image")
         with gr.Column():
             from_chat = gr.Button("Use the last chat image", elem_id="tiling-from-chat")
             from_pdf = document_picker(image, elem_id="tiling-doc")  # a PDF page, then its token budget

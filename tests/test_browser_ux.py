@@ -1,0 +1,88 @@
+"""What a new user trips on, in headless Chromium against one app on the bundled checkpoint:
+refusals that must leave no "Error" badge over an image box. Screenshots in test-output/browser/."""
+
+from urllib.parse import urlparse
+
+import pytest
+
+from g4v.documents.examples import REPORT_PDF
+from g4v.paths import EXAMPLES_DIR
+from tests.browser import browser_page
+from tests.conftest import TEST_OUTPUT
+
+EXAMPLE = str(EXAMPLES_DIR / "shapes-tall.png")
+#: Every tab with an image box and a "Use the last chat image" button: (tab, element id prefix).
+IMAGE_TABS = [("Tiling", "tiling"), ("Deepstack", "deepstack"), ("Attribution", "attribution"),
+              ("vLLM port", "port"), ("LoRA", "lora")]
+
+#: True when an "Error" badge (Gradio's status tracker in its error state) shows inside the element:
+#: the tracker stays in the page once hidden, at opacity 0, so visibility is read up the tree.
+BADGE_SHOWN = """(selector) => [...document.querySelectorAll(selector + ' .error')].some(badge => {
+    if (!badge.getClientRects().length || badge.innerText.trim() !== 'Error') return false;
+    for (let node = badge; node; node = node.parentElement) {
+        const style = getComputedStyle(node);
+        if (style.opacity === '0' || style.visibility === 'hidden' || style.display === 'none') return false;
+    }
+    return true;
+})"""
+
+#: True when the box shows a loaded picture that nothing covers (a click at its centre reaches it).
+PICTURE_SHOWN = """(selector) => { const img = document.querySelector(selector + ' img');
+    if (!img || !img.complete || !img.naturalWidth) return false;
+    img.scrollIntoView({block: 'center'}); const r = img.getBoundingClientRect();
+    return document.elementFromPoint(r.x + r.width / 2, r.y + r.height / 2) === img; }"""
+
+
+@pytest.fixture(scope="module")
+def shots(output_dir):
+    folder = output_dir / "browser"
+    folder.mkdir(exist_ok=True)
+    return folder
+
+
+def server_log(app_url) -> str:
+    return (TEST_OUTPUT / f"app-{urlparse(app_url).port}.log").read_text(errors="replace")
+
+
+def toast_says(page, words: str) -> None:
+    page.wait_for_function("(words) => [...document.querySelectorAll(\"[data-testid='toast-body']\")]"
+                           ".some(t => t.innerText.includes(words))", arg=words)
+
+
+def close_toasts(page) -> None:
+    for close in page.locator("[data-testid='toast-close']").all():
+        close.click()
+    page.wait_for_function("() => !document.querySelector(\"[data-testid='toast-body']\")")
+
+
+def test_refusals_leave_no_error_badge_over_the_image_box(app_url, shots):
+    """With no chat image yet, "Use the last chat image" in every image tab says so in a toast and
+    leaves no badge in the image box, and a picture uploaded next shows, uncovered; a PDF page the
+    picker refuses does the same; the server log gets no traceback for these ordinary refusals."""
+    logged_before = len(server_log(app_url))
+    with browser_page(height=1400) as page:
+        page.goto(app_url)
+        page.wait_for_selector("#model-banner")
+        for tab, prefix in IMAGE_TABS:
+            box = f"#{prefix}-image"
+            page.get_by_role("tab", name=tab).click()
+            page.locator(f"#{prefix}-from-chat").click()
+            toast_says(page, "no chat image yet: send a picture in the Chat tab first")
+            assert not page.evaluate(BADGE_SHOWN, box), f"{tab}: an error badge stays in the image box"
+            close_toasts(page)
+            page.locator(f"{box} input[type=file]").set_input_files(EXAMPLE)
+            page.wait_for_function(PICTURE_SHOWN, arg=box)
+            assert not page.evaluate(BADGE_SHOWN, box), tab
+
+        # A page the PDF picker refuses (the document has 2): one line, the box keeps its picture.
+        page.get_by_role("tab", name="Deepstack").click()
+        page.locator("#deepstack-doc-picker").click()
+        page.locator("#deepstack-doc-pdf input[type=file]").set_input_files(str(REPORT_PDF))
+        page.wait_for_function("() => document.querySelectorAll('#deepstack-doc-thumbnails img').length == 2")
+        page.locator("#deepstack-doc-pages textarea, #deepstack-doc-pages input").first.fill("9")
+        page.locator("#deepstack-doc-use").click()
+        toast_says(page, "outside the document's pages 1-2")
+        assert not page.evaluate(BADGE_SHOWN, "#deepstack-image")
+        assert page.evaluate(PICTURE_SHOWN, "#deepstack-image")
+        page.screenshot(path=str(shots / "ux-1-no-badge.png"), full_page=True)
+    assert "Traceback" not in server_log(app_url)[logged_before:]
