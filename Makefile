@@ -1,5 +1,6 @@
 # make run       - set up and serve the app on the bundled checkpoint (http://127.0.0.1:7860)
 # make test      - set up and run the whole test suite (main venv, browser, then the vLLM CPU venv)
+# make test-fast - the edit loop: no training, no servers, no browser, no vLLM (tests/conftest.py TIERS)
 # make test-vllm - only the vLLM tests, in their own environment (scripts/setup_vllm_cpu_env.sh)
 # make gpu-wheels - download the wheels scripts/gpu_check.sh carries to a GPU machine (docs/gpu_check.md)
 PYTHON ?= python3
@@ -7,7 +8,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 VLLM_PY := .venv-vllm/bin/python
 
-.PHONY: setup run test test-main test-vllm vllm-env browser checkpoint gpu-wheels
+.PHONY: setup run test test-fast test-main test-vllm vllm-env browser checkpoint gpu-wheels
 setup: $(VENV)/.g4v-stamp
 
 $(VENV)/.g4v-stamp: requirements.txt requirements-dev.txt
@@ -24,6 +25,10 @@ browser:
 test: setup browser vllm-env
 	$(PY) -m pytest
 	$(VLLM_PY) -m pytest tests/vllm
+
+FAST := not slow and not browser and not server and not training and not vllm
+test-fast: setup
+	$(PY) -m pytest -m "$(FAST)"
 
 # The main suite alone (its Port-tab test still needs the vLLM environment).
 test-main: setup browser vllm-env

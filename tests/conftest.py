@@ -8,12 +8,54 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-import pytest
-from PIL import Image
-
-from g4v.paths import BUNDLED_MODEL_DIR, REPO_ROOT
-
+# Before torch loads (libgomp reads it once): OpenMP threads that wait for work sleep instead of
+# spinning. With spinning, two test processes on a 2-core machine (a second suite, an app server,
+# a vLLM worker) steal each other's cores at every parallel region: one generation ran 5-8x slower
+# under load (scripts/bench_threads.py). Results are unchanged: only how idle threads wait differs.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import pytest  # noqa: E402
+from PIL import Image  # noqa: E402
+
+from g4v.paths import BUNDLED_MODEL_DIR, REPO_ROOT  # noqa: E402
+
+#: The test tiers. ``make test-fast`` (the edit loop) deselects every tier below; ``make test`` runs
+#: them all. A module is put in a tier here, once, rather than marked in each file; a test that
+#: uses the ``app_url`` fixture is in the ``server`` tier wherever it lives.
+TIERS = {
+    "browser": "drives Chromium against a served app",
+    "server": "starts the app (or another server) as a process",
+    "training": "trains, or scores a checkpoint on many items",
+    "vllm": "needs the vLLM CPU environment",
+}
+MODULE_TIERS = {
+    "test_browser": "browser", "test_browser_ux": "browser", "test_attribution_browser": "browser",
+    "test_evaluate_app": "browser",
+    "test_app": "server", "test_app_bad_input": "server", "test_app_exports": "server",
+    "test_app_load": "server", "test_app_tabs": "server", "test_attribution_app": "server",
+    "test_spaces": "server",
+    "test_demo_training": "training", "test_demo_documents": "training", "test_documents_checkpoint": "training",
+    "test_checkpoint": "training", "test_attribution_pointing": "training", "test_adapter_init": "training",
+    "test_evaluate_vllm": "vllm", "test_port_diff_cli": "vllm",
+}
+
+
+def pytest_configure(config):
+    for tier, what in TIERS.items():
+        config.addinivalue_line("markers", f"{tier}: {what} (deselected by make test-fast)")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        module = item.module.__name__.rpartition(".")[2] if item.module else ""
+        tier = MODULE_TIERS.get(module)
+        if item.path.parent.name == "vllm":
+            tier = "vllm"
+        if tier:
+            item.add_marker(getattr(pytest.mark, tier))
+        if "app_url" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.server)
 
 TEST_OUTPUT = Path(__file__).resolve().parent.parent / "test-output"
 
