@@ -7,7 +7,7 @@ import pytest
 from PIL import Image
 
 from g4v.documents.examples import REPORT_PDF
-from g4v.documents.pdf import render_pages
+from g4v.documents.pdf import THUMBNAIL_WIDTH, render_pages
 from g4v.documents.presets import build_prompt
 from g4v.errors import G4VError
 from webapp import documents
@@ -81,3 +81,63 @@ def test_the_structured_panel_lists_schema_problems():
     _, _, notes = documents.structured_view("kvp", schema, history)
     assert "- `$.date`: expected `a required field`, got `nothing`" in notes
     assert '- `$.total`: expected `type "number"`, got `"12"`' in notes
+
+
+# ── the picker in a browser (a page of its own, served in process; Chromium as in tests/browser.py) ──
+
+
+@pytest.fixture(scope="module")
+def picker_url():
+    """A page with one image input and its "From a PDF" picker, as every image tab builds it."""
+    from tests.conftest import free_port
+
+    with gr.Blocks() as demo:
+        image = gr.Image(type="filepath", elem_id="picked")
+        documents.document_picker(image, elem_id="t-doc")
+    port = free_port()
+    demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
+    try:
+        yield f"http://127.0.0.1:{port}/"
+    finally:
+        demo.close()
+
+
+#: Each thumbnail's natural size, its drawn size (``object-fit`` inside its box) and its box's
+#: place inside the scrolling strip, measured in the page.
+THUMBNAIL_GEOMETRY = """() => [...document.querySelectorAll('#t-doc-thumbnails img')].map(img => {
+  const box = img.getBoundingClientRect(), strip = img.closest('.grid-wrap').getBoundingClientRect();
+  const fit = getComputedStyle(img).objectFit;
+  const scale = {'contain': Math.min(box.width / img.naturalWidth, box.height / img.naturalHeight),
+                 'scale-down': Math.min(1, box.width / img.naturalWidth, box.height / img.naturalHeight),
+                 'none': 1}[fit] ?? Math.max(box.width / img.naturalWidth, box.height / img.naturalHeight);
+  return {natural: [img.naturalWidth, img.naturalHeight], shown: [img.naturalWidth * scale, img.naturalHeight * scale],
+          box: [box.width, box.height], fit, inside: box.top >= strip.top && box.bottom <= strip.bottom
+          && box.left >= strip.left && box.right <= strip.right}})"""
+
+
+@pytest.mark.parametrize("pages", [1, 2, 7])
+def test_thumbnails_show_at_about_their_own_size_and_whole(picker_url, tmp_path, pages):
+    """A 2-page PDF gave two 580-px squares (each 160x227 thumbnail blown up 2.5 times, cut off by
+    the 220-px strip). Now every thumbnail of the first row is drawn within 1.5x of its natural size,
+    never cropped by its box (object-fit keeps it whole) nor by the strip."""
+    from tests.browser import browser_page
+    from tests.test_documents_pdf import BLACK_BOX, minimal_pdf, page
+
+    path = REPORT_PDF if pages == 2 else tmp_path / "letters.pdf"
+    if pages != 2:  # US Letter portrait pages, or one landscape page
+        size = (612, 792) if pages > 1 else (200, 100)
+        path.write_bytes(minimal_pdf([page(*size, content_object=99)] * pages, {99: BLACK_BOX}))
+    with browser_page() as tab:
+        tab.goto(picker_url)
+        tab.locator("#t-doc-picker").click()
+        tab.locator("#t-doc-pdf input[type=file]").set_input_files(str(path))
+        tab.wait_for_function(f"() => {{ const i = [...document.querySelectorAll('#t-doc-thumbnails img')];"
+                              f" return i.length == {pages} && i.every(x => x.complete && x.naturalWidth > 0) }}")
+        thumbnails = tab.evaluate(THUMBNAIL_GEOMETRY)
+    first_row = thumbnails[:6]
+    for thumbnail in first_row:
+        assert thumbnail["fit"] in ("contain", "scale-down"), thumbnail  # "cover"/"fill" crop or distort
+        for natural, shown in zip(thumbnail["natural"], thumbnail["shown"]):
+            assert natural / 1.5 <= shown <= natural * 1.5, thumbnail
+        assert thumbnail["inside"], thumbnail
+    assert all(t["natural"][0] == THUMBNAIL_WIDTH for t in thumbnails)

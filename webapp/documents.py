@@ -23,6 +23,8 @@ from webapp.common import shows_errors
 #: Rendered pages live here until Gradio has copied them into its own cache; the oldest go first.
 PAGES_DIR = Path(tempfile.gettempdir()) / "g4v-pages"
 KEEP_PAGES = 200
+#: The picker's thumbnail strip in pixels: a row of cells at a desktop width and the top of the next.
+THUMBNAILS_HEIGHT = 320
 NO_TASK = "(free question)"
 EXAMPLE_SCHEMA = '{\n  "type": "object",\n  "properties": {"total": {"type": "number"}},\n  "required": ["total"]\n}'
 
@@ -89,7 +91,11 @@ def document_picker(target, chat_box: bool = False, elem_id: str = "doc"):
                                    elem_id=f"{elem_id}-pages")
                 dpi = gr.Slider(MIN_DPI, MAX_DPI, value=DEFAULT_DPI, step=12, label="Render resolution (dpi)")
                 use = gr.Button("Add to the message" if chat_box else "Use this page", elem_id=f"{elem_id}-use")
-        thumbnails = gr.Gallery(label="Pages (click one to choose it)", columns=6, height=220, allow_preview=False, object_fit="contain",
+        # Six columns whatever the page count (Gradio otherwise widens the cells to fill the row: a
+        # 2-page PDF became two 580-px squares, blown up and cut off), each thumbnail drawn at its
+        # own size or shrunk to fit its cell, never enlarged or cropped; further rows scroll.
+        thumbnails = gr.Gallery(label="Pages (click one to choose it)", columns=6, fit_columns=False,
+                                height=THUMBNAILS_HEIGHT, allow_preview=False, object_fit="scale-down",
                                 elem_id=f"{elem_id}-thumbnails")
     document.change(show_thumbnails, document, [thumbnails, pages], api_visibility="private")
     thumbnails.select(pick_thumbnail, None, pages, api_visibility="private")
