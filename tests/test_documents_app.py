@@ -141,3 +141,59 @@ def test_thumbnails_show_at_about_their_own_size_and_whole(picker_url, tmp_path,
             assert natural / 1.5 <= shown <= natural * 1.5, thumbnail
         assert thumbnail["inside"], thumbnail
     assert all(t["natural"][0] == THUMBNAIL_WIDTH for t in thumbnails)
+
+
+@pytest.fixture(scope="module")
+def tabs_url():
+    """The Chat and Attribution tabs as the app builds them; their pickers render PDFs, and nothing
+    here asks the model (engine None: no model call is made by these tests)."""
+    from tests.conftest import free_port
+    from webapp.attribution import attribution_tab
+    from webapp.chat import chat_tab
+
+    with gr.Blocks() as demo:
+        last_chat_image = gr.State(None)
+        with gr.Tab("Chat"):
+            chat_tab(None, last_chat_image, [])
+        with gr.Tab("Attribution"):
+            attribution_tab(None, None, last_chat_image, None)
+    port = free_port()
+    demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
+    try:
+        yield f"http://127.0.0.1:{port}/"
+    finally:
+        demo.close()
+
+
+def test_the_attribution_tab_takes_a_pdf_page_like_the_other_image_tabs(tabs_url):
+    from tests.browser import browser_page
+
+    with browser_page(height=1400) as tab:
+        tab.goto(tabs_url)
+        tab.get_by_role("tab", name="Attribution").click()
+        tab.locator("#attribution-doc-picker").click()
+        tab.locator("#attribution-doc-pdf input[type=file]").set_input_files(str(REPORT_PDF))
+        tab.wait_for_function("() => document.querySelectorAll('#attribution-doc-thumbnails img').length == 2")
+        tab.locator("#attribution-doc-pages textarea, #attribution-doc-pages input").first.fill("2")
+        tab.locator("#attribution-doc-use").click()
+        tab.wait_for_function("() => { const i = document.querySelector('#attribution-image img');"
+                              " return i && i.complete && i.naturalWidth > 0 }")
+        width = tab.evaluate("() => document.querySelector('#attribution-image img').naturalWidth")
+    assert width == render_pages(REPORT_PDF, "2")[0].width  # page 2 at the default resolution
+
+
+def test_a_pdf_attached_with_the_chat_paperclip_opens_the_pdf_picker(tabs_url, tmp_path):
+    """The box took pictures only; a PDF attached there now leaves the box (a picture attached with it
+    stays) and opens the picker with its page thumbnails, for its pages to be chosen."""
+    from tests.browser import browser_page
+    from tests.conftest import make_image
+
+    picture = tmp_path / "shape.png"
+    make_image(64, 48).save(picture)
+    with browser_page(height=1400) as tab:
+        tab.goto(tabs_url)
+        tab.locator("#chat-box input[type=file]").set_input_files([str(picture), str(REPORT_PDF)])
+        tab.wait_for_function("() => document.querySelectorAll('#chat-doc-thumbnails img').length == 2")
+        tab.wait_for_function("() => document.querySelectorAll('#chat-box [aria-label=\"File thumbnail\"]').length == 1")
+        assert "report.pdf" in tab.locator("#chat-doc-pdf").inner_text().replace("\n", "")
+        assert tab.locator("#chat-box img").count() == 1  # the one left is the picture

@@ -14,7 +14,7 @@ from pathlib import Path
 import gradio as gr
 
 from g4v.conversation import MAX_IMAGES_PER_MESSAGE
-from g4v.documents.pdf import DEFAULT_DPI, MAX_DPI, MIN_DPI, numbered_pages, render_thumbnails
+from g4v.documents.pdf import DEFAULT_DPI, MAX_DPI, MIN_DPI, looks_like_pdf, numbered_pages, render_thumbnails
 from g4v.documents.presets import PRESETS, build_prompt, get_preset, parse_schema
 from g4v.documents.structured import read_answer
 from g4v.errors import G4VError
@@ -62,6 +62,21 @@ def show_thumbnails(pdf_path):
     return [(image, f"page {i}") for i, image in enumerate(thumbnails, start=1)], "1"
 
 
+def pdf_to_picker(current):
+    """The Chat box's value with its PDFs taken out, the first of them for the picker, and the picker
+    opened; nothing changes while no PDF is attached (every change of the box comes here: Gradio's
+    MultimodalTextbox has no upload event, and its input event does not fire for attachments)."""
+    current = current if isinstance(current, dict) else {}
+    files = [f.get("path") if isinstance(f, dict) else f for f in current.get("files") or []]
+    pdfs = [f for f in files if f and looks_like_pdf(f)]
+    if not pdfs:
+        return gr.skip(), gr.skip(), gr.skip()
+    if len(pdfs) > 1:
+        gr.Warning(f"one PDF at a time: {Path(pdfs[0]).name} is open in the picker below")
+    kept = {"text": current.get("text") or "", "files": [f for f in files if f not in pdfs]}
+    return kept, pdfs[0], gr.Accordion(open=True)
+
+
 def pick_thumbnail(evt: gr.SelectData):
     """Clicking a thumbnail chooses its page."""
     return str(evt.index + 1)
@@ -82,7 +97,7 @@ def document_picker(target, chat_box: bool = False, elem_id: str = "doc"):
     Chat tab's MultimodalTextbox (the chosen pages join its attachments, its text is kept).
     """
     limit = MAX_IMAGES_PER_MESSAGE if chat_box else 1
-    with gr.Accordion("From a PDF", open=False, elem_id=f"{elem_id}-picker"):
+    with gr.Accordion("From a PDF", open=False, elem_id=f"{elem_id}-picker") as accordion:
         with gr.Row():
             document = gr.File(label="PDF", file_types=[".pdf"], type="filepath", height=120,
                                elem_id=f"{elem_id}-pdf")
@@ -98,6 +113,9 @@ def document_picker(target, chat_box: bool = False, elem_id: str = "doc"):
                                 height=THUMBNAILS_HEIGHT, allow_preview=False, object_fit="scale-down",
                                 elem_id=f"{elem_id}-thumbnails")
     document.change(show_thumbnails, document, [thumbnails, pages], api_visibility="private")
+    if chat_box:  # a PDF attached with the box's paperclip opens here, for its pages to be chosen
+        target.change(pdf_to_picker, target, [target, document, accordion], api_visibility="private", queue=False,
+                     show_progress="hidden", trigger_mode="always_last")
     thumbnails.select(pick_thumbnail, None, pages, api_visibility="private")
 
     @shows_errors
