@@ -2,6 +2,11 @@
 pages the model will see, a preset fills the box, and the structured panel shows the newest answer
 sanitised, as a table, or as-is with its parse error. The browser test drives the same in Chromium."""
 
+import json
+import uuid
+from pathlib import Path
+from types import SimpleNamespace
+
 import gradio as gr
 import pytest
 from PIL import Image
@@ -87,8 +92,9 @@ def test_the_structured_panel_lists_schema_problems():
 
 
 @pytest.fixture(scope="module")
-def picker_url():
-    """A page with one image input and its "From a PDF" picker, as every image tab builds it."""
+def picker():
+    """A page with one image input and its "From a PDF" picker, as every image tab builds it: its
+    address, and its Blocks (whose events the page calls by number)."""
     from tests.conftest import free_port
 
     with gr.Blocks() as demo:
@@ -97,7 +103,7 @@ def picker_url():
     port = free_port()
     demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
     try:
-        yield f"http://127.0.0.1:{port}/"
+        yield SimpleNamespace(url=f"http://127.0.0.1:{port}/", demo=demo)
     finally:
         demo.close()
 
@@ -116,7 +122,7 @@ THUMBNAIL_GEOMETRY = """() => [...document.querySelectorAll('#t-doc-thumbnails i
 
 
 @pytest.mark.parametrize("pages", [1, 2, 7])
-def test_thumbnails_show_at_about_their_own_size_and_whole(picker_url, tmp_path, pages):
+def test_thumbnails_show_at_about_their_own_size_and_whole(picker, tmp_path, pages):
     """A 2-page PDF gave two 580-px squares (each 160x227 thumbnail blown up 2.5 times, cut off by
     the 220-px strip). Now every thumbnail of the first row is drawn within 1.5x of its natural size,
     never cropped by its box (object-fit keeps it whole) nor by the strip."""
@@ -128,7 +134,7 @@ def test_thumbnails_show_at_about_their_own_size_and_whole(picker_url, tmp_path,
         size = (612, 792) if pages > 1 else (200, 100)
         path.write_bytes(minimal_pdf([page(*size, content_object=99)] * pages, {99: BLACK_BOX}))
     with browser_page() as tab:
-        tab.goto(picker_url)
+        tab.goto(picker.url)
         tab.locator("#t-doc-picker").click()
         tab.locator("#t-doc-pdf input[type=file]").set_input_files(str(path))
         tab.wait_for_function(f"() => {{ const i = [...document.querySelectorAll('#t-doc-thumbnails img')];"
@@ -197,3 +203,69 @@ def test_a_pdf_attached_with_the_chat_paperclip_opens_the_pdf_picker(tabs_url, t
         tab.wait_for_function("() => document.querySelectorAll('#chat-box [aria-label=\"File thumbnail\"]').length == 1")
         assert "report.pdf" in tab.locator("#chat-doc-pdf").inner_text().replace("\n", "")
         assert tab.locator("#chat-box img").count() == 1  # the one left is the picture
+
+
+def call_event(app, fn_name: str, data: list) -> dict:
+    """Call one of the page's events by number, as the browser does (queue/join, then its event
+    stream): a client can send any value, even for an event the API does not list."""
+    import httpx
+
+    dependencies = app.demo.config["dependencies"]
+    index = next(i for i, d in enumerate(dependencies) if app.demo.fns[i].name == fn_name)
+    session = uuid.uuid4().hex
+    httpx.post(app.url + "gradio_api/queue/join", timeout=30, json={
+        "data": data, "fn_index": index, "session_hash": session, "event_data": None,
+        "trigger_id": dependencies[index]["targets"][0][0]}).raise_for_status()
+    with httpx.stream("GET", app.url + "gradio_api/queue/data", params={"session_hash": session}, timeout=60) as events:
+        for line in events.iter_lines():
+            if "process_completed" in line:
+                return json.loads(line.removeprefix("data:"))
+    raise AssertionError("no answer")
+
+
+@pytest.mark.parametrize("dpi, words", [
+    ("abc", "render resolution must be a number of dots per inch, not 'abc'"),
+    (None, "render resolution must be a number of dots per inch, not None"),
+    (1000, "render resolution must be between 36 and 300 dpi, not 1000"),
+])
+def test_a_bad_resolution_sent_by_a_client_is_one_line(picker, dpi, words):
+    """Gradio's slider check failed on a text or a null: a multi-line "could not preprocess" in the
+    server log and a bare "Error" in the page."""
+    done = call_event(picker, "use_pages", [None, "1", dpi, None])
+    assert done["success"] is False and done["output"]["error"] == words
+
+
+def test_rendered_pages_live_in_the_apps_own_folder_which_goes_with_the_app(tmp_path):
+    """No shared /tmp/g4v-pages: the picker's pages are in a folder named with the server's process
+    id, deleted at exit; a folder that a killed server left behind goes when the next one starts,
+    and a running server's stays."""
+    import os
+    import subprocess
+    import sys
+
+    from g4v.paths import REPO_ROOT
+
+    script = ("import os, sys; from webapp import documents; from g4v.documents.examples import REPORT_PDF\n"
+              "print(os.getpid(), documents.page_files(str(REPORT_PDF), '1', 36, 1)[0], flush=True)\n"
+              "os.kill(os.getpid(), 9) if sys.argv[1] == 'killed' else None")
+    env = {**os.environ, "TMPDIR": str(tmp_path), "PYTHONPATH": str(REPO_ROOT)}
+
+    def start(how: str) -> Path:
+        run = subprocess.run([sys.executable, "-c", script, how], env=env, capture_output=True, text=True,
+                             cwd=REPO_ROOT, timeout=120)
+        assert run.returncode == (-9 if how == "killed" else 0), run.stderr[-2000:]
+        pid, page = run.stdout.split()
+        page = Path(page)
+        assert page.parent.name == "pages" and page.parent.parent.parent == tmp_path
+        assert page.parent.parent.name.startswith(f"g4v-app-{pid}-")
+        return page
+
+    live = tmp_path / f"g4v-app-{os.getpid()}-running"  # this test's own process: alive
+    live.mkdir()
+    left = start("killed")
+    assert left.is_file()  # SIGKILL: no exit handler ran
+    ended = start("ended")
+    assert not ended.parent.parent.exists()  # a normal exit removes the app's folder
+    assert not left.parent.parent.exists()  # the second start removed the dead server's folder
+    assert live.is_dir()
+    assert not (tmp_path / "g4v-pages").exists()

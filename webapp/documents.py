@@ -7,21 +7,22 @@ and hands their paths on: to a tab's image input (one page), or into the Chat bo
 sees an uploaded picture, through ``open_image``.
 """
 
-import tempfile
 import uuid
 from pathlib import Path
 
 import gradio as gr
 
 from g4v.conversation import MAX_IMAGES_PER_MESSAGE
-from g4v.documents.pdf import DEFAULT_DPI, MAX_DPI, MIN_DPI, looks_like_pdf, numbered_pages, render_thumbnails
+from g4v.documents.pdf import (DEFAULT_DPI, MAX_DPI, MIN_DPI, check_dpi, looks_like_pdf, numbered_pages,
+                               render_thumbnails)
 from g4v.documents.presets import PRESETS, build_prompt, get_preset, parse_schema
 from g4v.documents.structured import read_answer
 from g4v.errors import G4VError
 from webapp.common import shows_errors
+from webapp.tempdirs import own_folder
 
-#: Rendered pages live here until Gradio has copied them into its own cache; the oldest go first.
-PAGES_DIR = Path(tempfile.gettempdir()) / "g4v-pages"
+#: Rendered pages live in the app's own folder (webapp.tempdirs) until Gradio has copied them into
+#: its cache; past this many the oldest go first.
 KEEP_PAGES = 200
 #: The picker's thumbnail strip in pixels: a row of cells at a desktop width and the top of the next.
 THUMBNAILS_HEIGHT = 320
@@ -31,20 +32,30 @@ EXAMPLE_SCHEMA = '{\n  "type": "object",\n  "properties": {"total": {"type": "nu
 
 def save_pages(images: list, stem: str, first_pages: list[int], dpi: float) -> list[str]:
     """Write rendered pages as PNG files (lossless: the model must see what PDFium drew)."""
-    PAGES_DIR.mkdir(exist_ok=True)
+    folder = own_folder("pages")
     paths = []
     for image, number in zip(images, first_pages):
-        path = PAGES_DIR / f"{stem[:40]}-page{number}-{dpi:g}dpi-{uuid.uuid4().hex[:8]}.png"
+        path = folder / f"{stem[:40]}-page{number}-{dpi:g}dpi-{uuid.uuid4().hex[:8]}.png"
         image.save(path)
         paths.append(str(path))
-    _prune()
+    _prune(folder)
     return paths
 
 
-def _prune() -> None:
-    files = sorted(PAGES_DIR.glob("*.png"), key=lambda p: p.stat().st_mtime)
+def _prune(folder: Path) -> None:
+    files = sorted(folder.glob("*.png"), key=lambda p: p.stat().st_mtime)
     for old in files[:-KEEP_PAGES]:
         old.unlink(missing_ok=True)
+
+
+def _checked_dpi(value) -> float:
+    """The resolution slider's value as the picker takes it. Gradio's own check of a slider value
+    fails on a text or a null (a multi-line "could not preprocess" and a bare "Error" in the page),
+    so the value goes through :func:`check_dpi` instead, in one line."""
+    try:
+        return check_dpi(value)
+    except G4VError as err:
+        raise gr.Error(str(err), print_exception=False) from None
 
 
 def _checked_pdf(pdf_path) -> str:
@@ -105,6 +116,7 @@ def document_picker(target, chat_box: bool = False, elem_id: str = "doc"):
                 pages = gr.Textbox(value="1", label=f"Page{'s, e.g. 1,3-4' if chat_box else ''}",
                                    elem_id=f"{elem_id}-pages")
                 dpi = gr.Slider(MIN_DPI, MAX_DPI, value=DEFAULT_DPI, step=12, label="Render resolution (dpi)")
+                dpi.preprocess = _checked_dpi  # what a client sends ("abc", null) is refused in our words
                 use = gr.Button("Add to the message" if chat_box else "Use this page", elem_id=f"{elem_id}-use")
         # Six columns whatever the page count (Gradio otherwise widens the cells to fill the row: a
         # 2-page PDF became two 580-px squares, blown up and cut off), each thumbnail drawn at its
