@@ -7,18 +7,16 @@ in plain functions of the :mod:`g4v` package.
 """
 
 import argparse
-import atexit
 import os
-import shutil
 import signal
-import tempfile
 
 # Before Gradio is imported: no telemetry, and a cache folder of this app's own. Gradio serves any
 # file inside its cache folder, so a shared one (/tmp/gradio) would serve other programs' files.
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
-if "GRADIO_TEMP_DIR" not in os.environ:
-    os.environ["GRADIO_TEMP_DIR"] = tempfile.mkdtemp(prefix="g4v-gradio-")
-    atexit.register(shutil.rmtree, os.environ["GRADIO_TEMP_DIR"], ignore_errors=True)
+if "GRADIO_TEMP_DIR" not in os.environ:  # inside the app's own folder, deleted at exit (webapp.tempdirs)
+    from webapp.tempdirs import own_folder
+
+    os.environ["GRADIO_TEMP_DIR"] = str(own_folder("gradio"))
 
 from g4v.commands.engine_flags import add_engine_flags, engine_options  # noqa: E402
 from g4v.engines import BACKENDS, create_engine  # noqa: E402

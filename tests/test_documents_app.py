@@ -2,12 +2,17 @@
 pages the model will see, a preset fills the box, and the structured panel shows the newest answer
 sanitised, as a table, or as-is with its parse error. The browser test drives the same in Chromium."""
 
+import json
+import uuid
+from pathlib import Path
+from types import SimpleNamespace
+
 import gradio as gr
 import pytest
 from PIL import Image
 
 from g4v.documents.examples import REPORT_PDF
-from g4v.documents.pdf import render_pages
+from g4v.documents.pdf import THUMBNAIL_WIDTH, render_pages
 from g4v.documents.presets import build_prompt
 from g4v.errors import G4VError
 from webapp import documents
@@ -81,3 +86,186 @@ def test_the_structured_panel_lists_schema_problems():
     _, _, notes = documents.structured_view("kvp", schema, history)
     assert "- `$.date`: expected `a required field`, got `nothing`" in notes
     assert '- `$.total`: expected `type "number"`, got `"12"`' in notes
+
+
+# ── the picker in a browser (a page of its own, served in process; Chromium as in tests/browser.py) ──
+
+
+@pytest.fixture(scope="module")
+def picker():
+    """A page with one image input and its "From a PDF" picker, as every image tab builds it: its
+    address, and its Blocks (whose events the page calls by number)."""
+    from tests.conftest import free_port
+
+    with gr.Blocks() as demo:
+        image = gr.Image(type="filepath", elem_id="picked")
+        documents.document_picker(image, elem_id="t-doc")
+    port = free_port()
+    demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
+    try:
+        yield SimpleNamespace(url=f"http://127.0.0.1:{port}/", demo=demo)
+    finally:
+        demo.close()
+
+
+#: Each thumbnail's natural size, its drawn size (``object-fit`` inside its box) and its box's
+#: place inside the scrolling strip, measured in the page.
+THUMBNAIL_GEOMETRY = """() => [...document.querySelectorAll('#t-doc-thumbnails img')].map(img => {
+  const box = img.getBoundingClientRect(), strip = img.closest('.grid-wrap').getBoundingClientRect();
+  const fit = getComputedStyle(img).objectFit;
+  const scale = {'contain': Math.min(box.width / img.naturalWidth, box.height / img.naturalHeight),
+                 'scale-down': Math.min(1, box.width / img.naturalWidth, box.height / img.naturalHeight),
+                 'none': 1}[fit] ?? Math.max(box.width / img.naturalWidth, box.height / img.naturalHeight);
+  return {natural: [img.naturalWidth, img.naturalHeight], shown: [img.naturalWidth * scale, img.naturalHeight * scale],
+          box: [box.width, box.height], fit, inside: box.top >= strip.top && box.bottom <= strip.bottom
+          && box.left >= strip.left && box.right <= strip.right}})"""
+
+
+@pytest.mark.parametrize("pages", [1, 2, 7])
+def test_thumbnails_show_at_about_their_own_size_and_whole(picker, tmp_path, pages):
+    """A 2-page PDF gave two 580-px squares (each 160x227 thumbnail blown up 2.5 times, cut off by
+    the 220-px strip). Now every thumbnail of the first row is drawn within 1.5x of its natural size,
+    never cropped by its box (object-fit keeps it whole) nor by the strip."""
+    from tests.browser import browser_page
+    from tests.test_documents_pdf import BLACK_BOX, minimal_pdf, page
+
+    path = REPORT_PDF if pages == 2 else tmp_path / "letters.pdf"
+    if pages != 2:  # US Letter portrait pages, or one landscape page
+        size = (612, 792) if pages > 1 else (200, 100)
+        path.write_bytes(minimal_pdf([page(*size, content_object=99)] * pages, {99: BLACK_BOX}))
+    with browser_page() as tab:
+        tab.goto(picker.url)
+        tab.locator("#t-doc-picker").click()
+        tab.locator("#t-doc-pdf input[type=file]").set_input_files(str(path))
+        tab.wait_for_function(f"() => {{ const i = [...document.querySelectorAll('#t-doc-thumbnails img')];"
+                              f" return i.length == {pages} && i.every(x => x.complete && x.naturalWidth > 0) }}")
+        thumbnails = tab.evaluate(THUMBNAIL_GEOMETRY)
+    first_row = thumbnails[:6]
+    for thumbnail in first_row:
+        assert thumbnail["fit"] in ("contain", "scale-down"), thumbnail  # "cover"/"fill" crop or distort
+        for natural, shown in zip(thumbnail["natural"], thumbnail["shown"]):
+            assert natural / 1.5 <= shown <= natural * 1.5, thumbnail
+        assert thumbnail["inside"], thumbnail
+    assert all(t["natural"][0] == THUMBNAIL_WIDTH for t in thumbnails)
+
+
+@pytest.fixture(scope="module")
+def tabs_url():
+    """The Chat and Attribution tabs as the app builds them; their pickers render PDFs, and nothing
+    here asks the model (engine None: no model call is made by these tests)."""
+    from tests.conftest import free_port
+    from webapp.attribution import attribution_tab
+    from webapp.chat import chat_tab
+
+    with gr.Blocks() as demo:
+        last_chat_image = gr.State(None)
+        with gr.Tab("Chat"):
+            chat_tab(None, last_chat_image, [])
+        with gr.Tab("Attribution"):
+            attribution_tab(None, None, last_chat_image, None)
+    port = free_port()
+    demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
+    try:
+        yield f"http://127.0.0.1:{port}/"
+    finally:
+        demo.close()
+
+
+def test_the_attribution_tab_takes_a_pdf_page_like_the_other_image_tabs(tabs_url):
+    from tests.browser import browser_page
+
+    with browser_page(height=1400) as tab:
+        tab.goto(tabs_url)
+        tab.get_by_role("tab", name="Attribution").click()
+        tab.locator("#attribution-doc-picker").click()
+        tab.locator("#attribution-doc-pdf input[type=file]").set_input_files(str(REPORT_PDF))
+        tab.wait_for_function("() => document.querySelectorAll('#attribution-doc-thumbnails img').length == 2")
+        tab.locator("#attribution-doc-pages textarea, #attribution-doc-pages input").first.fill("2")
+        tab.locator("#attribution-doc-use").click()
+        tab.wait_for_function("() => { const i = document.querySelector('#attribution-image img');"
+                              " return i && i.complete && i.naturalWidth > 0 }")
+        width = tab.evaluate("() => document.querySelector('#attribution-image img').naturalWidth")
+    assert width == render_pages(REPORT_PDF, "2")[0].width  # page 2 at the default resolution
+
+
+def test_a_pdf_attached_with_the_chat_paperclip_opens_the_pdf_picker(tabs_url, tmp_path):
+    """The box took pictures only; a PDF attached there now leaves the box (a picture attached with it
+    stays) and opens the picker with its page thumbnails, for its pages to be chosen."""
+    from tests.browser import browser_page
+    from tests.conftest import make_image
+
+    picture = tmp_path / "shape.png"
+    make_image(64, 48).save(picture)
+    with browser_page(height=1400) as tab:
+        tab.goto(tabs_url)
+        tab.locator("#chat-box input[type=file]").set_input_files([str(picture), str(REPORT_PDF)])
+        tab.wait_for_function("() => document.querySelectorAll('#chat-doc-thumbnails img').length == 2")
+        tab.wait_for_function("() => document.querySelectorAll('#chat-box [aria-label=\"File thumbnail\"]').length == 1")
+        assert "report.pdf" in tab.locator("#chat-doc-pdf").inner_text().replace("\n", "")
+        assert tab.locator("#chat-box img").count() == 1  # the one left is the picture
+
+
+def call_event(app, fn_name: str, data: list) -> dict:
+    """Call one of the page's events by number, as the browser does (queue/join, then its event
+    stream): a client can send any value, even for an event the API does not list."""
+    import httpx
+
+    dependencies = app.demo.config["dependencies"]
+    index = next(i for i, d in enumerate(dependencies) if app.demo.fns[i].name == fn_name)
+    session = uuid.uuid4().hex
+    httpx.post(app.url + "gradio_api/queue/join", timeout=30, json={
+        "data": data, "fn_index": index, "session_hash": session, "event_data": None,
+        "trigger_id": dependencies[index]["targets"][0][0]}).raise_for_status()
+    with httpx.stream("GET", app.url + "gradio_api/queue/data", params={"session_hash": session}, timeout=60) as events:
+        for line in events.iter_lines():
+            if "process_completed" in line:
+                return json.loads(line.removeprefix("data:"))
+    raise AssertionError("no answer")
+
+
+@pytest.mark.parametrize("dpi, words", [
+    ("abc", "render resolution must be a number of dots per inch, not 'abc'"),
+    (None, "render resolution must be a number of dots per inch, not None"),
+    (1000, "render resolution must be between 36 and 300 dpi, not 1000"),
+])
+def test_a_bad_resolution_sent_by_a_client_is_one_line(picker, dpi, words):
+    """Gradio's slider check failed on a text or a null: a multi-line "could not preprocess" in the
+    server log and a bare "Error" in the page."""
+    done = call_event(picker, "use_pages", [None, "1", dpi, None])
+    assert done["success"] is False and done["output"]["error"] == words
+
+
+def test_rendered_pages_live_in_the_apps_own_folder_which_goes_with_the_app(tmp_path):
+    """No shared /tmp/g4v-pages: the picker's pages are in a folder named with the server's process
+    id, deleted at exit; a folder that a killed server left behind goes when the next one starts,
+    and a running server's stays."""
+    import os
+    import subprocess
+    import sys
+
+    from g4v.paths import REPO_ROOT
+
+    script = ("import os, sys; from webapp import documents; from g4v.documents.examples import REPORT_PDF\n"
+              "print(os.getpid(), documents.page_files(str(REPORT_PDF), '1', 36, 1)[0], flush=True)\n"
+              "os.kill(os.getpid(), 9) if sys.argv[1] == 'killed' else None")
+    env = {**os.environ, "TMPDIR": str(tmp_path), "PYTHONPATH": str(REPO_ROOT)}
+
+    def start(how: str) -> Path:
+        run = subprocess.run([sys.executable, "-c", script, how], env=env, capture_output=True, text=True,
+                             cwd=REPO_ROOT, timeout=120)
+        assert run.returncode == (-9 if how == "killed" else 0), run.stderr[-2000:]
+        pid, page = run.stdout.split()
+        page = Path(page)
+        assert page.parent.name == "pages" and page.parent.parent.parent == tmp_path
+        assert page.parent.parent.name.startswith(f"g4v-app-{pid}-")
+        return page
+
+    live = tmp_path / f"g4v-app-{os.getpid()}-running"  # this test's own process: alive
+    live.mkdir()
+    left = start("killed")
+    assert left.is_file()  # SIGKILL: no exit handler ran
+    ended = start("ended")
+    assert not ended.parent.parent.exists()  # a normal exit removes the app's folder
+    assert not left.parent.parent.exists()  # the second start removed the dead server's folder
+    assert live.is_dir()
+    assert not (tmp_path / "g4v-pages").exists()

@@ -8,6 +8,7 @@ from g4v.attribution.run import AttributionSettings, run_attribution
 from g4v.errors import G4VError
 from g4v.inspect.levels import describe_levels
 from webapp.common import MODEL_QUEUE, image_input, shows_errors, use_last_chat_image
+from webapp.documents import document_picker
 
 WHOLE_ANSWER = "the whole answer"
 
@@ -68,6 +69,7 @@ def attribution_tab(engine, config, last_chat_image: gr.State, exports, concurre
         image = image_input(label="Image", height=240, elem_id="attribution-image")
         with gr.Column():
             from_chat = gr.Button("Use the last chat image", elem_id="attribution-from-chat")
+            document_picker(image, elem_id="attribution-doc")
             prompt = gr.Textbox(label="Prompt", value="What colour is the shape?", elem_id="attribution-prompt")
             target = gr.Textbox(label="Answer to explain (empty: the model's own answer)")
             token = gr.Dropdown(["0", WHOLE_ANSWER], value="0", allow_custom_value=True,

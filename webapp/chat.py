@@ -236,8 +236,9 @@ def chat_tab(engine, last_chat_image: gr.State, examples: list[list], concurrenc
         yield text, [*history, user_entry(message), {"role": "assistant", "content": text}]
 
     chatbot = gr.Chatbot(label="Chat", height=460, elem_id="chatbot")
-    box = gr.MultimodalTextbox(file_types=["image"], file_count="multiple", sources=["upload"],
-                               placeholder="Ask about an image...", show_label=False, elem_id="chat-box")
+    # A PDF attached here goes to the "From a PDF" picker below (chat_documents), for its pages.
+    box = gr.MultimodalTextbox(file_types=["image", ".pdf"], file_count="multiple", sources=["upload"],
+                               placeholder="Ask about an image or a PDF...", show_label=False, elem_id="chat-box")
     with gr.Row():
         stop = gr.Button("Stop", size="sm", elem_id="chat-stop")
         clear = gr.Button("Clear", size="sm", elem_id="chat-clear")

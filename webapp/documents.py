@@ -7,42 +7,55 @@ and hands their paths on: to a tab's image input (one page), or into the Chat bo
 sees an uploaded picture, through ``open_image``.
 """
 
-import tempfile
 import uuid
 from pathlib import Path
 
 import gradio as gr
 
 from g4v.conversation import MAX_IMAGES_PER_MESSAGE
-from g4v.documents.pdf import DEFAULT_DPI, MAX_DPI, MIN_DPI, numbered_pages, render_thumbnails
+from g4v.documents.pdf import (DEFAULT_DPI, MAX_DPI, MIN_DPI, check_dpi, looks_like_pdf, numbered_pages,
+                               render_thumbnails)
 from g4v.documents.presets import PRESETS, build_prompt, get_preset, parse_schema
 from g4v.documents.structured import read_answer
 from g4v.errors import G4VError
 from webapp.common import QUIET_INPUT, shows_errors
+from webapp.tempdirs import own_folder
 
-#: Rendered pages live here until Gradio has copied them into its own cache; the oldest go first.
-PAGES_DIR = Path(tempfile.gettempdir()) / "g4v-pages"
+#: Rendered pages live in the app's own folder (webapp.tempdirs) until Gradio has copied them into
+#: its cache; past this many the oldest go first.
 KEEP_PAGES = 200
+#: The picker's thumbnail strip in pixels: a row of cells at a desktop width and the top of the next.
+THUMBNAILS_HEIGHT = 320
 NO_TASK = "(free question)"
 EXAMPLE_SCHEMA = '{\n  "type": "object",\n  "properties": {"total": {"type": "number"}},\n  "required": ["total"]\n}'
 
 
 def save_pages(images: list, stem: str, first_pages: list[int], dpi: float) -> list[str]:
     """Write rendered pages as PNG files (lossless: the model must see what PDFium drew)."""
-    PAGES_DIR.mkdir(exist_ok=True)
+    folder = own_folder("pages")
     paths = []
     for image, number in zip(images, first_pages):
-        path = PAGES_DIR / f"{stem[:40]}-page{number}-{dpi:g}dpi-{uuid.uuid4().hex[:8]}.png"
+        path = folder / f"{stem[:40]}-page{number}-{dpi:g}dpi-{uuid.uuid4().hex[:8]}.png"
         image.save(path)
         paths.append(str(path))
-    _prune()
+    _prune(folder)
     return paths
 
 
-def _prune() -> None:
-    files = sorted(PAGES_DIR.glob("*.png"), key=lambda p: p.stat().st_mtime)
+def _prune(folder: Path) -> None:
+    files = sorted(folder.glob("*.png"), key=lambda p: p.stat().st_mtime)
     for old in files[:-KEEP_PAGES]:
         old.unlink(missing_ok=True)
+
+
+def _checked_dpi(value) -> float:
+    """The resolution slider's value as the picker takes it. Gradio's own check of a slider value
+    fails on a text or a null (a multi-line "could not preprocess" and a bare "Error" in the page),
+    so the value goes through :func:`check_dpi` instead, in one line."""
+    try:
+        return check_dpi(value)
+    except G4VError as err:
+        raise gr.Error(str(err), print_exception=False) from None
 
 
 def _checked_pdf(pdf_path) -> str:
@@ -58,6 +71,21 @@ def show_thumbnails(pdf_path):
         return [], "1"
     thumbnails = render_thumbnails(pdf_path, name=Path(pdf_path).name)
     return [(image, f"page {i}") for i, image in enumerate(thumbnails, start=1)], "1"
+
+
+def pdf_to_picker(current):
+    """The Chat box's value with its PDFs taken out, the first of them for the picker, and the picker
+    opened; nothing changes while no PDF is attached (every change of the box comes here: Gradio's
+    MultimodalTextbox has no upload event, and its input event does not fire for attachments)."""
+    current = current if isinstance(current, dict) else {}
+    files = [f.get("path") if isinstance(f, dict) else f for f in current.get("files") or []]
+    pdfs = [f for f in files if f and looks_like_pdf(f)]
+    if not pdfs:
+        return gr.skip(), gr.skip(), gr.skip()
+    if len(pdfs) > 1:
+        gr.Warning(f"one PDF at a time: {Path(pdfs[0]).name} is open in the picker below")
+    kept = {"text": current.get("text") or "", "files": [f for f in files if f not in pdfs]}
+    return kept, pdfs[0], gr.Accordion(open=True)
 
 
 def pick_thumbnail(evt: gr.SelectData):
@@ -80,7 +108,7 @@ def document_picker(target, chat_box: bool = False, elem_id: str = "doc"):
     Chat tab's MultimodalTextbox (the chosen pages join its attachments, its text is kept).
     """
     limit = MAX_IMAGES_PER_MESSAGE if chat_box else 1
-    with gr.Accordion("From a PDF", open=False, elem_id=f"{elem_id}-picker"):
+    with gr.Accordion("From a PDF", open=False, elem_id=f"{elem_id}-picker") as accordion:
         with gr.Row():
             document = gr.File(label="PDF", file_types=[".pdf"], type="filepath", height=120,
                                elem_id=f"{elem_id}-pdf")
@@ -88,10 +116,18 @@ def document_picker(target, chat_box: bool = False, elem_id: str = "doc"):
                 pages = gr.Textbox(value="1", label=f"Page{'s, e.g. 1,3-4' if chat_box else ''}",
                                    elem_id=f"{elem_id}-pages")
                 dpi = gr.Slider(MIN_DPI, MAX_DPI, value=DEFAULT_DPI, step=12, label="Render resolution (dpi)")
+                dpi.preprocess = _checked_dpi  # what a client sends ("abc", null) is refused in our words
                 use = gr.Button("Add to the message" if chat_box else "Use this page", elem_id=f"{elem_id}-use")
-        thumbnails = gr.Gallery(label="Pages (click one to choose it)", columns=6, height=220, allow_preview=False, object_fit="contain",
+        # Six columns whatever the page count (Gradio otherwise widens the cells to fill the row: a
+        # 2-page PDF became two 580-px squares, blown up and cut off), each thumbnail drawn at its
+        # own size or shrunk to fit its cell, never enlarged or cropped; further rows scroll.
+        thumbnails = gr.Gallery(label="Pages (click one to choose it)", columns=6, fit_columns=False,
+                                height=THUMBNAILS_HEIGHT, allow_preview=False, object_fit="scale-down",
                                 elem_id=f"{elem_id}-thumbnails")
     document.change(show_thumbnails, document, [thumbnails, pages], api_visibility="private")
+    if chat_box:  # a PDF attached with the box's paperclip opens here, for its pages to be chosen
+        target.change(pdf_to_picker, target, [target, document, accordion], api_visibility="private", queue=False,
+                     show_progress="hidden", trigger_mode="always_last")
     thumbnails.select(pick_thumbnail, None, pages, api_visibility="private")
 
     @shows_errors
