@@ -121,7 +121,8 @@ def test_bad_rows_are_recorded_and_the_run_goes_on(trained_engine, tmp_path):
     picture.image.save(tmp_path / "ok.png")
     (tmp_path / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n truncated")
     rows = [{"image": "missing.png", "prompt": "Where is it?"}, {"image": "ok.png", "prompt": picture.qas[0].question},
-            {"image": "broken.png", "prompt": "What shape?"}, {"image": "ok.png", "prompt": ""}]
+            {"image": "broken.png", "prompt": "What shape?"}, {"image": "ok.png", "prompt": ""},
+            {"image": "ok\x00.png", "prompt": "What shape?"}, {"image": "hf://someone/x.png", "prompt": "What shape?"}]
     (tmp_path / "d.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     config = EvalConfig(a=ArmSpec("hf"), b=ArmSpec("hf"), data=str(tmp_path / "d.jsonl"), max_new_tokens=4,
                         blank_probe=True, levels=True)
@@ -129,6 +130,8 @@ def test_bad_rows_are_recorded_and_the_run_goes_on(trained_engine, tmp_path):
     errors = [row.error for row in result.rows]
     assert errors[0] == "image not found: 'missing.png'" and errors[1] is None
     assert errors[2].startswith("broken.png") and errors[3] == "empty prompt"
+    assert errors[4:] == ["image path 'ok\\x00.png' holds a NUL byte",  # issue 31: these failed the whole run
+                          "image 'hf://someone/x.png' is a URL: only picture files of the dataset are read"]
     good = result.rows[1]
     assert good.agree and good.kl_max == pytest.approx(0.0, abs=1e-9) and good.reference is None
     norms = json.loads(good.level_norms_a)
@@ -136,7 +139,7 @@ def test_bad_rows_are_recorded_and_the_run_goes_on(trained_engine, tmp_path):
     blank = trained_engine.generate([Message("user", good.prompt, [Image.new("RGB", picture.image.size, (128, 128, 128))])],
                                     config.settings())
     assert good.blank_same_a == (blank.text == good.answer_a) == good.blank_same_b
-    assert result.summary["n_errors"] == 3 and result.summary["arms"]["a"]["accuracy"] is None
+    assert result.summary["n_errors"] == 5 and result.summary["arms"]["a"]["accuracy"] is None
 
 
 #: Rows of the interrupted runs: three chunks of two hf arms (run.HF_CHUNK rows each), so that after
@@ -240,3 +243,139 @@ def test_cli_writes_the_tabs_plots_as_png(tmp_path, capsys):
         assert f"wrote {path}" in printed
         with Image.open(path) as written:
             assert np.array_equal(np.asarray(written.convert("RGB")), np.asarray(expected[name].convert("RGB")))
+
+
+# ── a run folder someone changed (issue 31): one line each, before any model loads ──────────────
+
+
+@pytest.fixture()
+def finished_folder(tmp_path, monkeypatch):
+    """A real run folder holding both of its rows (bad rows, so no model is needed), as a run
+    writes it; opening an arm fails the test (every refusal must come before a model loads)."""
+    from dataclasses import asdict
+
+    import g4v.evaluate.run as run
+    import g4v.evaluate.store as store
+    from g4v.evaluate import open_dataset
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("an arm was opened: the damage was not found first")
+
+    monkeypatch.setattr(run, "open_arms", no_model)
+    config = EvalConfig(a=ArmSpec("hf"), b=ArmSpec("hf"), data=str(BUNDLED_DATASET), limit=2)
+    out = tmp_path / "run"
+    store.prepare(out, asdict(config))
+    dataset = open_dataset(config.data)
+    writer = store.RowWriter(out)
+    writer.write([run.error_row(dataset.sample(i), "kept from before") for i in range(2)])
+    writer.close()
+    assert run_eval(config, out).summary["n"] == 2  # untampered, it resumes without a model
+    return config, out
+
+
+def line_with(out, **changes) -> bytes:
+    """The folder's first row with ``changes``, as a JSON line."""
+    row = json.loads((out / ROWS_FILE).read_text().splitlines()[0])
+    return (json.dumps({**row, **changes}).replace('"@NaN@"', "NaN") + "\n").encode()
+
+
+TAMPERED_FILES = {
+    "run.json a list": ("run.json", b"[1, 2]", "run.json in the output folder is damaged"),
+    "run.json not UTF-8": ("run.json", b'{"a": "\xff"}', "run.json in the output folder is damaged"),
+    "run.json nested too deeply": ("run.json", b"[" * 100_000, "run.json in the output folder is damaged"),
+    "row garbage": (ROWS_FILE, b"\x00\xffgarbage\n", "line 1 of samples.jsonl is damaged"),
+    "row index as text": (ROWS_FILE, {"index": "0"}, "line 1 of samples.jsonl is damaged"),
+    "row index true": (ROWS_FILE, {"index": True}, "line 1 of samples.jsonl is damaged"),
+    "row agree as text": (ROWS_FILE, {"agree": "yes"}, "line 1 of samples.jsonl is damaged"),
+    "row prompt a number": (ROWS_FILE, {"prompt": 3}, "line 1 of samples.jsonl is damaged"),
+    "row NaN": (ROWS_FILE, {"kl_mean": "@NaN@"}, "line 1 of samples.jsonl is damaged"),
+    "row missing a key": (ROWS_FILE, {"index": None, "extra": 1}, "line 1 of samples.jsonl is damaged"),
+    "row nested too deeply": (ROWS_FILE, b"[" * 100_000 + b"\n", "line 1 of samples.jsonl is damaged"),
+}
+
+
+@pytest.mark.parametrize("case", TAMPERED_FILES)
+def test_a_tampered_run_folder_is_one_line(finished_folder, case):
+    config, out = finished_folder
+    name, content, expected = TAMPERED_FILES[case]
+    if isinstance(content, dict):
+        content = line_with(out, **content)
+    (out / name).write_bytes(content)
+    with pytest.raises(G4VError) as caught:
+        run_eval(config, out)
+    assert str(caught.value) == f"{expected}; use a new --out folder"
+
+
+@pytest.mark.parametrize("name", ["run.json", ROWS_FILE, "samples.csv", SUMMARY_FILE, PARQUET_FILE])
+@pytest.mark.parametrize("kind", ["link", "folder", "fifo"])
+def test_run_files_are_never_written_through_a_link(finished_folder, tmp_path, name, kind):
+    """A run file that is a link had the file it points to truncated (samples.jsonl's torn line
+    cut off) or overwritten (the tables, run.json); a folder or a FIFO in its place failed after
+    the model had run. Now each is refused before, and the file linked to is left as it was."""
+    config, out = finished_folder
+    target = tmp_path / "someone-elses.txt"
+    original = (out / name).read_bytes()
+    target.write_bytes(original + (b'{"torn' if name == ROWS_FILE else b" "))  # what a run would rewrite or cut
+    (out / name).unlink()
+    if kind == "link":
+        (out / name).symlink_to(target)
+    elif kind == "folder":
+        (out / name).mkdir()
+    else:
+        os.mkfifo(out / name)
+    with pytest.raises(G4VError) as caught:
+        run_eval(config, out)
+    shown = {"link": "a link", "folder": "not a file", "fifo": "not a file"}[kind]
+    assert str(caught.value) == f"{name} in the output folder is {shown}; use a new --out folder"
+    assert target.read_bytes() == original + (b'{"torn' if name == ROWS_FILE else b" ")
+
+
+def test_reading_a_tampered_run_back_is_one_line_or_summed_up_again(finished_folder):
+    config, out = finished_folder
+    rows = read_results(out).rows
+    for summary in (b"not json", b"[1]", b'{"complete": true}'):  # summary.json is only a cache of the rows
+        (out / SUMMARY_FILE).write_bytes(summary)
+        again = read_results(out)
+        assert again.rows == rows and again.summary["n"] == 2 and not again.summary["complete"]
+    settings = json.loads((out / "run.json").read_text())
+    for damaged in ({k: v for k, v in settings.items() if k != "a"}, {**settings, "a": [1]}, {**settings, "new": 1},
+                    {**settings, "limit": "two"}):
+        (out / "run.json").write_text(json.dumps(damaged))
+        with pytest.raises(G4VError, match="^(run.json is damaged|limit must be a whole number >= 1, got 'two')$"):
+            read_results(out)
+
+
+def test_csv_cells_that_a_spreadsheet_would_run_start_with_a_quote(tmp_path):
+    """OWASP's CSV-injection rule: a text cell starting with = + - @ tab or CR gets a leading '
+    in samples.csv; samples.parquet and samples.jsonl keep the exact text."""
+    import csv
+    from dataclasses import asdict, replace
+
+    import pyarrow.parquet as pq
+
+    import g4v.evaluate.store as store
+    from g4v.evaluate.data import EvalSample
+    from g4v.evaluate.run import SampleResult, error_row
+
+    texts = {"sample_id": "=1+1", "prompt": '=HYPERLINK("http://x","click")', "reference": "+1", "category": "@SUM(A1)"}
+    row = replace(error_row(EvalSample(0, texts["sample_id"], [], texts["prompt"], texts["reference"], texts["category"]),
+                            "\r=cmd|' /C calc'!A0"),
+                  answer_a="-2+3", answer_b="\tx", logprob_a_under_b=-3.5, level_norms_a='{"1": -0.5}')
+    plain = replace(row, index=1, sample_id="7", prompt="What colour?", reference="red", category="colour",
+                    answer_a="a-b", answer_b="x=y", error=None)
+    store.prepare(tmp_path, {"run": 1})
+    writer = store.RowWriter(tmp_path)
+    writer.write([row, plain])
+    writer.close()
+    store.write_tables(tmp_path, [row, plain], SampleResult, {"n": 2})
+    with open(tmp_path / "samples.csv", newline="", encoding="utf-8") as handle:
+        written = list(csv.DictReader(handle))
+    for record, cells in zip((row, plain), written):
+        for name, value in asdict(record).items():
+            if isinstance(value, str) and value[:1] in ("=", "+", "-", "@", "\t", "\r"):
+                assert cells[name] == "'" + value, name
+            else:
+                assert cells[name] == ("" if value is None else str(value)), name
+    assert written[0]["answer_a"] == "'-2+3" and written[0]["logprob_a_under_b"] == "-3.5"  # a number is no formula
+    assert pq.read_table(tmp_path / "samples.parquet").to_pylist() == [asdict(row), asdict(plain)]
+    assert list(store.read_rows(tmp_path, SampleResult).values()) == [row, plain]

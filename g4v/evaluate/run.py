@@ -67,8 +67,14 @@ class EvalConfig:
 
     @classmethod
     def from_json(cls, values: dict) -> "EvalConfig":
-        return cls(**{**values, "a": ArmSpec(**values["a"]), "b": ArmSpec(**values["b"]),
-                      "columns": Columns(**values["columns"])})
+        """The config ``run.json`` records; a file that does not hold one is one line."""
+        try:
+            config = cls(**{**values, "a": ArmSpec(**values["a"]), "b": ArmSpec(**values["b"]),
+                            "columns": Columns(**values["columns"])})
+        except (KeyError, TypeError):  # a missing or unknown key, a part that is no object
+            raise G4VError(f"{store.RUN_FILE} is damaged") from None
+        config.check()
+        return config
 
 
 @dataclass
@@ -194,7 +200,7 @@ def read_results(out_dir: Path) -> RunResult:
     config = EvalConfig.from_json(store.read_settings(out_dir))
     done = store.read_rows(out_dir, SampleResult)
     summary = store.read_summary(out_dir)
-    if summary is None or summary["n"] != len(done):
+    if summary is None or summary.get("n") != len(done):
         summary = summarise(list(done.values()), config.a.display, config.b.display, complete=False)
     return RunResult(out_dir, list(done.values()), summary)
 

@@ -7,11 +7,21 @@
   so a killed run loses at most the chunk in flight. A kill can tear the last line; reading drops
   it (and cuts it off the file), so the row is simply computed again.
 * ``samples.parquet``, ``samples.csv``, ``summary.json``: written from ``samples.jsonl`` at the end.
+  In ``samples.csv`` a text cell a spreadsheet would run as a formula starts with ``'``
+  (:func:`csv_cell`); the Parquet and JSON files keep the exact text.
+
+A folder someone changed is refused in one line before any model loads: a file that is a link or
+not a plain file (writing through a link would truncate or overwrite what it points to; every
+file is also opened with ``O_NOFOLLOW``), a damaged ``run.json``, a row of the wrong shape or types.
 """
 
 import csv
+import errno
 import json
+import math
 import os
+import stat
+import typing
 from dataclasses import asdict, fields
 from pathlib import Path
 
@@ -22,6 +32,9 @@ ROWS_FILE = "samples.jsonl"
 PARQUET_FILE = "samples.parquet"
 CSV_FILE = "samples.csv"
 SUMMARY_FILE = "summary.json"
+RUN_FILES = (RUN_FILE, ROWS_FILE, PARQUET_FILE, CSV_FILE, SUMMARY_FILE)
+#: First characters that make a spreadsheet read a cell as a formula (OWASP's CSV injection list).
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
 #: Settings a resumed run may change: how fast it goes (``concurrency``) and how many rows it covers
 #: (``limit``: the rows are the first N of one fixed order, so a larger limit only adds rows). An
 #: arm's ``label`` is only its shown name.
@@ -49,12 +62,13 @@ def prepare(out_dir: Path, settings: dict) -> None:
     except OSError as err:
         raise G4VError(f"cannot create the output folder {quoted(out_dir.name or str(out_dir), 80)} "
                        f"({err.strerror or type(err).__name__})") from None
+    for path in (out_dir / name for name in RUN_FILES):  # found now, before any model loads
+        if path.is_symlink() or (path.exists() and not path.is_file()):
+            kind = "a link" if path.is_symlink() else "not a file"
+            raise G4VError(f"{path.name} in the output folder is {kind}; use a new --out folder")
     recorded = out_dir / RUN_FILE
     if recorded.is_file():
-        try:
-            previous = json.loads(recorded.read_text())
-        except (OSError, json.JSONDecodeError):
-            raise G4VError(f"{RUN_FILE} in the output folder is damaged; use a new --out folder") from None
+        previous = _settings(recorded, f"{RUN_FILE} in the output folder is damaged; use a new --out folder")
         previous, asked = _question(previous), _question(settings)
         changed = sorted(key for key in {**previous, **asked} if previous.get(key) != asked.get(key))
         if changed:
@@ -64,48 +78,72 @@ def prepare(out_dir: Path, settings: dict) -> None:
         theirs = [name for name in (ROWS_FILE, PARQUET_FILE, CSV_FILE, SUMMARY_FILE) if (out_dir / name).exists()]
         if theirs:
             raise G4VError(f"the output folder has {theirs[0]} but no {RUN_FILE}; use a new --out folder")
-    recorded.write_text(json.dumps(settings, indent=1) + "\n")
+    with _open(recorded, "w") as handle:
+        handle.write(json.dumps(settings, indent=1) + "\n")
 
 
 def read_settings(out_dir: Path) -> dict:
+    path = Path(out_dir) / RUN_FILE
+    if not path.exists() and not path.is_symlink():
+        raise G4VError(f"no finished or started run here (no {RUN_FILE})")
+    return _settings(path, f"{RUN_FILE} is damaged")
+
+
+def _settings(path: Path, damaged: str) -> dict:
+    """A ``run.json`` as an object, else the one line ``damaged``."""
     try:
-        return json.loads((Path(out_dir) / RUN_FILE).read_text())
-    except FileNotFoundError:
-        raise G4VError(f"no finished or started run here (no {RUN_FILE})") from None
-    except (OSError, json.JSONDecodeError):
-        raise G4VError(f"{RUN_FILE} is damaged") from None
+        with _open(path, "r") as handle:
+            settings = json.load(handle)
+    except (OSError, ValueError, RecursionError):  # ValueError: bad JSON or not UTF-8
+        settings = None
+    if not isinstance(settings, dict):
+        raise G4VError(damaged)
+    return settings
 
 
 def read_rows(out_dir: Path, row_type) -> dict[int, object]:
     """Finished rows by index. Each row is written as one line ending in a newline, so a last
     line without one was torn by a kill: it is cut off the file and its row computed again.
-    Damage anywhere else is refused."""
+    Damage anywhere else (a line that is not one row of ``row_type``'s fields and types) is
+    refused."""
     path = Path(out_dir) / ROWS_FILE
-    if not path.is_file():
+    if not path.exists() and not path.is_symlink():
         return {}
-    data = path.read_bytes()
+    with _open(path, "rb") as handle:
+        data = handle.read()
     if not data.endswith(b"\n"):
         data = data[: data.rfind(b"\n") + 1]
-        with open(path, "r+b") as handle:
+        with _open(path, "r+b") as handle:
             handle.truncate(len(data))
-    names = {f.name for f in fields(row_type)}
+    types = _field_types(row_type)
     rows = {}
     for number, line in enumerate(data.decode("utf-8", errors="replace").splitlines(), 1):
         try:
             values = json.loads(line)
-            if not isinstance(values, dict) or set(values) != names:
-                raise ValueError
-        except ValueError:
-            raise G4VError(f"line {number} of {ROWS_FILE} is damaged; use a new --out folder") from None
+        except (ValueError, RecursionError):
+            values = None
+        if not isinstance(values, dict) or set(values) != set(types) or not all(
+                _has_type(values[name], kind, optional) for name, (kind, optional) in types.items()):
+            raise G4VError(f"line {number} of {ROWS_FILE} is damaged; use a new --out folder")
         rows[values["index"]] = row_type(**values)
     return rows
+
+
+def _has_type(value, kind: type, optional: bool) -> bool:
+    """``value`` (from JSON) is of the field's type: exactly (``True`` is no ``int``), a float
+    finite (``NaN`` would stop the summary), None only where the field allows it."""
+    if value is None:
+        return optional
+    if kind is float:
+        return type(value) in (float, int) and math.isfinite(value)
+    return type(value) is kind
 
 
 class RowWriter:
     """Appends rows to ``samples.jsonl``, each batch flushed and synced before returning."""
 
     def __init__(self, out_dir: Path):
-        self._handle = open(Path(out_dir) / ROWS_FILE, "a", encoding="utf-8")  # noqa: SIM115
+        self._handle = _open(Path(out_dir) / ROWS_FILE, "a")
 
     def write(self, rows: list) -> None:
         for row in rows:
@@ -126,29 +164,65 @@ def write_tables(out_dir: Path, rows: list, row_type, summary: dict) -> None:
     out_dir = Path(out_dir)
     names = [f.name for f in fields(row_type)]
     records = [asdict(row) for row in rows]
-    pq.write_table(pa.Table.from_pylist(records, schema=_schema(row_type)), out_dir / PARQUET_FILE)
-    with open(out_dir / CSV_FILE, "w", newline="", encoding="utf-8") as handle:
+    with _open(out_dir / PARQUET_FILE, "wb") as handle:
+        pq.write_table(pa.Table.from_pylist(records, schema=_schema(row_type)), handle)
+    with _open(out_dir / CSV_FILE, "w") as handle:
         writer = csv.DictWriter(handle, fieldnames=names)
         writer.writeheader()
-        writer.writerows(records)
-    (out_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=1, allow_nan=False) + "\n")
+        writer.writerows({name: csv_cell(value) for name, value in record.items()} for record in records)
+    with _open(out_dir / SUMMARY_FILE, "w") as handle:
+        handle.write(json.dumps(summary, indent=1, allow_nan=False) + "\n")
+
+
+def csv_cell(value):
+    """A text cell that a spreadsheet would run as a formula (it starts with one of
+    :data:`FORMULA_STARTS`: a prompt, an answer, an id can) with a ``'`` before it, OWASP's rule
+    against CSV injection; numbers and other text are written as they are."""
+    return "'" + value if isinstance(value, str) and value.startswith(FORMULA_STARTS) else value
 
 
 def read_summary(out_dir: Path) -> dict | None:
+    """``summary.json``, or None when it is missing or damaged (the caller sums the rows up again)."""
     path = Path(out_dir) / SUMMARY_FILE
-    return json.loads(path.read_text()) if path.is_file() else None
+    if not path.exists() and not path.is_symlink():
+        return None
+    try:
+        with _open(path, "r") as handle:
+            summary = json.load(handle)
+    except (OSError, ValueError, RecursionError):
+        return None
+    return summary if isinstance(summary, dict) else None
+
+
+def _open(path: Path, mode: str):
+    """A run file opened only if it is a plain file, never through a link (``O_NOFOLLOW``): one
+    line otherwise. ``mode`` as for :func:`open` (``r``, ``w``, ``a``, ``r+``, each with ``b``)."""
+    flags = {"r": os.O_RDONLY, "w": os.O_WRONLY | os.O_CREAT | os.O_TRUNC, "a": os.O_WRONLY | os.O_CREAT | os.O_APPEND,
+             "r+": os.O_RDWR}[mode.replace("b", "")]
+    try:
+        descriptor = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)  # NONBLOCK: a FIFO does not hang
+    except OSError as err:
+        problem = {errno.ELOOP: "is a link", errno.EISDIR: "is a folder"}.get(err.errno, f"cannot be opened ({err.strerror})")
+        raise G4VError(f"{path.name} in the output folder {problem}; use a new --out folder") from None
+    if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+        os.close(descriptor)
+        raise G4VError(f"{path.name} in the output folder is not a file; use a new --out folder")
+    return os.fdopen(descriptor, mode, **({} if "b" in mode else {"encoding": "utf-8", "newline": ""}))
+
+
+def _field_types(row_type) -> dict[str, tuple[type, bool]]:
+    """Each field's type from the row's annotations (``int``, ``str | None``...), and whether it may be None."""
+    types = {}
+    for name, hint in typing.get_type_hints(row_type).items():
+        allowed = typing.get_args(hint) or (hint,)
+        types[name] = next(arg for arg in allowed if arg is not type(None)), type(None) in allowed
+    return types
 
 
 def _schema(row_type):
-    """A fixed Parquet schema from the row's annotations (``int``, ``str | None``...), so a column
-    that is empty in this run still has its type."""
-    import typing
-
+    """A fixed Parquet schema from the row's annotations, so a column that is empty in this run
+    still has its type."""
     import pyarrow as pa
 
     kinds = {int: pa.int64(), str: pa.string(), bool: pa.bool_(), float: pa.float64()}
-    columns = []
-    for name, hint in typing.get_type_hints(row_type).items():
-        base = next(arg for arg in (typing.get_args(hint) or (hint,)) if arg is not type(None))
-        columns.append(pa.field(name, kinds[base]))
-    return pa.schema(columns)
+    return pa.schema([pa.field(name, kinds[kind]) for name, (kind, _) in _field_types(row_type).items()])
