@@ -392,3 +392,24 @@ def test_time_limited_keywords_find_what_the_library_finds(schema, answers):
         found = sorted((p.path, p.expected.split()[0] if p.expected != "no other fields" else "additionalProperties")
                        for p in schema_problems(answer, schema))
         assert found == expected, answer
+
+
+def test_teds_variant_rules_each_pinned_by_hand():
+    """Issue 31, item 14: where our TEDS departs from the paper's (Zhong et al. 2020: the edit
+    distance over the HTML trees as written, ``1 - EditDist / max(|Ta|, |Tb|)``), one tiny example
+    each, worked out by hand; the paper's value beside ours (docs/evaluate.md, "TEDS")."""
+    one_row = "<table><tr><td>a</td></tr></table>"  # table, tr, td: 3 nodes
+    two_rows = "<table><tr><td>a</td></tr><tr><td>b</td></tr></table>"  # 5 nodes
+    # th counts as td (paper: renaming th -> td costs 1 of 3 nodes, 1 - 1/3).
+    assert metrics.teds("<table><tr><th>a</th></tr></table>", one_row) == 1.0
+    # thead and tbody are not nodes (paper: 2 nodes more, 7 against 5: 1 - 2/7).
+    wrapped = "<table><thead><tr><td>a</td></tr></thead><tbody><tr><td>b</td></tr></tbody></table>"
+    assert metrics.teds(wrapped, two_rows) == 1.0
+    # A row without cells is dropped (paper: one tr more, 4 against 3: 1 - 1/4).
+    assert metrics.teds("<table><tr></tr><tr><td>a</td></tr></table>", one_row) == 1.0
+    # Two tables in one answer are read as one, rows in order (the reference code reads the first
+    # table only: 3 against 5 nodes, 1 - 2/5).
+    assert metrics.teds("<table><tr><td>a</td></tr></table> and <table><tr><td>b</td></tr></table>",
+                        two_rows) == 1.0
+    # Everything else is the paper's rule: a wrong cell text, "a" vs "b", costs 1 of 5 nodes.
+    assert metrics.teds("<table><tr><td>a</td></tr><tr><td>a</td></tr></table>", two_rows) == pytest.approx(1 - 1 / 5)
