@@ -36,6 +36,22 @@ def test_the_key_value_prompt_is_marked_as_ours_and_carries_the_schema():
     assert json.loads(prompt[prompt.index("{"):]) == schema
 
 
+#: VAREX's extraction system prompt, typed from its README ("Run extraction"; the schema goes where
+#: the blank lines are, ``json.dumps(schema, indent=2)``): issue 31, item 15.
+VAREX_BEFORE = "Extract structured data from this document.\nReturn a JSON object matching this schema:\n\n"
+VAREX_AFTER = ("\n\nReturn null for fields you cannot find.\nReturn ONLY valid JSON.\n"
+               "Return an instance of the JSON with extracted values, not the schema itself.")
+
+
+def test_the_varex_preset_sends_varexs_documented_wording():
+    preset = presets.get_preset("kvp_varex")
+    assert preset.documented and preset.needs_schema and "VAREX" in preset.source and "2603.15118" in preset.source
+    schema = {"type": "object", "properties": {"total": {"type": "number"}}}
+    prompt = presets.build_prompt("kvp_varex", schema_text=json.dumps(schema))
+    assert prompt == VAREX_BEFORE + '{\n  "type": "object",\n  "properties": {\n    "total": {\n      "type": "number"\n' \
+                                    '    }\n  }\n}' + VAREX_AFTER
+
+
 def test_a_question_is_sent_as_typed():
     assert presets.build_prompt("qa", question="What is the total?") == "What is the total?"
 
