@@ -21,9 +21,7 @@ from g4v.demo.documents_data import KVP_SCHEMA, kvp_item  # noqa: E402
 from g4v.demo.documents_eval import batched, score  # noqa: E402
 from g4v.documents.presets import build_prompt  # noqa: E402
 from g4v.loading import load_model  # noqa: E402
-from g4v.paths import REPO_ROOT  # noqa: E402
-
-CHECKPOINT = REPO_ROOT / "assets" / "granite4-vision-tiny-documents"
+from g4v.paths import DOCUMENTS_MODEL_DIR as CHECKPOINT  # noqa: E402
 
 
 def main() -> None:
