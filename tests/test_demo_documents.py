@@ -447,3 +447,25 @@ def test_eval_checks_the_french_adapter_only_with_the_checkpoint_it_was_trained_
     assert (REPO_ROOT / base).resolve() == TRAINED_MODEL_DIR.resolve()
     assert default_adapter(TRAINED_MODEL_DIR) == str(ADAPTER_DIR)
     assert default_adapter(DOCUMENTS_MODEL_DIR) == ""
+
+
+@pytest.mark.slow
+def test_the_unseen_set_replays_training_and_avoids_every_trained_answer():
+    """Issue 31, item 12. The replay of the documents checkpoint's stages is checked against what
+    the stages recorded while training (steps per task, in ``g4v_build.json``) and against the
+    review's count of old held-out answers found verbatim in training (103 chart CSVs, 168
+    key-value JSONs of 300 each); the fresh set then holds none of the trained answers."""
+    from g4v.demo.documents_training import stages
+    from g4v.demo.unseen import replay, unseen_items
+    from g4v.paths import DOCUMENTS_MODEL_DIR as model_dir
+
+    seen, steps = replay(model_dir)
+    recorded = [stage["steps_per_task"] for stage in reversed(stages(json.loads((model_dir / "g4v_build.json").read_text())))
+                if stage.get("settings", {}).get("kvp_share") is not None]
+    assert steps == recorded
+    old = D.held_out_items(300)
+    assert sum(item.qa.answer in seen["chart"] for item in old[:300]) == 103
+    assert sum(item.qa.answer in seen["kvp"] for item in old[300:]) == 168
+    fresh = unseen_items(40, seen)
+    assert [item.qa.kind for item in fresh] == ["chart"] * 40 + ["kvp"] * 40
+    assert not any(item.qa.answer in seen[item.qa.kind] for item in fresh)

@@ -36,6 +36,22 @@ def test_the_key_value_prompt_is_marked_as_ours_and_carries_the_schema():
     assert json.loads(prompt[prompt.index("{"):]) == schema
 
 
+#: VAREX's extraction system prompt, typed from its README ("Run extraction"; the schema goes where
+#: the blank lines are, ``json.dumps(schema, indent=2)``): issue 31, item 15.
+VAREX_BEFORE = "Extract structured data from this document.\nReturn a JSON object matching this schema:\n\n"
+VAREX_AFTER = ("\n\nReturn null for fields you cannot find.\nReturn ONLY valid JSON.\n"
+               "Return an instance of the JSON with extracted values, not the schema itself.")
+
+
+def test_the_varex_preset_sends_varexs_documented_wording():
+    preset = presets.get_preset("kvp_varex")
+    assert preset.documented and preset.needs_schema and "VAREX" in preset.source and "2603.15118" in preset.source
+    schema = {"type": "object", "properties": {"total": {"type": "number"}}}
+    prompt = presets.build_prompt("kvp_varex", schema_text=json.dumps(schema))
+    assert prompt == VAREX_BEFORE + '{\n  "type": "object",\n  "properties": {\n    "total": {\n      "type": "number"\n' \
+                                    '    }\n  }\n}' + VAREX_AFTER
+
+
 def test_a_question_is_sent_as_typed():
     assert presets.build_prompt("qa", question="What is the total?") == "What is the total?"
 
@@ -447,3 +463,24 @@ def test_ordinary_counted_patterns_are_still_accepted_and_checked(pattern, good,
     schema = presets.parse_schema(json.dumps({"type": "object", "properties": {"v": {"pattern": pattern}}}))
     assert read_answer("json", json.dumps({"v": good}), schema).problems == []
     assert [p.path for p in read_answer("json", json.dumps({"v": bad}), schema).problems] == ["$.v"]
+
+
+def test_teds_variant_rules_each_pinned_by_hand():
+    """Issue 31, item 14: where our TEDS departs from the paper's (Zhong et al. 2020: the edit
+    distance over the HTML trees as written, ``1 - EditDist / max(|Ta|, |Tb|)``), one tiny example
+    each, worked out by hand; the paper's value beside ours (docs/evaluate.md, "TEDS")."""
+    one_row = "<table><tr><td>a</td></tr></table>"  # table, tr, td: 3 nodes
+    two_rows = "<table><tr><td>a</td></tr><tr><td>b</td></tr></table>"  # 5 nodes
+    # th counts as td (paper: renaming th -> td costs 1 of 3 nodes, 1 - 1/3).
+    assert metrics.teds("<table><tr><th>a</th></tr></table>", one_row) == 1.0
+    # thead and tbody are not nodes (paper: 2 nodes more, 7 against 5: 1 - 2/7).
+    wrapped = "<table><thead><tr><td>a</td></tr></thead><tbody><tr><td>b</td></tr></tbody></table>"
+    assert metrics.teds(wrapped, two_rows) == 1.0
+    # A row without cells is dropped (paper: one tr more, 4 against 3: 1 - 1/4).
+    assert metrics.teds("<table><tr></tr><tr><td>a</td></tr></table>", one_row) == 1.0
+    # Two tables in one answer are read as one, rows in order (the reference code reads the first
+    # table only: 3 against 5 nodes, 1 - 2/5).
+    assert metrics.teds("<table><tr><td>a</td></tr></table> and <table><tr><td>b</td></tr></table>",
+                        two_rows) == 1.0
+    # Everything else is the paper's rule: a wrong cell text, "a" vs "b", costs 1 of 5 nodes.
+    assert metrics.teds("<table><tr><td>a</td></tr><tr><td>a</td></tr></table>", two_rows) == pytest.approx(1 - 1 / 5)

@@ -6,7 +6,9 @@
   costs 1 when the spans differ, else the normalised edit distance between the two cell texts (0
   for equal texts). ``TEDS = 1 - distance / max(nodes of either tree)``. Unlike the reference code,
   ``th`` and ``td`` count as the same cell (a header marked up either way is the same table) and
-  ``thead``/``tbody`` wrappers are not nodes; ``structure_only`` ignores texts (TEDS-S).
+  ``thead``/``tbody`` wrappers are not nodes, rows without cells are dropped and several tables
+  in one answer are read as one (rows in order; the reference code reads the first); see
+  docs/evaluate.md, "Document scores"; ``structure_only`` ignores texts (TEDS-S).
 * :func:`csv_cell_accuracy`: the share of cells that match at the same row and column, out of the
   larger of the two tables (so missing and extra cells both cost).
 * :func:`key_value_match`: exact match per field of the right answer, fields being the paths to its

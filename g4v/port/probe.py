@@ -10,18 +10,30 @@ Why ``VLLM_ALLOW_INSECURE_SERIALIZATION=1``: the only way into vLLM's worker pro
 that variable is set, because unpickling runs arbitrary code. This tool starts its *own*
 ``vllm.LLM`` (engine and workers are its children), sets the variable just before that, and puts the
 previous value back on :meth:`VLLMProbe.close`. The app's serving engine never gets it.
+
+Why the probe holds stderr: vLLM's start and stop wrote about 70 lines there before the report
+(its INFO and WARNING logs from three processes, Triton's and torch's C++ warnings, tqdm bars).
+vLLM's own logger is set to errors only (:data:`QUIET_ENV`, unless the user set it), and while the
+probe lives file descriptor 2, which vLLM's engine and worker processes inherit, goes to a
+temporary file; vLLM's ERROR lines are written back at the end, one line each.
 """
 
 from __future__ import annotations
 
 import functools
 import os
+import sys
+import tempfile
 
 import torch
 
 from g4v.errors import G4VError, first_line
 
 _INSECURE = "VLLM_ALLOW_INSECURE_SERIALIZATION"
+#: vLLM's logger and torch's C++ side log errors only (a value the user set is kept).
+QUIET_ENV = {"VLLM_LOGGING_LEVEL": "ERROR", "TORCH_CPP_LOG_LEVEL": "ERROR"}
+#: The longest vLLM error line written back.
+MAX_ERROR_LINE = 300
 
 
 class VLLMProbe:
@@ -49,6 +61,9 @@ class VLLMProbe:
         self.arguments.update(enable_prefix_caching=False, max_logprobs=-1)
         self._previous = os.environ.get(_INSECURE)
         os.environ[_INSECURE] = "1"  # see the module docstring: apply_model ships functions by pickle
+        for name, value in QUIET_ENV.items():
+            os.environ.setdefault(name, value)
+        self._stderr = _HeldStderr()
         try:
             from vllm import LLM
 
@@ -99,6 +114,7 @@ class VLLMProbe:
         return ids[: ids.index(eos_token_id)] if eos_token_id in ids else ids
 
     def _restore_env(self) -> None:
+        self._stderr.release()
         if self._previous is None:
             os.environ.pop(_INSECURE, None)
         else:
@@ -123,3 +139,27 @@ class VLLMProbe:
 
     def __exit__(self, *exc):
         self.close()
+
+
+class _HeldStderr:
+    """File descriptor 2 sent to a temporary file until :meth:`release` (see the module docstring)."""
+
+    def __init__(self):
+        sys.stderr.flush()
+        self.file = tempfile.TemporaryFile()
+        self.saved: int | None = os.dup(2)
+        os.dup2(self.file.fileno(), 2)
+
+    def release(self) -> None:
+        """Give fd 2 back, and write vLLM's ERROR lines to it, one line each. Safe to call twice."""
+        if self.saved is None:
+            return
+        sys.stderr.flush()
+        os.dup2(self.saved, 2)
+        os.close(self.saved)
+        self.saved = None
+        self.file.seek(0)
+        for line in self.file.read().decode(errors="replace").splitlines():
+            if " ERROR " in line:
+                print(line.strip()[:MAX_ERROR_LINE], file=sys.stderr)
+        self.file.close()
