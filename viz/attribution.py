@@ -28,9 +28,10 @@ def attribution_figure(image: Image.Image, tokens: list[tuple[str, tuple]], scor
         title=title or f"Attribution per {view} token")
 
 
-def deletion_figure(curve: dict, title: str = "Deletion test") -> Image.Image:
-    """The target log-probability as the top-k% tokens by attribution are removed, against random
-    removals (each seed thin, their mean dashed)."""
+def deletion_figure(curve: dict, title: str = "Deletion test", measure: str = "log-probability") -> Image.Image:
+    """The explained number (``measure``: the target's log-probability, or a contrast's log-odds) as
+    the top-k% tokens by attribution are removed, against random removals (each seed thin, their
+    mean dashed)."""
     fig = Figure(figsize=(6, 3.6), layout="constrained")
     ax = fig.add_subplot()
     shares = [100 * f for f in curve["fractions"]]
@@ -39,7 +40,7 @@ def deletion_figure(curve: dict, title: str = "Deletion test") -> Image.Image:
     ax.plot(shares, curve["random_mean"], color="grey", linestyle="--", label="random (mean)")
     ax.plot(shares, curve["attributed"], color="tab:red", marker="o", label="top-k by attribution")
     ax.set_xlabel(f"image tokens removed (%), {curve['level'] or 'all levels'}")
-    ax.set_ylabel("target log-probability")
+    ax.set_ylabel(f"target {measure}")
     ax.set_title(f"{title}: area between {curve['area_between']:.3g}", fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)

@@ -27,7 +27,7 @@ def report_markdown(summary: dict) -> str:
     totals = ", ".join(f"{name} {value:+.3g}" for name, value in attribution["level_totals"].items())
     verdict = "beats" if deletion["beats_random"] else "does **not** beat"
     lines = [f"**Answer:** `{''.join(summary['answer']['tokens'])}`",
-             f"**Explained:** {summary['answer']['explained']}, log-probability {attribution['target_logprob']:.4g}",
+             f"**Explained:** {summary['answer']['explained']}, {attribution['measure']} {attribution['target_value']:.4g}",
              f"**Per level (sum over image tokens):** {totals}",
              f"**Deletion test ({deletion['level'] or 'all levels'}):** area between random and attributed "
              f"{deletion['area_between']:.4g}: the map {verdict} random removal on this example."]
