@@ -80,12 +80,13 @@ def attribution_tab(engine, config, last_chat_image: gr.State, exports, concurre
                                  elem_id="attribution-against")
             run = gr.Button("Explain", variant="primary", elem_id="attribution-run")
     report = gr.Markdown(elem_id="attribution-report")
-    tiles = gr.Image(label="Attribution over the image (tiles)", format="png", elem_id="attribution-tiles")
-    base = gr.Image(label="Attribution over the image (base view)", format="png")
-    deletion = gr.Image(label="Deletion test", format="png", elem_id="attribution-deletion")
-    with gr.Row():
-        lens = gr.Image(label="Logit lens (residual stream)", format="png")
-        lens_levels = gr.Image(label="Logit lens (each level's features)", format="png")
+    # One picture a row, at the page's width, without Gradio's label over it: each carries its title.
+    pictures = {"show_label": False, "format": "png"}
+    tiles = gr.Image(label="Attribution over the image (tiles)", elem_id="attribution-tiles", **pictures)
+    base = gr.Image(label="Attribution over the image (base view)", **pictures)
+    deletion = gr.Image(label="Deletion test", elem_id="attribution-deletion", **pictures)
+    lens = gr.Image(label="Logit lens (residual stream)", **pictures)
+    lens_levels = gr.Image(label="Logit lens (each level's features)", **pictures)
     export = gr.File(label="Export (summary.json, PNGs, attribution.safetensors)", file_count="multiple")
 
     use_last_chat_image(from_chat, last_chat_image, image)
