@@ -89,7 +89,8 @@ def validate_conversation(messages: list[Message], max_images: int | None = None
     """Raise :class:`G4VError` unless ``messages`` is a conversation a model can answer.
 
     Text is checked against :func:`max_text_chars` of ``context_window``: one message over it is
-    refused; a conversation over it raises :class:`PromptTooLong`, so a chat drops its oldest turns."""
+    refused; where the engine says its window, a conversation over it raises :class:`PromptTooLong`,
+    so a chat drops its oldest turns (as it does for a prompt too long in tokens)."""
     if not messages:
         raise G4VError("the conversation is empty")
     limit = max_text_chars(context_window)
@@ -100,7 +101,7 @@ def validate_conversation(messages: list[Message], max_images: int | None = None
             raise G4VError("only user messages can carry images")
         check_text(message.text, limit)
     total = sum(len(m.text) for m in messages)
-    if total > limit:
+    if context_window is not None and total > limit:
         raise PromptTooLong(f"the conversation is too long: {total:,} characters of text, the limit is "
                             f"{limit:,} for this model's context window")
     last = messages[-1]

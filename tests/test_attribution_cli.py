@@ -43,7 +43,30 @@ def test_attribute_writes_json_pngs_and_tensors_that_agree(picture, tmp_path, ca
     totals = tensors["scores"].sum(1).tolist()
     assert totals == pytest.approx(list(summary["attribution"]["level_totals"].values()), rel=1e-5, abs=1e-7)
     assert tensors["deletion.random"].shape == (2, len(summary["deletion"]["fractions"]))
-    assert "explained: the whole answer ' red square'" in stdout
+    assert "explained: the whole answer ' red square' (log-probability " in stdout
+    assert summary["attribution"]["measure"] == "log-probability"
+    assert sorted(summary["files"].values()) == sorted(p.name for p in out.iterdir())
+
+
+def test_a_contrast_is_a_log_odds_and_no_lens_lists_no_lens_files(picture, tmp_path, capsys):
+    """Issue 31 item 9: with --against the explained number is a log-odds, in every label; with
+    --no-lens summary.json lists only the files written."""
+    from webapp.attribution import report_markdown
+
+    out = tmp_path / "out"
+    code, stdout, stderr = _cli(capsys, "attribute", "--model", str(BUNDLED_MODEL_DIR), "--dtype", "float32",
+                                "--image", str(picture), "--prompt", "What colour is it?", "--target", " red",
+                                "--against", " blue", " green", "--seeds", "1", "--no-lens", "--out", str(out))
+    assert code == 0, stderr[-2000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert sorted(summary["files"].values()) == sorted(p.name for p in out.iterdir())
+    assert "lens" not in summary["files"] and "lens_levels" not in summary["files"]
+    assert summary["attribution"]["measure"] == "log-odds"
+    value = summary["attribution"]["target_value"]
+    assert value == pytest.approx(summary["deletion"]["attributed"][0], abs=1e-5)  # nothing removed yet
+    assert f"(log-odds {value:.4g})" in stdout and "log-prob" not in stdout
+    report = report_markdown(summary)
+    assert f"log-odds {value:.4g}" in report and "log-prob" not in report
 
 
 @pytest.mark.parametrize("args, words", [

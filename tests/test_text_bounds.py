@@ -64,6 +64,22 @@ def test_chat_text_is_cut_before_the_tokenizer(hf_engine, tokenized):
     assert tokenized and max(tokenized) <= limit + TEMPLATE_CHARS
 
 
+def test_a_conversation_too_long_in_characters_drops_its_oldest_turns(hf_engine, tokenized):
+    """Each message fits, together they do not: the chat leaves out the oldest turn, as it does for
+    a prompt too long in tokens, and the tokenizer never sees the whole conversation."""
+    import threading
+
+    from webapp.chat import start_answer
+
+    limit = max_text_chars(hf_engine.context_window())
+    half = " the" * (limit // 8 + 3)  # one token every 4 characters: it fits the window on its own
+    messages = [Message("user", half), Message("assistant", "ok"), Message("user", half)]
+    with address_space_limit(HEADROOM_MB):
+        stream, dropped = start_answer(hf_engine, messages, SamplingSettings(max_new_tokens=2), threading.Event())
+        "".join(stream)
+    assert dropped == 1 and max(tokenized) < limit  # the whole conversation, template and all, is longer
+
+
 def test_cli_chat_refuses_a_huge_prompt_in_one_line(tokenized, capsys):
     with address_space_limit(HEADROOM_MB):
         code = main(["chat", "--model", str(BUNDLED_MODEL_DIR), HUGE])

@@ -11,7 +11,7 @@ import numpy as np
 from matplotlib.figure import Figure
 from PIL import Image
 
-from viz.figures import figure_to_image, heatmap_picture, token_heatmap_grid
+from viz.figures import PANEL_INCHES, figure_to_image, heatmap_picture, text_points, token_heatmap_grid
 
 LENS_COLOURS = 10  # the most frequent top tokens get a colour each; the rest are grey
 
@@ -28,10 +28,12 @@ def attribution_figure(image: Image.Image, tokens: list[tuple[str, tuple]], scor
         title=title or f"Attribution per {view} token")
 
 
-def deletion_figure(curve: dict, title: str = "Deletion test") -> Image.Image:
-    """The target log-probability as the top-k% tokens by attribution are removed, against random
-    removals (each seed thin, their mean dashed)."""
-    fig = Figure(figsize=(6, 3.6), layout="constrained")
+def deletion_figure(curve: dict, title: str = "Deletion test", measure: str = "log-probability") -> Image.Image:
+    """The explained number (``measure``: the target's log-probability, or a contrast's log-odds) as
+    the top-k% tokens by attribution are removed, against random removals (each seed thin, their
+    mean dashed)."""
+    fig = Figure(figsize=(6, 4), layout="constrained")
+    small = text_points(fig.get_figwidth())
     ax = fig.add_subplot()
     shares = [100 * f for f in curve["fractions"]]
     for run in curve["random"]:
@@ -39,10 +41,10 @@ def deletion_figure(curve: dict, title: str = "Deletion test") -> Image.Image:
     ax.plot(shares, curve["random_mean"], color="grey", linestyle="--", label="random (mean)")
     ax.plot(shares, curve["attributed"], color="tab:red", marker="o", label="top-k by attribution")
     ax.set_xlabel(f"image tokens removed (%), {curve['level'] or 'all levels'}")
-    ax.set_ylabel("target log-probability")
-    ax.set_title(f"{title}: area between {curve['area_between']:.3g}", fontsize=10)
+    ax.set_ylabel(f"target {measure}")
+    ax.set_title(f"{title}: area between {curve['area_between']:.3g}", fontsize=small + 2)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    fig.legend(loc="outside lower center", ncol=2, fontsize=small)  # beside the curves, never over them
     return figure_to_image(fig)
 
 
@@ -58,7 +60,10 @@ def lens_figure(image: Image.Image, tokens: list[tuple[str, tuple]], views: list
     cols = min(4, max(1, len(views)))
     rows = max(1, math.ceil(len(views) / cols))
     aspect = shown.height / shown.width
-    fig = Figure(figsize=(3 * cols + 1.6, 3 * aspect * rows + 0.8), layout="constrained")
+    # Panels and legend together within the page's width, so the legend's token names stay readable.
+    panel = (PANEL_INCHES * 4 - 2.0) / cols if cols > 1 else PANEL_INCHES
+    fig = Figure(figsize=(panel * cols + 2.8, panel * aspect * rows + 0.9), layout="constrained")
+    small = text_points(fig.get_figwidth())
     axes = fig.subplots(rows, cols, squeeze=False)
     colours = [tuple(c) for c in _tab10()]
     for ax, lens_view in zip(axes.flat, views):
@@ -73,15 +78,16 @@ def lens_figure(image: Image.Image, tokens: list[tuple[str, tuple]], views: list
             canvas[top:bottom, left:right] = (*colours[n], 0.55) if n is not None else (0.5, 0.5, 0.5, 0.35)
         ax.imshow(shown)
         ax.imshow(canvas)
-        ax.set_title(lens_view["name"], fontsize=8)
+        ax.set_title(lens_view["name"], fontsize=small)
         ax.axis("off")
     for ax in list(axes.flat)[len(views):]:
         ax.axis("off")
     handles = [_patch(colours[n], repr(vocabulary.get(token, vocabulary.get(str(token), "?"))))
                for token, n in palette.items()]
     if handles:
-        fig.legend(handles=handles, loc="outside right upper", fontsize=7, title="top token")
-    fig.suptitle(title, fontsize=10)
+        fig.legend(handles=handles, loc="outside right upper", fontsize=small, title="top token",
+                   title_fontsize=small)
+    fig.suptitle(title, fontsize=small + 2)
     return figure_to_image(fig)
 
 

@@ -16,7 +16,7 @@ import numpy as np
 from matplotlib.figure import Figure
 from PIL import Image
 
-from viz.figures import figure_to_image, floats_or_nan, token_heatmap_grid
+from viz.figures import figure_to_image, floats_or_nan, text_points, token_heatmap_grid
 
 
 def norms_figure(levels: list[dict], title: str = "Injected vs residual norms (image tokens)") -> Image.Image:
@@ -29,7 +29,8 @@ def norms_figure(levels: list[dict], title: str = "Injected vs residual norms (i
     ]
     x = np.arange(len(levels))
     width = 0.27
-    fig = Figure(figsize=(max(6.0, 1.1 * len(levels) + 2), 4.2))
+    fig = Figure(figsize=(max(6.0, 1.1 * len(levels) + 2), 4.6), layout="constrained")
+    small = text_points(fig.get_figwidth())
     ax = fig.add_subplot()
     for i, (label, key, colour) in enumerate(series):
         values = [float(row[key]) for row in levels]
@@ -38,11 +39,11 @@ def norms_figure(levels: list[dict], title: str = "Injected vs residual norms (i
         for xi, row in zip(x, levels):
             if row.get("scale", 1.0) != 1.0:
                 ax.annotate(f"x{row['scale']:g}", (xi, 0), xytext=(0, -28), textcoords="offset points",
-                            ha="center", fontsize=8, color="#d62728")
-    ax.set_xticks(x, names, fontsize=8)
+                            ha="center", fontsize=small, color="#d62728")
+    ax.set_xticks(x, names, fontsize=small)
     ax.set_ylabel("mean L2 norm")
     ax.set_title(title)
-    ax.legend(fontsize=8)
+    fig.legend(loc="outside lower center", ncol=3, fontsize=small)  # below the bars, never over them
     ax.grid(axis="y", alpha=0.3)
     return figure_to_image(fig)
 
@@ -52,7 +53,8 @@ def trajectory_figure(trajectory: dict, modified: dict | None = None,
     """Mean residual norm entering each layer (last point: the last layer's output), image and
     text tokens; injection layers as labelled vertical lines; ``modified`` dashed, if given."""
     layers = trajectory["layers"]
-    fig = Figure(figsize=(8, 4.2))
+    fig = Figure(figsize=(8, 4.6), layout="constrained")
+    small = text_points(fig.get_figwidth())
     ax = fig.add_subplot()
     runs = [(trajectory, "-", "")] + ([(modified, "--", " (modified)")] if modified else [])
     for run, style, suffix in runs:
@@ -61,12 +63,12 @@ def trajectory_figure(trajectory: dict, modified: dict | None = None,
     for layer, name in trajectory.get("injection_layers", {}).items():
         colour = "#2ca02c" if name.startswith("spatial") else "#9467bd"
         ax.axvline(int(layer), color=colour, alpha=0.35, linewidth=1)
-        ax.annotate(name, (int(layer), 1.0), xycoords=("data", "axes fraction"), rotation=90, fontsize=7,
+        ax.annotate(name, (int(layer), 1.0), xycoords=("data", "axes fraction"), rotation=90, fontsize=small,
                     va="top", ha="right", color=colour)
     ax.set_xlabel("LLM layer (residual stream entering it, after its injection)")
     ax.set_ylabel("mean L2 norm")
     ax.set_title(title)
-    ax.legend(fontsize=8, loc="lower right")
+    fig.legend(loc="outside lower center", ncol=4 if modified else 2, fontsize=small)  # never over the lines
     ax.grid(alpha=0.3)
     return figure_to_image(fig)
 

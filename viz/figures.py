@@ -4,8 +4,11 @@ per-token heatmaps painted over an image through the tiling token boxes.
 Every picture stays within ``MAX_PICTURE_SIDE`` pixels on a side, whatever the input image: a
 1 x 20000 image must not turn into a 100000-pixel-tall PNG (slow to draw, huge in memory, refused by
 PIL's decompression-bomb guard when read back). Images are shown at :func:`display_size`, which
-also stretches very thin images to ``MIN_PICTURE_SIDE`` so they stay visible. Plain numbers and
-boxes in, PIL images out; matplotlib draws off-screen (no pyplot state).
+also stretches very thin images to ``MIN_PICTURE_SIDE`` so they stay visible; a photo is shrunk
+before anything is drawn over it (:func:`shown_picture`). Text is sized for the width the page shows
+a picture at (:func:`text_points`: at least ``MIN_TEXT_PX`` pixels there), and legends sit beside
+the data, never over it. Plain numbers and boxes in, PIL images out; matplotlib draws off-screen
+(no pyplot state).
 """
 
 import io
@@ -23,7 +26,10 @@ MAX_PICTURE_SIDE = 2400  # pixels: no picture drawn here is wider or taller
 MIN_PICTURE_SIDE = 64  # pixels: an image is never shown thinner than this
 HEATMAP_MAX_SIDE = 384  # heatmap panels show the image at most this many pixels on a side
 HEATMAP_MIN_SIDE = 96  # and at least this many: a very thin image is stretched to aspect 1:4 at most
-PANEL_INCHES = 3.2  # a heatmap panel's width in a row of 4
+PANEL_INCHES = 2.8  # a heatmap panel's width in a row of 4: the row fits the page's width
+DPI = 100  # figures are drawn at this many dots per inch (figure_to_image's default)
+PAGE_WIDTH_PX = 1200  # the app shows a full-width picture at about this many CSS pixels (Gradio's page)
+MIN_TEXT_PX = 11  # and no text in a picture is smaller than this once shown there
 
 
 def display_size(width: int, height: int, max_side: int = MAX_PICTURE_SIDE,
@@ -60,7 +66,15 @@ def original_point(x: float, y: float, image_size: tuple[int, int]) -> tuple[flo
     return x * width / shown_width, y * height / shown_height
 
 
-def figure_to_image(fig: Figure, dpi: int = 100, tight: bool = True) -> Image.Image:
+def text_points(width_inches: float) -> float:
+    """The font size (points) of the smallest text of a figure ``width_inches`` wide: at least
+    ``MIN_TEXT_PX`` pixels tall once the page shows the picture at most ``PAGE_WIDTH_PX`` wide (a
+    tenth more for what a tight bounding box adds to the width)."""
+    shown = min(1.0, PAGE_WIDTH_PX / (width_inches * DPI))
+    return 1.1 * MIN_TEXT_PX * 72 / DPI / shown
+
+
+def figure_to_image(fig: Figure, dpi: int = DPI, tight: bool = True) -> Image.Image:
     """The figure as an RGB picture, never more than ``MAX_PICTURE_SIDE`` pixels on a side: a figure
     too large in inches is shrunk first (its text keeps its size, so it stays readable), and what
     the tight bounding box still adds is scaled away (so PIL's decompression-bomb guard never sees a
@@ -149,6 +163,7 @@ def token_heatmap_grid(image: Image.Image, tokens: list[tuple[str, tuple]], valu
     panel_width = PANEL_INCHES * 4 / per_row
     panel_height = panel_width * aspect
     fig = Figure(figsize=(panel_width * cols + 0.8, panel_height * rows + 0.9), layout="constrained")
+    small = text_points(fig.get_figwidth())
     axes = fig.subplots(rows, cols, squeeze=False)
     mappable = None
     for ax, (name, heat) in zip(axes.flat, maps.items()):
@@ -156,13 +171,15 @@ def token_heatmap_grid(image: Image.Image, tokens: list[tuple[str, tuple]], valu
         mappable = ax.imshow(heat, cmap=cmap, alpha=alpha, vmin=vmin, vmax=vmax)
         # the panel's largest value, or its largest magnitude on a scale centred on zero
         peak = float(np.nanmax(np.abs(heat) if symmetric else heat)) if np.isfinite(heat).any() else math.nan
-        ax.set_title(_fit_title(panel_title(name, peak), panel_width), fontsize=8)
+        ax.set_title(_fit_title(panel_title(name, peak), panel_width), fontsize=small)
         ax.axis("off")
     for ax in list(axes.flat)[len(maps):]:
         ax.axis("off")
     if mappable is not None:
-        fig.colorbar(mappable, ax=axes.ravel().tolist(), shrink=0.8, label=colorbar_label)
-    fig.suptitle(title, fontsize=10)
+        bar = fig.colorbar(mappable, ax=axes.ravel().tolist(), shrink=0.8)
+        bar.set_label(colorbar_label, fontsize=small)
+        bar.ax.tick_params(labelsize=small)
+    fig.suptitle(title, fontsize=small + 2)
     return figure_to_image(fig)
 
 
@@ -171,8 +188,8 @@ def note_figure(title: str, note: str) -> Image.Image:
     fig = Figure(figsize=(8, 1.6))
     ax = fig.add_subplot()
     ax.axis("off")
-    ax.text(0.5, 0.5, note, ha="center", va="center", wrap=True, fontsize=10)
-    fig.suptitle(title, fontsize=10)
+    ax.text(0.5, 0.5, note, ha="center", va="center", wrap=True, fontsize=text_points(8) + 1)
+    fig.suptitle(title, fontsize=text_points(8) + 2)
     return figure_to_image(fig)
 
 

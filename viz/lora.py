@@ -13,8 +13,14 @@ import numpy as np
 from matplotlib.figure import Figure
 from PIL import Image, ImageDraw, ImageFont
 
+from viz.figures import text_points
+
 #: |delta| (nats) at which the colour saturates.
 DELTA_SCALE = 4.0
+#: The plot's x axis names at most this many tokens (every few in a longer answer), each cut to
+#: this many characters.
+MAX_TOKEN_LABELS = 48
+TOKEN_LABEL_CHARS = 12
 _ANSWERS = (("base_tokens", "Base answer"), ("adapter_tokens", "Adapter answer"))
 
 
@@ -108,26 +114,35 @@ def diff_png(diff: dict, width: int = 900) -> Image.Image:
 
 def diff_plot(diff: dict) -> Figure:
     """Per answer: the token's log-probability under each model, and the KL between the two
-    next-token distributions; the first divergence is a dashed line."""
-    figure = Figure(figsize=(9, 5.5), layout="constrained")
+    next-token distributions; the first divergence is a dashed line. The x axis names the tokens
+    (every few, in a long answer); the legends sit beside the axes, never over the data."""
+    figure = Figure(figsize=(9, 6.5), layout="constrained")
+    small = text_points(figure.get_figwidth())
     axes = figure.subplots(2, 1, sharex=False)
     first = diff.get("first_divergence")
     for ax, (key, title) in zip(axes, _ANSWERS):
         tokens = diff.get(key, [])
         positions = np.array([t["position"] for t in tokens])
+        handles = []
         if len(positions):
-            ax.plot(positions, [t["logprob_base"] for t in tokens], "o-", ms=3, label="log p (base)", color="#555")
-            ax.plot(positions, [t["logprob_adapter"] for t in tokens], "o-", ms=3, label="log p (adapter)", color="#1f77b4")
+            handles += ax.plot(positions, [t["logprob_base"] for t in tokens], "o-", ms=3, label="log p (base)", color="#555")
+            handles += ax.plot(positions, [t["logprob_adapter"] for t in tokens], "o-", ms=3, label="log p (adapter)",
+                               color="#1f77b4")
             kl_axis = ax.twinx()
-            kl_axis.bar(positions, [t["kl"] for t in tokens], color="#ff7f0e", alpha=0.35, label="KL(adapter || base)")
-            kl_axis.set_ylabel("KL (nats)")
-            kl_axis.legend(loc="lower right", fontsize=8)
+            handles.append(kl_axis.bar(positions, [t["kl"] for t in tokens], color="#ff7f0e", alpha=0.35,
+                                       label="KL(adapter || base)"))
+            kl_axis.set_ylabel("KL (nats)", fontsize=small)
+            kl_axis.tick_params(labelsize=small)
+            step = max(1, -(-len(tokens) // MAX_TOKEN_LABELS))  # ceil: at most MAX_TOKEN_LABELS labels
+            shown = tokens[::step]
+            ax.set_xticks([t["position"] for t in shown], [_visible(t["text"])[:TOKEN_LABEL_CHARS] for t in shown],
+                          rotation=90, fontsize=small)
         if first is not None:
-            ax.axvline(first, color="#1f4fd1", linestyle="--", linewidth=1, label="first divergence")
-        ax.set_title(title, fontsize=10)
-        ax.set_xlabel("answer token")
-        ax.set_ylabel("log-probability")
-        ax.legend(loc="lower left", fontsize=8)
+            handles.append(ax.axvline(first, color="#1f4fd1", linestyle="--", linewidth=1, label="first divergence"))
+        ax.set_title(title, fontsize=small + 2)
+        ax.set_xlabel("answer token", fontsize=small)
+        ax.set_ylabel("log-probability", fontsize=small)
+        ax.tick_params(axis="y", labelsize=small)
+        if handles:
+            ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.08, 1.0), fontsize=small, borderaxespad=0)
     return figure
-
-

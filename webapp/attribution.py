@@ -28,7 +28,7 @@ def report_markdown(summary: dict) -> str:
     totals = ", ".join(f"{name} {value:+.3g}" for name, value in attribution["level_totals"].items())
     verdict = "beats" if deletion["beats_random"] else "does **not** beat"
     lines = [f"**Answer:** `{''.join(summary['answer']['tokens'])}`",
-             f"**Explained:** {summary['answer']['explained']}, log-probability {attribution['target_logprob']:.4g}",
+             f"**Explained:** {summary['answer']['explained']}, {attribution['measure']} {attribution['target_value']:.4g}",
              f"**Per level (sum over image tokens):** {totals}",
              f"**Deletion test ({deletion['level'] or 'all levels'}):** area between random and attributed "
              f"{deletion['area_between']:.4g}: the map {verdict} random removal on this example."]
@@ -82,12 +82,13 @@ def attribution_tab(engine, config, last_chat_image: gr.State, exports, concurre
                                  elem_id="attribution-against")
             run = gr.Button("Explain", variant="primary", elem_id="attribution-run")
     report = gr.Markdown(elem_id="attribution-report")
-    tiles = gr.Image(label="Attribution over the image (tiles)", format="png", elem_id="attribution-tiles")
-    base = gr.Image(label="Attribution over the image (base view)", format="png")
-    deletion = gr.Image(label="Deletion test", format="png", elem_id="attribution-deletion")
-    with gr.Row():
-        lens = gr.Image(label="Logit lens (residual stream)", format="png")
-        lens_levels = gr.Image(label="Logit lens (each level's features)", format="png")
+    # One picture a row, at the page's width, without Gradio's label over it: each carries its title.
+    pictures = {"show_label": False, "format": "png"}
+    tiles = gr.Image(label="Attribution over the image (tiles)", elem_id="attribution-tiles", **pictures)
+    base = gr.Image(label="Attribution over the image (base view)", **pictures)
+    deletion = gr.Image(label="Deletion test", elem_id="attribution-deletion", **pictures)
+    lens = gr.Image(label="Logit lens (residual stream)", **pictures)
+    lens_levels = gr.Image(label="Logit lens (each level's features)", **pictures)
     export = gr.File(label="Export (summary.json, PNGs, attribution.safetensors)", file_count="multiple")
 
     use_last_chat_image(from_chat, last_chat_image, image)

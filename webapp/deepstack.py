@@ -66,11 +66,11 @@ def deepstack_tab(engine, config, last_chat_image: gr.State, exports, concurrenc
             run = gr.Button("Inspect", variant="primary", elem_id="deepstack-run")
     table = gr.Dataframe(headers=LEVEL_COLUMNS, label="Levels", interactive=False)
     report = gr.Markdown()
-    with gr.Row():
-        norms = gr.Image(label="Injected vs residual norms", format="png", elem_id="deepstack-norms")
-        trajectory = gr.Image(label="Residual norm through the layers", format="png")
-    heat_tiles = gr.Image(label="Injected norm over the image (tiles)", format="png")
-    heat_base = gr.Image(label="Injected norm over the image (base view)", format="png")
+    # One picture a row, at the page's width, without Gradio's label over it: each carries its title.
+    norms = gr.Image(label="Injected vs residual norms", show_label=False, format="png", elem_id="deepstack-norms")
+    trajectory = gr.Image(label="Residual norm through the layers", show_label=False, format="png")
+    heat_tiles = gr.Image(label="Injected norm over the image (tiles)", show_label=False, format="png")
+    heat_base = gr.Image(label="Injected norm over the image (base view)", show_label=False, format="png")
     export = gr.File(label="Export (summary.json, PNGs, capture.safetensors)")
 
     use_last_chat_image(from_chat, last_chat_image, image)

@@ -37,6 +37,11 @@ class Answer:
     alternatives: list[list[int]] = field(default_factory=list)
     alternative_texts: list[str] = field(default_factory=list)
 
+    @property
+    def measure(self) -> str:
+        """The name of the number explained, for labels: a contrast explains a log-odds."""
+        return "log-odds" if self.alternatives else "log-probability"
+
     def describe(self) -> str:
         if self.alternatives:
             return f"the whole answer {''.join(self.texts)!r} against {', '.join(map(repr, self.alternative_texts))}"

@@ -48,11 +48,14 @@ class Attribution:
         out["combined"] = self.combined.tolist()
         return out
 
-    def summary(self) -> dict:
+    def summary(self, measure: str = "log-probability") -> dict:
+        """The numbers for ``summary.json``; ``measure`` names the explained number (an answer's
+        log-probability, or with answers to contrast with its log-odds against them)."""
         return {
             "method": self.method,
-            "target_logprob": self.target_logprob,
-            "baseline_logprob": self.baseline_logprob,
+            "measure": measure,
+            "target_value": self.target_logprob,
+            "baseline_value": self.baseline_logprob,
             "convergence_delta": self.convergence_delta,
             "steps": self.steps,
             "level_totals": {level.name: float(self.scores[i].sum()) for i, level in enumerate(self.levels)},

@@ -136,8 +136,8 @@ def run_attribution(engine, image, prompt: str, settings: AttributionSettings | 
             tell(0.8, "logit lens")
             lens = logit_lens(model, inputs, tokenizer, levels)
     tell(0.9, "drawing")
-    summary = build_summary(engine, prompt, picture, plan, answer, attribution, deletion, lens, settings)
-    figures = draw_figures(picture, plan, attribution, deletion, lens)
+    figures = draw_figures(picture, plan, answer, attribution, deletion, lens)
+    summary = build_summary(engine, prompt, picture, plan, answer, attribution, deletion, lens, settings, figures)
     report = AttributionReport(answer, attribution, deletion, lens, plan, figures, summary)
     folder = Path(out_dir) if out_dir is not None else (exports or default_export_store()).new_folder()
     report.export_dir, report.files = folder, write_export(folder, report)
@@ -160,7 +160,9 @@ def check_answer_fits(engine, inputs: dict, target_ids: list[int] | None, settin
                        f"do not fit the model's context window of {window} tokens")
 
 
-def build_summary(engine, prompt, picture, plan, answer, attribution, deletion, lens, settings) -> dict:
+def build_summary(engine, prompt, picture, plan, answer, attribution, deletion, lens, settings, figures) -> dict:
+    """``summary.json``: what was explained and every number the pictures show; ``files`` names
+    the files the export holds (the figures drawn, no others)."""
     info = getattr(engine, "info", None)
     return {
         "model": getattr(info, "model", None),
@@ -170,12 +172,12 @@ def build_summary(engine, prompt, picture, plan, answer, attribution, deletion, 
         "answer": {"tokens": answer.texts, "ids": answer.ids, "target": answer.target,
                    "against": answer.alternative_texts,
                    "explained": answer.describe(), "teacher_forced": settings.target is not None},
-        "attribution": attribution.summary(),
+        "attribution": attribution.summary(answer.measure),
         "top_tile_token": top_token(plan, attribution.combined, "tile"),
         "top_region_token": top_token(plan, region_scores(plan, attribution.combined), "tile"),
         "deletion": deletion.summary(),
         "lens": lens.summary() if lens else None,
-        "files": {"summary": SUMMARY_FILE, "tensors": TENSORS_FILE, **FIGURE_FILES},
+        "files": {"summary": SUMMARY_FILE, "tensors": TENSORS_FILE, **{name: FIGURE_FILES[name] for name in figures}},
     }
 
 
@@ -195,7 +197,7 @@ def lens_views_shown(lens: LogitLens) -> list[dict]:
     return [vars(lens.layers[i]) for i in picks]
 
 
-def draw_figures(picture, plan, attribution, deletion, lens) -> dict[str, Image.Image]:
+def draw_figures(picture, plan, answer, attribution, deletion, lens) -> dict[str, Image.Image]:
     from viz.attribution import attribution_figure, deletion_figure, lens_figure
 
     tokens = [(t.kind, t.box) for t in plan.tokens]
@@ -206,7 +208,7 @@ def draw_figures(picture, plan, attribution, deletion, lens) -> dict[str, Image.
                                    f"Attribution per tile token (high-resolution view; '{REGION_PANEL}': "
                                    "with the base view's share of each tile token's region)"),
         "base": attribution_figure(picture, tokens, scores, "base", "Attribution per base-view token"),
-        "deletion": deletion_figure(deletion.summary()),
+        "deletion": deletion_figure(deletion.summary(), measure=answer.measure),
     }
     if lens is not None:
         figures["lens"] = lens_figure(picture, tokens, lens_views_shown(lens), lens.vocabulary)

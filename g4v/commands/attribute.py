@@ -92,9 +92,9 @@ def run(args) -> int:
         bar.close()
         engine.close()
     summary = report.summary
-    what = "log-odds" if summary["answer"]["against"] else "log-prob"
-    print(f"explained: {summary['answer']['explained']} ({what} {summary['attribution']['target_logprob']:.4g})")
-    for name, total in summary["attribution"]["level_totals"].items():
+    attribution = summary["attribution"]
+    print(f"explained: {summary['answer']['explained']} ({attribution['measure']} {attribution['target_value']:.4g})")
+    for name, total in attribution["level_totals"].items():
         print(f"  {name:<12} {total:+.4g}")
     deletion = summary["deletion"]
     print(f"deletion test ({deletion['level'] or 'all levels'}): area between random and attributed "

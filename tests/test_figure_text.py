@@ -1,0 +1,134 @@
+"""Every picture's text is readable at the page's width (issue 31, item 4): the logit-lens legend
+was about 4 pixels tall, panel titles sat under Gradio's labels, the LoRA plot's legends covered its
+data and its x axis showed token numbers. What matplotlib really draws is watched (its renderer's
+text calls, the legends' and axes' boxes), and the size each text has once the page shows the
+picture at most ``PAGE_WIDTH_PX`` wide is computed from the drawn size and the picture's width."""
+
+import math
+
+import gradio as gr
+import pytest
+from matplotlib.backends.backend_agg import RendererAgg
+from matplotlib.figure import Figure
+
+from g4v.loading import load_config
+from g4v.paths import BUNDLED_MODEL_DIR
+from g4v.tiling import plan_tiling
+from tests.conftest import make_image
+from viz import attribution as va
+from viz import deepstack as vd
+from viz import lora as vl
+from viz.figures import MIN_TEXT_PX, PAGE_WIDTH_PX, figure_to_image
+
+
+@pytest.fixture()
+def drawn(monkeypatch):
+    """What the next savefig draws: every text's pixel height and the canvas width, and the figure."""
+    record = {"texts": [], "figures": []}
+    real_text, real_save = RendererAgg.draw_text, Figure.savefig
+
+    def draw_text(self, gc, x, y, s, prop, angle, ismath=False, mtext=None):
+        if str(s).strip():
+            record["texts"].append((id(self), self.width, prop.get_size_in_points() * self.dpi / 72, str(s)))
+        return real_text(self, gc, x, y, s, prop, angle, ismath, mtext)
+
+    def savefig(self, *args, **kwargs):
+        record["figures"].append(self)
+        return real_save(self, *args, **kwargs)
+
+    monkeypatch.setattr(RendererAgg, "draw_text", draw_text)
+    monkeypatch.setattr(Figure, "savefig", savefig)
+    return record
+
+
+def smallest_shown_text(record) -> tuple[float, str]:
+    """The smallest text of the last picture drawn, in pixels at the width the page shows it
+    (its own width, or the page's where it is wider), and that text."""
+    last = record["texts"][-1][0]  # a tight bounding box draws twice: the last canvas is the picture
+    texts = [t for t in record["texts"] if t[0] == last]
+    return min((px * min(1.0, PAGE_WIDTH_PX / width), text) for _, width, px, text in texts)
+
+
+def legends_clear_of_the_data(figure: Figure) -> None:
+    legends = list(figure.legends) + [ax.get_legend() for ax in figure.axes if ax.get_legend()]
+    for legend in legends:
+        box = legend.get_window_extent()
+        for ax in figure.axes:
+            assert not box.overlaps(ax.get_window_extent()), f"a legend covers the axes {ax.get_title()!r}"
+
+
+@pytest.fixture(scope="module")
+def picture_and_tokens():
+    image = make_image(400, 300, seed=4)
+    plan = plan_tiling((image.height, image.width), load_config(BUNDLED_MODEL_DIR))
+    return image, [(t.kind, t.box) for t in plan.tokens]
+
+
+def lens_views(count: int, tokens) -> list[dict]:
+    return [{"name": f"layer {n}", "top_ids": [i % 10 for i in range(len(tokens))]} for n in range(count)]
+
+
+LONG_NAMES = {i: f"token number {i:02d} of ten" for i in range(10)}  # cut to 24 characters in the legend
+LEVELS = ["deepstack0", "deepstack1", "deepstack2", "deepstack3", "spatial_TL", "spatial_TR", "spatial_BL", "spatial_BR"]
+
+
+def figures(image, tokens) -> dict:
+    scores = {name: [math.sin(i + n) for i in range(len(tokens))] for n, name in enumerate(LEVELS + ["combined"])}
+    curve = {"fractions": [0, 0.1, 0.5, 1], "random": [[-1, -1.5, -2, -3]] * 2, "random_mean": [-1, -1.5, -2, -3],
+             "attributed": [-1, -2.5, -4, -3], "level": None, "area_between": 1.2}
+    levels = [{"name": name, "llm_layer": n, "injected_norm_mean": 2.0, "residual_norm_before_mean": 3.0,
+               "residual_norm_after_mean": 3.5} for n, name in enumerate(LEVELS)]
+    trajectory = {"layers": list(range(41)), "image_norm": [1.0 + i / 10 for i in range(41)],
+                  "text_norm": [1.0 + i / 20 for i in range(41)],
+                  "injection_layers": {str(n * 3): name for n, name in enumerate(LEVELS)}}
+    return {
+        "attribution tiles": lambda: va.attribution_figure(image, tokens, scores, "tile"),
+        "deletion": lambda: va.deletion_figure(curve, measure="log-odds"),
+        "lens": lambda: va.lens_figure(image, tokens, lens_views(4, tokens), LONG_NAMES),
+        "lens levels": lambda: va.lens_figure(image, tokens, lens_views(8, tokens), LONG_NAMES),
+        "norms": lambda: vd.norms_figure(levels),
+        "trajectory": lambda: vd.trajectory_figure(trajectory, modified=trajectory),
+        "heatmaps": lambda: vd.heatmaps_figure(image, tokens, scores, "base"),
+    }
+
+
+@pytest.mark.parametrize("name", ["attribution tiles", "deletion", "lens", "lens levels", "norms", "trajectory",
+                                  "heatmaps"])
+def test_picture_text_is_readable_at_the_pages_width(picture_and_tokens, drawn, name):
+    figures(*picture_and_tokens)[name]()
+    size, text = smallest_shown_text(drawn)
+    assert size >= MIN_TEXT_PX, f"{name}: {text!r} is {size:.1f} px at the page's width"
+    legends_clear_of_the_data(drawn["figures"][-1])
+
+
+def lora_diff(count: int) -> dict:
+    def tokens(shift):
+        return [{"position": i, "text": f" w{i}", "logprob_base": -1.0 - (i % 3), "logprob_adapter": -1.0 - shift * (i % 2),
+                 "delta": 0.5, "kl": 0.1 * (i % 4)} for i in range(count)]
+    return {"adapter": "french", "first_divergence": 2, "base_tokens": tokens(0), "adapter_tokens": tokens(1)}
+
+
+@pytest.mark.parametrize("count", [12, 300])
+def test_lora_plot_names_its_tokens_and_keeps_legends_off_the_data(drawn, count):
+    figure = vl.diff_plot(lora_diff(count))
+    figure_to_image(figure)
+    size, text = smallest_shown_text(drawn)
+    assert size >= MIN_TEXT_PX, f"{text!r} is {size:.1f} px at the page's width"
+    legends_clear_of_the_data(figure)
+    labels = [label.get_text() for label in figure.axes[0].get_xticklabels()]
+    expected = [f" w{i}" for i in range(count)][::max(1, -(-count // vl.MAX_TOKEN_LABELS))]
+    assert labels == expected
+
+
+@pytest.mark.parametrize("tab", ["attribution", "deepstack"])
+def test_result_pictures_have_no_gradio_label_over_their_titles(tab):
+    """Gradio draws a picture's label over its top-left corner, where the titles are: the result
+    pictures carry their own titles and show no label."""
+    from webapp.attribution import attribution_tab
+    from webapp.deepstack import deepstack_tab
+
+    build = {"attribution": attribution_tab, "deepstack": deepstack_tab}[tab]
+    with gr.Blocks() as page:
+        build(None, load_config(BUNDLED_MODEL_DIR), gr.State(), None)
+    outputs = [b for b in page.blocks.values() if type(b) is gr.Image]  # the input is an ImageFile
+    assert len(outputs) >= 4 and not [b.label for b in outputs if b.show_label]
