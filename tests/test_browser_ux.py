@@ -86,3 +86,41 @@ def test_refusals_leave_no_error_badge_over_the_image_box(app_url, shots):
         assert page.evaluate(PICTURE_SHOWN, "#deepstack-image")
         page.screenshot(path=str(shots / "ux-1-no-badge.png"), full_page=True)
     assert "Traceback" not in server_log(app_url)[logged_before:]
+
+
+def test_a_click_on_the_tiling_overlay_picks_the_token_under_it(app_url, shots):
+    """The main overlay answers clicks: a click at the centre of a tile token's box (found on the
+    served overlay through its drawn frame, the box from plan_tiling) names that token in the
+    selected-token panel."""
+    import io
+
+    from PIL import Image
+
+    from g4v.images import open_image
+    from g4v.loading import load_config
+    from g4v.paths import BUNDLED_MODEL_DIR
+    from g4v.tiling import plan_tiling
+    from tests.test_tiling_webapp import canvas_in_overlay, overlay_spot
+
+    picture = open_image(EXAMPLE)
+    plan = plan_tiling((picture.height, picture.width), load_config(BUNDLED_MODEL_DIR))
+    tiles = [token for token in plan.tokens if token.kind == "tile"]
+    with browser_page(height=1400) as page:
+        page.goto(app_url)
+        page.get_by_role("tab", name="Tiling").click()
+        page.locator("#tiling-image input[type=file]").set_input_files(EXAMPLE)
+        page.wait_for_function(PICTURE_SHOWN, arg="#tiling-overlay")
+        overlay = page.locator("#tiling-overlay img")
+        served = Image.open(io.BytesIO(page.request.get(overlay.get_attribute("src")).body()))
+        canvas = canvas_in_overlay(served)
+        for token in (tiles[len(tiles) // 3], tiles[-2]):
+            x, y = overlay_spot(plan, canvas, token)
+            box = overlay.bounding_box()  # the picture is drawn inside it with object-fit: contain
+            scale = min(box["width"] / served.width, box["height"] / served.height)
+            overlay.click(position={"x": (box["width"] - served.width * scale) / 2 + x * scale,
+                                    "y": (box["height"] - served.height * scale) / 2 + y * scale})
+            page.wait_for_function("(n) => document.querySelector('#tiling-token-info').innerText"
+                                   ".includes(`Token ${n} of`)", arg=token.index)
+            assert page.locator("#tiling-token-view img").is_visible()
+            assert page.locator("#tiling-token-index input").input_value() == str(token.index)
+        page.screenshot(path=str(shots / "ux-3-overlay-click.png"), full_page=True)
