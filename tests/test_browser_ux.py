@@ -124,3 +124,61 @@ def test_a_click_on_the_tiling_overlay_picks_the_token_under_it(app_url, shots):
             assert page.locator("#tiling-token-view img").is_visible()
             assert page.locator("#tiling-token-index input").input_value() == str(token.index)
         page.screenshot(path=str(shots / "ux-3-overlay-click.png"), full_page=True)
+
+
+def choose_preset(page, label: str) -> None:
+    page.locator("#chat-task input").click()
+    page.get_by_role("option", name=label, exact=True).click()
+    page.wait_for_function("(label) => document.querySelector('#chat-task input').value === label", arg=label)
+
+
+def box_becomes(page, text: str) -> None:
+    page.wait_for_function("(text) => document.querySelector('#chat-box textarea').value === text", arg=text)
+
+
+def test_presets_replace_only_their_own_text_and_the_panel_waits_for_a_new_answer(app_url, shots):
+    """A preset never overwrites typed text; switching presets replaces the previous preset's tag
+    or key-value prompt, and a free or document question empties it. While a new answer is being
+    written, the structured panel says it waits instead of showing the previous answer's reading."""
+    from g4v.documents.presets import build_prompt
+    from webapp.documents import EXAMPLE_SCHEMA, PENDING_NOTE
+
+    kvp = build_prompt("kvp", schema_text=EXAMPLE_SCHEMA)
+    with browser_page(height=1400) as page:
+        page.goto(app_url)
+        box = page.locator("#chat-box textarea")
+        box.fill("How many bars are there?")
+        choose_preset(page, "Table to HTML")
+        toast_says(page, "The box keeps your text")
+        assert box.input_value() == "How many bars are there?"
+        close_toasts(page)
+
+        box.fill("")
+        for label, text in [("Chart to CSV", "<chart2csv>"), ("Table to HTML", "<tables_html>"),
+                            ("Key-value extraction (JSON schema)", kvp), ("(free question)", ""),
+                            ("Key-value extraction (JSON schema)", kvp), ("Document question", ""),
+                            ("Table to HTML", "<tables_html>")]:
+            choose_preset(page, label)
+            box_becomes(page, text)
+
+        page.locator("#chat-box input[type=file]").set_input_files(EXAMPLE)
+        page.wait_for_function("() => document.querySelectorAll('#chat-box img').length >= 1")
+        box.focus()
+        page.keyboard.press("Enter")
+        read = "() => /Could not read|Read as/.test(document.querySelector('#chat-structured-notes').innerText)"
+        page.wait_for_function(read, timeout=120_000)
+        page.evaluate("""() => { window.notesSeen = []; const notes = document.querySelector('#chat-structured-notes');
+            new MutationObserver(() => window.notesSeen.push(notes.innerText.trim()))
+                .observe(notes, {subtree: true, childList: true, characterData: true}); }""")
+        page.wait_for_function("() => !document.querySelector('#chat-box textarea').disabled")
+        box.fill("<tables_html>")
+        box.focus()
+        page.keyboard.press("Enter")
+        page.wait_for_function("() => document.querySelectorAll(\"[data-testid='bot']\").length == 2")
+        page.wait_for_function("() => !document.querySelector('#chat-box textarea').disabled", timeout=120_000)
+        page.wait_for_function(read, timeout=120_000)
+        seen = page.evaluate("() => window.notesSeen")
+        pending = PENDING_NOTE.strip("*")
+        assert pending in seen, seen  # the second answer's wait was marked
+        assert seen.index(pending) < max(i for i, text in enumerate(seen) if "read" in text.lower())
+        page.screenshot(path=str(shots / "ux-5-presets.png"), full_page=True)
