@@ -182,3 +182,58 @@ def test_presets_replace_only_their_own_text_and_the_panel_waits_for_a_new_answe
         assert pending in seen, seen  # the second answer's wait was marked
         assert seen.index(pending) < max(i for i, text in enumerate(seen) if "read" in text.lower())
         page.screenshot(path=str(shots / "ux-5-presets.png"), full_page=True)
+
+
+#: The progress elements Gradio's status trackers show (one per output the event shows progress on).
+PROGRESS = ".progress-text"
+#: Per header of the two tables: the words whose text runs over more than one line (broken inside).
+BROKEN_HEADER_WORDS = """() => [...document.querySelectorAll('#eval-aggregate th span.header, #eval-samples th span.header')]
+    .flatMap(span => { const text = span.firstChild; if (!text || text.nodeType !== 3) return [];
+        const broken = []; const range = document.createRange(); let at = 0;
+        for (const word of text.textContent.split(' ')) {
+            range.setStart(text, at); range.setEnd(text, at + word.length); at += word.length + 1;
+            const lines = new Set([...range.getClientRects()].filter(r => r.width > 0).map(r => Math.round(r.top)));
+            if (lines.size > 1) broken.push(word);
+        }
+        return broken; })"""
+
+
+def progress_texts(page) -> list[str]:
+    return page.evaluate(f"() => [...document.querySelectorAll('{PROGRESS}')].map(e => e.innerText)")
+
+
+def test_evaluate_shows_one_progress_bar_with_an_estimate_and_whole_header_words(app_url, shots):
+    """During a run one element shows progress (not each of the 8 outputs), and it says how long is
+    left; the tables' headers wrap between words only, before and after a run. Attribution says
+    under its button how long it takes, and its one progress bar estimates the time left too."""
+    with browser_page(height=1400) as page:
+        page.goto(app_url)
+        page.get_by_role("tab", name="Evaluate").click()
+        page.wait_for_selector("#eval-aggregate th span.header")
+        assert page.evaluate(BROKEN_HEADER_WORDS) == []
+        page.locator("#eval-limit input").fill("8")
+        page.locator("#eval-run").click()
+        page.wait_for_function(f"() => [...document.querySelectorAll('{PROGRESS}')].some(e => / s left| min left/"
+                               ".test(e.closest('.wrap, div').parentElement.innerText))", timeout=240_000)
+        texts = page.evaluate(f"() => [...document.querySelectorAll('{PROGRESS}')]"
+                              ".map(e => e.closest('.wrap, div').parentElement.innerText)")
+        assert len(texts) == 1 and "samples" in texts[0], texts
+        assert page.locator(f"#eval-status {PROGRESS}").count() == 1
+        page.screenshot(path=str(shots / "ux-6-evaluate-progress.png"), full_page=True)
+        page.wait_for_function("() => /Finished/.test(document.querySelector('#eval-status').innerText)",
+                               timeout=300_000)
+        page.locator("#eval-samples").scroll_into_view_if_needed()  # a virtualised table draws what shows
+        page.wait_for_function("() => [...document.querySelectorAll('#eval-samples tbody td')].some(td => td.textContent.trim())")
+        assert page.evaluate(BROKEN_HEADER_WORDS) == []
+        page.locator("#eval-aggregate").screenshot(path=str(shots / "ux-6-evaluate-headers.png"))
+
+        page.get_by_role("tab", name="Attribution").click()
+        assert "30 s" in page.inner_text("#attribution-hint")
+        page.locator("#attribution-image input[type=file]").set_input_files(EXAMPLE)
+        page.wait_for_function(PICTURE_SHOWN, arg="#attribution-image")
+        page.locator("#attribution-run").click()
+        page.wait_for_function(f"() => [...document.querySelectorAll('{PROGRESS}')].some(e => / s left| min left/"
+                               ".test(e.closest('.wrap, div').parentElement.innerText))", timeout=240_000)
+        assert page.locator(f"#attribution-report {PROGRESS}").count() == 1 and len(progress_texts(page)) == 1
+        page.wait_for_function("() => /Explained:/.test(document.querySelector('#attribution-report').innerText)",
+                               timeout=300_000)
