@@ -9,19 +9,45 @@ from pathlib import Path
 
 from g4v.images import open_image
 from g4v.loading import load_config
-from g4v.tiling import TilingPlan, plan_tiling
-from viz.tiling import highlight_box, render_tiling_overlay
+from g4v.tiling import ImageToken, TilingPlan, plan_tiling, token_at
+from viz.tiling import highlight_box, tiling_overlay
 
 
 def tiling_report(image, config):
-    """``(overlay, table_rows, plan)`` for an image (PIL image, path or bytes) and a config (object, or
-    a model folder / config file to load): the overlay as a PIL image, the token budget as
-    [part, layout, tokens] rows, and the :class:`TilingPlan`."""
+    """``(overlay, table_rows, plan, regions)`` for an image (PIL image, path or bytes) and a config
+    (object, or a model folder / config file to load): the overlay as a PIL image, the token budget
+    as [part, layout, tokens] rows, the :class:`TilingPlan`, and where the overlay shows the canvas
+    and the base view (for :func:`token_at_overlay`)."""
     image = open_image(image)
     if isinstance(config, (str, Path)):
         config = load_config(config)
     plan = plan_tiling((image.height, image.width), config)
-    return render_tiling_overlay(image, plan.as_dict()), plan.budget_rows(), plan
+    overlay, regions = tiling_overlay(image, plan.as_dict())
+    return overlay, plan.budget_rows(), plan, regions
+
+
+def token_at_overlay(plan: TilingPlan, regions: dict, x: float, y: float) -> ImageToken | None:
+    """The token under pixel (x, y) of the overlay: on the padded canvas, the tile token whose feature
+    cell holds the point; on the base view, the base token there. None elsewhere (titles, margins)
+    and on canvas cells that unpadding cut off (padding only: no token)."""
+    for view, (left, top, right, bottom) in regions.items():
+        if left <= x < right and top <= y < bottom:
+            across, down = (x - left) / (right - left), (y - top) / (bottom - top)
+            if view == "base":
+                height, width = plan.image_size
+                return token_at(plan, across * width, down * height, kind="base")
+            return _tile_token_in_cell(plan, down * plan.best_resolution[0], across * plan.best_resolution[1])
+    return None
+
+
+def _tile_token_in_cell(plan: TilingPlan, canvas_y: float, canvas_x: float) -> ImageToken | None:
+    """Tile tokens follow the base tokens row by row over the kept cells, a newline after each row."""
+    cell = plan.tile_size / plan.view_feature_grid[0]
+    row, col = int(canvas_y // cell), int(canvas_x // cell)
+    (row_start, row_stop), (col_start, col_stop) = plan.unpadded_rows, plan.unpadded_cols
+    if not (row_start <= row < row_stop and col_start <= col < col_stop):
+        return None
+    return plan.token(plan.base_tokens + (row - row_start) * (col_stop - col_start + 1) + col - col_start)
 
 
 def highlight_token(image, plan: TilingPlan, token_index):

@@ -86,3 +86,154 @@ def test_refusals_leave_no_error_badge_over_the_image_box(app_url, shots):
         assert page.evaluate(PICTURE_SHOWN, "#deepstack-image")
         page.screenshot(path=str(shots / "ux-1-no-badge.png"), full_page=True)
     assert "Traceback" not in server_log(app_url)[logged_before:]
+
+
+def test_a_click_on_the_tiling_overlay_picks_the_token_under_it(app_url, shots):
+    """The main overlay answers clicks: a click at the centre of a tile token's box (found on the
+    served overlay through its drawn frame, the box from plan_tiling) names that token in the
+    selected-token panel."""
+    import io
+
+    from PIL import Image
+
+    from g4v.images import open_image
+    from g4v.loading import load_config
+    from g4v.paths import BUNDLED_MODEL_DIR
+    from g4v.tiling import plan_tiling
+    from tests.test_tiling_webapp import canvas_in_overlay, overlay_spot
+
+    picture = open_image(EXAMPLE)
+    plan = plan_tiling((picture.height, picture.width), load_config(BUNDLED_MODEL_DIR))
+    tiles = [token for token in plan.tokens if token.kind == "tile"]
+    with browser_page(height=1400) as page:
+        page.goto(app_url)
+        page.get_by_role("tab", name="Tiling").click()
+        page.locator("#tiling-image input[type=file]").set_input_files(EXAMPLE)
+        page.wait_for_function(PICTURE_SHOWN, arg="#tiling-overlay")
+        overlay = page.locator("#tiling-overlay img")
+        served = Image.open(io.BytesIO(page.request.get(overlay.get_attribute("src")).body()))
+        canvas = canvas_in_overlay(served)
+        for token in (tiles[len(tiles) // 3], tiles[-2]):
+            x, y = overlay_spot(plan, canvas, token)
+            box = overlay.bounding_box()  # the picture is drawn inside it with object-fit: contain
+            scale = min(box["width"] / served.width, box["height"] / served.height)
+            overlay.click(position={"x": (box["width"] - served.width * scale) / 2 + x * scale,
+                                    "y": (box["height"] - served.height * scale) / 2 + y * scale})
+            page.wait_for_function("(n) => document.querySelector('#tiling-token-info').innerText"
+                                   ".includes(`Token ${n} of`)", arg=token.index)
+            assert page.locator("#tiling-token-view img").is_visible()
+            assert page.locator("#tiling-token-index input").input_value() == str(token.index)
+        page.screenshot(path=str(shots / "ux-3-overlay-click.png"), full_page=True)
+
+
+def choose_preset(page, label: str) -> None:
+    page.locator("#chat-task input").click()
+    page.get_by_role("option", name=label, exact=True).click()
+    page.wait_for_function("(label) => document.querySelector('#chat-task input').value === label", arg=label)
+
+
+def box_becomes(page, text: str) -> None:
+    page.wait_for_function("(text) => document.querySelector('#chat-box textarea').value === text", arg=text)
+
+
+def test_presets_replace_only_their_own_text_and_the_panel_waits_for_a_new_answer(app_url, shots):
+    """A preset never overwrites typed text; switching presets replaces the previous preset's tag
+    or key-value prompt, and a free or document question empties it. While a new answer is being
+    written, the structured panel says it waits instead of showing the previous answer's reading."""
+    from g4v.documents.presets import build_prompt
+    from webapp.documents import EXAMPLE_SCHEMA, PENDING_NOTE
+
+    kvp = build_prompt("kvp", schema_text=EXAMPLE_SCHEMA)
+    with browser_page(height=1400) as page:
+        page.goto(app_url)
+        box = page.locator("#chat-box textarea")
+        box.fill("How many bars are there?")
+        choose_preset(page, "Table to HTML")
+        toast_says(page, "The box keeps your text")
+        assert box.input_value() == "How many bars are there?"
+        close_toasts(page)
+
+        box.fill("")
+        for label, text in [("Chart to CSV", "<chart2csv>"), ("Table to HTML", "<tables_html>"),
+                            ("Key-value extraction (JSON schema)", kvp), ("(free question)", ""),
+                            ("Key-value extraction (JSON schema)", kvp), ("Document question", ""),
+                            ("Table to HTML", "<tables_html>")]:
+            choose_preset(page, label)
+            box_becomes(page, text)
+
+        page.locator("#chat-box input[type=file]").set_input_files(EXAMPLE)
+        page.wait_for_function("() => document.querySelectorAll('#chat-box img').length >= 1")
+        box.focus()
+        page.keyboard.press("Enter")
+        read = "() => /Could not read|Read as/.test(document.querySelector('#chat-structured-notes').innerText)"
+        page.wait_for_function(read, timeout=120_000)
+        page.evaluate("""() => { window.notesSeen = []; const notes = document.querySelector('#chat-structured-notes');
+            new MutationObserver(() => window.notesSeen.push(notes.innerText.trim()))
+                .observe(notes, {subtree: true, childList: true, characterData: true}); }""")
+        page.wait_for_function("() => !document.querySelector('#chat-box textarea').disabled")
+        box.fill("<tables_html>")
+        box.focus()
+        page.keyboard.press("Enter")
+        page.wait_for_function("() => document.querySelectorAll(\"[data-testid='bot']\").length == 2")
+        page.wait_for_function("() => !document.querySelector('#chat-box textarea').disabled", timeout=120_000)
+        page.wait_for_function(read, timeout=120_000)
+        seen = page.evaluate("() => window.notesSeen")
+        pending = PENDING_NOTE.strip("*")
+        assert pending in seen, seen  # the second answer's wait was marked
+        assert seen.index(pending) < max(i for i, text in enumerate(seen) if "read" in text.lower())
+        page.screenshot(path=str(shots / "ux-5-presets.png"), full_page=True)
+
+
+#: The progress elements Gradio's status trackers show (one per output the event shows progress on).
+PROGRESS = ".progress-text"
+#: Per header of the two tables: the words whose text runs over more than one line (broken inside).
+BROKEN_HEADER_WORDS = """() => [...document.querySelectorAll('#eval-aggregate th span.header, #eval-samples th span.header')]
+    .flatMap(span => { const text = span.firstChild; if (!text || text.nodeType !== 3) return [];
+        const broken = []; const range = document.createRange(); let at = 0;
+        for (const word of text.textContent.split(' ')) {
+            range.setStart(text, at); range.setEnd(text, at + word.length); at += word.length + 1;
+            const lines = new Set([...range.getClientRects()].filter(r => r.width > 0).map(r => Math.round(r.top)));
+            if (lines.size > 1) broken.push(word);
+        }
+        return broken; })"""
+
+
+def progress_texts(page) -> list[str]:
+    return page.evaluate(f"() => [...document.querySelectorAll('{PROGRESS}')].map(e => e.innerText)")
+
+
+def test_evaluate_shows_one_progress_bar_with_an_estimate_and_whole_header_words(app_url, shots):
+    """During a run one element shows progress (not each of the 8 outputs), and it says how long is
+    left; the tables' headers wrap between words only, before and after a run. Attribution says
+    under its button how long it takes, and its one progress bar estimates the time left too."""
+    with browser_page(height=1400) as page:
+        page.goto(app_url)
+        page.get_by_role("tab", name="Evaluate").click()
+        page.wait_for_selector("#eval-aggregate th span.header")
+        assert page.evaluate(BROKEN_HEADER_WORDS) == []
+        page.locator("#eval-limit input").fill("8")
+        page.locator("#eval-run").click()
+        page.wait_for_function(f"() => [...document.querySelectorAll('{PROGRESS}')].some(e => / s left| min left/"
+                               ".test(e.closest('.wrap, div').parentElement.innerText))", timeout=240_000)
+        texts = page.evaluate(f"() => [...document.querySelectorAll('{PROGRESS}')]"
+                              ".map(e => e.closest('.wrap, div').parentElement.innerText)")
+        assert len(texts) == 1 and "samples" in texts[0], texts
+        assert page.locator(f"#eval-status {PROGRESS}").count() == 1
+        page.screenshot(path=str(shots / "ux-6-evaluate-progress.png"), full_page=True)
+        page.wait_for_function("() => /Finished/.test(document.querySelector('#eval-status').innerText)",
+                               timeout=300_000)
+        page.locator("#eval-samples").scroll_into_view_if_needed()  # a virtualised table draws what shows
+        page.wait_for_function("() => [...document.querySelectorAll('#eval-samples tbody td')].some(td => td.textContent.trim())")
+        assert page.evaluate(BROKEN_HEADER_WORDS) == []
+        page.locator("#eval-aggregate").screenshot(path=str(shots / "ux-6-evaluate-headers.png"))
+
+        page.get_by_role("tab", name="Attribution").click()
+        assert "30 s" in page.inner_text("#attribution-hint")
+        page.locator("#attribution-image input[type=file]").set_input_files(EXAMPLE)
+        page.wait_for_function(PICTURE_SHOWN, arg="#attribution-image")
+        page.locator("#attribution-run").click()
+        page.wait_for_function(f"() => [...document.querySelectorAll('{PROGRESS}')].some(e => / s left| min left/"
+                               ".test(e.closest('.wrap, div').parentElement.innerText))", timeout=240_000)
+        assert page.locator(f"#attribution-report {PROGRESS}").count() == 1 and len(progress_texts(page)) == 1
+        page.wait_for_function("() => /Explained:/.test(document.querySelector('#attribution-report').innerText)",
+                               timeout=300_000)

@@ -45,7 +45,7 @@ def test_thumbnails_for_an_upload():
 
 
 def test_a_preset_fills_the_box_and_keeps_the_attachments():
-    box = {"text": "old", "files": ["/tmp/page.png"]}
+    box = {"text": "", "files": ["/tmp/page.png"]}
     value, schema = documents.fill_prompt("chart2csv", "", box)
     assert value == {"text": "<chart2csv>", "files": ["/tmp/page.png"]} and schema["visible"] is False
     value, schema = documents.fill_prompt("kvp", documents.EXAMPLE_SCHEMA, box)
@@ -54,6 +54,20 @@ def test_a_preset_fills_the_box_and_keeps_the_attachments():
     with pytest.raises(gr.Error) as caught:  # a broken schema is one line, and the box stays as it was
         documents.fill_prompt("kvp", "{", box)
     assert "not valid JSON" in str(caught.value)
+
+
+def test_a_preset_replaces_only_a_presets_own_text():
+    """Typed text stays whatever the preset; a tag or a key-value prompt (any schema) is replaced,
+    and a free or document question empties it."""
+    files = ["/tmp/page.png"]
+    kvp = build_prompt("kvp", schema_text='{"type": "object"}')
+    for typed in ("How many bars?", "<chart2csv> and more", kvp[:-1] + " please"):
+        assert documents.fill_prompt("tables_html", "", {"text": typed, "files": files})[0] == gr.update()
+    for previous in ("<chart2csv>", kvp, "  <tables_otsl>\n"):
+        box = {"text": previous, "files": files}
+        assert documents.fill_prompt("tables_html", "", box)[0] == {"text": "<tables_html>", "files": files}
+        assert documents.fill_prompt("", "", box)[0] == {"text": "", "files": files}
+        assert documents.fill_prompt("qa", "", box)[0] == {"text": "", "files": files}
 
 
 def test_the_structured_panel_renders_a_hostile_table_safely():

@@ -319,7 +319,7 @@ def test_extreme_sizes_report_select_and_highlight(name, size, configs, packers)
     config = configs[name]
     height, width = size
     image = Image.new("RGB", (width, height), (128, 128, 128))
-    overlay, table, plan = tiling_report(image, config)
+    overlay, table, plan, _ = tiling_report(image, config)
     assert overlay.mode == "RGB" and table[-1][2] == plan.num_image_tokens
 
     first = first_token_to_show(plan)
@@ -391,7 +391,7 @@ def test_token_index_errors_name_the_valid_range(configs):
 def test_overlay_png_for_three_grid_shapes(size, grid, configs, output_dir):
     height, width = size
     image = make_image(width, height, seed=1)
-    overlay, table, plan = tiling_report(image, configs["bundled"])
+    overlay, table, plan, _ = tiling_report(image, configs["bundled"])
     assert plan.grid == grid
     assert overlay.mode == "RGB" and overlay.size == (1300, 800)
     assert table[-1] == ["total", "", plan.num_image_tokens]

@@ -22,12 +22,12 @@ def handlers():
 
 @pytest.mark.parametrize("size", [(1, 8000), (3, 600), (8000, 1), (1, 1), (300, 500)])
 def test_analyse_selects_a_token_for_every_shape(size, handlers, tmp_path):
-    analyse, select_index, _ = handlers
+    analyse, select_index = handlers[:2]
     height, width = size
     path = tmp_path / "picture.png"
     make_image(width, height, seed=1).save(path)
 
-    overlay, rows, plan, first, view, info, analysed = analyse(str(path))
+    overlay, rows, plan, regions, first, view, info, analysed = analyse(str(path))
     assert first == first_token_to_show(plan)
     assert view.size == display_size(width, height) and f"Token **{first}**" in info
     count = plan.num_image_tokens
@@ -37,11 +37,11 @@ def test_analyse_selects_a_token_for_every_shape(size, handlers, tmp_path):
 
 
 def test_token_for_a_changed_image_is_refused(handlers, tmp_path):
-    analyse, select_index, _ = handlers
+    analyse, select_index = handlers[:2]
     analysed, other = tmp_path / "analysed.png", tmp_path / "other.png"
     make_image(500, 300).save(analysed)
     make_image(8000, 1).save(other)
-    plan, fingerprint = analyse(str(analysed))[2], analyse(str(analysed))[6]
+    plan, fingerprint = analyse(str(analysed))[2], analyse(str(analysed))[7]
     with pytest.raises(gr.Error, match="the image changed since it was analysed") as caught:
         select_index(str(other), plan, fingerprint, 0)
     assert str(tmp_path) not in str(caught.value)
@@ -55,12 +55,74 @@ def test_a_different_picture_of_the_same_size_is_refused(handlers, tmp_path):
     """The size alone cannot tell two pictures apart; the file's fingerprint does."""
     from PIL import Image
 
-    analyse, select_index, _ = handlers
+    analyse, select_index = handlers[:2]
     green, blue = tmp_path / "green.png", tmp_path / "blue.png"
     Image.new("RGB", (200, 200), (0, 200, 0)).save(green)
     Image.new("RGB", (200, 200), (0, 0, 200)).save(blue)
-    _, _, plan, _, _, _, fingerprint = analyse(str(green))
+    _, _, plan, _, _, _, _, fingerprint = analyse(str(green))
     with pytest.raises(gr.Error, match="the image changed since it was analysed"):
         select_index(str(blue), plan, fingerprint, 5)
     view, info = select_index(str(green), plan, fingerprint, 5)
     assert "Token **5**" in info
+
+
+def canvas_in_overlay(overlay) -> tuple[float, float, float, float]:
+    """Where the overlay draws the padded canvas, found from its pixels alone: the canvas is framed
+    by black lines, the only long straight black runs in the picture's top left (the base view lies
+    to its right, the legend and the table below)."""
+    import numpy as np
+
+    pixels = np.asarray(overlay.convert("RGB")).astype(int)
+    height, width = pixels.shape[:2]
+    black = pixels[: int(0.7 * height), : int(0.7 * width)].max(axis=-1) < 40
+
+    def long_runs(lines) -> list[int]:  # the lines holding a black run of at least 25 pixels
+        found = []
+        for number, line in enumerate(lines):
+            edges = np.diff(np.concatenate([[0], line.astype(int), [0]]))
+            if ((np.nonzero(edges == -1)[0] - np.nonzero(edges == 1)[0]) >= 25).any():
+                found.append(number)
+        return found
+
+    rows, cols = long_runs(black), long_runs(black.T)
+    return float(min(cols)), float(min(rows)), float(max(cols)), float(max(rows))
+
+
+def overlay_spot(plan, canvas, token) -> tuple[float, float]:
+    """The overlay pixel showing the centre of ``token``'s box: original pixel -> resized and padded
+    canvas (the plan's resize and padding) -> the canvas as found in the overlay."""
+    left, top, right, bottom = canvas
+    height, width = plan.image_size
+    (best_height, best_width), (resized_height, resized_width) = plan.best_resolution, plan.resized_size
+    box = token.box
+    canvas_x = (box[0] + box[2]) / 2 * resized_width / width + plan.padding.left
+    canvas_y = (box[1] + box[3]) / 2 * resized_height / height + plan.padding.top
+    return left + canvas_x * (right - left) / best_width, top + canvas_y * (bottom - top) / best_height
+
+
+@pytest.mark.parametrize("size", [(300, 500), (242, 117), (1000, 1600)])
+def test_a_click_on_the_overlay_picks_the_token_under_it(size, handlers, tmp_path):
+    """Tile tokens first, middle and last: a click at the centre of each one's box (found on the
+    overlay through its drawn tile borders) selects it; the base view's centre gives the base token
+    that holds the image's centre; a click on the title selects nothing."""
+    from PIL import Image
+
+    analyse, select_on_overlay = handlers[0], handlers[3]
+    height, width = size
+    path = tmp_path / "picture.png"
+    make_image(width, height, seed=2).save(path)
+    overlay, _, plan, regions, _, _, _, analysed = analyse(str(path))
+    canvas = canvas_in_overlay(overlay)
+    tiles = [token for token in plan.tokens if token.kind == "tile"]
+    for token in (tiles[0], tiles[len(tiles) // 2], tiles[-1]):
+        x, y = overlay_spot(plan, canvas, token)
+        index, view, info = select_on_overlay(str(path), plan, analysed, regions,
+                                              gr.SelectData(None, {"index": [x, y], "value": None}))
+        assert index == token.index and f"Token **{token.index}**" in info and isinstance(view, Image.Image)
+    left, top, right, bottom = regions["base"]
+    index, _, info = select_on_overlay(str(path), plan, analysed, regions,
+                                       gr.SelectData(None, {"index": [(left + right) / 2, (top + bottom) / 2], "value": None}))
+    centre = plan.token(index)
+    assert centre.kind == "base" and centre.box[0] <= width / 2 <= centre.box[2] and centre.box[1] <= height / 2 <= centre.box[3]
+    assert select_on_overlay(str(path), plan, analysed, regions, gr.SelectData(None, {"index": [5, 5], "value": None})) == \
+        (gr.skip(),) * 3

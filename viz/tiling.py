@@ -17,7 +17,7 @@ matplotlib.use("Agg")  # files only, never a window
 import numpy as np  # noqa: E402
 from matplotlib import patches as mpatches  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
-from PIL import Image, ImageDraw  # noqa: E402
+from PIL import Image, ImageDraw, ImageFont  # noqa: E402
 
 from viz.figures import MAX_PICTURE_SIDE, display_size, figure_to_image, shown_picture  # noqa: E402
 
@@ -26,6 +26,8 @@ CELL_COLOUR = "#ffffff"
 PADDING_COLOUR = "#7f7f7f"
 DROPPED_COLOUR = "#e6194b"
 UNPADDED_COLOUR = "#00e5ff"
+#: A highlighted token's label: this share of the picture's longer side, at least this many pixels.
+LABEL_SHARE, LABEL_MIN_PX = 1 / 28, 14
 
 
 def render_tiling_overlay(image: Image.Image, plan: dict, dpi: int = 100) -> Image.Image:
@@ -33,14 +35,29 @@ def render_tiling_overlay(image: Image.Image, plan: dict, dpi: int = 100) -> Ima
     unpadded region, the cut-off features), the base view beside it, and the token-budget table below.
     The figure has a fixed size in inches, whatever the image; ``dpi`` is capped to keep it within
     ``MAX_PICTURE_SIDE``."""
+    return tiling_overlay(image, plan, dpi)[0]
+
+
+def tiling_overlay(image: Image.Image, plan: dict, dpi: int = 100) -> tuple[Image.Image, dict]:
+    """:func:`render_tiling_overlay`'s picture, and where its two views lie in it, so a click on the
+    picture can be mapped to a token: ``{"canvas": box, "base": box}``, each ``(left, top, right,
+    bottom)`` in the picture's pixels, spanning the padded canvas and the base view exactly."""
     size_inches = (13, 8)
     dpi = min(dpi, MAX_PICTURE_SIDE / max(size_inches))
     figure = Figure(figsize=size_inches, dpi=dpi, facecolor="white")
     grid = figure.add_gridspec(2, 2, width_ratios=[3, 1], height_ratios=[4, 1], hspace=0.15, wspace=0.08)
-    _draw_canvas(figure.add_subplot(grid[0, 0]), image, plan)
-    _draw_base_view(figure.add_subplot(grid[0, 1]), image, plan)
+    views = {"canvas": figure.add_subplot(grid[0, 0]), "base": figure.add_subplot(grid[0, 1])}
+    _draw_canvas(views["canvas"], image, plan)
+    _draw_base_view(views["base"], image, plan)
     _draw_budget_table(figure.add_subplot(grid[1, :]), plan["budget"])
-    return figure_to_image(figure, dpi=dpi, tight=False)
+    picture = figure_to_image(figure, dpi=dpi, tight=False)
+    width, height = picture.size
+    regions = {}
+    for name, axes in views.items():  # drawn by now: the positions are the aspect-adjusted ones
+        box = axes.get_position()  # figure fractions, origin at the bottom left
+        regions[name] = tuple(float(v) for v in (box.x0 * width, (1 - box.y1) * height, box.x1 * width,
+                                                  (1 - box.y0) * height))
+    return picture, regions
 
 
 def save_tiling_overlay(image: Image.Image, plan: dict, path: str | Path) -> Path:
@@ -175,11 +192,14 @@ def highlight_box(image: Image.Image, box, label: str | None = None, context_box
     if context_box is not None:
         draw.rectangle(shown(context_box), outline=(255, 212, 0, 255), width=line)
     draw.rectangle((left, top, right, bottom), outline=(*colour, 255), width=line)
-    if label:
-        text_y = top - 14 if top >= 14 else min(bottom + 2, height - 12)
-        text_box = draw.textbbox((left + 2, text_y), label)
-        draw.rectangle((text_box[0] - 2, text_box[1] - 1, text_box[2] + 2, text_box[3] + 1), fill=(0, 0, 0, 180))
-        draw.text((left + 2, text_y), label, fill=(255, 255, 255, 255))
+    if label:  # a font in proportion to the picture, which the page shows about 420 px tall
+        font = ImageFont.load_default(size=max(LABEL_MIN_PX, round(max(width, height) * LABEL_SHARE)))
+        text_height = draw.textbbox((0, 0), label, font=font)[3] + 2
+        text_x = min(left + 2, max(0, width - draw.textlength(label, font=font) - 4))
+        text_y = top - text_height if top >= text_height else min(bottom + 2, height - text_height)
+        text_box = draw.textbbox((text_x, text_y), label, font=font)
+        draw.rectangle((text_box[0] - 2, text_box[1] - 1, text_box[2] + 2, text_box[3] + 1), fill=(0, 0, 0, 200))
+        draw.text((text_x, text_y), label, fill=(255, 255, 255, 255), font=font)
     return Image.alpha_composite(base.convert("RGBA"), overlay).convert("RGB")
 
 

@@ -1,16 +1,20 @@
 """The Attribution tab: which image regions, through which of the 8 levels, an answer token relied
 on; whether that map beats random removal (the deletion test); and the logit lens over the image."""
 
+import time
+
 import gradio as gr
 
 from g4v.attribution.gradients import METHODS
 from g4v.attribution.run import AttributionSettings, run_attribution
 from g4v.errors import G4VError
 from g4v.inspect.levels import describe_levels
-from webapp.common import MODEL_QUEUE, image_input, shows_errors, use_last_chat_image
+from webapp.common import MODEL_QUEUE, image_input, shows_errors, time_left, use_last_chat_image
 from webapp.documents import document_picker
 
 WHOLE_ANSWER = "the whole answer"
+RUN_HINT = ("An explanation runs the model forward and backward many times (the deletion test, the logit lens): "
+            "about 30 s for the demo checkpoint on a CPU, longer for the real model; the bar shows the time left.")
 
 
 def token_choice(text: str | None) -> int | None:
@@ -47,8 +51,13 @@ def make_explain(engine, exports, gpu_task):
         rivals = tuple(part.strip() for part in (against or "").split(",") if part.strip())
         settings = AttributionSettings(target=target or None, token=token_choice(token), method=method,
                                        deletion_level=deletion_level or None, against=rivals)
-        report = run_attribution(engine, image_path, prompt, settings, exports=exports,
-                                 progress=lambda fraction, text: progress(fraction, desc=text))
+        started = time.monotonic()
+
+        def tell(fraction, text):
+            left = time_left(fraction, 1.0, time.monotonic() - started)
+            progress(fraction, desc=f"{text}, {left}" if left else text)
+
+        report = run_attribution(engine, image_path, prompt, settings, exports=exports, progress=tell)
         tokens = [f"{i}: {text!r}" for i, text in enumerate(report.answer.texts)] + [WHOLE_ANSWER]
         chosen = WHOLE_ANSWER if report.answer.target is None else tokens[report.answer.target]
         figures = report.figures
@@ -81,6 +90,7 @@ def attribution_tab(engine, config, last_chat_image: gr.State, exports, concurre
                                  "own log-probability)", value="", placeholder="e.g. red, green, blue",
                                  elem_id="attribution-against")
             run = gr.Button("Explain", variant="primary", elem_id="attribution-run")
+            gr.Markdown(RUN_HINT, elem_id="attribution-hint")
     report = gr.Markdown(elem_id="attribution-report")
     # One picture a row, at the page's width, without Gradio's label over it: each carries its title.
     pictures = {"show_label": False, "format": "png"}
@@ -94,4 +104,5 @@ def attribution_tab(engine, config, last_chat_image: gr.State, exports, concurre
     use_last_chat_image(from_chat, last_chat_image, image)
     run.click(make_explain(engine, exports, gpu_task), [image, prompt, target, token, method, deletion_level, against],
               [token, report, tiles, base, deletion, lens, lens_levels, export],
-              api_name="attribute", concurrency_id=MODEL_QUEUE, concurrency_limit=concurrency)
+              api_name="attribute", concurrency_id=MODEL_QUEUE, concurrency_limit=concurrency,
+              show_progress_on=report)  # one progress bar, not one in each of the outputs

@@ -263,7 +263,7 @@ def chat_tab(engine, last_chat_image: gr.State, examples: list[list], concurrenc
     answered = shown.success(
         respond, [sending, checked, before, max_new_tokens, temperature, top_p, seed], [chatbot, last_chat_image, box],
         api_visibility="private", concurrency_id=MODEL_QUEUE, concurrency_limit=concurrency, show_progress="minimal")
-    follow_answers(answered)
+    follow_answers(answered, started=shown)
     stop.click(lambda: gr.MultimodalTextbox(interactive=True), None, box, cancels=[answered], api_visibility="private")
     follow_answers(clear.click(lambda: ([], gr.MultimodalTextbox(interactive=True)), None, [chatbot, box],
                                cancels=[answered], api_visibility="private"))  # and empties the structured panel

@@ -136,3 +136,12 @@ def use_last_chat_image(button: gr.Button, last_chat_image: gr.State, image: gr.
         return path
 
     return button.click(pick, last_chat_image, image, api_visibility="private", **QUIET_INPUT)
+
+
+def time_left(done: float, total: float, elapsed: float) -> str:
+    """``"about 40 s left"`` at the pace so far, for a progress line; empty before the first step
+    ends and after the last (Gradio's own bar shows only the time elapsed)."""
+    if not 0 < done < total:
+        return ""
+    seconds = elapsed / done * (total - done)
+    return f"about {seconds:.0f} s left" if seconds < 90 else f"about {seconds / 60:.0f} min left"

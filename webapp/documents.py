@@ -7,6 +7,7 @@ and hands their paths on: to a tab's image input (one page), or into the Chat bo
 sees an uploaded picture, through ``open_image``.
 """
 
+import json
 import uuid
 from pathlib import Path
 
@@ -27,6 +28,7 @@ KEEP_PAGES = 200
 #: The picker's thumbnail strip in pixels: a row of cells at a desktop width and the top of the next.
 THUMBNAILS_HEIGHT = 320
 NO_TASK = "(free question)"
+PENDING_NOTE = "*Waiting for the new answer: it is read here once complete.*"
 EXAMPLE_SCHEMA = '{\n  "type": "object",\n  "properties": {"total": {"type": "number"}},\n  "required": ["total"]\n}'
 
 
@@ -154,14 +156,40 @@ def preset_choices() -> list[tuple[str, str]]:
 
 @shows_errors
 def fill_prompt(task, schema_text, current):
-    """Choosing a task puts its prompt into the Chat box (attachments kept); key-value extraction
-    shows the schema box and rebuilds the prompt when the schema changes."""
+    """Choosing a task puts its prompt into the Chat box (attachments kept), in place of an empty
+    box or another preset's prompt, never of the user's own text; a free question or a document
+    question empties a preset's prompt. Key-value extraction shows the schema box and rebuilds the
+    prompt when the schema changes."""
     current = current if isinstance(current, dict) else {}
     shown = schema_field(task)
-    if not task or get_preset(task).needs_question:
+    text = current.get("text") or ""
+    if not is_preset_text(text):
+        if task:
+            gr.Info("The box keeps your text; empty it and choose the task again for the task's own prompt.")
         return gr.update(), shown
-    prompt = build_prompt(task, schema_text=schema_text) if shown["visible"] else build_prompt(task)
+    if not task or get_preset(task).needs_question:
+        prompt = ""
+    else:
+        prompt = build_prompt(task, schema_text=schema_text) if shown["visible"] else build_prompt(task)
     return {"text": prompt, "files": current.get("files") or []}, shown
+
+
+def is_preset_text(text: str) -> bool:
+    """Whether the box holds nothing but a preset's prompt (or nothing): a tag, or the key-value
+    prompt around any JSON schema. Only such text may a preset replace."""
+    text = text.strip()
+    if not text or any(text == preset.prompt for preset in PRESETS.values()
+                        if not (preset.needs_schema or preset.needs_question)):
+        return True
+    for preset in PRESETS.values():
+        head, _, tail = preset.prompt.partition("{schema}") if preset.needs_schema else ("", "", "")
+        if head and text.startswith(head) and text.endswith(tail):
+            try:
+                json.loads(text[len(head):len(text) - len(tail)])
+            except ValueError:
+                return False
+            return True
+    return False
 
 
 def schema_field(task):
@@ -227,6 +255,11 @@ def structured_view(task, schema_text, history):
     return result.html, table, "\n".join(lines)
 
 
+def pending_view(task):
+    """The panel while an answer is being written: empty, with a note when a task preset reads it."""
+    return "", gr.update(value=None, visible=False), PENDING_NOTE if task else ""
+
+
 def _code(text: str) -> str:
     """Text inside Markdown code, so markup in it (``<table>``) shows instead of rendering."""
     return "`" + str(text).replace("`", "'") + "`"
@@ -251,7 +284,12 @@ def chat_documents(box, chatbot):
     task.change(schema_field, task, schema, api_visibility="private", queue=False, show_progress="hidden")
     schema.blur(fill_prompt, [task, schema, box], [box, schema], api_visibility="private")
 
-    def follow(event):
+    def follow(event, started=None):
+        """Read each answer once it is complete; from ``started`` (a message sent) until then, the
+        panel says it waits, instead of showing the previous answer as if it were this one's."""
+        if started is not None:
+            started.then(pending_view, task, [rendered, table, notes], api_visibility="private", queue=False,
+                         show_progress="hidden")
         return event.then(structured_view, [task, schema, chatbot], [rendered, table, notes],
                           api_visibility="private", show_progress="hidden")
 

@@ -15,6 +15,7 @@ run) instead of starting over. The same function answers the ``/evaluate`` API e
 """
 
 import threading
+import time
 import zipfile
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -26,11 +27,11 @@ from g4v.evaluate import BUNDLED_DATASET, Columns, EvalConfig, open_dataset, run
 from g4v.evaluate.store import CSV_FILE, PARQUET_FILE, ROWS_FILE, RUN_FILE, SUMMARY_FILE
 from g4v.evaluate.uploads import UPLOAD_SUFFIXES, extract_upload
 from viz.evaluate import run_figures
-from webapp.common import MODEL_QUEUE, sampling_settings, shows_errors
+from webapp.common import MODEL_QUEUE, sampling_settings, shows_errors, time_left
 from webapp.evaluate_choices import (BUNDLED, UPLOAD, ArmChoice, arm_choices, dataset_choices, dataset_label,
                                      pick_arm)
-from webapp.evaluate_tables import (AGGREGATE_HEADERS, SAMPLE_HEADERS, aggregate_rows, run_status, sample_rows,
-                                    whole_or_none)
+from webapp.evaluate_tables import (AGGREGATE_HEADERS, SAMPLE_HEADERS, aggregate_rows, column_widths, run_status,
+                                    sample_rows, whole_or_none)
 
 #: Uploaded datasets kept on disk (the oldest goes when another arrives).
 KEEP_UPLOADS = 4
@@ -218,11 +219,14 @@ def make_run(engine, workspace: EvalWorkspace, choices: list[ArmChoice], adapter
         try:
             worker.start()
             progress(0.0, desc="opening the arms (loading a model or starting a server can take a minute)")
+            started = None  # when the samples began (opening the arms is not their pace)
             while worker.is_alive():
                 worker.join(POLL_SECONDS)
                 done, total = counts
                 if total:
-                    progress((done, total), desc="samples", unit="samples")
+                    started = started or time.monotonic()
+                    left = time_left(done, total, time.monotonic() - started)
+                    progress((done, total), desc=f"samples, {left}" if left else "samples", unit="samples")
             if "error" in outcome:
                 raise outcome["error"]
             yield show_result(outcome["result"], config, workspace)
@@ -279,7 +283,8 @@ def evaluate_tab(engine, model: str, adapters_dir, workspace: EvalWorkspace, tar
         stop = gr.Button("Stop", elem_id="eval-stop")
     status = gr.Markdown(elem_id="eval-status")
     aggregate = gr.Dataframe(headers=AGGREGATE_HEADERS, label="Aggregates (all, then per category)",
-                             interactive=False, elem_id="eval-aggregate", wrap=True)
+                             interactive=False, elem_id="eval-aggregate", wrap=True,
+                             column_widths=column_widths(AGGREGATE_HEADERS))
     with gr.Row():  # the figures carry their own titles
         accuracy_plot = gr.Image(show_label=False, format="png", elem_id="eval-accuracy-plot")
         paired_plot = gr.Image(show_label=False, format="png")
@@ -287,7 +292,7 @@ def evaluate_tab(engine, model: str, adapters_dir, workspace: EvalWorkspace, tar
         kl_plot = gr.Image(show_label=False, format="png")
         divergence_plot = gr.Image(show_label=False, format="png")
     samples = gr.Dataframe(headers=SAMPLE_HEADERS, label="Samples, worst first (select a row)", interactive=False,
-                           elem_id="eval-samples", wrap=True, max_height=420)
+                           elem_id="eval-samples", wrap=True, max_height=420, column_widths=column_widths(SAMPLE_HEADERS))
     picked = gr.Markdown("No row selected.", elem_id="eval-picked")
     with gr.Row():
         to_chat = gr.Button("Open in Chat", elem_id="eval-open-chat")
@@ -302,7 +307,8 @@ def evaluate_tab(engine, model: str, adapters_dir, workspace: EvalWorkspace, tar
     evaluate = make_run(engine, workspace, choices, adapters_dir, gpu_task)
     run.click(evaluate, [arm_a, arm_b, dataset, files, *columns, limit, seed, max_new_tokens, blank_probe, levels],
               [status, aggregate, accuracy_plot, paired_plot, kl_plot, divergence_plot, samples, export, summary,
-               run_state], api_name="evaluate", concurrency_id=MODEL_QUEUE, concurrency_limit=concurrency)
+               run_state], api_name="evaluate", concurrency_id=MODEL_QUEUE, concurrency_limit=concurrency,
+              show_progress_on=status)  # one progress bar, not one in each of the outputs
 
     def stop_run(request: gr.Request):
         if not workspace.stop(getattr(request, "session_hash", None) or "api"):

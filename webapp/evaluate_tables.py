@@ -12,6 +12,23 @@ AGGREGATE_HEADERS = ["group", "n", "errors", "A accuracy [95% CI]", "B accuracy 
 SAMPLE_HEADERS = ["row", "id", "category", "prompt", "reference", "answer A", "answer B", "A right", "B right",
                   "agree", "first diff", "KL mean", "image tokens", "error"]
 
+#: Columns of free text (the sample table's prompt and answers), given room to read.
+TEXT_COLUMNS = {"prompt", "reference", "answer A", "answer B", "error"}
+#: Pixels per character of a header's longest word (the table's bold monospace), and the cell's own
+#: padding and menu button.
+HEADER_CHAR_PX, HEADER_EXTRA_PX, TEXT_COLUMN_PX = 9.5, 44, 220
+
+
+def column_widths(headers: list[str]) -> list[str]:
+    """A width for each column wide enough for its header's longest word and for half the header,
+    so headers wrap between words only, on two lines or so (Gradio sizes the columns to the cells
+    and then breaks header words anywhere)."""
+    widths = []
+    for header in headers:
+        characters = max(max(len(word) for word in header.split()), len(header) / 2)
+        widths.append(round(HEADER_CHAR_PX * characters + HEADER_EXTRA_PX))
+    return [f"{max(width, TEXT_COLUMN_PX if header in TEXT_COLUMNS else 0)}px" for width, header in zip(widths, headers)]
+
 
 def _number(value, digits: int = 3) -> str:
     return "–" if value is None else f"{value:.{digits}g}" if abs(value) < 1e-3 and value else f"{value:.{digits}f}"

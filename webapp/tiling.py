@@ -6,7 +6,7 @@ import gradio as gr
 
 from g4v.errors import G4VError
 from g4v.tiling import first_token_to_show, token_at
-from g4v.tiling_view import highlight_token, tiling_report
+from g4v.tiling_view import highlight_token, tiling_report, token_at_overlay
 from viz.figures import original_point
 from webapp.common import image_input, shows_errors, use_last_chat_image
 from webapp.documents import document_picker
@@ -42,10 +42,10 @@ def make_handlers(config):
             raise G4VError("the tiling inspector needs the model's config.json, which this backend does not expose")
         if not image_path:
             raise G4VError("upload an image first")
-        overlay, rows, plan = tiling_report(image_path, config)
+        overlay, rows, plan, regions = tiling_report(image_path, config)
         first = first_token_to_show(plan)
         view = highlight_token(image_path, plan, first)
-        return overlay, rows, plan, first, view, token_description(plan, first), fingerprint(image_path)
+        return overlay, rows, plan, regions, first, view, token_description(plan, first), fingerprint(image_path)
 
     @shows_errors
     def select_index(image_path, plan, analysed, index):
@@ -64,7 +64,18 @@ def make_handlers(config):
             raise G4VError(f"no token covers pixel ({x}, {y})")
         return token.index, highlight_token(image_path, plan, token.index), token_description(plan, token.index)
 
-    return analyse, select_index, select_click
+    @shows_errors
+    def select_on_overlay(image_path, plan, analysed, regions, evt: gr.SelectData):
+        """Clicking the overlay picks the tile token of the canvas cell, or the base token, under the
+        pointer (Gradio gives the point in the overlay picture's own pixels)."""
+        check_same_image(image_path, plan, analysed)
+        token = token_at_overlay(plan, regions or {}, *evt.index)
+        if token is None:  # a title, a margin, a cut-off cell: a hint, the selection kept (no error badge)
+            gr.Info("no token there: click a cell of the canvas (inside the dashed line) or of the base view")
+            return gr.skip(), gr.skip(), gr.skip()
+        return token.index, highlight_token(image_path, plan, token.index), token_description(plan, token.index)
+
+    return analyse, select_index, select_click, select_on_overlay
 
 
 def tiling_tab(config, last_chat_image: gr.State) -> None:
@@ -76,19 +87,20 @@ def tiling_tab(config, last_chat_image: gr.State) -> None:
             from_chat = gr.Button("Use the last chat image", elem_id="tiling-from-chat")
             from_pdf = document_picker(image, elem_id="tiling-doc")  # a PDF page, then its token budget
             table = gr.Dataframe(headers=["part", "layout", "tokens"], label="Token budget", interactive=False)
-    overlay = gr.Image(label="Grid, tiles, padding and unpadded region", interactive=False, format="png",
-                       elem_id="tiling-overlay")
+    overlay = gr.Image(label="Grid, tiles, padding and unpadded region (click a cell to pick its token)",
+                       interactive=False, format="png", elem_id="tiling-overlay")
     with gr.Row():
-        token_view = gr.Image(label="Selected token (click a spot to pick its token)", interactive=False,
-                              format="png", height=420)
+        token_view = gr.Image(label="Selected token (click a spot to pick another)", interactive=False,
+                              format="png", height=420, elem_id="tiling-token-view")
         with gr.Column():
-            token_index = gr.Number(label="Token index", value=0)  # whole numbers checked by the plan, not rounded
-            token_info = gr.Markdown()
+            token_index = gr.Number(label="Token index", value=0, elem_id="tiling-token-index")  # whole numbers checked by the plan, not rounded
+            token_info = gr.Markdown(elem_id="tiling-token-info")
     plan = gr.State(None)
+    regions = gr.State(None)  # where the overlay shows the canvas and the base view
     analysed = gr.State(None)  # the analysed file's fingerprint
 
-    analyse, select_index, select_click = make_handlers(config)
-    outputs = [overlay, table, plan, token_index, token_view, token_info, analysed]
+    analyse, select_index, select_click, select_on_overlay = make_handlers(config)
+    outputs = [overlay, table, plan, regions, token_index, token_view, token_info, analysed]
     image.upload(analyse, image, outputs, api_name="tiling")
     use_last_chat_image(from_chat, last_chat_image, image).success(
         analyse, image, outputs, api_visibility="private")
@@ -97,3 +109,5 @@ def tiling_tab(config, last_chat_image: gr.State) -> None:
                        api_name="tiling_token")
     token_view.select(select_click, [image, plan, analysed], [token_index, token_view, token_info],
                       api_visibility="private")
+    overlay.select(select_on_overlay, [image, plan, analysed, regions], [token_index, token_view, token_info],
+                   api_visibility="private")
