@@ -8,6 +8,7 @@ from g4v.attribution.run import AttributionSettings, run_attribution
 from g4v.errors import G4VError
 from g4v.inspect.levels import describe_levels
 from webapp.common import MODEL_QUEUE, image_input, shows_errors, use_last_chat_image
+from webapp.sessions import SessionStores, session_key
 
 WHOLE_ANSWER = "the whole answer"
 
@@ -37,17 +38,19 @@ def report_markdown(summary: dict) -> str:
     return "\n\n".join(lines)
 
 
-def make_explain(engine, exports, gpu_task):
+def make_explain(engine, sessions: SessionStores, gpu_task):
     @gpu_task
     @shows_errors
-    def explain(image_path, prompt, target, token, method, deletion_level, against="", progress=gr.Progress()):
+    def explain(image_path, prompt, target, token, method, deletion_level, against="", request: gr.Request = None,
+                progress=gr.Progress()):
         """Attribute one answer token (or the whole answer) to the image tokens of every level;
         with ``against`` (comma-separated answers), the whole answer's log-odds against them."""
         rivals = tuple(part.strip() for part in (against or "").split(",") if part.strip())
         settings = AttributionSettings(target=target or None, token=token_choice(token), method=method,
                                        deletion_level=deletion_level or None, against=rivals)
-        report = run_attribution(engine, image_path, prompt, settings, exports=exports,
-                                 progress=lambda fraction, text: progress(fraction, desc=text))
+        with sessions.using(session_key(request)) as visitor:  # the export goes to the visitor's own store
+            report = run_attribution(engine, image_path, prompt, settings, exports=visitor.stores["inspect"],
+                                     progress=lambda fraction, text: progress(fraction, desc=text))
         tokens = [f"{i}: {text!r}" for i, text in enumerate(report.answer.texts)] + [WHOLE_ANSWER]
         chosen = WHOLE_ANSWER if report.answer.target is None else tokens[report.answer.target]
         figures = report.figures
@@ -58,7 +61,7 @@ def make_explain(engine, exports, gpu_task):
     return explain
 
 
-def attribution_tab(engine, config, last_chat_image: gr.State, exports, concurrency: int = 1,
+def attribution_tab(engine, config, last_chat_image: gr.State, sessions: SessionStores, concurrency: int = 1,
                     gpu_task=lambda fn: fn) -> None:
     gr.Markdown("Which image regions, through which of the 8 levels, an answer token relied on "
                 "(gradient x input, or integrated gradients), whether that map beats removing random "
@@ -89,6 +92,6 @@ def attribution_tab(engine, config, last_chat_image: gr.State, exports, concurre
     export = gr.File(label="Export (summary.json, PNGs, attribution.safetensors)", file_count="multiple")
 
     use_last_chat_image(from_chat, last_chat_image, image)
-    run.click(make_explain(engine, exports, gpu_task), [image, prompt, target, token, method, deletion_level, against],
+    run.click(make_explain(engine, sessions, gpu_task), [image, prompt, target, token, method, deletion_level, against],
               [token, report, tiles, base, deletion, lens, lens_levels, export],
               api_name="attribute", concurrency_id=MODEL_QUEUE, concurrency_limit=concurrency)
