@@ -353,7 +353,9 @@ def wire_dataset_info(workspace: EvalWorkspace, dataset, files, columns, describ
     def uploaded(upload):
         return gr.Dropdown(value=UPLOAD) if upload else gr.skip()
 
-    dataset.change(describe, [dataset, files], [*columns, described], api_visibility="private")
+    # .input (a visitor's choice), not .change: the upload's own step below sets the dropdown too,
+    # and .change would describe the upload (and show its refusal) a second time.
+    dataset.input(describe, [dataset, files], [*columns, described], api_visibility="private")
     files.upload(uploaded, files, dataset, api_visibility="private", queue=False).then(
         describe, [dataset, files], [*columns, described], api_visibility="private")
 
