@@ -64,6 +64,13 @@ def looks_like_local_path(model: str) -> bool:
             or "/" in model and Path(model.split("/")[0]).is_dir())
 
 
+def model_name(model) -> str:
+    """How an export names a model: a hub id as it is, a local folder by its name only (an export
+    leaves the server, its paths do not)."""
+    text = str(model or "")
+    return Path(text).name if looks_like_local_path(text) or Path(text).expanduser().exists() else text
+
+
 def resolve_source(model: str) -> str:
     """Check a local folder (exists, has a Granite 4 Vision config) or pass a hub id through."""
     if not model or not model.strip():

@@ -5,6 +5,7 @@ import json
 import re
 import shutil
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -205,3 +206,59 @@ def test_telemetry_is_off_and_only_examples_are_served(app_url, tmp_path):
         assert response.status_code in (403, 404) and "someone else" not in response.text
     finally:
         shutil.rmtree(shared, ignore_errors=True)
+
+
+# ── issue 31 M3: what a visitor uploads is shown as text, never as HTML ────────────────────────
+
+
+@contextmanager
+def listener():
+    """A local HTTP server that counts the requests it gets: the address an injected tag would call."""
+    import http.server
+    import threading
+
+    hits = []
+
+    class Count(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            hits.append(self.path)
+            self.send_response(204)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Count)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", hits
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(10)
+
+
+def test_column_names_with_html_show_as_text_in_one_toast(app_url, tmp_path, output_dir):
+    """An uploaded table whose column names are an <img> and a login link: the toast shows them as
+    text (no element, no request to their address), names the app's own control, and comes once."""
+    from tests.browser import browser_page
+
+    with listener() as (address, hits):
+        image, link = f"<img src={address}/x.png>", f'<a href="{address}/login">login</a>'
+        table = tmp_path / "data.jsonl"
+        table.write_text(json.dumps({image: "a.png", link: "what is it?"}) + "\n")
+        with browser_page() as page:
+            page.goto(app_url)
+            page.get_by_role("tab", name="Evaluate").click()
+            page.locator("#eval-upload input[type=file]").set_input_files(str(table))
+            page.wait_for_selector("[data-testid='toast-body']", timeout=60_000)
+            page.wait_for_timeout(3000)  # a second toast for the same upload would be here by now
+            toasts = page.locator("[data-testid='toast-body']")
+            texts = toasts.all_inner_texts()
+            page.screenshot(path=str(output_dir / "evaluate-toast-escaped.png"))
+            assert len(texts) == 1, texts
+            assert image in texts[0] and link in texts[0], texts[0]
+            assert "--columns" not in texts[0] and "'image column'" in texts[0]
+            assert toasts.first.locator("img, a, input").count() == 0
+        assert hits == []

@@ -11,6 +11,7 @@ from g4v.errors import G4VError
 from g4v.inspect.levels import describe_levels
 from webapp.common import MODEL_QUEUE, image_input, shows_errors, time_left, use_last_chat_image
 from webapp.documents import document_picker
+from webapp.sessions import SessionStores, session_key
 
 WHOLE_ANSWER = "the whole answer"
 RUN_HINT = ("An explanation runs the model forward and backward many times (the deletion test, the logit lens): "
@@ -42,10 +43,11 @@ def report_markdown(summary: dict) -> str:
     return "\n\n".join(lines)
 
 
-def make_explain(engine, exports, gpu_task):
+def make_explain(engine, sessions: SessionStores, gpu_task):
     @gpu_task
     @shows_errors
-    def explain(image_path, prompt, target, token, method, deletion_level, against="", progress=gr.Progress()):
+    def explain(image_path, prompt, target, token, method, deletion_level, against="", request: gr.Request = None,
+                progress=gr.Progress()):
         """Attribute one answer token (or the whole answer) to the image tokens of every level;
         with ``against`` (comma-separated answers), the whole answer's log-odds against them."""
         rivals = tuple(part.strip() for part in (against or "").split(",") if part.strip())
@@ -57,7 +59,9 @@ def make_explain(engine, exports, gpu_task):
             left = time_left(fraction, 1.0, time.monotonic() - started)
             progress(fraction, desc=f"{text}, {left}" if left else text)
 
-        report = run_attribution(engine, image_path, prompt, settings, exports=exports, progress=tell)
+        with sessions.using(session_key(request)) as visitor:  # the export goes to the visitor's own store
+            report = run_attribution(engine, image_path, prompt, settings, exports=visitor.stores["inspect"],
+                                     progress=tell)
         tokens = [f"{i}: {text!r}" for i, text in enumerate(report.answer.texts)] + [WHOLE_ANSWER]
         chosen = WHOLE_ANSWER if report.answer.target is None else tokens[report.answer.target]
         figures = report.figures
@@ -68,7 +72,7 @@ def make_explain(engine, exports, gpu_task):
     return explain
 
 
-def attribution_tab(engine, config, last_chat_image: gr.State, exports, concurrency: int = 1,
+def attribution_tab(engine, config, last_chat_image: gr.State, sessions: SessionStores, concurrency: int = 1,
                     gpu_task=lambda fn: fn) -> None:
     gr.Markdown("Which image regions, through which of the 8 levels, an answer token relied on "
                 "(gradient x input, or integrated gradients), whether that map beats removing random "
@@ -102,7 +106,7 @@ def attribution_tab(engine, config, last_chat_image: gr.State, exports, concurre
     export = gr.File(label="Export (summary.json, PNGs, attribution.safetensors)", file_count="multiple")
 
     use_last_chat_image(from_chat, last_chat_image, image)
-    run.click(make_explain(engine, exports, gpu_task), [image, prompt, target, token, method, deletion_level, against],
+    run.click(make_explain(engine, sessions, gpu_task), [image, prompt, target, token, method, deletion_level, against],
               [token, report, tiles, base, deletion, lens, lens_levels, export],
               api_name="attribute", concurrency_id=MODEL_QUEUE, concurrency_limit=concurrency,
               show_progress_on=report)  # one progress bar, not one in each of the outputs

@@ -4,10 +4,12 @@ Gradio-only helpers; the work itself happens in plain functions of the ``g4v`` p
 """
 
 import functools
+import html
 import inspect
 import logging
 import math
 import os
+import re
 
 import gradio as gr
 
@@ -23,14 +25,26 @@ MAX_UPLOAD_SIZE = os.environ.get("G4V_MAX_UPLOAD_SIZE", "25mb")
 MODEL_QUEUE = "model"
 
 
+#: The library's refusals name the CLI's flags; the app names its own controls instead.
+APP_WORDING = [(re.compile(r"name it with --columns (\w+)=COLUMN"), r"type its name in the box '\1 column' (Column mapping)")]
+
+
+def toast_text(message: str) -> str:
+    """A message as a toast shows it: in the app's wording, and escaped, because Gradio renders a
+    toast as HTML and messages quote what visitors typed or uploaded (column and file names)."""
+    for pattern, wording in APP_WORDING:
+        message = pattern.sub(wording, message)
+    return html.escape(message, quote=False)
+
+
 def shows_errors(fn):
     """Let ``fn`` (a function or a generator function) raise :class:`G4VError` and the user see one
-    line: it becomes ``gr.Error``. Anything else is a bug: its traceback goes to the server log and
-    the user gets a line without library internals or server paths."""
+    line: it becomes ``gr.Error`` (see :func:`toast_text`). Anything else is a bug: its traceback
+    goes to the server log and the user gets a line without library internals or server paths."""
 
     def translate(err: BaseException) -> gr.Error:
         if isinstance(err, G4VError):  # a refusal, not a failure: no traceback in the server log
-            return gr.Error(str(err), print_exception=False)
+            return gr.Error(toast_text(str(err)), print_exception=False)
         log.exception("unexpected error in %s", fn.__name__)
         return gr.Error(f"the workbench failed unexpectedly ({type(err).__name__}); the details are in the server log")
 

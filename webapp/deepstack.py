@@ -7,6 +7,7 @@ from g4v.inspect.levels import describe_levels, parse_scale_specs
 from g4v.inspect.run import run_inspection
 from webapp.common import MODEL_QUEUE, image_input, shows_errors, use_last_chat_image
 from webapp.documents import document_picker
+from webapp.sessions import SessionStores, session_key
 
 LEVEL_COLUMNS = ["level", "kind", "vision layer", "LLM layer", "injected norm", "residual before", "residual after"]
 
@@ -29,14 +30,16 @@ def ablation_report(summary: dict) -> str:
     return "\n\n".join(lines)
 
 
-def make_inspect(engine, exports, gpu_task):
+def make_inspect(engine, sessions: SessionStores, gpu_task):
     @gpu_task
     @shows_errors
-    def inspect(image_path, prompt, ablate, scales_text, full):
-        """Capture the 8 injections for one image and prompt; ablate or scale levels if asked."""
+    def inspect(image_path, prompt, ablate, scales_text, full, request: gr.Request):
+        """Capture the 8 injections for one image and prompt; ablate or scale levels if asked. The
+        export goes to the visitor's own store."""
         scales = parse_scale_specs(part.strip() for part in (scales_text or "").split(",") if part.strip())
-        result = run_inspection(engine, image_path, prompt, ablate=ablate or (), scale=scales, full=bool(full),
-                                exports=exports)
+        with sessions.using(session_key(request)) as visitor:
+            result = run_inspection(engine, image_path, prompt, ablate=ablate or (), scale=scales, full=bool(full),
+                                    exports=visitor.stores["inspect"])
         rows = [[lv["name"], lv["kind"], lv["vision_layer"], lv["llm_layer"], round(lv["injected_norm_mean"], 3),
                  round(lv["residual_norm_before_mean"], 3), round(lv["residual_norm_after_mean"], 3)]
                 for lv in result.summary["levels"]]
@@ -47,7 +50,7 @@ def make_inspect(engine, exports, gpu_task):
     return inspect
 
 
-def deepstack_tab(engine, config, last_chat_image: gr.State, exports, concurrency: int = 1,
+def deepstack_tab(engine, config, last_chat_image: gr.State, sessions: SessionStores, concurrency: int = 1,
                   gpu_task=lambda fn: fn) -> tuple[gr.Image, gr.Textbox]:
     """Render the tab; returns its image and prompt inputs, which other tabs fill (the Evaluate
     tab's "Open in Deepstack")."""
@@ -74,7 +77,7 @@ def deepstack_tab(engine, config, last_chat_image: gr.State, exports, concurrenc
     export = gr.File(label="Export (summary.json, PNGs, capture.safetensors)")
 
     use_last_chat_image(from_chat, last_chat_image, image)
-    run.click(make_inspect(engine, exports, gpu_task), [image, prompt, ablate, scales, full],
+    run.click(make_inspect(engine, sessions, gpu_task), [image, prompt, ablate, scales, full],
               [table, norms, trajectory, heat_tiles, heat_base, report, export],
               api_name="inspect", concurrency_id=MODEL_QUEUE, concurrency_limit=concurrency)
     return image, prompt

@@ -14,6 +14,7 @@ kept per settings, so pressing Run again with the same settings resumes (or re-r
 run) instead of starting over. The same function answers the ``/evaluate`` API endpoint.
 """
 
+import json
 import threading
 import time
 import zipfile
@@ -24,7 +25,7 @@ import gradio as gr
 
 from g4v.errors import G4VError, quoted
 from g4v.evaluate import BUNDLED_DATASET, Columns, EvalConfig, open_dataset, run_eval
-from g4v.evaluate.store import CSV_FILE, PARQUET_FILE, ROWS_FILE, RUN_FILE, SUMMARY_FILE
+from g4v.evaluate.store import CSV_FILE, PARQUET_FILE, ROWS_FILE, RUN_FILE, SUMMARY_FILE, read_settings, shareable
 from g4v.evaluate.uploads import UPLOAD_SUFFIXES, extract_upload
 from viz.evaluate import run_figures
 from webapp.common import MODEL_QUEUE, sampling_settings, shows_errors, time_left
@@ -32,11 +33,14 @@ from webapp.evaluate_choices import (BUNDLED, UPLOAD, ArmChoice, arm_choices, da
                                      pick_arm)
 from webapp.evaluate_tables import (AGGREGATE_HEADERS, SAMPLE_HEADERS, aggregate_rows, column_widths, run_status,
                                     sample_rows, whole_or_none)
+from webapp.sessions import Session, SessionStores, session_key
 
-#: Uploaded datasets kept on disk (the oldest goes when another arrives).
+#: Uploaded datasets kept on disk per visitor (the oldest goes when another arrives) ...
 KEEP_UPLOADS = 4
-#: Run folders kept (each resumable while kept).
+#: ... run folders (each resumable while kept) ...
 KEEP_RUNS = 8
+#: ... and the tab's stores with these bounds (export zips and opened samples' pictures: ``files``).
+STORES = {"uploads": KEEP_UPLOADS, "runs": KEEP_RUNS, "files": 4 * KEEP_RUNS}
 #: Files of a run folder that its export zip holds.
 EXPORTED = (PARQUET_FILE, CSV_FILE, SUMMARY_FILE, RUN_FILE, ROWS_FILE)
 #: Rows a run in the tab covers unless told otherwise (a first look, not the whole dataset).
@@ -50,70 +54,67 @@ COLUMN_ROLES = tuple(f.name for f in fields(Columns))
 
 
 class EvalWorkspace:
-    """Where the tab's files live (bounded stores inside Gradio's cache) and what it remembers
-    between events: extracted uploads by the uploaded files, run folders by settings (so a run is
-    resumed, not repeated), and each session's stop switch."""
+    """Where the tab's files live (each visitor's own stores, see :mod:`webapp.sessions`) and what
+    it remembers between events, per visitor: extracted uploads by the uploaded files, run folders
+    by settings (so a run is resumed, not repeated); and each session's stop switch."""
 
-    def __init__(self, cache_dir, data_dirs=(), keep_runs: int = KEEP_RUNS):
-        from g4v.inspect.exports import ExportStore
-
+    def __init__(self, sessions: SessionStores, data_dirs=()):
+        self.sessions = sessions
         self.data_dirs = [Path(d).expanduser() for d in data_dirs or ()]
-        self.uploads = ExportStore(parent=cache_dir, keep=KEEP_UPLOADS)
-        self.runs = ExportStore(parent=cache_dir, keep=keep_runs)
-        self.files = ExportStore(parent=cache_dir, keep=4 * keep_runs)  # export zips, opened samples' pictures
-        self._extracted: dict[tuple, Path] = {}
-        self._run_dirs: dict[str, Path] = {}
-        self._busy: set[Path] = set()
         self._stops: dict[str, threading.Event] = {}
         self._lock = threading.Lock()
 
-    def allowed_dirs(self) -> list[Path]:
-        """The folders a dataset may come from (``open_dataset``'s ``data_dirs``)."""
-        return [BUNDLED_DATASET.parent, self.uploads.root, *self.data_dirs]
+    def allowed_dirs(self, visitor: Session | None) -> list[Path]:
+        """The folders a dataset may come from (``open_dataset``'s ``data_dirs``): never another
+        visitor's uploads."""
+        own = [visitor.stores["uploads"].root] if visitor is not None else []
+        return [BUNDLED_DATASET.parent, *own, *self.data_dirs]
 
-    def source(self, key, files) -> Path:
+    def source(self, key, files, visitor: Session | None) -> Path:
         """The dataset behind a dropdown key (and the upload box, for ``upload``)."""
-        if key == UPLOAD:
-            return self.extract(files)
+        if key == UPLOAD and visitor is not None:
+            return self.extract(files, visitor)
         found = dataset_choices(self.data_dirs).get(key)
         if found is None:
             raise G4VError(f"unknown dataset {quoted(key)}: choose one from the list, or upload one")
         return found
 
-    def extract(self, files) -> Path:
+    def extract(self, files, visitor: Session) -> Path:
         from webapp.chat import file_path
 
         paths = [p for p in (file_path(f) for f in files or []) if p]
         if not paths:
             raise G4VError("no dataset uploaded: send a .zip of the dataset folder, or a table file with its pictures")
-        key = tuple(sorted(paths))
+        key, extracted = tuple(sorted(paths)), visitor.notes.setdefault("extracted", {})
         with self._lock:
-            known = self._extracted.get(key)
+            known = extracted.get(key)
             if known is not None and known.exists():
                 return known
-            folder = self.uploads.new_folder()
+            folder = visitor.stores["uploads"].new_folder()
         source = extract_upload(paths, folder)
         with self._lock:
-            self._extracted = {k: v for k, v in self._extracted.items() if v.exists()}
-            self._extracted[key] = source
+            for stale in [k for k, v in extracted.items() if not v.exists()]:
+                del extracted[stale]
+            extracted[key] = source
         return source
 
-    def run_dir(self, config: EvalConfig) -> Path:
+    def run_dir(self, config: EvalConfig, visitor: Session) -> Path:
         """The folder of the run with these settings (the same one again resumes it); a run with
         the same settings that is still going elsewhere is refused."""
         key = repr(asdict(config))
+        run_dirs, busy = visitor.notes.setdefault("run_dirs", {}), visitor.notes.setdefault("busy", set())
         with self._lock:
-            folder = self._run_dirs.get(key)
+            folder = run_dirs.get(key)
             if folder is None or not folder.exists():
-                folder = self._run_dirs[key] = self.runs.new_folder()
-            if folder in self._busy:
+                folder = run_dirs[key] = visitor.stores["runs"].new_folder()
+            if folder in busy:
                 raise G4VError("a run with these settings is already going (in another window); wait for it")
-            self._busy.add(folder)
+            busy.add(folder)
         return folder
 
-    def release(self, folder: Path) -> None:
+    def release(self, folder: Path, visitor: Session) -> None:
         with self._lock:
-            self._busy.discard(folder)
+            visitor.notes["busy"].discard(folder)
 
     def stop_switch(self, session: str) -> threading.Event:
         with self._lock:
@@ -132,35 +133,36 @@ class EvalWorkspace:
             if self._stops.get(session) is switch:
                 del self._stops[session]
 
-    def export(self, out_dir: Path) -> Path:
-        """A zip of the run's result files, in a folder of its own."""
-        target = self.files.new_folder() / "evaluation.zip"
+    def export(self, out_dir: Path, visitor: Session, dataset: str) -> Path:
+        """A zip of the run's result files, in a folder of its own; its ``run.json`` names the
+        dataset and the models without server paths (:func:`~g4v.evaluate.store.shareable`)."""
+        target = visitor.stores["files"].new_folder() / "evaluation.zip"
         with zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as zipped:
             for name in EXPORTED:
-                if (out_dir / name).is_file():
+                if name == RUN_FILE:
+                    zipped.writestr(name, json.dumps(shareable(read_settings(out_dir), dataset), indent=1) + "\n")
+                elif (out_dir / name).is_file():
                     zipped.write(out_dir / name, name)
         return target
 
-    def sample_pictures(self, run: dict, index) -> tuple[list[str], str]:
+    def sample_pictures(self, run: dict, index, visitor: Session) -> tuple[list[str], str]:
         """One run sample's pictures saved as PNGs where the app serves them, and its prompt."""
         if not run or index is None:
             raise G4VError("select a row of the sample table first")
-        dataset = open_dataset(run["source"], Columns(**run["columns"]), self.allowed_dirs())
+        if not Path(run["source"]).exists():
+            raise G4VError("this run's uploaded dataset is no longer kept: upload it and run again")
+        dataset = open_dataset(run["source"], Columns(**run["columns"]), self.allowed_dirs(visitor))
         if not 0 <= int(index) < len(dataset):
             raise G4VError(f"row {index} is not in the dataset")
         sample = dataset.sample(int(index))
         if sample.error:
             raise G4VError(f"row {index} cannot be opened: {sample.error}")
-        folder = self.files.new_folder()
+        folder = visitor.stores["files"].new_folder()
         paths = []
         for number, picture in enumerate(sample.images):
             paths.append(str(folder / f"sample-{index}-{number}.png"))
             picture.save(paths[-1])
         return paths, sample.prompt
-
-    def close(self) -> None:
-        for store in (self.uploads, self.runs, self.files):
-            store.close()
 
 
 # ── the tab ────────────────────────────────────────────────────────────────────────────────────
@@ -182,13 +184,13 @@ class OpenTargets:
 def make_run(engine, workspace: EvalWorkspace, choices: list[ArmChoice], adapters_dir, gpu_task):
     reuse = {choices[0].spec.engine_key(): engine}
 
-    def config_from(arm_a, arm_b, dataset, files, columns, limit, seed, max_new_tokens, blank_probe, levels):
+    def config_from(visitor, arm_a, arm_b, dataset, files, columns, limit, seed, max_new_tokens, blank_probe, levels):
         a, b = pick_arm(arm_a, choices, "A"), pick_arm(arm_b, choices, "B")
         tokens = sampling_settings(max_new_tokens).max_new_tokens
         mapping = Columns(**{role: (str(value).strip() or None) if value is not None else None
                              for role, value in zip(COLUMN_ROLES, columns)})
-        source = workspace.source(dataset, files)
-        open_dataset(str(source), mapping, workspace.allowed_dirs())  # a bad dataset stops here, before any model
+        source = workspace.source(dataset, files, visitor)
+        open_dataset(str(source), mapping, workspace.allowed_dirs(visitor))  # a bad dataset stops here, before any model
         return EvalConfig(a=a, b=b, data=str(source), columns=mapping,
                           limit=whole_or_none(limit, "limit", smallest=1, means_none=0),
                           seed=whole_or_none(seed, "seed", smallest=0, means_none=-1), max_new_tokens=tokens,
@@ -198,18 +200,28 @@ def make_run(engine, workspace: EvalWorkspace, choices: list[ArmChoice], adapter
     @shows_errors
     def evaluate(arm_a, arm_b, dataset, files, image_col, prompt_col, reference_col, category_col, id_col,
                  limit, seed, max_new_tokens, blank_probe, levels, request: gr.Request, progress=gr.Progress()):
-        """Run (or resume) the comparison; yields the status while it works, then every result."""
-        config = config_from(arm_a, arm_b, dataset, files, (image_col, prompt_col, reference_col, category_col, id_col),
-                             limit, seed, max_new_tokens, blank_probe, levels)
-        out_dir = workspace.run_dir(config)
-        session = getattr(request, "session_hash", None) or "api"
+        """Run (or resume) the comparison; yields the status while it works, then every result. The
+        visitor's dataset and run folder are leased meanwhile: no other upload prunes them."""
+        with workspace.sessions.using(session_key(request)) as visitor:
+            config = config_from(visitor, arm_a, arm_b, dataset, files,
+                                 (image_col, prompt_col, reference_col, category_col, id_col),
+                                 limit, seed, max_new_tokens, blank_probe, levels)
+            out_dir = workspace.run_dir(config, visitor)
+            try:
+                with visitor.stores["uploads"].lease(config.data), visitor.stores["runs"].lease(out_dir):
+                    yield from run_in_thread(config, out_dir, visitor, shared_name(dataset, files), request, progress)
+            finally:
+                workspace.release(out_dir, visitor)
+
+    def run_in_thread(config, out_dir, visitor, dataset_name, request, progress):
+        session = session_key(request) or "api"
         switch = workspace.stop_switch(session)
         counts, outcome = [0, 0], {}
 
         def work():
             try:
                 outcome["result"] = run_eval(config, out_dir, adapters_dir=adapters_dir, reuse=reuse,
-                                             data_dirs=workspace.allowed_dirs(),
+                                             data_dirs=workspace.allowed_dirs(visitor),
                                              progress=lambda done, total: counts.__setitem__(slice(None), [done, total]),
                                              cancel=switch)
             except BaseException as err:  # re-raised in the handler's thread
@@ -229,17 +241,25 @@ def make_run(engine, workspace: EvalWorkspace, choices: list[ArmChoice], adapter
                     progress((done, total), desc=f"samples, {left}" if left else "samples", unit="samples")
             if "error" in outcome:
                 raise outcome["error"]
-            yield show_result(outcome["result"], config, workspace)
+            yield show_result(outcome["result"], config, workspace.export(out_dir, visitor, dataset_name))
         finally:
             switch.set()  # a closed connection or a failure stops the worker too
             worker.join()
             workspace.forget(session, switch)
-            workspace.release(out_dir)
 
     return evaluate
 
 
-def show_result(result, config: EvalConfig, workspace: EvalWorkspace) -> tuple:
+def shared_name(key, files) -> str:
+    """How an export names the dataset: the dropdown's label, or the uploaded files' names."""
+    from webapp.chat import file_path
+
+    if key != UPLOAD:
+        return dataset_label(key)
+    return "upload: " + ", ".join(Path(p).name for p in (file_path(f) for f in files or []) if p)
+
+
+def show_result(result, config: EvalConfig, export: Path) -> tuple:
     """Every output of the tab for a finished or stopped run."""
     rows = [asdict(row) for row in result.rows]
     pictures = run_figures(result.summary, rows)
@@ -247,7 +267,7 @@ def show_result(result, config: EvalConfig, workspace: EvalWorkspace) -> tuple:
            "adapters": [config.a.adapter, config.b.adapter], "out_dir": str(result.out_dir)}
     return (run_status(result.summary, config.a.display, config.b.display), aggregate_rows(result.summary),
             pictures["accuracy"], pictures["paired"], pictures["kl"], pictures["divergence"],
-            sample_rows(result.summary, rows), str(workspace.export(result.out_dir)), result.summary, run)
+            sample_rows(result.summary, rows), str(export), result.summary, run)
 
 
 def evaluate_tab(engine, model: str, adapters_dir, workspace: EvalWorkspace, targets: OpenTargets | None = None,
@@ -311,7 +331,7 @@ def evaluate_tab(engine, model: str, adapters_dir, workspace: EvalWorkspace, tar
               show_progress_on=status)  # one progress bar, not one in each of the outputs
 
     def stop_run(request: gr.Request):
-        if not workspace.stop(getattr(request, "session_hash", None) or "api"):
+        if not workspace.stop(session_key(request) or "api"):
             gr.Info("no run is going in this window")
 
     stop.click(stop_run, None, None, queue=False, api_visibility="private")
@@ -329,25 +349,29 @@ def wire_dataset_info(workspace: EvalWorkspace, dataset, files, columns, describ
     """Choosing a dataset (or uploading one) fills the column boxes with the guessed mapping."""
 
     @shows_errors
-    def describe(key, uploaded):
+    def describe(key, uploaded, request: gr.Request):
         if key == UPLOAD and not uploaded:
             return (*[gr.skip()] * len(columns), "Upload a .zip of a dataset folder, or a table file with its pictures.")
-        mapping = guessed_columns(key, uploaded, workspace, strict=True)
+        with workspace.sessions.using(session_key(request)) as visitor:
+            mapping = guessed_columns(key, uploaded, workspace, visitor, strict=True)
         return (*[mapping[role] or "" for role in COLUMN_ROLES], f"{mapping['rows']:,} rows in {dataset_label(key)}.")
 
     def uploaded(upload):
         return gr.Dropdown(value=UPLOAD) if upload else gr.skip()
 
-    dataset.change(describe, [dataset, files], [*columns, described], api_visibility="private")
+    # .input (a visitor's choice), not .change: the upload's own step below sets the dropdown too,
+    # and .change would describe the upload (and show its refusal) a second time.
+    dataset.input(describe, [dataset, files], [*columns, described], api_visibility="private")
     files.upload(uploaded, files, dataset, api_visibility="private", queue=False).then(
         describe, [dataset, files], [*columns, described], api_visibility="private")
 
 
-def guessed_columns(key, uploaded, workspace: EvalWorkspace, strict: bool = False) -> dict:
+def guessed_columns(key, uploaded, workspace: EvalWorkspace, visitor: Session | None = None,
+                    strict: bool = False) -> dict:
     """The column mapping ``open_dataset`` guesses for a dataset, and its row count (``rows``);
     when building the page (not ``strict``) a dataset that cannot be read gives an empty mapping."""
     try:
-        loaded = open_dataset(str(workspace.source(key, uploaded)), None, workspace.allowed_dirs())
+        loaded = open_dataset(str(workspace.source(key, uploaded, visitor)), None, workspace.allowed_dirs(visitor))
     except G4VError:
         if strict:
             raise
@@ -359,19 +383,23 @@ def wire_open_buttons(workspace: EvalWorkspace, targets: OpenTargets, run_state,
                       to_lora) -> None:
     """Each button puts the selected sample's picture(s) and prompt into that tab and switches to it."""
 
+    def pictures(run, index, request):
+        with workspace.sessions.using(session_key(request)) as visitor:
+            return workspace.sample_pictures(run, index, visitor)
+
     @shows_errors
-    def open_chat(run, index):
-        paths, prompt = workspace.sample_pictures(run, index)
+    def open_chat(run, index, request: gr.Request):
+        paths, prompt = pictures(run, index, request)
         return {"text": prompt, "files": paths}, gr.Tabs(selected="chat")
 
     @shows_errors
-    def open_deepstack(run, index):
-        paths, prompt = workspace.sample_pictures(run, index)
+    def open_deepstack(run, index, request: gr.Request):
+        paths, prompt = pictures(run, index, request)
         return paths[0], prompt, gr.Tabs(selected="deepstack")
 
     @shows_errors
-    def open_lora(run, index):
-        paths, prompt = workspace.sample_pictures(run, index)
+    def open_lora(run, index, request: gr.Request):
+        paths, prompt = pictures(run, index, request)
         adapter = next((name for name in run["adapters"] if name), None)
         return paths[0], prompt, gr.Dropdown(value=adapter) if adapter else gr.skip(), gr.Tabs(selected="lora")
 

@@ -12,9 +12,10 @@ from g4v.paths import (ASSETS_DIR, DOCUMENTS_MODEL_DIR, EXAMPLES_DIR, REAL_MODEL
 from webapp.attribution import attribution_tab
 from webapp.chat import chat_tab
 from webapp.deepstack import deepstack_tab
-from webapp.evaluate import EvalWorkspace, OpenTargets, evaluate_tab
+from webapp.evaluate import STORES, EvalWorkspace, OpenTargets, evaluate_tab
 from webapp.lora import lora_tab
 from webapp.port import port_tab
+from webapp.sessions import SessionStores, session_key
 from webapp.tiling import tiling_tab
 
 #: Gradio deletes the files it cached for this app (uploads, returned pictures, exports) once they
@@ -62,19 +63,21 @@ def local_config(engine: Engine):
         return None
 
 
-def build_app(engine: Engine, model: str, concurrency: int = 1, adapters_dir=None, exports=None,
-              gpu_task=lambda fn: fn, data_dirs=(), eval_servers=()) -> gr.Blocks:
-    """The workbench page. ``exports`` keeps the Deepstack exports (a bounded, self-cleaning folder).
-    ``data_dirs``: folders the Evaluate tab lists datasets from (besides the bundled one);
-    ``eval_servers``: OpenAI-compatible servers it offers as arms (``URL[,model=NAME]``)."""
-    from g4v.inspect.exports import ExportStore
-
+def build_app(engine: Engine, model: str, concurrency: int = 1, adapters_dir=None, gpu_task=lambda fn: fn,
+              data_dirs=(), eval_servers=()) -> gr.Blocks:
+    """The workbench page. ``data_dirs``: folders the Evaluate tab lists datasets from (besides the
+    bundled one); ``eval_servers``: OpenAI-compatible servers it offers as arms (``URL[,model=NAME]``)."""
     config = local_config(engine)
     with gr.Blocks(title="Granite 4 Vision workbench", analytics_enabled=False, delete_cache=CACHE_CLEANUP) as demo:
-        # Inside Gradio's cache folder, so Gradio serves the exports without copying them, and the
-        # store's pruning is the only copy's lifetime. At least twice the model's concurrency, so
-        # no export is pruned while it is still being written.
-        exports = exports or ExportStore(parent=demo.GRADIO_CACHE, keep=max(8, 2 * concurrency))
+        # Each visitor's files in folders of their own (webapp.sessions), inside Gradio's cache so
+        # Gradio serves them without copying them, and the stores' pruning is the only copy's
+        # lifetime. Exports: at least twice the model's concurrency, so none is pruned while written.
+        sessions = SessionStores(demo.GRADIO_CACHE, {"inspect": max(8, 2 * concurrency), **STORES})
+
+        def forget_visitor(request: gr.Request):
+            sessions.end(session_key(request))
+
+        demo.unload(forget_visitor)
         gr.Markdown("# Granite 4 Vision workbench")
         gr.Markdown(banner(model), elem_id="model-banner")
         last_chat_image = gr.State(None)  # the newest image sent in Chat, for the inspection tabs
@@ -84,10 +87,10 @@ def build_app(engine: Engine, model: str, concurrency: int = 1, adapters_dir=Non
             with gr.Tab("Tiling", id="tiling"):
                 tiling_tab(config, last_chat_image)
             with gr.Tab("Deepstack", id="deepstack"):
-                deepstack_image, deepstack_prompt = deepstack_tab(engine, config, last_chat_image, exports,
+                deepstack_image, deepstack_prompt = deepstack_tab(engine, config, last_chat_image, sessions,
                                                                   concurrency, gpu_task)
             with gr.Tab("Attribution", id="attribution"):
-                attribution_tab(engine, config, last_chat_image, exports, concurrency, gpu_task)
+                attribution_tab(engine, config, last_chat_image, sessions, concurrency, gpu_task)
             with gr.Tab("vLLM port", id="port"):
                 port_tab(model, last_chat_image)
             with gr.Tab("LoRA", id="lora"):
@@ -96,6 +99,6 @@ def build_app(engine: Engine, model: str, concurrency: int = 1, adapters_dir=Non
             with gr.Tab("Evaluate", id="evaluate"):
                 targets = OpenTargets(tabs, chat_box, deepstack_image, deepstack_prompt, lora_adapter, lora_image,
                                       lora_prompt)
-                evaluate_tab(engine, model, adapters_dir, EvalWorkspace(demo.GRADIO_CACHE, data_dirs), targets,
+                evaluate_tab(engine, model, adapters_dir, EvalWorkspace(sessions, data_dirs), targets,
                              eval_servers, concurrency, gpu_task)
     return demo

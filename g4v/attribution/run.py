@@ -22,6 +22,7 @@ from g4v.conversation import Message, check_text, max_text_chars
 from g4v.engines import transformers_engine
 from g4v.errors import G4VError, quoted
 from g4v.images import open_image
+from g4v.loading import model_name
 from g4v.inspect.ablation import greedy_continuation
 from g4v.inspect.exports import ExportStore, default_export_store
 from g4v.inspect.levels import describe_levels, find_level
@@ -165,7 +166,7 @@ def build_summary(engine, prompt, picture, plan, answer, attribution, deletion, 
     the files the export holds (the figures drawn, no others)."""
     info = getattr(engine, "info", None)
     return {
-        "model": getattr(info, "model", None),
+        "model": model_name(getattr(info, "model", None)) or None,  # no server path in an export
         "prompt": prompt,
         "image_size": [picture.height, picture.width],
         "num_image_tokens": plan.num_image_tokens,

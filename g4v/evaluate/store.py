@@ -82,6 +82,16 @@ def prepare(out_dir: Path, settings: dict) -> None:
         handle.write(json.dumps(settings, indent=1) + "\n")
 
 
+def shareable(settings: dict, dataset: str) -> dict:
+    """``run.json``'s settings for an export that leaves the server: the dataset by ``dataset`` (its
+    name) and each arm's model by its folder name or hub id, never a server path."""
+    from g4v.loading import model_name
+
+    arms = {side: {**settings[side], "model": model_name(settings[side].get("model")) or None}
+            for side in ("a", "b") if isinstance(settings.get(side), dict)}
+    return {**settings, **arms, "data": dataset}
+
+
 def read_settings(out_dir: Path) -> dict:
     path = Path(out_dir) / RUN_FILE
     if not path.exists() and not path.is_symlink():

@@ -2,18 +2,28 @@
 
 Exports without an ``out_dir`` (the app's) go to an :class:`ExportStore`: a server answering many
 requests must not fill the temporary folder with one export (several MB with full tensors) each.
+A web server serves whatever lies under its cache by path, so every folder name carries 128 random
+bits (``secrets``): knowing one export's address tells nothing about another's.
 """
 
+import os
+import secrets
 import shutil
 import tempfile
 import threading
 import weakref
-from collections import deque
+from collections import Counter, deque
+from contextlib import contextmanager
 from pathlib import Path
 
 from g4v.errors import G4VError
 
 DEFAULT_KEEP = 8  # exports an ExportStore keeps unless told otherwise
+NAME_BYTES = 16  # random bytes in every folder name: 128 bits, not guessable
+
+
+def unguessable_name(prefix: str) -> str:
+    return f"{prefix}-{secrets.token_urlsafe(NAME_BYTES)}"
 
 
 class ExportStore:
@@ -23,19 +33,22 @@ class ExportStore:
     store, whichever comes first.
 
     The root is created inside ``parent`` (the system's temporary folder when None) and only the
-    root is ever deleted, never ``parent``. Keep ``keep`` at least as large as the number of
-    requests that may run at once, so no export is deleted while it is still being written.
+    root is ever deleted, never ``parent``. A folder in use (:meth:`lease`, e.g. a running
+    evaluation's dataset) is never pruned; the store then holds more than ``keep`` for a while.
+    Keep ``keep`` at least as large as the number of requests that may run at once, so no export
+    is deleted while it is still being written.
     """
 
-    def __init__(self, parent: str | Path | None = None, keep: int = DEFAULT_KEEP):
+    def __init__(self, parent: str | Path | None = None, keep: int = DEFAULT_KEEP, prefix: str = "inspect"):
         if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
             raise G4VError(f"an export store must keep at least 1 export (a whole number), got {keep!r}")
-        if parent is not None:
-            Path(parent).mkdir(parents=True, exist_ok=True)
-        self.root = Path(tempfile.mkdtemp(prefix="g4v-inspect-", dir=parent))
-        self.keep = keep
+        parent = Path(parent if parent is not None else tempfile.gettempdir())
+        parent.mkdir(parents=True, exist_ok=True)
+        self.root = parent / unguessable_name(f"g4v-{prefix}")
+        self.root.mkdir(mode=0o700)
+        self.keep, self.prefix = keep, prefix
         self._folders: deque[Path] = deque()
-        self._made = 0
+        self._leases: Counter[Path] = Counter()
         self._lock = threading.Lock()
         # A finalizer rather than __del__: it also runs at interpreter exit (atexit), and only once.
         self._remove_root = weakref.finalize(self, shutil.rmtree, str(self.root), ignore_errors=True)
@@ -49,13 +62,56 @@ class ExportStore:
         with self._lock:
             if self.closed:
                 raise G4VError("the export store is closed")
-            self._made += 1
-            folder = self.root / f"inspect-{self._made:04d}"
+            folder = self.root / unguessable_name(self.prefix)
             folder.mkdir()
             self._folders.append(folder)
-            while len(self._folders) > self.keep:
-                shutil.rmtree(self._folders.popleft(), ignore_errors=True)
+            self._prune()
             return folder
+
+    def _prune(self) -> None:
+        """Delete the oldest folders beyond ``keep``, skipping those leased and the newest (the
+        lock is held)."""
+        excess = len(self._folders) - self.keep
+        for folder in [f for f in list(self._folders)[:-1] if not self._leases[f]][:max(excess, 0)]:
+            self._folders.remove(folder)
+            shutil.rmtree(folder, ignore_errors=True)
+
+    def folder_of(self, path: str | Path) -> Path | None:
+        """This store's folder holding ``path`` (or being it), or None."""
+        path = Path(path)
+        with self._lock:
+            return next((f for f in self._folders if path == f or f in path.parents), None)
+
+    @contextmanager
+    def lease(self, path: str | Path):
+        """Keep the folder holding ``path`` from being pruned while the block runs (a path outside
+        the store leases nothing)."""
+        folder = self.folder_of(path)
+        with self._lock:
+            if folder is not None:
+                self._leases[folder] += 1
+        try:
+            yield folder
+        finally:
+            with self._lock:
+                if folder is not None:
+                    self._leases[folder] -= 1
+                    self._prune()
+
+    def leased(self) -> bool:
+        with self._lock:
+            return any(count > 0 for count in self._leases.values())
+
+    def size(self) -> int:
+        """Bytes of every file in the store."""
+        total = 0
+        for top, _, names in os.walk(self.root):
+            for name in names:
+                try:
+                    total += os.lstat(os.path.join(top, name)).st_size
+                except OSError:
+                    pass
+        return total
 
     def close(self) -> None:
         """Delete the root folder and every export in it (later calls do nothing)."""

@@ -18,6 +18,7 @@ from g4v.conversation import Message
 from g4v.engines import transformers_engine
 from g4v.errors import G4VError
 from g4v.images import open_image
+from g4v.loading import model_name
 from g4v.inspect.ablation import AblationResult, RunOutcome, compare_scaled, run_outcome
 from g4v.inspect.capture import Capture, capture_forward
 from g4v.inspect.exports import ExportStore, default_export_store
@@ -97,7 +98,7 @@ def build_summary(engine, prompt: str, picture: Image.Image, plan: TilingPlan, c
                   unchanged_levels: list[str] = ()) -> dict:
     info = getattr(engine, "info", None)
     return {
-        "model": getattr(info, "model", None),
+        "model": model_name(getattr(info, "model", None)) or None,  # no server path in an export
         "prompt": prompt,
         "image_size": [picture.height, picture.width],
         "tiling": {"grid": list(plan.grid), "best_resolution": list(plan.best_resolution),
