@@ -149,3 +149,42 @@ def test_the_base_view_hides_the_adapter_files_of_a_sharded_folder(tmp_path):
     sharded = engine("native", model=str(folder))
     assert sharded.info.details["vision_lora"] == describe("native", lora)
     assert tokens(sharded, IMAGE_PROMPTS[:4]) == tokens(engine("native"), IMAGE_PROMPTS[:4])
+
+
+def test_vllm_settings_that_cannot_serve_the_vision_lora_are_one_line():
+    """Checked before vLLM starts (pure argument building, no vLLM needed)."""
+    from g4v.engines.vllm_engine import VLLMSettings, engine_arguments
+
+    arguments = engine_arguments(LAYOUT, VLLMSettings(), vision_rank=16)
+    assert arguments["enable_lora"] and arguments["max_lora_rank"] == 16
+    assert arguments["max_loras"] == engine_arguments(LAYOUT, VLLMSettings())["max_loras"] + 1
+    assert engine_arguments(LAYOUT, VLLMSettings(), vision_rank=256)["max_lora_rank"] == 256
+    assert engine_arguments(LAYOUT, VLLMSettings(), vision_rank=200)["max_lora_rank"] == 256
+    with pytest.raises(G4VError, match="max_lora_rank 8 is below the vision LoRA's rank 16"):
+        engine_arguments(LAYOUT, VLLMSettings(max_lora_rank=8), vision_rank=16)
+    with pytest.raises(G4VError, match="needs LoRA in vLLM: drop --no-lora"):
+        engine_arguments(LAYOUT, VLLMSettings(enable_lora=False), vision_rank=16)
+
+
+def test_the_vllm_server_is_given_the_base_view_and_the_default_mm_lora():
+    from g4v.engines.vllm_server import VLLMServer
+
+    server = VLLMServer(LAYOUT, served_name="g4v")
+    try:
+        command = server.command
+        served = command[command.index("--model") + 1]
+        assert served == str(server.view.path)
+        assert "adapter_model.safetensors" not in {p.name for p in server.view.path.iterdir()}
+        assert command[command.index("--default-mm-loras") + 1] == json.dumps({"image": LAYOUT})
+        assert command[command.index("--max-lora-rank") + 1] == "16" and "--enable-lora" in command
+    finally:
+        server.stop()
+    assert server.view is None
+
+
+def test_chat_says_the_vision_lora_mode_in_one_line(capsys):
+    from g4v.cli import main
+
+    assert main(["chat", "--model", LAYOUT, "--vision-lora", "off", "What colour is the shape?",
+                 "--max-new-tokens", "2"]) == 0
+    assert "vision LoRA: off, rank 16, 70 modules" in capsys.readouterr().err

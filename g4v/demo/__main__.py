@@ -120,6 +120,10 @@ def _add_training_commands(sub) -> None:
                                "checkpoint it was trained on, else none)")
     eval_cmd.add_argument("--n", type=int, default=300, help="held-out pictures")
     eval_cmd.add_argument("--backend", choices=("hf", "vllm"), default="hf")
+    from g4v.engines.vision_lora import DEFAULT_MODE, MODES
+
+    eval_cmd.add_argument("--vision-lora", choices=MODES, default=DEFAULT_MODE,
+                          help="a layout checkpoint's vision LoRA: native (image requests), merged or off")
     eval_cmd.add_argument("--ablation-n", type=int, default=100, help="pictures for the single-level ablations")
     eval_cmd.add_argument("--no-ablations", action="store_true")
     eval_cmd.add_argument("--adapter-only", action="store_true", help="(hf) only the adapter checks")
