@@ -188,3 +188,16 @@ def test_chat_says_the_vision_lora_mode_in_one_line(capsys):
     assert main(["chat", "--model", LAYOUT, "--vision-lora", "off", "What colour is the shape?",
                  "--max-new-tokens", "2"]) == 0
     assert "vision LoRA: off, rank 16, 70 modules" in capsys.readouterr().err
+
+
+def test_merge_lora_writes_the_vision_model(tmp_path):
+    """No --adapter: the model's own vision LoRA merged; the result is the trained checkpoint's
+    weights (float32) and has no adapter config left to apply a second time."""
+    from g4v.lora.merge import merge_lora
+
+    result = merge_lora(LAYOUT, None, tmp_path / "merged")
+    assert result.merged_layers == 70 and not (tmp_path / "merged" / "adapter_config.json").exists()
+    merged = load_file(str(tmp_path / "merged" / "model.safetensors"))
+    trained = load_file(str(TRAINED_MODEL_DIR / "model.safetensors"))
+    assert set(merged) == set(trained)
+    assert all(torch.equal(merged[k], trained[k].float()) for k in trained)
