@@ -5,6 +5,10 @@ The bundled checkpoint and ``ibm-granite/granite-vision-4.1-4b`` go through the 
 classes are transformers' own. The way back out is here too: :func:`save_weights` writes a model's
 weights in the hub layout that transformers and vLLM both load (the demo builder and the LoRA merge
 write their checkpoints with it).
+
+A folder that also holds a vision LoRA (the real model's layout, :mod:`g4v.engines.vision_lora`)
+is loaded as its base through a view without the adapter files, so transformers never attaches
+it behind g4v's back; the LoRA is then applied in the mode asked for.
 """
 
 import hashlib
@@ -27,6 +31,15 @@ class LoadedModel:
     source: str
     device: torch.device
     dtype: torch.dtype
+    #: The checkpoint's vision LoRA (None: its weights are the vision model) and how it is applied:
+    #: ``native`` (attached as the PEFT adapter :data:`VISION_ADAPTER`, disabled between requests),
+    #: ``merged`` (in the weights) or ``off``.
+    vision_lora: object = None
+    vision_mode: str = "off"
+
+
+#: The PEFT adapter name the vision LoRA is attached under in native mode.
+VISION_ADAPTER = "g4v_vision_lora"
 
 
 def pick_device(device: str | None = None) -> torch.device:
@@ -104,23 +117,48 @@ def load_processor(model: str):
         raise G4VError(f"could not load the processor of {model}: {first_line(err)}") from None
 
 
-def load_model(model: str, device: str | None = None, dtype: str | None = None) -> LoadedModel:
-    """Load model and processor; dtype and device are chosen automatically unless given."""
-    from transformers import AutoModelForImageTextToText
+def load_model(model: str, device: str | None = None, dtype: str | None = None,
+               vision_lora: str | None = None) -> LoadedModel:
+    """Load model and processor; dtype and device are chosen automatically unless given.
+    ``vision_lora``: the mode for a checkpoint that carries one (default native)."""
+    from g4v.engines.vision_lora import BaseView, check_mode, find_vision_lora, merge_into
 
     source = resolve_source(model)
+    mode = check_mode(vision_lora)
     torch_device = pick_device(device)
     torch_dtype = pick_dtype(torch_device, dtype)
     processor = load_processor(source)
     config = load_config(source)
+    lora = find_vision_lora(source)
+    if lora is None:
+        loaded = _from_pretrained(source, model, config, torch_dtype)
+    else:
+        with BaseView(lora.folder) as view:
+            loaded = _from_pretrained(str(view.path), model, config, torch_dtype)
+        if mode == "merged":
+            merge_into(loaded, lora)
+        elif mode == "native":
+            try:
+                loaded.load_adapter(str(lora.folder), adapter_name=VISION_ADAPTER)
+            except Exception as err:  # PEFT and file errors come in many types
+                raise G4VError(f"could not attach the vision LoRA of {model}: {first_line(err)}") from None
+            loaded.disable_adapters()
+    loaded = loaded.to(torch_device).eval()
+    return LoadedModel(model=loaded, processor=processor, source=source, device=torch_device, dtype=torch_dtype,
+                       vision_lora=lora, vision_mode=mode if lora is not None else "off")
+
+
+def _from_pretrained(path: str, model: str, config, torch_dtype):
+    """transformers' own loading of ``path`` (a folder without adapter files, or a hub id)."""
+    from transformers import AutoModelForImageTextToText
+
     try:
-        loaded = AutoModelForImageTextToText.from_pretrained(source, config=config, dtype=torch_dtype)
+        loaded = AutoModelForImageTextToText.from_pretrained(path, config=config, dtype=torch_dtype)
     except Exception as err:
         raise G4VError(f"could not load model {model}: {first_line(err)}") from None
     if loaded.config.model_type != MODEL_TYPE:
         raise G4VError(f"{model} is not a Granite 4 Vision checkpoint (model_type {loaded.config.model_type!r})")
-    loaded = loaded.to(torch_device).eval()
-    return LoadedModel(model=loaded, processor=processor, source=source, device=torch_device, dtype=torch_dtype)
+    return loaded
 
 
 # ── configs without weights ─────────────────────────────────────────────────────────────────────

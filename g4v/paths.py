@@ -14,6 +14,9 @@ TRAINED_MODEL_DIR = ASSETS_DIR / "granite4-vision-tiny-trained"
 #: (``python -m g4v.demo train-documents``). Not the default: the French adapter was trained on the
 #: first one.
 DOCUMENTS_MODEL_DIR = ASSETS_DIR / "granite4-vision-tiny-documents"
+#: The real model's layout in miniature: a base language model with its vision LoRA in the same
+#: folder (``python -m g4v.demo build-vlora``, derived from the trained checkpoint).
+VLORA_MODEL_DIR = ASSETS_DIR / "granite4-vision-tiny-vlora"
 #: The real granite-vision-4.1-4b config and processor settings, without weights.
 REAL_CONFIG_DIR = ASSETS_DIR / "granite-vision-4.1-4b-config"
 EXAMPLES_DIR = ASSETS_DIR / "examples"

@@ -54,6 +54,8 @@ def run(args) -> int:
 
     engine = create_engine(args.backend, args.model, **engine_options(args))
     print(engine.info.details["choice"], file=sys.stderr)
+    if "vision_lora" in engine.info.details:
+        print(engine.info.details["vision_lora"], file=sys.stderr)
     try:
         adapter = _activate(engine, args.adapter, args.adapters_dir)
         pieces = []

@@ -7,6 +7,7 @@ import argparse
 import os
 
 from g4v.commands.settings_flags import add_settings_flags, settings_from_args
+from g4v.engines.vision_lora import DEFAULT_MODE, MODES
 from g4v.engines.vllm_engine import VLLMSettings
 
 #: VLLMSettings fields without a flag of their own: the dtype comes from the shared ``--dtype``,
@@ -15,6 +16,10 @@ _NOT_FLAGS = ("dtype", "max_images")
 
 
 def add_engine_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--vision-lora", choices=MODES, default=DEFAULT_MODE,
+                        help="how a checkpoint's own vision LoRA is applied (hf, vllm): native = per request, "
+                             "to image requests only, as vLLM's --default-mm-loras; merged = into the weights "
+                             "at load; off = the base language model")
     remote = parser.add_argument_group("openai backend (an OpenAI-compatible server such as vllm serve)")
     remote.add_argument("--base-url", default=None, help="the server, e.g. http://127.0.0.1:8000/v1")
     remote.add_argument("--api-key", default=None, help="sent as a bearer token (default: $OPENAI_API_KEY)")
@@ -31,5 +36,5 @@ def engine_options(args: argparse.Namespace) -> dict:
 
     dtype = getattr(args, "dtype", "auto")
     vllm = settings_from_args(VLLMSettings, args, exclude=_NOT_FLAGS, dtype=None if dtype == "auto" else dtype)
-    return {"device": getattr(args, "device", None), "dtype": dtype, "vllm": vllm,
+    return {"device": getattr(args, "device", None), "dtype": dtype, "vllm": vllm, "vision_lora": args.vision_lora,
             "base_url": args.base_url, "api_key": args.api_key}

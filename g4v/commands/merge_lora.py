@@ -1,4 +1,4 @@
-"""``python -m g4v merge-lora [--model M] --adapter A --out DIR``: write a merged full checkpoint."""
+"""``python -m g4v merge-lora [--model M] [--adapter A] --out DIR``: write a merged full checkpoint."""
 
 from g4v.commands.common import add_adapters_dir_flag
 from g4v.paths import default_model
@@ -10,7 +10,9 @@ def add_parser(subparsers):
     )
     parser.add_argument("--model", default=None,
                         help="base model folder or hub id (default: $G4V_MODEL, else the bundled checkpoint)")
-    parser.add_argument("--adapter", required=True, help="adapter name or folder inside the adapter folders")
+    parser.add_argument("--adapter", default=None,
+                        help="adapter name or folder inside the adapter folders (leave out to merge the model's own "
+                             "vision LoRA only; it is merged first in any case)")
     parser.add_argument("--out", required=True, help="new (or empty) output folder")
     add_adapters_dir_flag(parser)
     return parser

@@ -2,6 +2,9 @@
 
 ``python -m g4v.demo build-adapter [--out DIR]``: regenerate the demo LoRA adapter for it.
 
+``python -m g4v.demo build-vlora [--out DIR]``: regenerate the layout checkpoint (base weights plus
+the vision LoRA beside them, :mod:`g4v.demo.vlora`).
+
 ``python -m g4v.demo dataset [--out DIR]``: regenerate the bundled dataset for dataset runs.
 
 ``python -m g4v.demo train`` / ``train-adapter``: train the bundled trained checkpoint and its
@@ -15,7 +18,7 @@ import argparse
 from contextlib import contextmanager
 from pathlib import Path
 
-from g4v.paths import BUNDLED_MODEL_DIR, DOCUMENTS_MODEL_DIR, REPO_ROOT, TRAINED_MODEL_DIR
+from g4v.paths import BUNDLED_MODEL_DIR, DOCUMENTS_MODEL_DIR, REPO_ROOT, TRAINED_MODEL_DIR, VLORA_MODEL_DIR
 
 
 def main(argv=None) -> int:
@@ -25,6 +28,8 @@ def main(argv=None) -> int:
     build_cmd.add_argument("--out", type=Path, default=BUNDLED_MODEL_DIR, help="output folder")
     adapter_cmd = sub.add_parser("build-adapter", help="build the demo LoRA adapter for the bundled checkpoint")
     adapter_cmd.add_argument("--out", type=Path, default=None, help="output folder (default: assets/adapters/demo-lora)")
+    vlora_cmd = sub.add_parser("build-vlora", help="build the layout checkpoint: base weights and the vision LoRA")
+    vlora_cmd.add_argument("--out", type=Path, default=VLORA_MODEL_DIR, help="output folder")
     dataset_cmd = sub.add_parser("dataset", help="build the bundled dataset for dataset runs (held-out pictures)")
     dataset_cmd.add_argument("--out", type=Path, default=None, help="output folder (default: assets/datasets/shapes-heldout)")
     sub.add_parser("examples", help="draw the chart and key-value Chat examples into assets/examples")
@@ -36,6 +41,12 @@ def main(argv=None) -> int:
 
         sha = build(args.out)
         print(f"wrote {args.out} (weights sha256 {sha})")
+    elif args.command == "build-vlora":
+        from g4v.demo.vlora import build_vlora
+
+        info = build_vlora(args.out)
+        print(f"wrote {args.out} (base weights sha256 {info['weights_sha256']}, "
+              f"vision LoRA sha256 {info['adapter_sha256']})")
     elif args.command == "dataset":
         from g4v.demo.dataset import build_dataset
         from g4v.evaluate.data import BUNDLED_DATASET
@@ -109,6 +120,10 @@ def _add_training_commands(sub) -> None:
                                "checkpoint it was trained on, else none)")
     eval_cmd.add_argument("--n", type=int, default=300, help="held-out pictures")
     eval_cmd.add_argument("--backend", choices=("hf", "vllm"), default="hf")
+    from g4v.engines.vision_lora import DEFAULT_MODE, MODES
+
+    eval_cmd.add_argument("--vision-lora", choices=MODES, default=DEFAULT_MODE,
+                          help="a layout checkpoint's vision LoRA: native (image requests), merged or off")
     eval_cmd.add_argument("--ablation-n", type=int, default=100, help="pictures for the single-level ablations")
     eval_cmd.add_argument("--no-ablations", action="store_true")
     eval_cmd.add_argument("--adapter-only", action="store_true", help="(hf) only the adapter checks")

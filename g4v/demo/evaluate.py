@@ -175,6 +175,7 @@ def main(args) -> int:
     pairs = items(pictures)
     rows: dict[str, dict[str, float]] = {}
     results: dict = {"model": str(args.model), "n_pictures": args.n, "backend": args.backend,
+                     "vision_lora": getattr(args, "vision_lora", None),
                      "chance": S.CHANCE}
     started = time.time()
     from g4v.demo.loop import progress_bar
@@ -194,7 +195,7 @@ def _evaluate(args, pictures, pairs, rows, results, bar) -> None:
     if args.backend == "vllm":
         from g4v.engines.vllm_engine import VLLMEngine
 
-        engine = VLLMEngine(str(args.model))
+        engine = VLLMEngine(str(args.model), vision_lora=args.vision_lora)
         try:
             phase(bar, "vllm engine")
             replies = answers(engine, pairs, workers=8, bar=bar)
@@ -219,7 +220,7 @@ def _evaluate(args, pictures, pairs, rows, results, bar) -> None:
     else:
         from g4v.engines.hf import TransformersEngine
 
-        engine = TransformersEngine(str(args.model), device="cpu", dtype="float32")
+        engine = TransformersEngine(str(args.model), device="cpu", dtype="float32", vision_lora=args.vision_lora)
         model, processor = engine.model, engine.processor
         adapter_only = getattr(args, "adapter_only", False)
         if not adapter_only:
@@ -228,7 +229,8 @@ def _evaluate(args, pictures, pairs, rows, results, bar) -> None:
             rows["hf"] = accuracy(pairs, replies)
             results["replies"] = replies
             phase(bar, "hf batched")
-            batched = batched_answers(model, processor, pairs, bar=bar)
+            with engine.adapter_scope(None, image=True):  # a layout checkpoint's vision LoRA on (native)
+                batched = batched_answers(model, processor, pairs, bar=bar)
             rows["hf batched"] = accuracy(pairs, batched)
             results["batched_agrees_with_engine"] = sum(a == b for a, b in zip(batched, replies)) / len(pairs)
             if not args.no_ablations:

@@ -84,7 +84,7 @@ def create_engine(backend: str = "auto", model: str | None = None, **options) ->
 
     ``options``: ``device``/``dtype`` (hf), ``vllm`` (a :class:`~g4v.engines.vllm_engine.VLLMSettings`),
     ``base_url``/``api_key`` (openai; there ``model`` is the served model name, default the
-    server's first). The engine's ``info.details["auto"]`` records whether ``auto`` chose it.
+    server's first), ``vision_lora`` (hf, vllm: the mode of a checkpoint's vision LoRA). The engine's ``info.details["auto"]`` records whether ``auto`` chose it.
     """
     from g4v.paths import default_model
 
@@ -102,11 +102,12 @@ def create_engine(backend: str = "auto", model: str | None = None, **options) ->
         settings = options.get("vllm") or VLLMSettings()
         if options.get("dtype") not in (None, "auto") and settings.dtype is None:
             settings.dtype = options["dtype"]
-        engine = VLLMEngine(model or default_model(), settings)
+        engine = VLLMEngine(model or default_model(), settings, vision_lora=options.get("vision_lora"))
     else:
         from g4v.engines.hf import TransformersEngine
 
-        engine = TransformersEngine(model or default_model(), device=options.get("device"), dtype=options.get("dtype"))
+        engine = TransformersEngine(model or default_model(), device=options.get("device"), dtype=options.get("dtype"),
+                                    vision_lora=options.get("vision_lora"))
     engine.info.details["auto"] = backend == "auto"
     engine.info.details["choice"] = describe_choice(backend, chosen)
     return engine

@@ -7,6 +7,10 @@ LoRA adapters are loaded into that same model with transformers' PEFT integratio
 object: ``engine.model is engine.loaded.model`` stays the Granite model). Between requests every
 adapter is disabled, so code that runs the model directly sees the base model; a request with
 ``adapter=NAME`` enables just that adapter while it holds the engine's lock.
+
+A checkpoint's vision LoRA (:mod:`g4v.engines.vision_lora`) in native mode is one more PEFT
+adapter, chosen per request as vLLM chooses it: enabled for requests with an image, off for
+text-only ones (the base language model), and replaced by the user's adapter when one is named.
 """
 
 import itertools
@@ -20,7 +24,8 @@ from transformers import StoppingCriteria, StoppingCriteriaList, TextIteratorStr
 from g4v.conversation import Message, SamplingSettings, to_template_messages, validate_conversation
 from g4v.engines.base import Engine, EngineInfo, Generation
 from g4v.errors import G4VError, PromptTooLong
-from g4v.loading import LoadedModel, load_model
+from g4v.engines.vision_lora import describe
+from g4v.loading import VISION_ADAPTER, LoadedModel, load_model
 
 _DECODE = {"skip_special_tokens": True, "clean_up_tokenization_spaces": False}
 
@@ -38,8 +43,9 @@ class _StopWhenSet(StoppingCriteria):
 
 
 class TransformersEngine(Engine):
-    def __init__(self, model: str, device: str | None = None, dtype: str | None = None, loaded: LoadedModel | None = None):
-        self.loaded = loaded or load_model(model, device=device, dtype=dtype)
+    def __init__(self, model: str, device: str | None = None, dtype: str | None = None, loaded: LoadedModel | None = None,
+                 vision_lora: str | None = None):
+        self.loaded = loaded or load_model(model, device=device, dtype=dtype, vision_lora=vision_lora)
         self.model = self.loaded.model
         self.processor = self.loaded.processor
         self.tokenizer = self.processor.tokenizer
@@ -54,6 +60,8 @@ class TransformersEngine(Engine):
             device=str(self.loaded.device),
             dtype=str(self.loaded.dtype).removeprefix("torch."),
         )
+        if self.loaded.vision_lora is not None:  # said at start by the commands; absent for merged checkpoints
+            self.info.details["vision_lora"] = describe(self.loaded.vision_mode, self.loaded.vision_lora)
 
     # ── prompts ──────────────────────────────────────────────────────────────────────────────
 
@@ -107,7 +115,7 @@ class TransformersEngine(Engine):
         self._check_adapter(adapter)
         inputs = self.prepare_inputs(messages, settings.max_new_tokens)
         prompt_tokens = inputs["input_ids"].shape[1]
-        with self._lock, self._adapter_enabled(adapter), torch.inference_mode():
+        with self._lock, self._adapter_enabled(adapter, "pixel_values" in inputs), torch.inference_mode():
             self._seed(settings)
             output = self.model.generate(**inputs, **self._generate_kwargs(settings))
         new_tokens = output[0, prompt_tokens:].tolist()
@@ -151,7 +159,7 @@ class TransformersEngine(Engine):
                 failure.append(err)
                 streamer.end()
 
-        with self._lock, self._adapter_enabled(adapter):
+        with self._lock, self._adapter_enabled(adapter, "pixel_values" in inputs):
             worker = threading.Thread(target=run, name="g4v-hf-generate", daemon=True)
             worker.start()
             ended = False
@@ -197,24 +205,37 @@ class TransformersEngine(Engine):
         return sorted(self._adapters)
 
     @contextmanager
-    def adapter_scope(self, adapter: str | None):
-        """Hold the engine with ``adapter`` enabled (``None``: the base model) and yield the model,
-        for callers that run their own forward passes (the token-level LoRA comparison)."""
+    def adapter_scope(self, adapter: str | None, image: bool = True):
+        """Hold the engine with ``adapter`` enabled (``None``: the model an ``image`` request gets,
+        the vision model in native mode) and yield the model, for callers that run their own
+        forward passes (the token-level LoRA comparison)."""
         self._check_adapter(adapter)
-        with self._lock, self._adapter_enabled(adapter):
+        with self._lock, self._adapter_enabled(adapter, image):
             yield self.model
 
+    def active_adapter(self, adapter: str | None, image: bool) -> str | None:
+        """The PEFT adapter a request runs with, as vLLM picks it: the user's adapter when one is
+        named (it replaces the vision LoRA), else the vision LoRA in native mode when the request
+        has an image, else none (the base language model, or merged weights)."""
+        if adapter is not None:
+            return self._adapters[adapter]
+        if image and self.loaded.vision_mode == "native":
+            return VISION_ADAPTER
+        return None
+
     @contextmanager
-    def _adapter_enabled(self, adapter: str | None):
-        """Enable only ``adapter`` for the duration (caller holds the lock), then disable all again.
+    def _adapter_enabled(self, adapter: str | None, image: bool):
+        """Enable only the request's adapter (:meth:`active_adapter`) for the duration (caller holds
+        the lock), then disable all again.
 
         With adapters disabled PEFT's LoRA layers call the original linear layer and nothing else,
         so base outputs stay bit-identical to an engine that never loaded an adapter."""
-        if adapter is None or not self._adapters:
+        active = self.active_adapter(adapter, image)
+        if active is None:
             yield
             return
         self.model.enable_adapters()
-        self.model.set_adapter(self._adapters[adapter])
+        self.model.set_adapter(active)
         try:
             yield
         finally:

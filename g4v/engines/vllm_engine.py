@@ -12,6 +12,10 @@ Two facts about vLLM shape how it must be used (see ``../shared/ENVIRONMENT.md``
 * vLLM starts its engine-core and worker processes with ``spawn`` (always, on the CPU). A script
   that builds a :class:`VLLMEngine` therefore needs the ``if __name__ == "__main__":`` guard,
   or each child re-runs the script. ``python -m g4v`` and pytest are already safe.
+* ``AsyncLLM`` ignores ``default_mm_loras`` (vLLM applies it in ``LLM.generate`` and its OpenAI
+  server only), so this engine passes the checkpoint's vision LoRA (:mod:`g4v.engines.vision_lora`)
+  as the ``lora_request`` of every image request itself, and gives vLLM a view of the folder
+  without the adapter files (vLLM would load ``adapter_model.safetensors`` as a weight shard).
 * On the CPU, vLLM reserves its KV cache from RAM, sized by the ``VLLM_CPU_KVCACHE_SPACE``
   environment variable (GiB). It is read when the engine starts, so :func:`cpu_defaults` sets a
   small default before the engine is built, unless the user set it.
@@ -30,6 +34,7 @@ from pathlib import Path
 from g4v.conversation import Message, SamplingSettings, to_template_messages, validate_conversation
 from g4v.engines import gpu_present
 from g4v.engines.base import Engine, EngineInfo, Generation
+from g4v.engines.vision_lora import lora_rank_slot, served_view
 from g4v.errors import G4VError, PromptTooLong, first_line
 
 #: How often a waiting consumer looks at its cancel event (seconds).
@@ -41,6 +46,8 @@ _ABORT_WAIT_S = 30.0
 _CPU_KV_CACHE_GIB = "1"
 #: LoRA slots on the CPU when the user sets none: three adapters plus the slot kept empty (below).
 _CPU_MAX_LORAS = 4
+#: ``max_lora_rank`` when neither the user nor a vision LoRA asks for more (vLLM's own default).
+_DEFAULT_MAX_LORA_RANK = 16
 _FINISH_REASONS = {"stop": "stop", "length": "length", "abort": "cancelled"}
 _END = object()
 
@@ -90,8 +97,9 @@ def cpu_defaults(settings: VLLMSettings) -> dict:
     }
 
 
-def engine_arguments(model: str, settings: VLLMSettings) -> dict:
-    """vLLM ``AsyncEngineArgs`` keywords for ``model`` under ``settings``."""
+def engine_arguments(model: str, settings: VLLMSettings, vision_rank: int | None = None) -> dict:
+    """vLLM ``AsyncEngineArgs`` keywords for ``model`` under ``settings``; ``vision_rank``: a vision
+    LoRA served natively (settings that cannot serve it are one line, not a silent base)."""
     args = {
         "model": model,
         "tensor_parallel_size": settings.tensor_parallel_size,
@@ -110,10 +118,18 @@ def engine_arguments(model: str, settings: VLLMSettings) -> dict:
     args.update({key: value for key, value in passthrough.items() if value is not None})
     if not gpu_present():
         args.update(cpu_defaults(settings))
+    if vision_rank:
+        if not settings.enable_lora:
+            raise G4VError("the checkpoint's vision LoRA (native mode) needs LoRA in vLLM: drop --no-lora, "
+                           "or use --vision-lora merged")
+        if settings.max_lora_rank and settings.max_lora_rank < vision_rank:
+            raise G4VError(f"max_lora_rank {settings.max_lora_rank} is below the vision LoRA's rank {vision_rank}: "
+                           f"use --max-lora-rank {lora_rank_slot(vision_rank)} or leave it unset")
     if settings.enable_lora:
         args["enable_lora"] = True
-        args["max_lora_rank"] = settings.max_lora_rank or 16
-        args["max_loras"] = settings.max_loras or (2 if gpu_present() else _CPU_MAX_LORAS)
+        args["max_lora_rank"] = settings.max_lora_rank or max(_DEFAULT_MAX_LORA_RANK, lora_rank_slot(vision_rank or 1))
+        # one slot more for the vision LoRA, so the user's adapters keep the slots they had
+        args["max_loras"] = settings.max_loras or (2 if gpu_present() else _CPU_MAX_LORAS) + bool(vision_rank)
         if settings.default_mm_loras:
             args["default_mm_loras"] = settings.default_mm_loras
     elif settings.default_mm_loras or settings.max_lora_rank:
@@ -171,24 +187,35 @@ class _Request:
 class VLLMEngine(Engine):
     """Granite 4 Vision served by vLLM in this process (model workers in child processes)."""
 
-    def __init__(self, model: str, settings: VLLMSettings | None = None):
+    def __init__(self, model: str, settings: VLLMSettings | None = None, vision_lora: str | None = None):
+        from g4v.engines.vision_lora import check_mode, describe, find_vision_lora
         from g4v.loading import load_processor, resolve_source
 
         self.settings = settings or VLLMSettings()
         source = resolve_source(model)
+        mode = check_mode(vision_lora)
+        self.vision_lora = find_vision_lora(source)
+        self.vision_mode = mode if self.vision_lora is not None else "off"
         # The same processor object the transformers engine renders prompts with, so both backends
         # see the same prompt text; vLLM then tokenises it and expands the image placeholders.
         self.processor = load_processor(source)
-        self.arguments = engine_arguments(source, self.settings)
+        native = self.vision_mode == "native"
+        self.arguments = engine_arguments(source, self.settings, self.vision_lora.rank if native else None)
+        self._view = served_view(self.vision_lora, self.vision_mode)
+        if self._view is not None:
+            self.arguments["model"] = str(self._view.path)
         self._loop = _LoopThread()
         try:
             self._llm = self._loop.run(self._start(self.arguments))
         except G4VError:
             self._loop.stop()
+            self._close_view()
             raise
         self._adapters: dict[str, object] = {}  # name -> LoRARequest
         self._request_ids = itertools.count(1)
         self._lora_ids = itertools.count(1)
+        self._image_lora = self._load_image_lora(str(self.vision_lora.folder) if native else
+                                                 (self.settings.default_mm_loras or {}).get("image"))
         self.info = EngineInfo(
             backend="vllm",
             model=model,
@@ -196,6 +223,27 @@ class VLLMEngine(Engine):
             dtype=str(self._llm.model_config.dtype).removeprefix("torch."),
             details={key: value for key, value in self.arguments.items() if key != "model"},
         )
+        if self.vision_lora is not None:
+            self.info.details["vision_lora"] = describe(self.vision_mode, self.vision_lora)
+
+    def _load_image_lora(self, path: str | None):
+        """Register the LoRA for image requests with vLLM now (so a bad one fails at start)."""
+        if path is None:
+            return None
+        from vllm.lora.request import LoRARequest
+
+        request = LoRARequest("g4v-vision-lora", next(self._lora_ids), str(path))
+        try:
+            self._loop.run(self._llm.add_lora(request))
+        except Exception as err:
+            self.close()
+            raise G4VError(f"vLLM could not load the vision LoRA: {first_line(err)}") from None
+        return request
+
+    def _close_view(self) -> None:
+        view, self._view = self._view, None
+        if view is not None:
+            view.close()
 
     @staticmethod
     async def _start(arguments: dict):
@@ -259,9 +307,10 @@ class VLLMEngine(Engine):
         existing = self._adapters.get(name)
         if existing is not None and existing.lora_path == str(folder):
             return
-        if existing is None and len(self._adapters) >= adapter_capacity(self.arguments):
+        capacity = adapter_capacity(self.arguments) - (self._image_lora is not None)
+        if existing is None and len(self._adapters) >= capacity:
             raise G4VError(
-                f"this vLLM engine holds at most {adapter_capacity(self.arguments)} adapters "
+                f"this vLLM engine holds at most {capacity} adapters "
                 f"(max_loras={self.arguments['max_loras']}; on the CPU one slot stays empty so base "
                 "requests stay exact); restart it with a larger --max-loras"
             )
@@ -275,9 +324,11 @@ class VLLMEngine(Engine):
     def adapters(self) -> list[str]:
         return list(self._adapters)
 
-    def _lora_request(self, adapter: str | None):
+    def _lora_request(self, adapter: str | None, image: bool = False):
+        """The request's LoRA, as vLLM's server picks it: the named adapter (it replaces the vision
+        LoRA), else the vision LoRA for a request with an image, else none (the base)."""
         if adapter is None:
-            return None
+            return self._image_lora if image else None
         if adapter not in self._adapters:
             raise G4VError(f"unknown adapter {adapter!r}")
         return self._adapters[adapter]
@@ -322,8 +373,8 @@ class VLLMEngine(Engine):
     def _submit(self, messages: list[Message], settings: SamplingSettings, adapter: str | None) -> _Request:
         """Start the request in vLLM; its outputs arrive on ``request.outputs``."""
         params = self.sampling_params(settings)
-        lora = self._lora_request(adapter)
         prompt = self.build_prompt(messages)
+        lora = self._lora_request(adapter, "multi_modal_data" in prompt)
         request = _Request(f"g4v-{next(self._request_ids)}")
         request.future = self._loop.submit(self._pump(request, prompt, params, lora))
         return request
@@ -373,6 +424,7 @@ class VLLMEngine(Engine):
         llm, self._llm = getattr(self, "_llm", None), None
         if llm is None:
             return
+        self._close_view()
 
         async def shutdown():
             llm.shutdown()

