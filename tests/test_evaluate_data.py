@@ -321,7 +321,8 @@ def test_a_saved_dataset_reads_only_its_own_files(tmp_path, tamper):
 
 def test_damaged_saved_dataset_files_are_one_line(tmp_path):
     mine = save_rows(tmp_path / "mine", ["my row"])
-    for text, expected in [("[1]", "state.json is not a JSON object"), ('{"_data_files": "x"}', "state.json lists no data files"),
+    for text, expected in [("[1]", "state.json is not a JSON object"),
+                           ('{"_data_files": "x"}', "state.json lists no data files"),
                            ('{"_data_files": [{"filename": "gone.arrow"}]}', "that data file is missing"),
                            ("[" * 100_000, "state.json is not a JSON object")]:
         (mine / "state.json").write_text(text)
@@ -376,7 +377,8 @@ def test_picture_paths_in_an_image_feature_are_the_rows_never_datasets(tmp_path,
 
     table = pq.read_table(data / "d.parquet")
     features = datasets.Features({"images": datasets.List(datasets.Image()), "prompt": datasets.Value("string")})
-    lists = pa.array([table["image"].to_pylist()[:1], table["image"].to_pylist()[:3]], features.arrow_schema.field("images").type)
+    pictures = table["image"].to_pylist()
+    lists = pa.array([pictures[:1], pictures[:3]], features.arrow_schema.field("images").type)
     pq.write_table(pa.table({"images": lists, "prompt": ["one", "three"]}).replace_schema_metadata(
         {"huggingface": json.dumps({"info": {"features": features.to_dict()}})}), data / "lists.parquet")
     listed = open_dataset("lists.parquet", data_dirs=[data])

@@ -183,9 +183,9 @@ def read_hub(source: str):
 
 def _undecoded(table):
     """``table`` with every feature that decodes from a file (``Image``, also ``Audio``, ``Video``,
-    ``Pdf``..., nested in lists or dicts too) read as its stored ``{"bytes", "path"}``. Decoding, ``datasets`` would
-    open a ``path`` itself, any fsspec URL included (``hf://`` with the server's token,
-    ``http://``, another file on the server), before :meth:`EvalDataset._picture_path` could
+    ``Pdf``..., nested in lists or dicts too) read as its stored ``{"bytes", "path"}``. Decoding,
+    ``datasets`` would open a ``path`` itself, any fsspec URL included (``hf://`` with the server's
+    token, ``http://``, another file on the server), before :meth:`EvalDataset._picture_path` could
     refuse it; undecoded, a broken picture is also one row's error, not the whole run's."""
     import datasets
 
