@@ -419,3 +419,27 @@ def test_table_files_leave_nothing_in_the_datasets_cache(tmp_path, monkeypatch):
     assert len(caches) == 3 and all(found and all(p.is_relative_to(temporary) for p in found) for found in caches)
     assert not shared_cache.exists() or not any(shared_cache.rglob("*"))
     assert list(temporary.iterdir()) == []
+
+
+def test_a_zipped_saved_dataset_naming_another_ones_file_is_refused(tmp_path):
+    """The app's path: the tampered saved dataset arrives as a zip, is unpacked into the uploads
+    folder and opened confined to it; the other dataset on the server stays unread."""
+    import zipfile
+
+    from g4v.evaluate.uploads import extract_upload
+
+    save_rows(tmp_path / "server" / "theirs", ["someone else's row"])
+    mine = save_rows(tmp_path / "made" / "mine", ["my row"])
+    state = json.loads((mine / "state.json").read_text())
+    state["_data_files"] = [{"filename": f"../../../theirs/{ARROW}"}]  # from uploads/NAME/mine to server/theirs
+    (mine / "state.json").write_text(json.dumps(state))
+    with zipfile.ZipFile(tmp_path / "upload.zip", "w") as zipped:
+        for path in sorted(mine.iterdir()):
+            zipped.write(path, f"mine/{path.name}")
+    uploads = tmp_path / "server" / "uploads"
+    (uploads / "one").mkdir(parents=True)
+    source = extract_upload([tmp_path / "upload.zip"], uploads / "one")
+    assert source == uploads / "one" / "mine"
+    assert (source / f"../../../theirs/{ARROW}").resolve().is_file()  # the escape would have found it
+    message = refused(source, data_dirs=[uploads])
+    assert message.endswith("names a file outside its folder: only its own files are read") and str(tmp_path) not in message
