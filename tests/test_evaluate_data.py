@@ -321,7 +321,8 @@ def test_a_saved_dataset_reads_only_its_own_files(tmp_path, tamper):
 
 def test_damaged_saved_dataset_files_are_one_line(tmp_path):
     mine = save_rows(tmp_path / "mine", ["my row"])
-    for text, expected in [("[1]", "state.json is not a JSON object"), ('{"_data_files": "x"}', "state.json lists no data files"),
+    for text, expected in [("[1]", "state.json is not a JSON object"),
+                           ('{"_data_files": "x"}', "state.json lists no data files"),
                            ('{"_data_files": [{"filename": "gone.arrow"}]}', "that data file is missing"),
                            ("[" * 100_000, "state.json is not a JSON object")]:
         (mine / "state.json").write_text(text)
@@ -376,7 +377,8 @@ def test_picture_paths_in_an_image_feature_are_the_rows_never_datasets(tmp_path,
 
     table = pq.read_table(data / "d.parquet")
     features = datasets.Features({"images": datasets.List(datasets.Image()), "prompt": datasets.Value("string")})
-    lists = pa.array([table["image"].to_pylist()[:1], table["image"].to_pylist()[:3]], features.arrow_schema.field("images").type)
+    pictures = table["image"].to_pylist()
+    lists = pa.array([pictures[:1], pictures[:3]], features.arrow_schema.field("images").type)
     pq.write_table(pa.table({"images": lists, "prompt": ["one", "three"]}).replace_schema_metadata(
         {"huggingface": json.dumps({"info": {"features": features.to_dict()}})}), data / "lists.parquet")
     listed = open_dataset("lists.parquet", data_dirs=[data])
@@ -417,3 +419,27 @@ def test_table_files_leave_nothing_in_the_datasets_cache(tmp_path, monkeypatch):
     assert len(caches) == 3 and all(found and all(p.is_relative_to(temporary) for p in found) for found in caches)
     assert not shared_cache.exists() or not any(shared_cache.rglob("*"))
     assert list(temporary.iterdir()) == []
+
+
+def test_a_zipped_saved_dataset_naming_another_ones_file_is_refused(tmp_path):
+    """The app's path: the tampered saved dataset arrives as a zip, is unpacked into the uploads
+    folder and opened confined to it; the other dataset on the server stays unread."""
+    import zipfile
+
+    from g4v.evaluate.uploads import extract_upload
+
+    save_rows(tmp_path / "server" / "theirs", ["someone else's row"])
+    mine = save_rows(tmp_path / "made" / "mine", ["my row"])
+    state = json.loads((mine / "state.json").read_text())
+    state["_data_files"] = [{"filename": f"../../../theirs/{ARROW}"}]  # from uploads/NAME/mine to server/theirs
+    (mine / "state.json").write_text(json.dumps(state))
+    with zipfile.ZipFile(tmp_path / "upload.zip", "w") as zipped:
+        for path in sorted(mine.iterdir()):
+            zipped.write(path, f"mine/{path.name}")
+    uploads = tmp_path / "server" / "uploads"
+    (uploads / "one").mkdir(parents=True)
+    source = extract_upload([tmp_path / "upload.zip"], uploads / "one")
+    assert source == uploads / "one" / "mine"
+    assert (source / f"../../../theirs/{ARROW}").resolve().is_file()  # the escape would have found it
+    message = refused(source, data_dirs=[uploads])
+    assert message.endswith("names a file outside its folder: only its own files are read") and str(tmp_path) not in message

@@ -358,8 +358,8 @@ def test_csv_cells_that_a_spreadsheet_would_run_start_with_a_quote(tmp_path):
     from g4v.evaluate.run import SampleResult, error_row
 
     texts = {"sample_id": "=1+1", "prompt": '=HYPERLINK("http://x","click")', "reference": "+1", "category": "@SUM(A1)"}
-    row = replace(error_row(EvalSample(0, texts["sample_id"], [], texts["prompt"], texts["reference"], texts["category"]),
-                            "\r=cmd|' /C calc'!A0"),
+    sample = EvalSample(0, texts["sample_id"], [], texts["prompt"], texts["reference"], texts["category"])
+    row = replace(error_row(sample, "\r=cmd|' /C calc'!A0"),
                   answer_a="-2+3", answer_b="\tx", logprob_a_under_b=-3.5, level_norms_a='{"1": -0.5}')
     plain = replace(row, index=1, sample_id="7", prompt="What colour?", reference="red", category="colour",
                     answer_a="a-b", answer_b="x=y", error=None)

@@ -5,9 +5,10 @@ call the same functions.
 
 * :mod:`g4v.evaluate.arms`: what an arm is, typed as text, opened as an engine.
 * :mod:`g4v.evaluate.data`: datasets through Hugging Face ``datasets``, column mapping, bad rows.
+* :mod:`g4v.evaluate.readers`: each kind of dataset read safely (its own files only, nothing cached).
 * :mod:`g4v.evaluate.scoring`: per-sample comparisons (token agreement, log-probabilities, KL).
 * :mod:`g4v.evaluate.stats`: accuracy with Wilson intervals, exact McNemar, the summary.
-* :mod:`g4v.evaluate.store`: the run's folder, appended row by row and resumable.
+* :mod:`g4v.evaluate.store`: the run's folder, appended row by row, resumable, refused when tampered.
 * :mod:`g4v.evaluate.run`: the run itself.
 """
 

@@ -179,14 +179,15 @@ def open_dataset(source: str, columns: Columns | None = None, data_dirs: list[Pa
     path = Path(source).expanduser()
     if data_dirs is not None:
         path = _inside_data_dirs(path, source, data_dirs)
+    shown = path.name if data_dirs is not None else source  # the app's sources are server paths
     if path.exists():
-        table, folder = _load_local(path, source)
+        table, folder = _load_local(path, shown)
     elif data_dirs is None and _looks_like_hub_id(source):
         table, folder = readers.read_hub(source), None
     else:
         raise G4VError(f"dataset not found: {quoted(source, 80)}")
     if len(table) == 0:
-        raise G4VError(f"dataset {quoted(source, 80)} has no rows")
+        raise G4VError(f"dataset {quoted(shown, 80)} has no rows")
     resolved = resolve_columns(list(table.column_names), columns)
     return EvalDataset(source, table, resolved, folder, confined=data_dirs is not None)
 

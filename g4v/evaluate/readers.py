@@ -47,7 +47,7 @@ def read_file(path: Path, source: str):
             table = datasets.load_dataset(builder, data_files=str(path), split="train", cache_dir=cache,
                                           keep_in_memory=True, **options)
         except Exception as err:  # noqa: BLE001: datasets raises many types; the user gets one line
-            raise G4VError(f"cannot read {path.name} as a dataset: {clean(err)}") from None
+            raise G4VError(f"cannot read {path.name} as a dataset: {_clean(err)}") from None
     return _undecoded(table)
 
 
@@ -110,7 +110,7 @@ def read_saved(path: Path, source: str):
     try:
         loaded = datasets.Dataset.load_from_disk(str(folder))
     except Exception as err:  # noqa: BLE001
-        raise G4VError(f"cannot read the saved dataset {quoted(source, 80)}: {clean(err)}") from None
+        raise G4VError(f"cannot read the saved dataset {quoted(source, 80)}: {_clean(err)}") from None
     return _undecoded(loaded.with_format(None))
 
 
@@ -174,7 +174,7 @@ def read_hub(source: str):
         loaded = datasets.load_dataset(source, split="test")
     except Exception as err:  # noqa: BLE001
         raise G4VError(f"cannot load {quoted(source, 80)} from the Hugging Face Hub "
-                       f"(offline, or no such dataset or test split): {clean(err)}") from None
+                       f"(offline, or no such dataset or test split): {_clean(err)}") from None
     finally:
         datasets.logging.set_verbosity(levels[0])
         hub_logging.set_verbosity(levels[1])
@@ -183,9 +183,9 @@ def read_hub(source: str):
 
 def _undecoded(table):
     """``table`` with every feature that decodes from a file (``Image``, also ``Audio``, ``Video``,
-    ``Pdf``..., nested in lists or dicts too) read as its stored ``{"bytes", "path"}``. Decoding, ``datasets`` would
-    open a ``path`` itself, any fsspec URL included (``hf://`` with the server's token,
-    ``http://``, another file on the server), before :meth:`EvalDataset._picture_path` could
+    ``Pdf``..., nested in lists or dicts too) read as its stored ``{"bytes", "path"}``. Decoding,
+    ``datasets`` would open a ``path`` itself, any fsspec URL included (``hf://`` with the server's
+    token, ``http://``, another file on the server), before :meth:`EvalDataset._picture_path` could
     refuse it; undecoded, a broken picture is also one row's error, not the whole run's."""
     import datasets
 
@@ -214,7 +214,7 @@ def _without_decoding(feature):
     return feature
 
 
-def clean(err: BaseException) -> str:
+def _clean(err: BaseException) -> str:
     """The library's message without server paths: each path-like word reduced to its file name."""
     words = first_line(err, 200).split()
     return " ".join(Path(w.strip("'\",")).name if os.sep in w else w for w in words)

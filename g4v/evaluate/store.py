@@ -212,7 +212,8 @@ def _open(path: Path, mode: str):
     try:
         descriptor = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)  # NONBLOCK: a FIFO does not hang
     except OSError as err:
-        problem = {errno.ELOOP: "is a link", errno.EISDIR: "is a folder"}.get(err.errno, f"cannot be opened ({err.strerror})")
+        problem = {errno.ELOOP: "is a link", errno.EISDIR: "is a folder"}.get(
+            err.errno, f"cannot be opened ({err.strerror})")
         raise G4VError(f"{path.name} in the output folder {problem}; use a new --out folder") from None
     if not stat.S_ISREG(os.fstat(descriptor).st_mode):
         os.close(descriptor)
