@@ -59,6 +59,7 @@ REFUSED = [
     ("huge pixel count", "What is it?", ["huge.png"], {}, "too large"),
     ("empty prompt", "   ", ["ok.png"], {}, "prompt is empty"),
     ("over-long prompt", "shape " * 5000, [], {}, "too long"),
+    ("4 MB prompt", "a " * 2_000_000, [], {}, "4,000,000 characters"),  # refused before tokenizing (issue 31, H1)
     ("too many images", "All of them?", ["ok.png"] * 5, {}, "too many images"),
     # Gradio's sliders check their own ranges first ("Value 0 is less than minimum value 1.").
     ("zero new tokens", "Hi", [], {"max_new_tokens": 0}, "max_new_tokens|minimum value"),
