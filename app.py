@@ -82,7 +82,11 @@ def main(argv=None) -> None:
         allowed_paths=[str(EXAMPLES_DIR)],  # the example pictures; never the weights or the code
         max_file_size=MAX_UPLOAD_SIZE,
         show_error=True,
+        quiet=True,  # Gradio's own lines suggest share=True: this app never makes a share link
+        prevent_thread_lock=True,
     )
+    print(f"* Running on local URL: {demo.local_url} (never a share link; see the README, App settings)", flush=True)
+    demo.block_thread()  # until Ctrl-C or SIGTERM, which close the server
 
 
 if __name__ == "__main__":

@@ -263,3 +263,28 @@ def test_column_names_with_html_show_as_text_in_one_toast(app_url, tmp_path, out
             assert "--columns" not in texts[0] and "'image column'" in texts[0]
             assert toasts.first.locator("img, a, input").count() == 0
         assert hits == []
+
+
+def test_a_refusal_becomes_one_escaped_toast_in_the_apps_wording():
+    """shows_errors is the one place a refusal becomes a toast: escaped once (Gradio's own gr.Error
+    passes through as it is), and CLI flags replaced by the app's own control."""
+    import gradio as gr
+
+    from g4v.errors import G4VError
+    from webapp.common import shows_errors
+
+    @shows_errors
+    def refuse(message):
+        raise G4VError(message)
+
+    @shows_errors
+    def plain():
+        raise gr.Error("send the image as an uploaded file")
+
+    with pytest.raises(gr.Error) as shown:
+        refuse("no image column found (columns: <b>x</b> & 'y'); name it with --columns image=COLUMN")
+    assert shown.value.message == ("no image column found (columns: &lt;b&gt;x&lt;/b&gt; &amp; 'y'); "
+                                   "type its name in the box 'image column' (Column mapping)")
+    with pytest.raises(gr.Error) as shown:
+        plain()
+    assert shown.value.message == "send the image as an uploaded file"

@@ -237,3 +237,11 @@ def test_exports_are_not_copied_and_are_gone_after_shutdown(app):
     assert sorted(app.tmp.rglob("*.zip")) == [] and sorted(app.tmp.rglob("capture.safetensors")) == []
     assert not [p for p in app.tmp.rglob("g4v-*")]
     assert list(app.tmp.iterdir())  # the check looked where the app wrote
+
+
+def test_the_launch_lines_offer_no_share_link(app):
+    """Gradio's own launch lines suggest ``share=True``; this app prints its address and says it
+    never makes a share link (issue 31)."""
+    log = (REPO_ROOT / "test-output" / f"app-{app.url.rstrip('/').rsplit(':', 1)[1]}.log").read_text()
+    assert f"Running on local URL: {app.url.rstrip('/')}" in log
+    assert "share=True" not in log and "public link" not in log

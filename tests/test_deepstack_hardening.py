@@ -325,6 +325,9 @@ def test_a_view_without_tokens_says_so_instead_of_empty_panels():
     (["deepstack0=1", "deepstack0=2"], "scaled twice"),
     (["deepstack0"], "LEVEL=FACTOR"),
     (["deepstack0=0x10"], "is not a number"),
+    (["deepstack0=1_0"], "is not a number"),  # float() reads 10 (issue 31)
+    (["deepstack0=\u0661"], "is not a number"),  # an Arabic-Indic one: float() reads 1
+    (["deepstack0=\uff12"], "is not a number"),  # a full-width two
 ])
 def test_scale_specs_are_refused_in_words_for_the_tab_and_the_cli(specs, words):
     from g4v.inspect.levels import parse_scale_specs

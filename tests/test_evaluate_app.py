@@ -316,3 +316,21 @@ def test_the_tab_in_a_browser_runs_and_opens_a_row_in_chat(app, output_dir):
                                    arg=[tab, prompt])
             page.locator(f"#{tab}-image img").first.wait_for(state="visible")
         assert "tiny-trained-french" in page.locator("#lora-adapter input").input_value()  # arm b's adapter
+
+
+@pytest.mark.parametrize("row", ["abc", [1], True, -1, 2.5, "1_0", "\u0661", 10**12])
+def test_a_row_value_that_is_not_a_row_number_is_one_line(tmp_path, row):
+    """"Open in ..." takes the selected row's first cell as sent by the page (or a hand-made
+    request): anything but a row number is one line, not "failed unexpectedly" (issue 31)."""
+    from webapp.evaluate import STORES, EvalWorkspace
+    from webapp.sessions import SessionStores
+
+    workspace = EvalWorkspace(SessionStores(tmp_path, STORES))
+    run = {"source": str(BUNDLED_DATASET), "columns": {}, "adapters": [None, None]}
+    with workspace.sessions.using("visitor") as visitor:
+        with pytest.raises(G4VError) as refused:
+            workspace.sample_pictures(run, row, visitor)
+        assert "\n" not in str(refused.value) and "row" in str(refused.value)
+        paths, prompt = workspace.sample_pictures(run, "1", visitor)  # a real row number still opens
+        assert prompt == BUNDLED_ROWS[1]["prompt"] and all(Path(p).is_file() for p in paths)
+    workspace.sessions.close()

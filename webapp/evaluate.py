@@ -15,6 +15,7 @@ run) instead of starting over. The same function answers the ``/evaluate`` API e
 """
 
 import json
+import re
 import threading
 import time
 import zipfile
@@ -149,12 +150,15 @@ class EvalWorkspace:
         """One run sample's pictures saved as PNGs where the app serves them, and its prompt."""
         if not run or index is None:
             raise G4VError("select a row of the sample table first")
+        if isinstance(index, bool) or not re.fullmatch(r"[0-9]{1,9}", str(index).strip()):
+            raise G4VError(f"row {quoted(index)} is not a row number of the sample table: select a row")
+        index = int(str(index).strip())
         if not Path(run["source"]).exists():
             raise G4VError("this run's uploaded dataset is no longer kept: upload it and run again")
         dataset = open_dataset(run["source"], Columns(**run["columns"]), self.allowed_dirs(visitor))
-        if not 0 <= int(index) < len(dataset):
+        if index >= len(dataset):
             raise G4VError(f"row {index} is not in the dataset")
-        sample = dataset.sample(int(index))
+        sample = dataset.sample(index)
         if sample.error:
             raise G4VError(f"row {index} cannot be opened: {sample.error}")
         folder = visitor.stores["files"].new_folder()

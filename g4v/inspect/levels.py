@@ -14,6 +14,7 @@ check a user's level names and factors before any model runs.
 """
 
 import math
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -123,6 +124,11 @@ def _checked_factor(spec, factor) -> float:
     return factor
 
 
+#: A factor as written: ASCII digits only (``float`` also takes "1_0" and other scripts' digits, which
+#: page ranges refuse); inf and nan pass here so the factor check names them.
+FACTOR = re.compile(r"[+-]?(?:(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?|inf|infinity|nan)", re.IGNORECASE)
+
+
 def parse_scale_specs(specs: Iterable[str]) -> dict[str, float]:
     """``["spatial_TL=0.5", "3=2"]`` -> ``{"spatial_TL": 0.5, "3": 2.0}`` (levels checked later)."""
     parsed = {}
@@ -132,8 +138,7 @@ def parse_scale_specs(specs: Iterable[str]) -> dict[str, float]:
             raise G4VError(f"a scale is written LEVEL=FACTOR (e.g. deepstack0=0.5), got {spec!r}")
         if name.strip() in parsed:
             raise G4VError(f"level {name.strip()} is scaled twice: give one factor per level")
-        try:
-            parsed[name.strip()] = float(value)
-        except ValueError:
-            raise G4VError(f"scale {spec!r}: {value!r} is not a number") from None
+        if not FACTOR.fullmatch(value.strip()):
+            raise G4VError(f"scale {spec!r}: {value!r} is not a number")
+        parsed[name.strip()] = float(value)
     return parsed
