@@ -287,8 +287,7 @@ def test_a_slow_document_does_not_hold_up_another(tmp_path, monkeypatch):
     render at the same time: the second is done while the first still runs (one PDFium lock made it wait)."""
     import threading
 
-    monkeypatch.setattr(pdf, "RENDER_MEMORY", 512 * 1024 ** 2)
-    path = write(tmp_path, "loop.pdf", self_drawing_pdf())
+    path = write(tmp_path, "loop.pdf", self_drawing_pdf())  # about 5 s to its 1 GiB limit here
     slow = threading.Thread(target=lambda: pytest.raises(G4VError, pdf.render_pages, path, "1"))
     slow.start()
     try:
@@ -301,7 +300,8 @@ def test_a_slow_document_does_not_hold_up_another(tmp_path, monkeypatch):
 def test_renderers_are_capped_and_a_request_past_the_cap_is_one_line(tmp_path, monkeypatch):
     import threading
 
-    monkeypatch.setattr(pdf, "_RENDER_SLOTS", threading.BoundedSemaphore(1))
+    slots = threading.BoundedSemaphore(1)
+    monkeypatch.setattr(pdf, "_RENDER_SLOTS", slots)
     monkeypatch.setattr(pdf, "WAIT_SECONDS", 0.5)
     monkeypatch.setattr(pdf, "RENDER_MEMORY", 512 * 1024 ** 2)
     path = write(tmp_path, "loop.pdf", self_drawing_pdf())
@@ -310,7 +310,11 @@ def test_renderers_are_capped_and_a_request_past_the_cap_is_one_line(tmp_path, m
     try:
         import time
 
-        time.sleep(0.3)  # the slow render has its slot
+        for _ in range(200):  # until the slow render has its slot
+            if not slots.acquire(blocking=False):
+                break
+            slots.release()
+            time.sleep(0.05)
         assert "every PDF renderer is busy" in refusal(lambda: pdf.page_count(REPORT_PDF))
     finally:
         slow.join(60)
