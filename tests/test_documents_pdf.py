@@ -319,3 +319,21 @@ def test_renderers_are_capped_and_a_request_past_the_cap_is_one_line(tmp_path, m
     finally:
         slow.join(60)
     assert pdf.page_count(REPORT_PDF) == 2  # the slot came back
+
+
+def test_no_child_process_or_pipe_is_left_behind(tmp_path):
+    """Refused documents (at load, at a page, past the limit) and good ones close their child."""
+    import os
+
+    bad = write(tmp_path, "locked.pdf", encrypted_pdf())
+    cycle = write(tmp_path, "cycle.pdf", page_tree_cycle_pdf())
+    pdf.page_count(REPORT_PDF)
+    before = len(os.listdir("/proc/self/fd"))
+    for _ in range(3):
+        refusal(lambda: pdf.render_pages(bad, "1"))
+        refusal(lambda: pdf.render_pages(cycle, "2"))
+        refusal(lambda: pdf.render_pages(REPORT_PDF, "1-3"))
+        pdf.render_thumbnails(REPORT_PDF)
+    assert len(os.listdir("/proc/self/fd")) == before
+    with pytest.raises(ChildProcessError):  # every child was waited for: none is left, not even a zombie
+        os.waitpid(-1, os.WNOHANG)

@@ -113,10 +113,14 @@ class RenderedDocument:
                                         str(math.ceil(PAGE_SECONDS * (MAX_THUMBNAILS + 2)))],
                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
         self._out = _TimedReader(self._child.stdout)
-        reply, _ = self._ask({"op": "open"}, data, f"{label} needs more memory or time than a PDF may take to open",
-                             START_SECONDS)
-        if reply.get("error") == "load":
-            raise G4VError(_load_problem(label, reply.get("code"), data))
+        try:
+            reply, _ = self._ask({"op": "open"}, data, f"{label} needs more memory or time than a PDF may take "
+                                 "to open", START_SECONDS)
+            if reply.get("error") == "load":
+                raise G4VError(_load_problem(label, reply.get("code"), data))
+        except BaseException:  # no document to hand back: the child and its pipes go now
+            self.close()
+            raise
         self.pages = reply["pages"]
 
     def __len__(self) -> int:
