@@ -337,3 +337,10 @@ def test_no_child_process_or_pipe_is_left_behind(tmp_path):
     assert len(os.listdir("/proc/self/fd")) == before
     with pytest.raises(ChildProcessError):  # every child was waited for: none is left, not even a zombie
         os.waitpid(-1, os.WNOHANG)
+
+
+def test_an_answer_larger_than_any_page_is_not_read(monkeypatch):
+    """A child that PDFium's bugs took over could claim a frame of any size: the parent refuses to
+    allocate past the largest page (here the bound is lowered below a real page's bitmap)."""
+    monkeypatch.setattr(pdf, "MAX_FRAME_BYTES", 1000)
+    assert "needs more memory or time" in refusal(lambda: pdf.render_pages(REPORT_PDF, "1", dpi=72))

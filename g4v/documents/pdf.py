@@ -56,6 +56,8 @@ START_SECONDS = 20
 #: How long a request waits for a free renderer before it is refused.
 WAIT_SECONDS = 120
 WORKER = Path(__file__).with_name("pdf_worker.py")
+#: The most one answer from the child may hold: the largest page allowed, at 4 bytes a pixel.
+MAX_FRAME_BYTES = 4 * MAX_IMAGE_PIXELS + 2 ** 20
 
 _RENDER_SLOTS = threading.BoundedSemaphore(MAX_RENDERERS)
 EMPTY_PAGE_TREE = re.compile(rb"/Count\s*0\b")
@@ -177,6 +179,8 @@ class _TimedReader:
         return self
 
     def read(self, count: int) -> bytearray:
+        if count > MAX_FRAME_BYTES:  # only a child gone wrong asks for more than a page's bitmap
+            raise ValueError("the PDF renderer sent more than a page")
         buffer, done = bytearray(count), 0
         view = memoryview(buffer)  # filled in place: a page's bitmap is not held twice
         while done < count:
