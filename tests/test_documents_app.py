@@ -44,6 +44,22 @@ def test_thumbnails_for_an_upload():
     assert page == "1" and [label for _, label in thumbnails] == ["page 1", "page 2"]
 
 
+@pytest.mark.parametrize("make, words", [
+    ("self_drawing_pdf", "page 1 of hostile.pdf needs more memory or time than a page may take to render"),
+    ("page_tree_cycle_pdf", "page 2 of hostile.pdf is corrupt or unreadable"),
+])
+def test_hostile_pdfs_in_the_picker_are_one_line_and_the_next_one_works(tmp_path, make, words):
+    """Choosing the file renders its thumbnails: the toast is one line, and the picker still works."""
+    from tests import test_documents_pdf
+
+    path = tmp_path / "hostile.pdf"
+    path.write_bytes(getattr(test_documents_pdf, make)())
+    with pytest.raises(gr.Error) as caught:
+        documents.show_thumbnails(str(path))
+    assert caught.value.message.startswith(words) and "\n" not in caught.value.message
+    assert len(documents.show_thumbnails(str(REPORT_PDF))[0]) == 2
+
+
 def test_a_preset_fills_the_box_and_keeps_the_attachments():
     box = {"text": "", "files": ["/tmp/page.png"]}
     value, schema = documents.fill_prompt("chart2csv", "", box)

@@ -66,18 +66,23 @@ def schema_files(tmp_path):
     (["chat", "--image", "{pdf}", "--dpi", "5000", "hi"], ["render resolution must be between"]),
     (["tiling", "{pdf}", "--pages", "1-2"], ["too many pages: 2 chosen", "at most 1"]),
     (["tiling", "{locked}"], ["locked.pdf is encrypted"]),
+    (["tiling", "{loop}"], ["page 1 of loop.pdf needs more memory or time than a page may take to render"]),
+    (["tiling", "{cycle}", "--pages", "2"], ["page 2 of cycle.pdf is corrupt or unreadable"]),
     (["inspect", "--image", "{fake}", "--prompt", "hi", "--out", "{tmp}/out"], ["fake.png is corrupt"]),
 ])
 def test_bad_document_input_is_one_line_before_any_model_loads(tmp_path, schema_files, capsys, args, words):
     """In process (the CLI's own ``main``, as ``python -m g4v`` runs it): the checks come before any
     model loads, so each case takes milliseconds."""
-    from tests.test_documents_pdf import encrypted_pdf
+    from tests.test_documents_pdf import encrypted_pdf, page_tree_cycle_pdf, self_drawing_pdf
 
     (tmp_path / "locked.pdf").write_bytes(encrypted_pdf())
+    (tmp_path / "loop.pdf").write_bytes(self_drawing_pdf())  # PDFium's child dies at its memory limit
+    (tmp_path / "cycle.pdf").write_bytes(page_tree_cycle_pdf())
     (tmp_path / "fake.png").write_bytes(b"%PDF-1.7\n" + b"\0" * 50)  # a "PDF" named .png goes to the PDF reader
     good, bad = schema_files
     values = {"{pdf}": str(REPORT_PDF), "{good}": str(good), "{bad}": str(bad), "{tmp}": str(tmp_path),
-              "{locked}": str(tmp_path / "locked.pdf"), "{fake}": str(tmp_path / "fake.png")}
+              "{locked}": str(tmp_path / "locked.pdf"), "{fake}": str(tmp_path / "fake.png"),
+              "{loop}": str(tmp_path / "loop.pdf"), "{cycle}": str(tmp_path / "cycle.pdf")}
     filled = [values.get(a, a.replace("{tmp}", str(tmp_path))) for a in args]
     from g4v.cli import main
 

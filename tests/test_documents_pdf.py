@@ -287,8 +287,7 @@ def test_a_slow_document_does_not_hold_up_another(tmp_path, monkeypatch):
     render at the same time: the second is done while the first still runs (one PDFium lock made it wait)."""
     import threading
 
-    monkeypatch.setattr(pdf, "RENDER_MEMORY", 512 * 1024 ** 2)
-    path = write(tmp_path, "loop.pdf", self_drawing_pdf())
+    path = write(tmp_path, "loop.pdf", self_drawing_pdf())  # about 5 s to its 1 GiB limit here
     slow = threading.Thread(target=lambda: pytest.raises(G4VError, pdf.render_pages, path, "1"))
     slow.start()
     try:
@@ -301,7 +300,8 @@ def test_a_slow_document_does_not_hold_up_another(tmp_path, monkeypatch):
 def test_renderers_are_capped_and_a_request_past_the_cap_is_one_line(tmp_path, monkeypatch):
     import threading
 
-    monkeypatch.setattr(pdf, "_RENDER_SLOTS", threading.BoundedSemaphore(1))
+    slots = threading.BoundedSemaphore(1)
+    monkeypatch.setattr(pdf, "_RENDER_SLOTS", slots)
     monkeypatch.setattr(pdf, "WAIT_SECONDS", 0.5)
     monkeypatch.setattr(pdf, "RENDER_MEMORY", 512 * 1024 ** 2)
     path = write(tmp_path, "loop.pdf", self_drawing_pdf())
@@ -310,8 +310,37 @@ def test_renderers_are_capped_and_a_request_past_the_cap_is_one_line(tmp_path, m
     try:
         import time
 
-        time.sleep(0.3)  # the slow render has its slot
+        for _ in range(200):  # until the slow render has its slot
+            if not slots.acquire(blocking=False):
+                break
+            slots.release()
+            time.sleep(0.05)
         assert "every PDF renderer is busy" in refusal(lambda: pdf.page_count(REPORT_PDF))
     finally:
         slow.join(60)
     assert pdf.page_count(REPORT_PDF) == 2  # the slot came back
+
+
+def test_no_child_process_or_pipe_is_left_behind(tmp_path):
+    """Refused documents (at load, at a page, past the limit) and good ones close their child."""
+    import os
+
+    bad = write(tmp_path, "locked.pdf", encrypted_pdf())
+    cycle = write(tmp_path, "cycle.pdf", page_tree_cycle_pdf())
+    pdf.page_count(REPORT_PDF)
+    before = len(os.listdir("/proc/self/fd"))
+    for _ in range(3):
+        refusal(lambda: pdf.render_pages(bad, "1"))
+        refusal(lambda: pdf.render_pages(cycle, "2"))
+        refusal(lambda: pdf.render_pages(REPORT_PDF, "1-3"))
+        pdf.render_thumbnails(REPORT_PDF)
+    assert len(os.listdir("/proc/self/fd")) == before
+    with pytest.raises(ChildProcessError):  # every child was waited for: none is left, not even a zombie
+        os.waitpid(-1, os.WNOHANG)
+
+
+def test_an_answer_larger_than_any_page_is_not_read(monkeypatch):
+    """A child that PDFium's bugs took over could claim a frame of any size: the parent refuses to
+    allocate past the largest page (here the bound is lowered below a real page's bitmap)."""
+    monkeypatch.setattr(pdf, "MAX_FRAME_BYTES", 1000)
+    assert "needs more memory or time" in refusal(lambda: pdf.render_pages(REPORT_PDF, "1", dpi=72))

@@ -50,9 +50,14 @@ MAX_RENDERERS = int(os.environ.get("G4V_PDF_RENDERERS", 2))
 #: A child's address space, and how long PDFium may take to open the document or draw one page.
 RENDER_MEMORY = int(os.environ.get("G4V_PDF_RENDER_MEMORY", 1024 ** 3))
 PAGE_SECONDS = float(os.environ.get("G4V_PDF_PAGE_SECONDS", 30))
+#: The child's own start (a fresh interpreter and PDFium), allowed on top of opening the document:
+#: on a busy machine it can take seconds, and it is not the document's doing.
+START_SECONDS = 20
 #: How long a request waits for a free renderer before it is refused.
 WAIT_SECONDS = 120
 WORKER = Path(__file__).with_name("pdf_worker.py")
+#: The most one answer from the child may hold: the largest page allowed, at 4 bytes a pixel.
+MAX_FRAME_BYTES = 4 * MAX_IMAGE_PIXELS + 2 ** 20
 
 _RENDER_SLOTS = threading.BoundedSemaphore(MAX_RENDERERS)
 EMPTY_PAGE_TREE = re.compile(rb"/Count\s*0\b")
@@ -110,9 +115,14 @@ class RenderedDocument:
                                         str(math.ceil(PAGE_SECONDS * (MAX_THUMBNAILS + 2)))],
                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
         self._out = _TimedReader(self._child.stdout)
-        reply, _ = self._ask({"op": "open"}, data, f"{label} needs more memory or time than a PDF may take to open")
-        if reply.get("error") == "load":
-            raise G4VError(_load_problem(label, reply.get("code"), data))
+        try:
+            reply, _ = self._ask({"op": "open"}, data, f"{label} needs more memory or time than a PDF may take "
+                                 "to open", START_SECONDS)
+            if reply.get("error") == "load":
+                raise G4VError(_load_problem(label, reply.get("code"), data))
+        except BaseException:  # no document to hand back: the child and its pipes go now
+            self.close()
+            raise
         self.pages = reply["pages"]
 
     def __len__(self) -> int:
@@ -135,11 +145,11 @@ class RenderedDocument:
             raise G4VError(f"page {number} of {self.label} is corrupt or unreadable")
         return reply
 
-    def _ask(self, request: dict, payload: bytes, too_much: str):
+    def _ask(self, request: dict, payload: bytes, too_much: str, allowance: float = 0.0):
         limits = f" (the limits are {RENDER_MEMORY / 1024 ** 3:g} GiB and {PAGE_SECONDS:g} s)"
         try:
             self._write_frame(self._child.stdin, request, payload)
-            reply = self._read_frame(self._out.until(time.monotonic() + PAGE_SECONDS))
+            reply = self._read_frame(self._out.until(time.monotonic() + PAGE_SECONDS + allowance))
         except (OSError, ValueError, TimeoutError):  # a closed pipe, a cut frame, no answer in time
             reply = None
         if reply is None:
@@ -169,6 +179,8 @@ class _TimedReader:
         return self
 
     def read(self, count: int) -> bytearray:
+        if count > MAX_FRAME_BYTES:  # only a child gone wrong asks for more than a page's bitmap
+            raise ValueError("the PDF renderer sent more than a page")
         buffer, done = bytearray(count), 0
         view = memoryview(buffer)  # filled in place: a page's bitmap is not held twice
         while done < count:
