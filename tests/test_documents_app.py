@@ -95,3 +95,12 @@ def test_the_structured_panel_lists_schema_problems():
     _, _, notes = documents.structured_view("kvp", schema, history)
     assert "- `$.date`: expected `a required field`, got `nothing`" in notes
     assert '- `$.total`: expected `type "number"`, got `"12"`' in notes
+
+
+def test_a_csv_answer_is_shown_once_in_the_grid():
+    """The CSV's rows fill the table; an HTML copy of the same rows above it would show them twice."""
+    html, table, notes = documents.structured_view("chart2csv", "", history_with("label,value\nred,1\nblue,5"))
+    assert html == "" and table["visible"] and table["headers"] == ["label", "value"]
+    assert table["value"] == [["red", "1"], ["blue", "5"]] and notes == "Read as CSV."
+    html, table, _ = documents.structured_view("chart2csv", "", history_with("no table here"))
+    assert "no table here" in html and not table["visible"]  # a malformed answer is still shown as-is
