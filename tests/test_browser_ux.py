@@ -237,3 +237,27 @@ def test_evaluate_shows_one_progress_bar_with_an_estimate_and_whole_header_words
         assert page.locator(f"#attribution-report {PROGRESS}").count() == 1 and len(progress_texts(page)) == 1
         page.wait_for_function("() => /Explained:/.test(document.querySelector('#attribution-report').innerText)",
                                timeout=300_000)
+
+
+def test_the_lora_tab_warns_about_an_adapter_made_for_another_base(app_url):
+    """This app serves the bundled checkpoint: the French adapter (made for the trained one) gets a
+    warning line naming its base, the demo adapter (made for this one) none."""
+    import json
+    import re
+
+    from g4v.paths import ASSETS_DIR
+
+    french = json.loads((ASSETS_DIR / "adapters" / "tiny-trained-french" / "adapter_config.json").read_text())
+    with browser_page(height=1400) as page:
+        page.goto(app_url)
+        page.get_by_role("tab", name="LoRA").click()
+        warning = "() => document.querySelector('#lora-base-warning').innerText.trim()"
+        for name, expected in [("tiny-trained-french", f"made for {french['base_model_name_or_path']}"),
+                               ("demo-lora", "")]:
+            page.locator("#lora-adapter input").click()
+            page.get_by_role("option", name=re.compile(f"^{name} ")).click()
+            if expected:
+                page.wait_for_function(f"() => ({warning})().includes({json.dumps(expected)})")
+                assert "warning: adapter tiny-trained-french" in page.evaluate(warning)
+            else:
+                page.wait_for_function(f"() => ({warning})() === ''")

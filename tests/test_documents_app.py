@@ -299,3 +299,12 @@ def test_rendered_pages_live_in_the_apps_own_folder_which_goes_with_the_app(tmp_
     assert not left.parent.parent.exists()  # the second start removed the dead server's folder
     assert live.is_dir()
     assert not (tmp_path / "g4v-pages").exists()
+
+
+def test_a_csv_answer_is_shown_once_in_the_grid():
+    """The CSV's rows fill the table; an HTML copy of the same rows above it would show them twice."""
+    html, table, notes = documents.structured_view("chart2csv", "", history_with("label,value\nred,1\nblue,5"))
+    assert html == "" and table["visible"] and table["headers"] == ["label", "value"]
+    assert table["value"] == [["red", "1"], ["blue", "5"]] and notes == "Read as CSV."
+    html, table, _ = documents.structured_view("chart2csv", "", history_with("no table here"))
+    assert "no table here" in html and not table["visible"]  # a malformed answer is still shown as-is

@@ -204,6 +204,10 @@ def chat_examples(rows: list[list], box, task, schema) -> gr.Examples:
     The field's visibility is set here, not left to ``task.change``, which does not fire when the
     preset is already the example's."""
     presets = {message["text"]: (preset, schema_text) for message, preset, schema_text in rows}
+    # A card shows its prompt and picture; a document prompt (a tag, or the key-value prompt with its
+    # schema) reads badly there, so with such examples every card shows a short label instead.
+    labels = [f"{get_preset(preset).label}: {Path(message['files'][0]).name}" if preset else message["text"]
+              for message, preset, _ in rows] if any(preset for _, preset, _ in rows) else None
 
     def picked(message):
         preset, schema_text = presets.get((message or {}).get("text"), ("", None))
@@ -211,7 +215,8 @@ def chat_examples(rows: list[list], box, task, schema) -> gr.Examples:
         return preset, shown if schema_text is None else gr.update(value=schema_text, visible=shown["visible"])
 
     return gr.Examples([[message] for message, _, _ in rows], inputs=[box], outputs=[task, schema], fn=picked,
-                       run_on_click=True, cache_examples=False, label="Examples", elem_id="chat-examples")
+                       run_on_click=True, cache_examples=False, label="Examples", elem_id="chat-examples",
+                       example_labels=labels)
 
 
 def last_answer(history) -> str | None:
@@ -252,7 +257,8 @@ def structured_view(task, schema_text, history):
         lines.append(f"Read as {preset.output.upper()}" + (" and valid against the schema." if schema else "."))
     table = gr.update(value=result.rows[1:], headers=result.rows[0], visible=True) if len(result.rows) > 1 else \
         gr.update(value=None, visible=False)
-    return result.html, table, "\n".join(lines)
+    shown_once = "" if preset.output == "csv" and len(result.rows) > 1 else result.html  # the grid has the rows
+    return shown_once, table, "\n".join(lines)
 
 
 def pending_view(task):

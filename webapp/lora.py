@@ -4,7 +4,8 @@ import threading
 
 import gradio as gr
 
-from g4v.lora.side_by_side import adapter_folder_help, describe_adapters, lora_side_by_side, preselected_adapter
+from g4v.lora.side_by_side import (adapter_folder_help, base_warning, describe_adapters, lora_side_by_side,
+                                   preselected_adapter)
 from g4v.lora.token_diff import lora_token_diff
 from webapp.common import MODEL_QUEUE, image_input, sampling_settings, shows_errors, use_last_chat_image
 from webapp.documents import document_picker
@@ -49,6 +50,7 @@ def lora_tab(engine, model: str, adapters_dir, last_chat_image: gr.State, concur
             max_new_tokens = gr.Slider(1, 256, value=48, step=1, label="Max new tokens")
             temperature = gr.Slider(0.0, 2.0, value=0.0, step=0.05, label="Temperature (0 = greedy)")
             seed = gr.Number(value=0, label="Seed")  # checked by sampling_settings
+    warning = gr.Markdown(base_warning(adapter.value, adapters_dir, model), elem_id="lora-base-warning")
     prompt = gr.Textbox(label="Prompt", value="What colour is the shape?", elem_id="lora-prompt")
     with gr.Row():
         run = gr.Button("Run side by side", variant="primary")
@@ -63,6 +65,8 @@ def lora_tab(engine, model: str, adapters_dir, last_chat_image: gr.State, concur
 
     side_by_side, token_diff = make_handlers(engine, adapters_dir, gpu_task)
     use_last_chat_image(from_chat, last_chat_image, image)
+    adapter.change(lambda name: base_warning(name, adapters_dir, model), adapter, warning, api_visibility="private",
+                   queue=False, show_progress="hidden")  # a mismatch runs, with this line in view
     model_bound = {"concurrency_id": MODEL_QUEUE, "concurrency_limit": concurrency}
     running = run.click(side_by_side, [adapter, image, prompt, max_new_tokens, temperature, seed],
                         [base_answer, adapter_answer], api_name="lora_side_by_side", **model_bound)

@@ -49,6 +49,10 @@ def run(args) -> int:
         from g4v.lora.folders import adapter_dirs, resolve_adapter
 
         resolve_adapter(args.adapter, adapter_dirs(args.adapters_dir))
+        from g4v.lora.side_by_side import base_warning
+        from g4v.paths import default_model
+
+        warn_about_base(base_warning(args.adapter, args.adapters_dir, args.model or default_model()))
 
     from g4v.engines import create_engine
 
@@ -70,6 +74,12 @@ def run(args) -> int:
     finally:
         engine.close()
     return 0
+
+
+def warn_about_base(line: str) -> None:
+    """An adapter made for another base runs; the user is told so once, on stderr."""
+    if line:
+        print(line, file=sys.stderr)
 
 
 def _activate(engine, choice: str | None, adapters_dir) -> str | None:

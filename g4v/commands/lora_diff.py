@@ -4,7 +4,7 @@ model's, token by token (transformers backend)."""
 import argparse
 import json
 
-from g4v.commands.chat import open_images
+from g4v.commands.chat import open_images, warn_about_base
 from g4v.commands.common import add_adapters_dir_flag, add_model_flags
 from g4v.commands.inputs import add_page_flags
 from g4v.conversation import Message, SamplingSettings, validate_conversation
@@ -45,9 +45,11 @@ def run(args) -> int:
     resolve_adapter(args.adapter, adapter_dirs(args.adapters_dir))
 
     from g4v.engines.hf import TransformersEngine
-    from g4v.lora.side_by_side import activate_adapter
+    from g4v.lora.side_by_side import activate_adapter, base_warning
     from g4v.lora.token_diff import lora_diff
     from g4v.paths import default_model
+
+    warn_about_base(base_warning(args.adapter, args.adapters_dir, args.model or default_model()))
 
     engine = TransformersEngine(args.model or default_model(), device=args.device, dtype=args.dtype)
     spec = activate_adapter(engine, args.adapter, args.adapters_dir)

@@ -133,6 +133,18 @@ def describe_adapters(adapters_dir=None, model: str | None = None) -> list[Adapt
     return sorted(found, key=lambda choice: (not choice.matches, choice.name))
 
 
+def base_warning(name: str | None, adapters_dir=None, model: str | None = None) -> str:
+    """One line when adapter ``name`` names another base than ``model``: it loads and runs (the
+    layer shapes match), but its answers likely mean nothing. Empty when it was made for ``model``,
+    names no base, or cannot be found (using it then says why)."""
+    if not name or model is None:
+        return ""
+    choice = describe_adapter(name, adapters_dir, model)
+    if choice.matches or choice.base is None:
+        return ""
+    return f"warning: adapter {name} was made for {choice.base}, not for the model in use; its answers are likely meaningless"
+
+
 def adapter_choices(adapters_dir=None, model: str | None = None) -> list[str]:
     """Adapter names for a dropdown, those made for ``model`` first (no model: by name)."""
     return [choice.name for choice in describe_adapters(adapters_dir, model)]
