@@ -28,6 +28,7 @@ The modules, in the order a run uses them:
 * :mod:`g4v.port.compare`: per-level features, residual trajectories and the next token,
   transformers against vLLM, with the tolerance rule.
 * :mod:`g4v.port.audit`: the config audit.
+* :mod:`g4v.port.table`: the per-level table as the CLI and the tab print it (one formatter).
 * :mod:`g4v.port.in_vllm_env`: runs ``port-diff`` in the vLLM environment from one without vLLM
   (the app's Port tab).
 

@@ -259,10 +259,10 @@ def test_cli_fail_on_diff_exits_0_when_the_port_agrees():
     assert done.returncode == 0, done.stderr[-2000:]
     assert "verdict: OK" in done.stdout
     # Issue 31, item 11: vLLM's start and stop wrote about 70 log lines before the report; now
-    # nothing of vLLM's (no INFO or WARNING line, no process tag), at most transformers' loading bar.
+    # nothing but transformers' own loading bar (its redraws read as lines here: text mode turns
+    # carriage returns into newlines).
     lines = [line for line in done.stderr.splitlines() if line.strip()]
-    assert not [line for line in lines if " INFO " in line or " WARNING " in line or "pid=" in line], lines
-    assert len(lines) <= 2, lines
+    assert [line for line in lines if not line.startswith("Loading weights:")] == [], lines
     assert "per-level tolerance: |vLLM - transformers| <= 1e-05 + 0.0001 * max(|transformers|, token RMS) " \
            "(float32 defaults)" in done.stdout
 
