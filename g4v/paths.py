@@ -17,6 +17,9 @@ DOCUMENTS_MODEL_DIR = ASSETS_DIR / "granite4-vision-tiny-documents"
 #: The real model's layout in miniature: a base language model with its vision LoRA in the same
 #: folder (``python -m g4v.demo build-vlora``, derived from the trained checkpoint).
 VLORA_MODEL_DIR = ASSETS_DIR / "granite4-vision-tiny-vlora"
+#: The demo's LoRA adapter that answers colour questions in French, trained on TRAINED_MODEL_DIR
+#: (``python -m g4v.demo train-adapter``).
+FRENCH_ADAPTER_DIR = ASSETS_DIR / "adapters" / "tiny-trained-french"
 #: The real granite-vision-4.1-4b config and processor settings, without weights.
 REAL_CONFIG_DIR = ASSETS_DIR / "granite-vision-4.1-4b-config"
 EXAMPLES_DIR = ASSETS_DIR / "examples"

@@ -439,13 +439,13 @@ def test_train_documents_refuses_bad_settings_in_one_line(flags, words, tmp_path
 
 
 def test_eval_checks_the_french_adapter_only_with_the_checkpoint_it_was_trained_on():
-    from g4v.demo.adapter_training import ADAPTER_DIR
+    from g4v.paths import FRENCH_ADAPTER_DIR
     from g4v.demo.evaluate import default_adapter
     from g4v.paths import DOCUMENTS_MODEL_DIR, REPO_ROOT
 
-    base = json.loads((ADAPTER_DIR / "adapter_config.json").read_text())["base_model_name_or_path"]
+    base = json.loads((FRENCH_ADAPTER_DIR / "adapter_config.json").read_text())["base_model_name_or_path"]
     assert (REPO_ROOT / base).resolve() == TRAINED_MODEL_DIR.resolve()
-    assert default_adapter(TRAINED_MODEL_DIR) == str(ADAPTER_DIR)
+    assert default_adapter(TRAINED_MODEL_DIR) == str(FRENCH_ADAPTER_DIR)
     assert default_adapter(DOCUMENTS_MODEL_DIR) == ""
 
 

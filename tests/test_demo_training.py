@@ -6,7 +6,7 @@ import json
 import pytest
 
 from g4v.demo import shapes as S
-from g4v.demo.adapter_training import ADAPTER_DIR
+from g4v.paths import FRENCH_ADAPTER_DIR
 from g4v.loading import sha256_file
 from g4v.paths import BUNDLED_MODEL_DIR, TRAINED_MODEL_DIR
 
@@ -441,7 +441,7 @@ def test_adapter_script_runs_a_few_steps(tmp_path):
 
 @needs_trained
 def test_checkpoint_and_adapter_under_30_mb():
-    size = sum(f.stat().st_size for d in (TRAINED_MODEL_DIR, ADAPTER_DIR) if d.is_dir() for f in d.iterdir())
+    size = sum(f.stat().st_size for d in (TRAINED_MODEL_DIR, FRENCH_ADAPTER_DIR) if d.is_dir() for f in d.iterdir())
     assert size < 30 * 2**20
 
 
@@ -452,10 +452,10 @@ def test_adapter_is_a_valid_lm_only_lora():
     from g4v.lora.checks import check_adapter
 
     config = AutoConfig.from_pretrained(TRAINED_MODEL_DIR)
-    spec = check_adapter(ADAPTER_DIR, config)
+    spec = check_adapter(FRENCH_ADAPTER_DIR, config)
     assert spec.modules and all(m.startswith("model.language_model.layers.") for m in spec.modules)
-    info = json.loads((ADAPTER_DIR / "g4v_adapter.json").read_text())
-    assert info["weights_sha256"] == sha256_file(ADAPTER_DIR / "adapter_model.safetensors")
+    info = json.loads((FRENCH_ADAPTER_DIR / "g4v_adapter.json").read_text())
+    assert info["weights_sha256"] == sha256_file(FRENCH_ADAPTER_DIR / "adapter_model.safetensors")
 
 
 # ── it sees ─────────────────────────────────────────────────────────────────────────────────────
@@ -463,7 +463,7 @@ def test_adapter_is_a_valid_lm_only_lora():
 
 @pytest.fixture(scope="module")
 def engine_accuracy(trained_engine, held_out):
-    from g4v.demo.evaluate import accuracy, answers, items
+    from g4v.demo.answering import accuracy, answers, items
 
     pairs = items(held_out)
     return accuracy(pairs, answers(trained_engine, pairs))
@@ -483,7 +483,7 @@ def test_trained_model_meets_issue_targets(engine_accuracy):
 
 @needs_trained
 def test_ablating_all_levels_drops_colour_accuracy(trained_engine, held_out):
-    from g4v.demo.evaluate import ablated_answers, ablation_scales, accuracy, batched_answers
+    from g4v.demo.answering import ablated_answers, ablation_scales, accuracy, batched_answers
 
     pairs = [(p, qa) for p in held_out for qa in p.qas if qa.kind == "colour"]
     model, processor = trained_engine.model, trained_engine.processor
@@ -495,10 +495,11 @@ def test_ablating_all_levels_drops_colour_accuracy(trained_engine, held_out):
 
 @needs_trained
 def test_adapter_answers_colours_in_french_and_off_changes_nothing(trained_engine, held_out):
-    from g4v.demo.evaluate import evaluate_adapter, items
+    from g4v.demo.answering import items
+    from g4v.demo.evaluate import evaluate_adapter
 
     pairs = items(held_out[:20])
-    result = evaluate_adapter(trained_engine.model, trained_engine.processor, pairs, ADAPTER_DIR)
+    result = evaluate_adapter(trained_engine.model, trained_engine.processor, pairs, FRENCH_ADAPTER_DIR)
     assert result["adherence"] >= 0.9  # 99.7% on 300 held-out pictures (docs/demo-model.md)
     assert result["off_equals_base"] == 1.0
     # The adapter is removed again: the engine answers as before.

@@ -12,7 +12,7 @@ import pytest
 from g4v.demo import documents_data as D
 from g4v.demo import documents_eval as E
 from g4v.demo import shapes as S
-from g4v.demo.adapter_training import ADAPTER_DIR
+from g4v.paths import FRENCH_ADAPTER_DIR
 from g4v.loading import sha256_file
 from g4v.paths import DOCUMENTS_MODEL_DIR, TRAINED_MODEL_DIR
 
@@ -86,7 +86,7 @@ def test_each_documents_stage_recorded_the_command_that_rebuilds_its_recipe(prov
 
 
 def test_checkpoints_and_adapter_under_30_mb():
-    folders = (TRAINED_MODEL_DIR, DOCUMENTS_MODEL_DIR, ADAPTER_DIR)
+    folders = (TRAINED_MODEL_DIR, DOCUMENTS_MODEL_DIR, FRENCH_ADAPTER_DIR)
     assert sum(f.stat().st_size for d in folders for f in d.iterdir()) < 30 * 2**20
 
 
@@ -102,7 +102,7 @@ def test_reads_charts_and_fills_the_schema_through_the_engine(engine, held_out):
 
 
 def test_still_answers_the_shape_questions(engine):
-    from g4v.demo.evaluate import accuracy, answers, items
+    from g4v.demo.answering import accuracy, answers, items
 
     pairs = items(S.eval_set(40))
     scores = accuracy(pairs, answers(engine, pairs))
@@ -112,7 +112,7 @@ def test_still_answers_the_shape_questions(engine):
 
 def test_with_all_levels_ablated_charts_fall_to_chance(engine, held_out):
     """Chance is measured: a training chart's CSV in place of each held-out chart's answer."""
-    from g4v.demo.evaluate import ablation_scales
+    from g4v.demo.answering import ablation_scales
 
     charts = [item for item in held_out if item.qa.kind == "chart"]
     blind = E.score(charts, E.ablated(engine.model, engine.processor, charts, ablation_scales(engine.model, None)))

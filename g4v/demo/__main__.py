@@ -18,7 +18,8 @@ import argparse
 from contextlib import contextmanager
 from pathlib import Path
 
-from g4v.paths import BUNDLED_MODEL_DIR, DOCUMENTS_MODEL_DIR, REPO_ROOT, TRAINED_MODEL_DIR, VLORA_MODEL_DIR
+from g4v.paths import (BUNDLED_MODEL_DIR, DOCUMENTS_MODEL_DIR, FRENCH_ADAPTER_DIR, REPO_ROOT, TRAINED_MODEL_DIR,
+                       VLORA_MODEL_DIR)
 
 
 def main(argv=None) -> int:
@@ -91,7 +92,6 @@ def _loading_bars(shown: bool):
 def _add_training_commands(sub) -> None:
     """The training commands' flags: one per settings field (:mod:`g4v.commands.settings_flags`)."""
     from g4v.commands.settings_flags import add_settings_flags
-    from g4v.demo.adapter_training import ADAPTER_DIR
     from g4v.demo.recipe import AdapterSettings, DocumentsSettings, TrainSettings
 
     train_cmd = sub.add_parser("train", help="train the tiny checkpoint from scratch on synthetic shapes (CPU)")
@@ -101,7 +101,7 @@ def _add_training_commands(sub) -> None:
 
     adapter_cmd = sub.add_parser("train-adapter", help="train the French-colours LoRA adapter on the trained checkpoint")
     adapter_cmd.add_argument("--base", type=Path, default=TRAINED_MODEL_DIR, help="trained checkpoint folder")
-    adapter_cmd.add_argument("--out", type=Path, default=ADAPTER_DIR, help="output folder")
+    adapter_cmd.add_argument("--out", type=Path, default=FRENCH_ADAPTER_DIR, help="output folder")
     add_settings_flags(adapter_cmd, AdapterSettings)
     adapter_cmd.add_argument("--no-progress", action="store_true", help="no progress bar")
 
@@ -116,7 +116,7 @@ def _add_training_commands(sub) -> None:
     eval_cmd = sub.add_parser("eval", help="accuracy per question type on held-out pictures, ablations, adapter")
     eval_cmd.add_argument("--model", type=Path, default=TRAINED_MODEL_DIR)
     eval_cmd.add_argument("--adapter", default=None,
-                          help=f"adapter folder ('' to skip; default: {ADAPTER_DIR.relative_to(REPO_ROOT)} with the "
+                          help=f"adapter folder ('' to skip; default: {FRENCH_ADAPTER_DIR.relative_to(REPO_ROOT)} with the "
                                "checkpoint it was trained on, else none)")
     eval_cmd.add_argument("--n", type=int, default=300, help="held-out pictures")
     eval_cmd.add_argument("--backend", choices=("hf", "vllm"), default="hf")

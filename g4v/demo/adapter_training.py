@@ -18,12 +18,9 @@ import torch
 
 from g4v.demo import shapes as S
 from g4v.demo.data import conversation_turns, encode
-from g4v.demo.loop import no_dropout, progress_bar, tick
+from g4v.demo.progress import no_dropout, progress_bar, tick
 from g4v.demo.recipe import AdapterSettings, TrainSettings, lr_at
-from g4v.paths import ASSETS_DIR
 
-ADAPTER_NAME = "tiny-trained-french"
-ADAPTER_DIR = ASSETS_DIR / "adapters" / ADAPTER_NAME
 #: LoRA targets: every projection of the language model's decoder layers, nothing in the vision side.
 LORA_TARGET_REGEX = r"model\.language_model\.layers\.\d+\.(self_attn\.(q|k|v|o)_proj|mlp\.(gate|up|down)_proj)"
 

@@ -146,7 +146,7 @@ def validation_items(n: int) -> list[DocumentItem]:
 
 
 def pairs(items: list[DocumentItem]) -> list[tuple[DocumentItem, S.QA]]:
-    """(picture, question) pairs as :func:`g4v.demo.evaluate.batched_answers` takes them."""
+    """(picture, question) pairs as :func:`g4v.demo.answering.batched_answers` takes them."""
     return [(item, item.qa) for item in items]
 
 

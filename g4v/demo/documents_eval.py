@@ -7,12 +7,13 @@
   and **fields** (:func:`g4v.documents.metrics.key_value_match`, exact match per field).
 
 Answers come from an engine (transformers or vLLM, one request per question) or from batched
-greedy decoding (:func:`g4v.demo.evaluate.batched_answers`), which the ablations use.
+greedy decoding (:func:`g4v.demo.answering.batched_answers`), which the ablations use.
 """
 
 from dataclasses import asdict, dataclass
 
 from g4v.conversation import SamplingSettings
+from g4v.demo.answering import ablation_scales, answers, batched_answers, level_names, phase
 from g4v.demo.documents_data import KVP_SCHEMA, DocumentItem, pairs
 
 #: Enough new tokens for the longest right answer (4 CSV rows; 3 shapes of key-value JSON), with room.
@@ -78,9 +79,7 @@ def by_task(items: list[DocumentItem]) -> dict[str, list[int]]:
 
 
 def batched(model, processor, items: list[DocumentItem], batch_size: int = 16, bar=None) -> list[str]:
-    """Greedy answers, batched per task (:func:`g4v.demo.evaluate.batched_answers`)."""
-    from g4v.demo.evaluate import batched_answers
-
+    """Greedy answers, batched per task (:func:`g4v.demo.answering.batched_answers`)."""
     replies = [""] * len(items)
     for kind, indices in by_task(items).items():
         chosen = pairs([items[i] for i in indices])
@@ -100,9 +99,7 @@ def ablated(model, processor, items: list[DocumentItem], scales: dict[str, float
 
 def engine_answers(engine, items: list[DocumentItem], workers: int = 1, bar=None) -> list[str]:
     """One engine request per question, greedy, each task with its own token limit
-    (:func:`g4v.demo.evaluate.answers`; a vLLM engine takes several at once)."""
-    from g4v.demo.evaluate import answers
-
+    (:func:`g4v.demo.answering.answers`; a vLLM engine takes several at once)."""
     replies = [""] * len(items)
     for kind, indices in by_task(items).items():
         settings = SamplingSettings(max_new_tokens=MAX_NEW_TOKENS[kind], temperature=0)
@@ -126,7 +123,6 @@ def evaluate_documents(engine, n: int, backend: str, model=None, processor=None,
     ablated and with each single level ablated (on the first ``ablation_n`` charts and pictures).
     Returns {"rows": {name: DocumentScores}, "replies": [...], ...}; ``bar`` counts the questions."""
     from g4v.demo.documents_data import held_out_items
-    from g4v.demo.evaluate import ablation_scales, level_names, phase
 
     items = held_out_items(n)
     phase(bar, f"documents, {backend} engine")

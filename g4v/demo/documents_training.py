@@ -36,7 +36,8 @@ from g4v.demo import shapes as S
 from g4v.demo.charts import train_chart
 from g4v.demo.data import conversation_plan, encode
 from g4v.demo.data import data_settings as shapes_data_settings
-from g4v.demo.loop import make_pointers, no_dropout, parameter_groups, progress_bar, update, validation_accuracy
+from g4v.demo.loop import make_pointers, parameter_groups, update, validation_accuracy
+from g4v.demo.progress import no_dropout, progress_bar
 from g4v.demo.recipe import DocumentsSettings, TrainSettings
 from g4v.errors import G4VError, quoted
 from g4v.paths import REPO_ROOT

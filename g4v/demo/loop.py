@@ -27,7 +27,6 @@ format and the aids:
 
 import json
 import random
-import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -36,7 +35,9 @@ import torch
 
 from g4v.demo import shapes as S
 from g4v.demo.aids import AttentionPointer, FeatureProbe, object_shape_logits
+from g4v.demo.answering import accuracy, batched_answers, items
 from g4v.demo.data import conversation_plan, data_settings, encode
+from g4v.demo.progress import no_dropout, progress_bar, tick
 from g4v.demo.recipe import TrainSettings, lr_at
 
 
@@ -116,39 +117,12 @@ def warm_up_vision(model, processor, settings: TrainSettings, progress: bool = T
 
 def validation_accuracy(model, processor, n: int) -> dict[str, float]:
     """Greedy first-turn accuracy per question type on ``n`` validation pictures (model left in train mode)."""
-    from g4v.demo.evaluate import accuracy, batched_answers, items
-
     pairs = items(S.validation_set(n))
     model.eval()
     try:
         return accuracy(pairs, batched_answers(model, processor, pairs, batch_size=32))
     finally:
         model.train()
-
-
-def no_dropout(model) -> None:
-    """Switch every dropout off (the recipes train without it)."""
-    for module in model.modules():
-        if isinstance(module, torch.nn.Dropout):
-            module.p = 0.0
-
-
-def progress_bar(total: int | None, desc: str, unit: str = "it"):
-    """A tqdm bar on stderr (stdout carries the logs)."""
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, dynamic_ncols=True, mininterval=2.0)
-
-
-def tick(bar, step: int, every: int, name: str, values: list[float], window: int, digits: int = 3) -> None:
-    """Advance ``bar`` (None: no bar) by one step; every ``every`` steps show the mean of the last
-    ``window`` values as ``name``."""
-    if bar is None:
-        return
-    bar.update(1)
-    if step % every == 0:
-        recent = values[-window:]
-        bar.set_postfix({name: f"{sum(recent) / len(recent):.{digits}f}"})
 
 
 def train_model(settings: TrainSettings, progress: bool = True, log_every: int = 25):

@@ -13,7 +13,7 @@ import os
 import sys
 from pathlib import Path
 
-from g4v.engines.base import Engine, EngineInfo, Generation
+from g4v.engines.base import Engine, EngineInfo, Generation, gpu_present
 from g4v.errors import G4VError
 
 BACKENDS = ("auto", "hf", "vllm", "openai")
@@ -52,12 +52,6 @@ def transformers_engine(engine, purpose: str):
         backend = getattr(getattr(engine, "info", None), "backend", type(engine).__name__)
         raise G4VError(f"{purpose} needs the transformers backend (hf), not {backend}")
     return engine
-
-
-def gpu_present() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
 
 
 def choose_backend(backend: str) -> str:

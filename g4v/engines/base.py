@@ -14,6 +14,14 @@ from dataclasses import dataclass, field
 from g4v.conversation import Message, SamplingSettings
 
 
+def gpu_present() -> bool:
+    """Whether torch sees a CUDA GPU (``auto``'s choice, vLLM's settings). Here, below the engines,
+    so an engine module need not import the package that imports it."""
+    import torch
+
+    return torch.cuda.is_available()
+
+
 @dataclass
 class Generation:
     """A finished answer."""

@@ -32,8 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from g4v.conversation import Message, SamplingSettings, to_template_messages, validate_conversation
-from g4v.engines import gpu_present
-from g4v.engines.base import Engine, EngineInfo, Generation
+from g4v.engines.base import Engine, EngineInfo, Generation, gpu_present
 from g4v.engines.vision_lora import lora_rank_slot, served_view
 from g4v.errors import G4VError, PromptTooLong, first_line
 

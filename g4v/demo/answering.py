@@ -1,0 +1,110 @@
+"""How the demo's evaluations ask their questions: one engine request per question, or many at once
+through ``model.generate`` (left-padded batches, optionally with injection levels ablated), and
+exact-match accuracy per question type. Shared by ``eval`` (:mod:`g4v.demo.evaluate`), its
+document rows (:mod:`g4v.demo.documents_eval`) and the trainers' validation
+(:func:`g4v.demo.loop.validation_accuracy`), which import it rather than each other."""
+
+from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
+
+from g4v.conversation import Message, SamplingSettings
+from g4v.demo import shapes as S
+
+SETTINGS = SamplingSettings(max_new_tokens=8, temperature=0)
+
+
+def items(pictures: list[S.Picture]) -> list[tuple[S.Picture, S.QA]]:
+    return [(p, qa) for p in pictures for qa in p.qas]
+
+
+def ask(engine, picture: S.Picture, question: str, settings=SETTINGS, adapter: str | None = None) -> str:
+    return engine.generate([Message("user", question, [picture.image])], settings, adapter=adapter).text.strip()
+
+
+def answers(engine, pairs, workers: int = 1, settings=SETTINGS, bar=None, adapter: str | None = None) -> list[str]:
+    """One engine request per question (``workers`` at once), in order; ``bar`` counts them."""
+
+    def one(pair) -> str:
+        reply = ask(engine, pair[0], pair[1].question, settings, adapter)
+        if bar is not None:
+            bar.update(1)
+        return reply
+
+    if workers > 1:
+        with ThreadPoolExecutor(workers) as pool:
+            return list(pool.map(one, pairs))
+    return [one(pair) for pair in pairs]
+
+
+def phase(bar, name: str) -> None:
+    """Name the phase the progress bar's next questions belong to (None: no bar). The bar counts
+    questions without a total: the phases differ in size and some are known only as they start."""
+    if bar is not None:
+        bar.set_description(f"eval ({name})")
+
+
+def batched_answers(model, processor, pairs, batch_size: int = 16, max_new_tokens: int = 6, bar=None) -> list[str]:
+    """Greedy answers for many questions at once: the same prompts as the engines (chat template,
+    processor), left-padded into batches for ``model.generate``. Rotary position embeddings make a
+    left-padded row compute what it computes alone (up to float rounding); the transformers
+    engine's answers are the reference, and ``eval`` reports how often the two agree."""
+    import torch
+
+    tokenizer = processor.tokenizer
+    eos = tokenizer.eos_token_id
+    replies = []
+    for start in range(0, len(pairs), batch_size):
+        chunk = pairs[start : start + batch_size]
+        texts = [
+            processor.apply_chat_template(
+                [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": qa.question}]}],
+                add_generation_prompt=True, tokenize=False)
+            for _, qa in chunk
+        ]
+        old_side = tokenizer.padding_side
+        tokenizer.padding_side = "left"
+        try:
+            inputs = processor(text=texts, images=[p.image for p, _ in chunk], return_tensors="pt", padding=True)
+        finally:
+            tokenizer.padding_side = old_side
+        inputs = inputs.to(model.device)
+        with torch.inference_mode():
+            out = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False, temperature=None,
+                                 top_p=None, top_k=None, pad_token_id=tokenizer.pad_token_id, eos_token_id=eos)
+        for row in out[:, inputs["input_ids"].shape[1] :].tolist():
+            row = row[: row.index(eos)] if eos in row else row
+            replies.append(tokenizer.decode(row, skip_special_tokens=True).strip())
+        if bar is not None:
+            bar.update(len(chunk))
+    return replies
+
+
+def accuracy(pairs, replies: list[str], target=lambda qa: qa.answer) -> dict[str, float]:
+    right, total = defaultdict(int), defaultdict(int)
+    for (_, qa), reply in zip(pairs, replies):
+        total[qa.kind] += 1
+        right[qa.kind] += int(reply == target(qa))
+    table = {kind: right[kind] / total[kind] for kind in S.QUESTION_TYPES if total[kind]}
+    table["all"] = sum(right.values()) / max(1, sum(total.values()))
+    return table
+
+
+def ablation_scales(model, names: list[str] | None) -> dict[str, float]:
+    from g4v.inspect.levels import describe_levels
+
+    levels = describe_levels(model.config)
+    return {level.name: 0.0 for level in levels if names is None or level.name in names}
+
+
+def level_names(model) -> list[str]:
+    from g4v.inspect.levels import describe_levels
+
+    return [level.name for level in describe_levels(model.config)]
+
+
+def ablated_answers(model, processor, pairs, scales: dict[str, float], bar=None) -> list[str]:
+    """Batched answers with the given levels scaled (0 = ablated)."""
+    from g4v.inspect.capture import instrument
+
+    with instrument(model, scales=scales, record=False):
+        return batched_answers(model, processor, pairs, bar=bar)
