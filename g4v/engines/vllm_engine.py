@@ -306,7 +306,7 @@ class VLLMEngine(Engine):
         existing = self._adapters.get(name)
         if existing is not None and existing.lora_path == str(folder):
             return
-        capacity = adapter_capacity(self.arguments) - (self._image_lora is not None)
+        capacity = adapter_capacity(self.arguments) - (self.vision_mode == "native")
         if existing is None and len(self._adapters) >= capacity:
             raise G4VError(
                 f"this vLLM engine holds at most {capacity} adapters "
