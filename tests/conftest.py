@@ -21,8 +21,8 @@ from PIL import Image  # noqa: E402
 from g4v.paths import BUNDLED_MODEL_DIR, REPO_ROOT  # noqa: E402
 
 #: The test tiers. ``make test-fast`` (the edit loop) deselects every tier below; ``make test`` runs
-#: them all. A module is put in a tier here, once, rather than marked in each file; a test that
-#: uses the ``app_url`` fixture is in the ``server`` tier wherever it lives.
+#: them all. A module is put in a tier here, once, rather than marked in each file; so is a fixture
+#: whose tests are in a tier wherever they live (:data:`FIXTURE_TIERS`).
 TIERS = {
     "browser": "drives Chromium against a served app",
     "server": "starts the app (or another server) as a process",
@@ -37,8 +37,10 @@ MODULE_TIERS = {
     "test_spaces": "server",
     "test_demo_training": "training", "test_demo_documents": "training", "test_documents_checkpoint": "training",
     "test_checkpoint": "training", "test_attribution_pointing": "training", "test_adapter_init": "training",
-    "test_evaluate_vllm": "vllm", "test_port_diff_cli": "vllm",
+    "test_evaluate_vllm": "vllm", "test_port_diff_cli": "vllm", "test_browser_documents_ux": "browser",
 }
+#: Fixtures that put a test in a tier wherever it lives: a served app, or a page driven in Chromium.
+FIXTURE_TIERS = {"app_url": "server", "picker": "browser", "tabs_url": "browser"}
 
 
 def pytest_configure(config):
@@ -54,8 +56,9 @@ def pytest_collection_modifyitems(config, items):
             tier = "vllm"
         if tier:
             item.add_marker(getattr(pytest.mark, tier))
-        if "app_url" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.server)
+        for fixture in getattr(item, "fixturenames", ()):
+            if fixture in FIXTURE_TIERS:
+                item.add_marker(getattr(pytest.mark, FIXTURE_TIERS[fixture]))
 
 TEST_OUTPUT = Path(__file__).resolve().parent.parent / "test-output"
 
