@@ -2,15 +2,13 @@
 streaming tests against real vLLM live in tests/vllm and run in the vLLM environment)."""
 
 import socket
-import subprocess
-import sys
 
 import pytest
 
 from g4v.conversation import SamplingSettings
 from g4v.engines import BACKENDS, choose_backend, describe_choice, gpu_present, vllm_installed
 from g4v.errors import G4VError
-from g4v.paths import REPO_ROOT
+from tests.cli import run_cli
 
 
 def closed_port() -> int:
@@ -60,11 +58,7 @@ def test_remote_engine_with_no_server_is_one_line_error():
 
 
 def test_chat_cli_with_no_server_prints_one_line():
-    result = subprocess.run(
-        [sys.executable, "-m", "g4v", "chat", "--backend", "openai", "--base-url",
-         f"http://127.0.0.1:{closed_port()}", "hello"],
-        capture_output=True, text=True, cwd=REPO_ROOT, timeout=120,
-    )
+    result = run_cli("chat", "--backend", "openai", "--base-url", f"http://127.0.0.1:{closed_port()}", "hello")
     assert result.returncode == 1
     assert result.stderr.strip().splitlines() == [result.stderr.strip()]
     assert result.stderr.startswith("error: cannot reach the server")
@@ -172,7 +166,6 @@ def test_vllm_settings_come_from_the_flags_given():
 
 
 def test_default_mm_loras_must_be_a_json_object():
-    result = subprocess.run([sys.executable, "-m", "g4v", "chat", "--default-mm-loras", "[1]", "hi"],
-                            capture_output=True, text=True, cwd=REPO_ROOT, timeout=120)
+    result = run_cli("chat", "--default-mm-loras", "[1]", "hi")
     assert result.returncode == 2
     assert "expected a JSON object" in result.stderr and len(result.stderr.strip().splitlines()) == 1

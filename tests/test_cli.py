@@ -6,12 +6,18 @@ import sys
 import pytest
 
 from g4v.paths import EXAMPLES_DIR, REPO_ROOT
+from tests.cli import run_cli
 from tests.conftest import make_image
 
 EXAMPLE = EXAMPLES_DIR / "shapes-wide.png"
 
 
-def g4v(*args, timeout=180):
+def g4v(*args):
+    return run_cli(*args)
+
+
+def g4v_process(*args, timeout=180):
+    """A real ``python -m g4v``: kept for the few tests that prove the entry point itself works."""
     return subprocess.run(
         [sys.executable, "-m", "g4v", *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=timeout
     )
@@ -29,7 +35,7 @@ def assert_one_line_error(result, *words):
 def test_chat_streams_an_answer_about_images(tmp_path):
     second = tmp_path / "tall.png"
     make_image(120, 360).save(second)
-    result = g4v("chat", "--image", str(EXAMPLE), "--image", str(second), "--max-new-tokens", "8", "Which is larger?")
+    result = g4v_process("chat", "--image", str(EXAMPLE), "--image", str(second), "--max-new-tokens", "8", "Which is larger?")
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip()
 
@@ -83,7 +89,7 @@ def test_bad_input_gives_one_line(bad_files, tmp_path, case, words):
 
 
 def test_bad_flags_give_one_line():
-    assert_one_line_error(g4v("chat", "--max-new-tokens", "many", "hi"), "--max-new-tokens")
+    assert_one_line_error(g4v_process("chat", "--max-new-tokens", "many", "hi"), "--max-new-tokens")
     assert_one_line_error(g4v("chat"), "prompt")
 
 
@@ -101,7 +107,7 @@ def test_chat_refuses_more_images_than_the_app_allows():
 def test_chat_refuses_more_new_tokens_than_the_app_allows():
     from g4v.conversation import MAX_NEW_TOKENS
 
-    assert_one_line_error(g4v("chat", "--max-new-tokens", str(MAX_NEW_TOKENS + 1), "hi"),
+    assert_one_line_error(g4v_process("chat", "--max-new-tokens", str(MAX_NEW_TOKENS + 1), "hi"),
                           f"max_new_tokens is {MAX_NEW_TOKENS + 1}", f"the limit is {MAX_NEW_TOKENS}")
 
 

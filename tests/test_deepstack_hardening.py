@@ -20,6 +20,7 @@ from g4v.inspect.levels import MAX_SCALE, describe_levels, level_scales
 from g4v.paths import BUNDLED_MODEL_DIR, REAL_CONFIG_DIR, REPO_ROOT
 from g4v.loading import load_config
 from g4v.tiling import plan_tiling
+from tests.cli import run_cli
 from tests.conftest import make_image
 
 PROMPT = "What is in the picture?"
@@ -258,9 +259,9 @@ def test_the_cli_says_when_nothing_is_scaled(tmp_path, capsys):
 def test_the_cli_refuses_absurd_factors_in_one_line(tmp_path, spec):
     image_path = tmp_path / "in.png"
     make_image(300, 140, seed=3).save(image_path)
-    done = subprocess.run([sys.executable, "-m", "g4v", "inspect", "--model", str(BUNDLED_MODEL_DIR),
-                           "--image", str(image_path), "--prompt", PROMPT, "--out", str(tmp_path / "out"),
-                           "--scale", spec], cwd=REPO_ROOT, capture_output=True, text=True, timeout=180)
+    done = run_cli("inspect", "--model", str(BUNDLED_MODEL_DIR),
+                   "--image", str(image_path), "--prompt", PROMPT, "--out", str(tmp_path / "out"),
+                   "--scale", spec)
     assert done.returncode == 1
     assert done.stderr.startswith("error: ") and done.stderr.count("\n") == 1, done.stderr
     assert spec.split("=")[0] in done.stderr and "/tmp" not in done.stderr

@@ -8,9 +8,9 @@ before loading).
 import hashlib
 import json
 import os
-import subprocess
-import sys
+from contextlib import contextmanager
 from pathlib import Path
+from unittest import mock
 
 import pytest
 from PIL import Image
@@ -19,7 +19,7 @@ from g4v.demo import shapes as S
 from g4v.demo.dataset import PICTURES, build_dataset
 from g4v.errors import G4VError
 from g4v.evaluate import BUNDLED_DATASET, Columns, open_dataset
-from g4v.paths import REPO_ROOT
+from tests.cli import run_cli
 
 
 def sha256_tree(folder: Path) -> dict[str, str]:
@@ -179,10 +179,21 @@ def test_data_dirs_confine_the_dataset_and_its_pictures(tmp_path):
     assert open_dataset(str(data / "escape.jsonl")).sample(0).error is None
 
 
+@contextmanager
+def hub_offline():
+    """``HF_HUB_OFFLINE=1`` for a run in this process: the Hub libraries read it once, at import."""
+    import datasets
+    import huggingface_hub
+
+    with mock.patch.dict(os.environ, {"HF_HUB_OFFLINE": "1"}), \
+            mock.patch.object(huggingface_hub.constants, "HF_HUB_OFFLINE", True), \
+            mock.patch.object(datasets.config, "HF_HUB_OFFLINE", True):
+        yield
+
+
 def g4v_eval(*args, out: Path):
-    return subprocess.run([sys.executable, "-m", "g4v", "eval", "--out", str(out), *args], cwd=REPO_ROOT,
-                          capture_output=True, text=True, timeout=180,
-                          env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    with hub_offline():
+        return run_cli("eval", "--out", str(out), *args)
 
 
 @pytest.mark.parametrize("args,expected", [

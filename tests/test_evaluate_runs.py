@@ -22,6 +22,7 @@ from g4v.evaluate import BUNDLED_DATASET, ArmSpec, EvalConfig, read_results, run
 from g4v.evaluate.run import HF_CHUNK
 from g4v.evaluate.store import PARQUET_FILE, ROWS_FILE, SUMMARY_FILE
 from g4v.paths import REPO_ROOT, TRAINED_MODEL_DIR
+from tests.cli import run_cli
 
 ADAPTER = "tiny-trained-french"
 PICTURES = 3  # the first held-out pictures: 4 questions each
@@ -190,7 +191,7 @@ def test_a_killed_run_resumes_to_the_same_results(trained_engine, tmp_path):
     assert 1 <= kept < INTERRUPTED_ROWS, "the kill came too late to interrupt the run"
     with open(rows_file, "ab") as handle:  # a kill mid-write leaves a torn last line
         handle.write(b'{"index": 17, "sample_id": "p0')
-    finished = subprocess.run(g4v_eval(out), cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    finished = run_cli(*g4v_eval(out)[3:])  # the resume itself needs no new process
     assert finished.returncode == 0, finished.stderr
     assert f"rows {INTERRUPTED_ROWS} (errors 0)" in finished.stdout
 

@@ -14,6 +14,7 @@ from PIL import Image
 
 from g4v.engines import vllm_installed
 from g4v.paths import EXAMPLES_DIR, REPO_ROOT
+from tests.cli import run_cli
 
 
 TOLERANCE = {"atol": 1e-5, "rtol": 1e-4, "source": "float32 defaults",
@@ -21,8 +22,7 @@ TOLERANCE = {"atol": 1e-5, "rtol": 1e-4, "source": "float32 defaults",
 
 
 def g4v(*args):
-    return subprocess.run([sys.executable, "-m", "g4v", *args], cwd=REPO_ROOT, capture_output=True, text=True,
-                          timeout=120)
+    return run_cli(*args)
 
 
 def test_port_diff_is_listed_in_help():

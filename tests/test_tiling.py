@@ -6,8 +6,6 @@ bundled model's features, never from numbers g4v.tiling produced.
 """
 
 import json
-import subprocess
-import sys
 from fractions import Fraction
 
 import numpy as np
@@ -20,9 +18,10 @@ from transformers.image_utils import ChannelDimension
 from transformers.models.granite4_vision.modeling_granite4_vision import Granite4VisionModel
 from transformers.models.llava_next.modeling_llava_next import get_anyres_image_grid_shape, image_size_to_num_patches
 
+from tests.cli import run_cli
 from tests.conftest import make_image
 from g4v.errors import G4VError
-from g4v.paths import BUNDLED_MODEL_DIR, REAL_CONFIG_DIR, REPO_ROOT
+from g4v.paths import BUNDLED_MODEL_DIR, REAL_CONFIG_DIR
 from g4v.images import MAX_IMAGE_PIXELS
 from g4v.loading import load_config
 from g4v.tiling import first_token_to_show, plan_tiling, token_at
@@ -425,8 +424,7 @@ def test_highlight_token_marks_its_box(configs):
 
 
 def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "g4v", "tiling", *args], cwd=REPO_ROOT, capture_output=True,
-                          text=True, timeout=120)
+    return run_cli("tiling", *args)
 
 
 def test_cli_json_and_png(tmp_path, processors, configs):

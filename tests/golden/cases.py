@@ -6,12 +6,12 @@ the commit. Paths that depend on where the repository lies are written as ``<rep
 """
 
 import json
-import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from g4v.paths import EXAMPLES_DIR, REAL_CONFIG_DIR, REPO_ROOT
+from tests.cli import run_cli
 
 GOLDEN_DIR = Path(__file__).resolve().parent
 EXAMPLE_WIDE = EXAMPLES_DIR / "shapes-wide.png"
@@ -41,8 +41,7 @@ CASES = [
 
 def run_case(case: Case, out: Path):
     argv = [arg.replace("{out}", str(out)) for arg in case.argv]
-    done = subprocess.run([sys.executable, "-m", "g4v", *argv], cwd=REPO_ROOT, capture_output=True, text=True,
-                          timeout=600)
+    done = run_cli(*argv)
     if done.returncode != 0:
         raise RuntimeError(f"{case.name} failed ({done.returncode}): {done.stderr[-2000:]}")
     if case.result == "stdout-text":
