@@ -15,7 +15,7 @@ import pytest
 from PIL import Image
 
 from g4v.conversation import Message
-from g4v.demo import evaluate as demo_eval
+from g4v.demo import answering as demo_eval
 from g4v.demo import shapes as S
 from g4v.errors import G4VError
 from g4v.evaluate import BUNDLED_DATASET, ArmSpec, EvalConfig, read_results, run_eval
