@@ -144,7 +144,10 @@ def run_eval(config: EvalConfig, out_dir: Path, *, adapters_dir=None, reuse=None
     out_dir = Path(out_dir)
     store.prepare(out_dir, asdict(config))
     wanted = set(order)
-    done = {index: row for index, row in store.read_rows(out_dir, SampleResult).items() if index in wanted}
+    def kept_rows() -> dict:  # the rows file is the record of what is done
+        return {index: row for index, row in store.read_rows(out_dir, SampleResult).items() if index in wanted}
+
+    done = kept_rows()
     todo = [index for index in order if index not in done]
     report = progress or (lambda finished, total: None)
     if todo and not cancel.is_set():
@@ -175,7 +178,10 @@ def run_eval(config: EvalConfig, out_dir: Path, *, adapters_dir=None, reuse=None
         except BaseException:  # Ctrl-C or a failure: the tables still show every finished row
             writer.close()
             with contextlib.suppress(Exception):  # the first error is the one to show
-                report(len(done), len(order))  # mid-chunk the count ran ahead of the rows kept
+                # Read back what was written: an interrupt between writing a chunk and counting it
+                # (or mid-chunk, where the count ran ahead) must not make the tables disagree with it.
+                done = kept_rows()
+                report(len(done), len(order))
                 _write_results(out_dir, config, order, done)
             raise
         finally:
