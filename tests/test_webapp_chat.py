@@ -120,3 +120,31 @@ def test_bad_messages_get_one_line(value, words):
 def test_bad_sampling_values_get_one_line(settings, words):
     with pytest.raises(G4VError, match=words):
         sampling_settings(*settings)
+
+
+def chat_handler(engine, name):
+    """The Chat tab's own handler ``name``, as the page wires it to this engine."""
+    import gradio as gr
+
+    from webapp.chat import chat_tab
+
+    with gr.Blocks() as page:
+        chat_tab(engine, gr.State(None), [])
+    return next(block.fn for block in page.fns.values() if getattr(block.fn, "__name__", "") == name)
+
+
+def test_the_chat_box_refuses_long_text_at_the_engines_own_limit(hf_engine):
+    """A message longer than the engine's context window allows is refused by the box's first
+    check, naming that limit (the one the engine itself would name), whatever else it carries."""
+    import gradio as gr
+
+    from g4v.conversation import max_text_chars
+
+    limit = max_text_chars(hf_engine.context_window())
+    accept = chat_handler(hf_engine, "accept")
+    with pytest.raises(gr.Error) as refused:
+        accept({"text": "a" * (limit + 1), "files": []}, [])
+    assert f"the limit is {limit:,}" in refused.value.message, refused.value.message
+    with pytest.raises(G4VError) as engine_refused:  # the engine's own words
+        hf_engine.generate([Message("user", "a" * (limit + 1))], GREEDY)
+    assert f"the limit is {limit:,}" in str(engine_refused.value)

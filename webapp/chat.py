@@ -55,8 +55,10 @@ def content_parts(content) -> tuple[list[str], list[str]]:
     return texts, files
 
 
-def read_message(message) -> Message:
-    """The textbox value (``{"text", "files"}``) as a checked user message with opened pictures."""
+def read_message(message, context_window: int | None = None) -> Message:
+    """The textbox value (``{"text", "files"}``) as a checked user message with opened pictures;
+    its text is checked against the limit of the engine's ``context_window`` (the limit the engine
+    itself would name), so the first refusal states the real one."""
     if not isinstance(message, dict):
         raise G4VError("the message is empty: type a question")
     files = [file_path(f) for f in message.get("files") or []]
@@ -65,7 +67,7 @@ def read_message(message) -> Message:
     if any(path is None for path in files):
         raise G4VError("an attached file could not be read: attach it again")
     user = Message("user", message.get("text") or "", [open_image(path) for path in files])
-    validate_conversation([user])
+    validate_conversation([user], context_window=context_window)
     return user
 
 
@@ -203,7 +205,7 @@ def chat_tab(engine, last_chat_image: gr.State, examples: list[list], concurrenc
     def accept(message, history):
         """Check the message (its pictures opened once, here); only then clear the box (disabled
         while the answer streams)."""
-        user = read_message(message)
+        user = read_message(message, engine.context_window())
         return gr.MultimodalTextbox(value=None, interactive=False), message, user, history
 
     @gpu_task
@@ -229,7 +231,7 @@ def chat_tab(engine, last_chat_image: gr.State, examples: list[list], concurrenc
     def api_chat(message, history, max_new_tokens, temperature, top_p, seed):
         """The ``/chat`` endpoint: the answer as it streams; the session keeps the conversation."""
         settings = sampling_settings(max_new_tokens, temperature, top_p, seed)
-        user = read_message(message)
+        user = read_message(message, engine.context_window())
         text = ""
         for text in answer(engine, user, history, settings, threading.Event()):
             yield text, history
