@@ -7,6 +7,7 @@ picture at most ``PAGE_WIDTH_PX`` wide is computed from the drawn size and the p
 import math
 
 import gradio as gr
+import numpy as np
 import pytest
 from matplotlib.backends.backend_agg import FigureCanvasAgg, RendererAgg
 from matplotlib.figure import Figure
@@ -165,3 +166,22 @@ def test_lens_legend_names_a_partial_utf8_piece_by_its_bytes():
     assert token_text(tokenizer, first_byte) == f"<0x{'€'.encode()[0]:02X}>"
     word = tokenizer.encode("a", add_special_tokens=False)[0]
     assert token_text(tokenizer, word) == tokenizer.decode([word])
+
+
+def test_each_attribution_panel_has_its_own_scale_and_says_its_magnitude(picture_and_tokens, drawn):
+    """Issue 31's walk: 8 level panels whose scores reach 0.002-0.02 shared the combined panel's
+    +-0.58 scale and looked plain grey. Each panel now reaches the ends of its own colour scale,
+    and its title gives its largest magnitude."""
+    image, tokens = picture_and_tokens
+    tile = [i for i, (kind, _) in enumerate(tokens) if kind == "tile"]
+    peaks = {name: 0.002 * (n + 1) for n, name in enumerate(LEVELS)} | {"combined": 0.58}
+    scores = {name: [peak * math.sin(i) for i in range(len(tokens))] for name, peak in peaks.items()}
+    va.attribution_figure(image, tokens, scores, "tile")
+    panels = [ax for ax in drawn["figures"][-1].axes if len(ax.images) == 2]
+    assert len(panels) == len(peaks)
+    for ax, (name, peak) in zip(panels, peaks.items()):
+        largest = max(abs(scores[name][i]) for i in tile)
+        heat = ax.images[1]
+        low, high = heat.get_clim()
+        assert float(np.nanmax(np.abs(heat.get_array()))) == pytest.approx(high) and low == -high, name
+        assert f"{largest:.2g}" in ax.get_title(), ax.get_title()

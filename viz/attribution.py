@@ -20,12 +20,15 @@ LENS_LEGEND_COLUMNS = 5  # the lens legend's names a row, under the panels
 def attribution_figure(image: Image.Image, tokens: list[tuple[str, tuple]], scores_by_level: dict[str, list[float]],
                        view: str = "tile", title: str | None = None) -> Image.Image:
     """One panel per level and one for the combined score: each ``view`` token's attribution painted
-    over the image on one shared colour scale centred on zero (red: the token raised the target,
-    blue: it lowered it, white: no effect), since the scores are signed and a scale that starts at
-    the smallest score would paint "lowered a little" and "no effect" alike."""
+    over the image on a colour scale centred on zero (red: the token raised the target, blue: it
+    lowered it, white: no effect), since the scores are signed and a scale that starts at the
+    smallest score would paint "lowered a little" and "no effect" alike. Each panel has its own
+    scale (its largest magnitude in its title): a level's scores are often a hundredth of the
+    combined score's, and one shared scale would paint the levels plain grey."""
     return token_heatmap_grid(
-        image, tokens, scores_by_level, view, cmap="coolwarm", alpha=0.6, symmetric=True,
-        colorbar_label="attribution (nats)", panel_title=lambda name, peak: f"{name}  (max |x| {peak:.3g})",
+        image, tokens, scores_by_level, view, cmap="coolwarm", alpha=0.6, symmetric=True, per_panel=True,
+        colorbar_label="attribution / the panel's max |x|",
+        panel_title=lambda name, peak: f"{name}  (max |x| {peak:.2g} nats)",
         title=title or f"Attribution per {view} token")
 
 
