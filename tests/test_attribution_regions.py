@@ -46,7 +46,8 @@ def test_region_scores_equal_a_pixel_raster_of_both_views(size_hw):
 
 
 def test_signed_heatmaps_are_centred_on_zero(monkeypatch):
-    """The colour bar of a map with scores from -1 to 3 runs from -3 to 3: white means no effect."""
+    """The colour bar of a map with scores from -1 to 3 runs from -3 to 3 (in units of the panel's
+    largest magnitude, 3: -1 to 1, with -1 painted at -1/3): white means no effect."""
     from matplotlib.figure import Figure
     from PIL import Image
 
@@ -56,10 +57,10 @@ def test_signed_heatmaps_are_centred_on_zero(monkeypatch):
     original = Figure.colorbar
 
     def record(self, mappable, *args, **kwargs):
-        seen.append(mappable.get_clim())
+        seen.append((*mappable.get_clim(), float(np.nanmin(mappable.get_array()))))
         return original(self, mappable, *args, **kwargs)
 
     tokens = [("tile", (0, 0, 16, 16)), ("tile", (16, 0, 32, 16))]
     monkeypatch.setattr(Figure, "colorbar", record)  # records the limits, draws as before
     attribution_figure(Image.new("RGB", (32, 16), "white"), tokens, {"combined": [-1.0, 3.0]})
-    assert seen == [(-3.0, 3.0)]
+    assert seen == [(-1.0, 1.0, pytest.approx(-1 / 3))]

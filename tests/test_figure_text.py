@@ -7,8 +7,9 @@ picture at most ``PAGE_WIDTH_PX`` wide is computed from the drawn size and the p
 import math
 
 import gradio as gr
+import numpy as np
 import pytest
-from matplotlib.backends.backend_agg import RendererAgg
+from matplotlib.backends.backend_agg import FigureCanvasAgg, RendererAgg
 from matplotlib.figure import Figure
 
 from g4v.loading import load_config
@@ -57,6 +58,23 @@ def legends_clear_of_the_data(figure: Figure) -> None:
             assert not box.overlaps(ax.get_window_extent()), f"a legend covers the axes {ax.get_title()!r}"
 
 
+GRADIO_BUTTONS_PX = (120, 48)  # the width and height Gradio's fullscreen and download buttons cover,
+# at a picture's top-right corner, in page pixels
+
+
+def legends_clear_of_the_buttons(figure: Figure) -> None:
+    """No legend under the buttons Gradio draws over a picture's top-right corner, once the page
+    shows the picture (the figure's tight bounding box) at most ``PAGE_WIDTH_PX`` wide."""
+    renderer = FigureCanvasAgg(figure).get_renderer()
+    picture = figure.get_tightbbox(renderer).padded(0.1).transformed(figure.dpi_scale_trans)
+    shown = min(1.0, PAGE_WIDTH_PX / picture.width)
+    corner_left = picture.x1 - GRADIO_BUTTONS_PX[0] / shown
+    corner_bottom = picture.y1 - GRADIO_BUTTONS_PX[1] / shown
+    for legend in list(figure.legends) + [ax.get_legend() for ax in figure.axes if ax.get_legend()]:
+        box = legend.get_window_extent(renderer)
+        assert box.x1 <= corner_left or box.y1 <= corner_bottom, "a legend sits under Gradio's corner buttons"
+
+
 @pytest.fixture(scope="module")
 def picture_and_tokens():
     image = make_image(400, 300, seed=4)
@@ -99,6 +117,7 @@ def test_picture_text_is_readable_at_the_pages_width(picture_and_tokens, drawn, 
     size, text = smallest_shown_text(drawn)
     assert size >= MIN_TEXT_PX, f"{name}: {text!r} is {size:.1f} px at the page's width"
     legends_clear_of_the_data(drawn["figures"][-1])
+    legends_clear_of_the_buttons(drawn["figures"][-1])
 
 
 def lora_diff(count: int) -> dict:
@@ -132,3 +151,37 @@ def test_result_pictures_have_no_gradio_label_over_their_titles(tab):
         build(None, load_config(BUNDLED_MODEL_DIR), gr.State(), None)
     outputs = [b for b in page.blocks.values() if type(b) is gr.Image]  # the input is an ImageFile
     assert len(outputs) >= 4 and not [b.label for b in outputs if b.show_label]
+
+
+def test_lens_legend_names_a_partial_utf8_piece_by_its_bytes():
+    """A byte-level BPE piece that is not valid UTF-8 alone decodes to U+FFFD, which names nothing:
+    the lens legend shows its bytes instead (and a whole character as itself)."""
+    from transformers import AutoTokenizer
+
+    from g4v.attribution.lens import token_text
+
+    tokenizer = AutoTokenizer.from_pretrained(BUNDLED_MODEL_DIR)
+    first_byte = tokenizer.convert_tokens_to_ids("\u00e2")  # GPT-2's byte-to-character map: 0xE2 is "â"
+    assert tokenizer.decode([first_byte]) == "\ufffd"
+    assert token_text(tokenizer, first_byte) == f"<0x{'€'.encode()[0]:02X}>"
+    word = tokenizer.encode("a", add_special_tokens=False)[0]
+    assert token_text(tokenizer, word) == tokenizer.decode([word])
+
+
+def test_each_attribution_panel_has_its_own_scale_and_says_its_magnitude(picture_and_tokens, drawn):
+    """Issue 31's walk: 8 level panels whose scores reach 0.002-0.02 shared the combined panel's
+    +-0.58 scale and looked plain grey. Each panel now reaches the ends of its own colour scale,
+    and its title gives its largest magnitude."""
+    image, tokens = picture_and_tokens
+    tile = [i for i, (kind, _) in enumerate(tokens) if kind == "tile"]
+    peaks = {name: 0.002 * (n + 1) for n, name in enumerate(LEVELS)} | {"combined": 0.58}
+    scores = {name: [peak * math.sin(i) for i in range(len(tokens))] for name, peak in peaks.items()}
+    va.attribution_figure(image, tokens, scores, "tile")
+    panels = [ax for ax in drawn["figures"][-1].axes if len(ax.images) == 2]
+    assert len(panels) == len(peaks)
+    for ax, (name, peak) in zip(panels, peaks.items()):
+        largest = max(abs(scores[name][i]) for i in tile)
+        heat = ax.images[1]
+        low, high = heat.get_clim()
+        assert float(np.nanmax(np.abs(heat.get_array()))) == pytest.approx(high) and low == -high, name
+        assert f"{largest:.2g}" in ax.get_title(), ax.get_title()

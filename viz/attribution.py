@@ -14,17 +14,21 @@ from PIL import Image
 from viz.figures import PANEL_INCHES, figure_to_image, heatmap_picture, text_points, token_heatmap_grid
 
 LENS_COLOURS = 10  # the most frequent top tokens get a colour each; the rest are grey
+LENS_LEGEND_COLUMNS = 5  # the lens legend's names a row, under the panels
 
 
 def attribution_figure(image: Image.Image, tokens: list[tuple[str, tuple]], scores_by_level: dict[str, list[float]],
                        view: str = "tile", title: str | None = None) -> Image.Image:
     """One panel per level and one for the combined score: each ``view`` token's attribution painted
-    over the image on one shared colour scale centred on zero (red: the token raised the target,
-    blue: it lowered it, white: no effect), since the scores are signed and a scale that starts at
-    the smallest score would paint "lowered a little" and "no effect" alike."""
+    over the image on a colour scale centred on zero (red: the token raised the target, blue: it
+    lowered it, white: no effect), since the scores are signed and a scale that starts at the
+    smallest score would paint "lowered a little" and "no effect" alike. Each panel has its own
+    scale (its largest magnitude in its title): a level's scores are often a hundredth of the
+    combined score's, and one shared scale would paint the levels plain grey."""
     return token_heatmap_grid(
-        image, tokens, scores_by_level, view, cmap="coolwarm", alpha=0.6, symmetric=True,
-        colorbar_label="attribution (nats)", panel_title=lambda name, peak: f"{name}  (max |x| {peak:.3g})",
+        image, tokens, scores_by_level, view, cmap="coolwarm", alpha=0.6, symmetric=True, per_panel=True,
+        colorbar_label="attribution / the panel's max |x|",
+        panel_title=lambda name, peak: f"{name}  (max |x| {peak:.2g} nats)",
         title=title or f"Attribution per {view} token")
 
 
@@ -60,9 +64,11 @@ def lens_figure(image: Image.Image, tokens: list[tuple[str, tuple]], views: list
     cols = min(4, max(1, len(views)))
     rows = max(1, math.ceil(len(views) / cols))
     aspect = shown.height / shown.width
-    # Panels and legend together within the page's width, so the legend's token names stay readable.
-    panel = (PANEL_INCHES * 4 - 2.0) / cols if cols > 1 else PANEL_INCHES
-    fig = Figure(figsize=(panel * cols + 2.8, panel * aspect * rows + 0.9), layout="constrained")
+    # The legend goes under the panels: at the top-right corner Gradio's fullscreen and download
+    # buttons would hide its title; the panels keep the page's width, so its names stay readable.
+    panel = PANEL_INCHES * 4 / cols if cols > 1 else PANEL_INCHES
+    legend_rows = math.ceil(len(palette) / LENS_LEGEND_COLUMNS)
+    fig = Figure(figsize=(panel * cols + 0.4, panel * aspect * rows + 1.1 + 0.3 * legend_rows), layout="constrained")
     small = text_points(fig.get_figwidth())
     axes = fig.subplots(rows, cols, squeeze=False)
     colours = [tuple(c) for c in _tab10()]
@@ -85,8 +91,8 @@ def lens_figure(image: Image.Image, tokens: list[tuple[str, tuple]], views: list
     handles = [_patch(colours[n], repr(vocabulary.get(token, vocabulary.get(str(token), "?"))))
                for token, n in palette.items()]
     if handles:
-        fig.legend(handles=handles, loc="outside right upper", fontsize=small, title="top token",
-                   title_fontsize=small)
+        fig.legend(handles=handles, loc="outside lower center", ncol=min(len(handles), LENS_LEGEND_COLUMNS),
+                   fontsize=small, title="top token", title_fontsize=small)
     fig.suptitle(title, fontsize=small + 2)
     return figure_to_image(fig)
 

@@ -125,12 +125,16 @@ def paint_token_values(size_wh: tuple[int, int], boxes: list[tuple], values: lis
 
 def token_heatmap_grid(image: Image.Image, tokens: list[tuple[str, tuple]], values_by_level: dict[str, list[float]],
                        view: str, cmap: str, alpha: float, colorbar_label: str, panel_title, title: str,
-                       empty_range: tuple[float, float] = (0.0, 1.0), symmetric: bool = False) -> Image.Image:
+                       empty_range: tuple[float, float] = (0.0, 1.0), symmetric: bool = False,
+                       per_panel: bool = False) -> Image.Image:
     """A grid of panels, one per level, each painting one value per ``view`` token over the image
     with a shared colour scale. ``values_by_level``: level -> one value per image token (NaN to
     leave a token unpainted); ``panel_title(name, peak)`` names each panel. ``symmetric``: limits
     ``-m..m`` (``m`` the largest magnitude), so that 0 sits in the middle of a diverging colormap
-    and the sign of a signed score reads off the colour.
+    and the sign of a signed score reads off the colour. ``per_panel`` (with ``symmetric``): each
+    panel on its own scale, its values divided by its largest magnitude (the colour bar runs -1..1;
+    the titles give each panel's magnitude), so that a level whose scores are a hundredth of the
+    combined panel's is not painted plain grey.
 
     The image is shown at :func:`display_size` with the heatmap bounds, so a panel is
     never a 1-pixel line, and the figure's size in inches depends only on the panels' shape."""
@@ -144,6 +148,11 @@ def token_heatmap_grid(image: Image.Image, tokens: list[tuple[str, tuple]], valu
              for left, top, right, bottom in (tokens[i][1] for i in picked)]
     maps = {name: paint_token_values(shown.size, boxes, [values[i] if i < len(values) else math.nan for i in picked])
             for name, values in values_by_level.items()}
+    # the panel's largest value, or its largest magnitude on a scale centred on zero
+    peaks = {name: float(np.nanmax(np.abs(heat) if symmetric else heat)) if np.isfinite(heat).any() else math.nan
+             for name, heat in maps.items()}
+    if per_panel and symmetric:
+        maps = {name: heat / peaks[name] if peaks[name] > 0 else heat for name, heat in maps.items()}
     finite = [m[np.isfinite(m)] for m in maps.values()]
     finite = np.concatenate(finite) if finite else np.zeros(0)
     vmin, vmax = (float(finite.min()), float(finite.max())) if finite.size else empty_range
@@ -169,9 +178,7 @@ def token_heatmap_grid(image: Image.Image, tokens: list[tuple[str, tuple]], valu
     for ax, (name, heat) in zip(axes.flat, maps.items()):
         ax.imshow(shown)
         mappable = ax.imshow(heat, cmap=cmap, alpha=alpha, vmin=vmin, vmax=vmax)
-        # the panel's largest value, or its largest magnitude on a scale centred on zero
-        peak = float(np.nanmax(np.abs(heat) if symmetric else heat)) if np.isfinite(heat).any() else math.nan
-        ax.set_title(_fit_title(panel_title(name, peak), panel_width), fontsize=small)
+        ax.set_title(_fit_title(panel_title(name, peaks[name]), panel_width), fontsize=small)
         ax.axis("off")
     for ax in list(axes.flat)[len(maps):]:
         ax.axis("off")

@@ -77,4 +77,19 @@ def lens_of_capture(model, capture: Capture, tokenizer) -> LogitLens:
         ids, probs = top_tokens(model, cap.injected.to(device))
         level_views.append(LensView(cap.level.name, ids, probs))
     seen = {i for view in layers + level_views for i in view.top_ids}
-    return LogitLens(layers, level_views, {i: tokenizer.decode([i]) for i in sorted(seen)})
+    return LogitLens(layers, level_views, {i: token_text(tokenizer, i) for i in sorted(seen)})
+
+
+def token_text(tokenizer, token_id: int) -> str:
+    """A token's text for a legend: decoded, or, for a byte-level BPE piece that is not valid UTF-8
+    alone (it decodes to U+FFFD), its bytes as ``<0xE2>``: the replacement character names nothing."""
+    text = tokenizer.decode([token_id])
+    if "\ufffd" not in text:
+        return text
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    piece = tokenizer.convert_ids_to_tokens(token_id)
+    byte_of = {char: byte for byte, char in bytes_to_unicode().items()}
+    if not piece or any(char not in byte_of for char in piece):
+        return piece or text  # not a byte-level piece (e.g. SentencePiece's own "<0xE2>")
+    return "".join(f"<0x{byte_of[char]:02X}>" for char in piece)
