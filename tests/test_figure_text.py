@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from matplotlib.backends.backend_agg import FigureCanvasAgg, RendererAgg
 from matplotlib.figure import Figure
+from matplotlib.text import Text
 
 from g4v.loading import load_config
 from g4v.paths import BUNDLED_MODEL_DIR
@@ -19,6 +20,7 @@ from tests.conftest import make_image
 from viz import attribution as va
 from viz import deepstack as vd
 from viz import lora as vl
+from viz import port as vp
 from viz.figures import MIN_TEXT_PX, PAGE_WIDTH_PX, figure_to_image
 
 
@@ -107,11 +109,20 @@ def figures(image, tokens) -> dict:
         "norms": lambda: vd.norms_figure(levels),
         "trajectory": lambda: vd.trajectory_figure(trajectory, modified=trajectory),
         "heatmaps": lambda: vd.heatmaps_figure(image, tokens, scores, "base"),
+        "port trajectory": lambda: vp.trajectory_compare_figure(port_trajectory(trajectory)),
+        "port levels": lambda: vp.level_bars_figure(
+            [dict(row, share_of_tolerance_used=0.1 * (n + 1), max_abs_diff=1e-3, ok=True) for n, row in enumerate(levels)],
+            {"rule": "atol + rtol * |x|", "source": "bf16"}),
     }
 
 
+def port_trajectory(trajectory: dict) -> dict:
+    return {"layers": trajectory["layers"], "injection_layers": trajectory["injection_layers"], "transformers": trajectory,
+            "vllm": trajectory, "max_token_rel_diff": [1e-3] * len(trajectory["layers"]), "rtol": 1e-2}
+
+
 @pytest.mark.parametrize("name", ["attribution tiles", "deletion", "lens", "lens levels", "norms", "trajectory",
-                                  "heatmaps"])
+                                  "heatmaps", "port trajectory", "port levels"])
 def test_picture_text_is_readable_at_the_pages_width(picture_and_tokens, drawn, name):
     figures(*picture_and_tokens)[name]()
     size, text = smallest_shown_text(drawn)
@@ -185,3 +196,30 @@ def test_each_attribution_panel_has_its_own_scale_and_says_its_magnitude(picture
         low, high = heat.get_clim()
         assert float(np.nanmax(np.abs(heat.get_array()))) == pytest.approx(high) and low == -high, name
         assert f"{largest:.2g}" in ax.get_title(), ax.get_title()
+
+
+@pytest.mark.parametrize("name", ["trajectory", "port trajectory"])
+def test_level_names_sit_above_the_plot_clear_of_its_lines_and_title(picture_and_tokens, drawn, name):
+    """The residual-stream plots named each injection layer inside the frame, against its top edge,
+    with the lines drawn through the names: now each name sits above the frame, clear of the title."""
+    figures(*picture_and_tokens)[name]()
+    figure = drawn["figures"][-1]
+    renderer = FigureCanvasAgg(figure).get_renderer()
+    texts = [t for t in figure.findobj(Text) if t.get_visible() and t.get_text()]
+    names = [t for t in texts if t.get_text() in LEVELS]
+    assert sorted(t.get_text() for t in names) == sorted(LEVELS)
+    plot = figure.axes[0].get_window_extent(renderer)
+    titles = [t for t in texts if t.get_text().startswith("Residual-stream norm")]
+    assert titles
+    for label in names:
+        box = label.get_window_extent(renderer)
+        assert box.y0 >= plot.y1, f"{label.get_text()!r} is inside the plot's frame"
+        assert not any(box.overlaps(t.get_window_extent(renderer)) for t in titles), f"{label.get_text()!r} meets the title"
+
+
+def test_port_legend_shows_which_stack_is_dashed(picture_and_tokens, drawn):
+    """The title says vLLM is dashed: the legend draws it so (and transformers solid)."""
+    figures(*picture_and_tokens)["port trajectory"]()
+    legend = drawn["figures"][-1].legends[0]
+    styles = {text.get_text(): line.get_linestyle() for text, line in zip(legend.get_texts(), legend.get_lines())}
+    assert styles["transformers"] == "-" and styles["vLLM"] == "--"

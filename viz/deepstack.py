@@ -16,7 +16,7 @@ import numpy as np
 from matplotlib.figure import Figure
 from PIL import Image
 
-from viz.figures import figure_to_image, floats_or_nan, text_points, token_heatmap_grid
+from viz.figures import figure_to_image, floats_or_nan, mark_injection_layers, text_points, token_heatmap_grid
 
 
 def norms_figure(levels: list[dict], title: str = "Injected vs residual norms (image tokens)") -> Image.Image:
@@ -60,11 +60,7 @@ def trajectory_figure(trajectory: dict, modified: dict | None = None,
     for run, style, suffix in runs:
         ax.plot(layers, floats_or_nan(run["image_norm"]), style, color="#d62728", marker=".", label="image tokens" + suffix)
         ax.plot(layers, floats_or_nan(run["text_norm"]), style, color="#1f77b4", marker=".", label="text tokens" + suffix)
-    for layer, name in trajectory.get("injection_layers", {}).items():
-        colour = "#2ca02c" if name.startswith("spatial") else "#9467bd"
-        ax.axvline(int(layer), color=colour, alpha=0.35, linewidth=1)
-        ax.annotate(name, (int(layer), 1.0), xycoords=("data", "axes fraction"), rotation=90, fontsize=small,
-                    va="top", ha="right", color=colour)
+    mark_injection_layers(ax, trajectory.get("injection_layers", {}), small)
     ax.set_xlabel("LLM layer (residual stream entering it, after its injection)")
     ax.set_ylabel("mean L2 norm")
     ax.set_title(title)

@@ -102,6 +102,19 @@ def stack_vertically(images: list[Image.Image]) -> Image.Image:
     return sheet
 
 
+def mark_injection_layers(ax, injection_layers: dict, fontsize: float) -> None:
+    """Each injection layer (``{"layer": level name}``) as a faint vertical line, named on a top axis
+    above the frame: names drawn inside the plot ran into its top edge and had the lines through them."""
+    colour_of = lambda name: "#2ca02c" if name.startswith("spatial") else "#9467bd"
+    layers = {int(layer): name for layer, name in injection_layers.items()}
+    for layer, name in layers.items():
+        ax.axvline(layer, color=colour_of(name), alpha=0.35, linewidth=1)
+    top = ax.secondary_xaxis("top")
+    top.set_xticks(list(layers), list(layers.values()), rotation=90, fontsize=fontsize)
+    for label, name in zip(top.get_xticklabels(), layers.values()):
+        label.set_color(colour_of(name))
+
+
 def floats_or_nan(values) -> list[float]:
     return [math.nan if v is None else float(v) for v in values]
 

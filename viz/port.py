@@ -15,9 +15,14 @@ No torch here.
 import math
 
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
 from PIL import Image
 
-from viz.figures import figure_to_image, floats_or_nan, stack_vertically, token_heatmap_grid
+from viz.figures import (figure_to_image, floats_or_nan, mark_injection_layers, stack_vertically, text_points,
+                         token_heatmap_grid)
+
+#: the trajectory's line style and legend name of each stack (the summary's keys)
+STACK_STYLES = {"transformers": ("-", "transformers"), "vllm": ("--", "vLLM")}
 
 
 def level_bars_figure(levels: list[dict], tolerance: dict) -> Image.Image:
@@ -31,7 +36,8 @@ def level_bars_figure(levels: list[dict], tolerance: dict) -> Image.Image:
     ceiling = max(finite + [1.0]) * 10  # where an infinite share (zero tolerance) is drawn
     shown = [min(max(v, floor), ceiling) if v == v else floor for v in values]
     colours = ["#2ca02c" if row["ok"] else "#d62728" for row in levels]
-    fig = Figure(figsize=(max(6.0, 1.0 * len(levels) + 2), 3.8))
+    fig = Figure(figsize=(max(6.0, 1.0 * len(levels) + 2), 4.2), layout="constrained")
+    small = text_points(fig.get_figwidth())
     ax = fig.add_subplot()
     ax.bar(range(len(levels)), shown, color=colours)
     ax.axhline(1.0, color="#7f7f7f", linestyle="--", linewidth=1, label="tolerance (1 = limit)")
@@ -40,13 +46,13 @@ def level_bars_figure(levels: list[dict], tolerance: dict) -> Image.Image:
             label, colour = "missing", "#d62728"
         else:
             label, colour = f"{row['max_abs_diff']:.1e}", "#333333"
-        ax.annotate(label, (i, shown[i]), ha="center", va="bottom", fontsize=7, color=colour)
+        ax.annotate(label, (i, shown[i]), ha="center", va="bottom", fontsize=small, color=colour)
     ax.set_yscale("log")
-    ax.set_xticks(range(len(levels)), names, fontsize=8)
+    ax.set_xticks(range(len(levels)), names, fontsize=small)
     ax.set_ylabel("max |diff| / allowed")
     rule = f"{tolerance.get('rule')} ({tolerance.get('source')})" if tolerance else "tolerance unknown"
-    ax.set_title(f"Per-level feature difference, share of the tolerance (green: within)\n{rule}", fontsize=9)
-    ax.legend(fontsize=8)
+    ax.set_title(f"Per-level feature difference, share of the tolerance (green: within)\n{rule}", fontsize=small + 1)
+    fig.legend(loc="outside lower center", fontsize=small)  # under the bars, never over them
     ax.grid(axis="y", alpha=0.3)
     return figure_to_image(fig)
 
@@ -70,30 +76,32 @@ def diff_heatmaps_figure(image: Image.Image, tokens: list[tuple[str, tuple]], di
 
 
 def trajectory_compare_figure(trajectory: dict) -> Image.Image:
-    fig = Figure(figsize=(8, 4.2))
+    """Colour says which tokens, line style which stack (solid transformers, dashed vLLM): the
+    legend under the plot shows both, never over the lines."""
+    fig = Figure(figsize=(8, 4.8), layout="constrained")
+    small = text_points(fig.get_figwidth())
     ax = fig.add_subplot()
     layers = trajectory["layers"]
-    for side, style in (("transformers", "-"), ("vllm", "--")):
+    for side, (style, _) in STACK_STYLES.items():
         run = trajectory.get(side)
         if not run:
             continue
-        ax.plot(layers, floats_or_nan(run["image_norm"]), style, color="#d62728", marker=".", label=f"image tokens ({side})")
-        ax.plot(layers, floats_or_nan(run["text_norm"]), style, color="#1f77b4", marker=".", label=f"text tokens ({side})")
-    for layer, name in trajectory.get("injection_layers", {}).items():
-        ax.axvline(int(layer), color="#9467bd", alpha=0.25, linewidth=1)
-        ax.annotate(name, (int(layer), 1.0), xycoords=("data", "axes fraction"), rotation=90, fontsize=7,
-                    va="top", ha="right", color="#9467bd")
+        ax.plot(layers, floats_or_nan(run["image_norm"]), style, color="#d62728", marker=".")
+        ax.plot(layers, floats_or_nan(run["text_norm"]), style, color="#1f77b4", marker=".")
+    mark_injection_layers(ax, trajectory.get("injection_layers", {}), small)
     ax.set_xlabel("LLM layer (residual stream entering it; last point: last layer's output)")
     ax.set_ylabel("mean L2 norm")
+    handles = [Line2D([], [], color="#d62728", marker=".", label="image tokens"),
+               Line2D([], [], color="#1f77b4", marker=".", label="text tokens")]
+    handles += [Line2D([], [], color="black", linestyle=style, label=name) for style, name in STACK_STYLES.values()]
     if trajectory.get("max_token_rel_diff"):
         twin = ax.twinx()
-        twin.semilogy(layers, [max(v, 1e-12) for v in trajectory["max_token_rel_diff"]], ":", color="#7f7f7f",
-                      label="max per-token relative difference")
+        twin.semilogy(layers, [max(v, 1e-12) for v in trajectory["max_token_rel_diff"]], ":", color="#7f7f7f")
         twin.axhline(trajectory["rtol"], color="#7f7f7f", linewidth=0.8, alpha=0.5)
         twin.set_ylabel("relative difference")
-        twin.legend(fontsize=7, loc="upper left")
-    ax.set_title("Residual-stream norm: transformers (solid) vs vLLM (dashed)")
-    ax.legend(fontsize=7, loc="lower right")
+        handles.append(Line2D([], [], color="#7f7f7f", linestyle=":", label="max per-token relative difference"))
+    fig.suptitle("Residual-stream norm: transformers (solid) vs vLLM (dashed)", fontsize=small + 2)
+    fig.legend(handles=handles, loc="outside lower center", ncol=3, fontsize=small)
     ax.grid(alpha=0.3)
     return figure_to_image(fig)
 
