@@ -17,6 +17,12 @@ if "GRADIO_TEMP_DIR" not in os.environ:  # inside the app's own folder, deleted 
     from webapp.tempdirs import own_folder
 
     os.environ["GRADIO_TEMP_DIR"] = str(own_folder("gradio"))
+else:  # a cache folder the caller chose: what this run adds to it still goes at exit
+    from pathlib import Path
+
+    from webapp.tempdirs import remove_new_entries_at_exit
+
+    remove_new_entries_at_exit(Path(os.environ["GRADIO_TEMP_DIR"]))
 
 from g4v.commands.engine_flags import add_engine_flags, engine_options  # noqa: E402
 from g4v.engines import BACKENDS, create_engine  # noqa: E402

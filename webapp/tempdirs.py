@@ -50,3 +50,20 @@ def _alive(pid: int) -> bool:
     except (ProcessLookupError, OverflowError):  # gone, or a number no process can have
         return False
     return True
+
+
+def remove_new_entries_at_exit(folder: Path) -> None:
+    """For a cache folder given from outside (``GRADIO_TEMP_DIR`` set by the caller): at exit, delete
+    what this process added to it (visitors' uploads included), and keep what was there before."""
+    before = set(folder.iterdir()) if folder.is_dir() else set()
+
+    def remove() -> None:
+        for entry in folder.iterdir() if folder.is_dir() else ():
+            if entry in before:
+                continue
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink(missing_ok=True)
+
+    atexit.register(remove)
