@@ -321,10 +321,22 @@ def test_renderers_are_capped_and_a_request_past_the_cap_is_one_line(tmp_path, m
     assert pdf.page_count(REPORT_PDF) == 2  # the slot came back
 
 
-def test_no_child_process_or_pipe_is_left_behind(tmp_path):
-    """Refused documents (at load, at a page, past the limit) and good ones close their child."""
-    import os
+def test_no_child_process_or_pipe_is_left_behind(tmp_path, monkeypatch):
+    """Refused documents (at load, at a page, past the limit) and good ones close their child.
 
+    The renderers this test starts are recorded (the real `Popen`, wrapped) and each must be waited
+    for; other children of the test process (servers other tests hold open) are not counted."""
+    import os
+    import subprocess
+
+    started = []
+
+    class Recorded(subprocess.Popen):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            started.append(self.pid)
+
+    monkeypatch.setattr(pdf.subprocess, "Popen", Recorded)
     bad = write(tmp_path, "locked.pdf", encrypted_pdf())
     cycle = write(tmp_path, "cycle.pdf", page_tree_cycle_pdf())
     pdf.page_count(REPORT_PDF)
@@ -335,8 +347,10 @@ def test_no_child_process_or_pipe_is_left_behind(tmp_path):
         refusal(lambda: pdf.render_pages(REPORT_PDF, "1-3"))
         pdf.render_thumbnails(REPORT_PDF)
     assert len(os.listdir("/proc/self/fd")) == before
-    with pytest.raises(ChildProcessError):  # every child was waited for: none is left, not even a zombie
-        os.waitpid(-1, os.WNOHANG)
+    assert len(started) == 13  # one renderer per document opened
+    for pid in started:  # every child was waited for: none is left, not even a zombie
+        with pytest.raises(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)
 
 
 def test_an_answer_larger_than_any_page_is_not_read(monkeypatch):
