@@ -14,7 +14,7 @@ MAX_LINES = 450
 
 #: The layers, lowest first: a module may import its own layer and the ones below, never above.
 BASE = ("g4v.errors", "g4v.paths", "g4v.conversation", "g4v.images", "g4v.loading", "g4v.tiling",
-        "g4v.tiling_view", "g4v.engines")
+        "g4v.tiling_view", "g4v.engines", "g4v.model")
 PANELS = ("g4v.inspect", "g4v.lora", "g4v.port", "g4v.evaluate", "g4v.documents", "g4v.attribution")
 FRONTS = ("g4v.commands", "g4v.cli", "g4v.__main__", "g4v.demo", "webapp", "app")
 #: The sideways imports between panels: the port inspector compares vLLM with the deepstack

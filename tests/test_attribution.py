@@ -12,8 +12,8 @@ from g4v.attribution.gradients import gradient_x_input, integrated_gradients
 from g4v.attribution.lens import logit_lens
 from g4v.conversation import Message, SamplingSettings
 from g4v.errors import G4VError
-from g4v.inspect.capture import capture_forward, language_model_of
-from g4v.inspect.levels import describe_levels
+from g4v.model.capture import capture_forward, language_model_of
+from g4v.model.levels import describe_levels
 from tests.conftest import make_image
 
 PROMPT = "What is in the picture?"

@@ -13,8 +13,8 @@ from g4v.cli import main as cli_main
 from g4v.conversation import Message, SamplingSettings
 from g4v.errors import G4VError
 from g4v.inspect.ablation import compare_scaled, greedy_continuation, kl_divergence, run_outcome
-from g4v.inspect.capture import capture_forward, instrument
-from g4v.inspect.levels import describe_levels, find_level, level_scales, parse_scale_specs
+from g4v.model.capture import capture_forward, instrument
+from g4v.model.levels import describe_levels, find_level, level_scales, parse_scale_specs
 from g4v.paths import BUNDLED_MODEL_DIR, REAL_CONFIG_DIR
 from tests.conftest import make_image
 

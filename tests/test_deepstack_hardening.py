@@ -15,8 +15,8 @@ from g4v.cli import main as cli_main
 from g4v.conversation import Message
 from g4v.errors import G4VError
 from g4v.inspect.ablation import compare_scaled, run_outcome
-from g4v.inspect.capture import capture_forward, instrument, language_model_of
-from g4v.inspect.levels import MAX_SCALE, describe_levels, level_scales
+from g4v.model.capture import capture_forward, instrument, language_model_of
+from g4v.model.levels import MAX_SCALE, describe_levels, level_scales
 from g4v.paths import BUNDLED_MODEL_DIR, REAL_CONFIG_DIR, REPO_ROOT
 from g4v.loading import load_config
 from g4v.tiling import plan_tiling
@@ -331,7 +331,7 @@ def test_a_view_without_tokens_says_so_instead_of_empty_panels():
     (["deepstack0=\uff12"], "is not a number"),  # a full-width two
 ])
 def test_scale_specs_are_refused_in_words_for_the_tab_and_the_cli(specs, words):
-    from g4v.inspect.levels import parse_scale_specs
+    from g4v.model.levels import parse_scale_specs
 
     with pytest.raises(G4VError, match=words) as err:
         parse_scale_specs(specs)

@@ -38,7 +38,7 @@ def run(hf_engine):
 @pytest.fixture(scope="module")
 def float64_features(hf_engine, run) -> dict[str, torch.Tensor]:
     """The same features computed by a float64 copy of the model: read straight off the features
-    the model hands its language model (an independent capture, not ``g4v.inspect.capture``'s)."""
+    the model hands its language model (an independent capture, not ``g4v.model.capture``'s)."""
     model = copy.deepcopy(hf_engine.model).to(torch.float64)
     seen = {}
     language_model = model.model.language_model

@@ -8,7 +8,7 @@ import gradio as gr
 from g4v.attribution.gradients import METHODS
 from g4v.attribution.run import AttributionSettings, run_attribution
 from g4v.errors import G4VError
-from g4v.inspect.levels import describe_levels
+from g4v.model.levels import describe_levels
 from webapp.common import MODEL_QUEUE, image_input, shows_errors, time_left, use_last_chat_image
 from webapp.documents import document_picker
 from webapp.sessions import SessionStores, session_key

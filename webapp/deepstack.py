@@ -3,7 +3,7 @@ changes when levels are zeroed or scaled."""
 
 import gradio as gr
 
-from g4v.inspect.levels import describe_levels, parse_scale_specs
+from g4v.model.levels import describe_levels, parse_scale_specs
 from g4v.inspect.run import run_inspection
 from webapp.common import MODEL_QUEUE, image_input, shows_errors, use_last_chat_image
 from webapp.documents import document_picker

@@ -1,7 +1,7 @@
 """Why did the model say that: per-level attribution of an answer token to the image tokens, a
 faithfulness check of that attribution, and a logit lens on the image positions.
 
-Granite 4 Vision adds its visual features at 8 levels (:mod:`g4v.inspect.levels`). The question a
+Granite 4 Vision adds its visual features at 8 levels (:mod:`g4v.model.levels`). The question a
 model developer asks after the Deepstack inspector is *which image regions, through which levels,
 an answer token relied on* and whether that picture can be trusted. The package reads from the
 bottom up; each module imports only those above it:

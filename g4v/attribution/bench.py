@@ -21,7 +21,7 @@ from g4v.attribution.forward import encode_image, make_answer
 from g4v.attribution.gradients import METHODS, gradient_x_input
 from g4v.attribution.pointing import PICTURE_SETS, POINTING_METHOD, POINTING_TARGET, POINTING_TARGETS
 from g4v.inspect.bench import build_model, measure_modes, run_benchmarks, synthetic_inputs
-from g4v.inspect.levels import describe_levels
+from g4v.model.levels import describe_levels
 
 MODES = ("forward", "gradxinput")
 

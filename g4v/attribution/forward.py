@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from g4v.errors import G4VError
-from g4v.inspect.levels import Level
+from g4v.model.levels import Level
 
 #: Variants per batched forward pass (deletion curves, integrated-gradient steps): enough to keep
 #: a CPU busy, small enough that activations of a long real-size prompt stay bounded.

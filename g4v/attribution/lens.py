@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
-from g4v.inspect.capture import Capture, capture_forward, language_model_of
-from g4v.inspect.levels import Level
+from g4v.model.capture import Capture, capture_forward, language_model_of
+from g4v.model.levels import Level
 
 CHUNK = 256  # image tokens decoded at a time: (CHUNK, vocab) logits, whatever the image size
 

@@ -18,7 +18,7 @@ from g4v.attribution.regions import region_scores
 from g4v.attribution.run import top_token
 from g4v.conversation import Message
 from g4v.engines import transformers_engine
-from g4v.inspect.levels import describe_levels
+from g4v.model.levels import describe_levels
 from g4v.tiling import plan_tiling
 
 #: Chosen on validation pictures (docs/attribution.md): gradient x input's deletion curve beats

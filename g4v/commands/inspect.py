@@ -28,7 +28,7 @@ def add_parser(subparsers):
 
 
 def run(args) -> int:
-    from g4v.inspect.levels import parse_scale_specs
+    from g4v.model.levels import parse_scale_specs
 
     # Everything the user typed is checked before the (slow) model load.
     image = open_single(args.image, args.pages, args.dpi)
@@ -60,7 +60,7 @@ def _check_levels_early(model: str | None, ablate: list[str], scale: dict) -> No
     """Level names come from the config; a local model folder lets us check them without weights."""
     if not ablate and not scale:
         return
-    from g4v.inspect.levels import describe_levels, level_scales
+    from g4v.model.levels import describe_levels, level_scales
     from g4v.paths import default_model
     from g4v.loading import load_config
 

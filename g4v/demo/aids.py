@@ -27,6 +27,7 @@ import torch
 
 from g4v.demo import shapes as S
 from g4v.demo.data import answer_spans
+from g4v.model.hooks import Hooks
 
 
 class FeatureProbe(torch.nn.Module):
@@ -46,7 +47,9 @@ class FeatureProbe(torch.nn.Module):
         #: Mean over levels of the share of object cells whose attributes the heads got right (last batch).
         self.accuracy: dict[str, float] = {}
         self.config = model.config
-        self._handles = [proj.register_forward_hook(self._keeper(i)) for i, proj in enumerate(self.projectors)]
+        self._hooks = Hooks()
+        for i, proj in enumerate(self.projectors):
+            self._hooks.after(proj, self._keeper(i))
         weights = torch.ones(1 + max(len(S.COLOURS), len(S.SHAPES), len(S.PLACES)))
         weights[0] = 0.3  # background is most cells
         self.register_buffer("class_weights", weights, persistent=False)
@@ -57,8 +60,7 @@ class FeatureProbe(torch.nn.Module):
         return hook
 
     def remove(self) -> None:
-        for handle in self._handles:
-            handle.remove()
+        self._hooks.remove()
 
     def loss(self, pictures: list[S.Picture], image_sizes: torch.Tensor) -> torch.Tensor:
         from transformers.models.granite4_vision.modeling_granite4_vision import image_size_to_num_patches
@@ -121,7 +123,8 @@ class AttentionPointer:
         self.kinds = kinds
         self.config = model.config
         self.image_token = model.config.image_token_index
-        self._handle = self.attention.register_forward_pre_hook(self._keep, with_kwargs=True)
+        self._hooks = Hooks()
+        self._hooks.before(self.attention, self._keep, with_kwargs=True)
         self._inputs = None
 
     def _keep(self, module, args, kwargs):
@@ -129,7 +132,7 @@ class AttentionPointer:
         self._inputs = (hidden, kwargs["position_embeddings"])
 
     def remove(self) -> None:
-        self._handle.remove()
+        self._hooks.remove()
 
     def shape_tokens(self, picture: S.Picture) -> list[list[int]]:
         """For each shape, the indices (in packing order) of the base/tile image tokens it covers."""

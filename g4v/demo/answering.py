@@ -90,21 +90,21 @@ def accuracy(pairs, replies: list[str], target=lambda qa: qa.answer) -> dict[str
 
 
 def ablation_scales(model, names: list[str] | None) -> dict[str, float]:
-    from g4v.inspect.levels import describe_levels
+    from g4v.model.levels import describe_levels
 
     levels = describe_levels(model.config)
     return {level.name: 0.0 for level in levels if names is None or level.name in names}
 
 
 def level_names(model) -> list[str]:
-    from g4v.inspect.levels import describe_levels
+    from g4v.model.levels import describe_levels
 
     return [level.name for level in describe_levels(model.config)]
 
 
 def ablated_answers(model, processor, pairs, scales: dict[str, float], bar=None) -> list[str]:
     """Batched answers with the given levels scaled (0 = ablated)."""
-    from g4v.inspect.capture import instrument
+    from g4v.model.capture import instrument
 
     with instrument(model, scales=scales, record=False):
         return batched_answers(model, processor, pairs, bar=bar)

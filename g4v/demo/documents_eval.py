@@ -91,7 +91,7 @@ def batched(model, processor, items: list[DocumentItem], batch_size: int = 16, b
 
 def ablated(model, processor, items: list[DocumentItem], scales: dict[str, float], bar=None) -> list[str]:
     """Batched answers with the given levels scaled (0 = ablated), as the shapes' ablations."""
-    from g4v.inspect.capture import instrument
+    from g4v.model.capture import instrument
 
     with instrument(model, scales=scales, record=False):
         return batched(model, processor, items, bar=bar)

@@ -7,7 +7,7 @@
 * (hf) the same with all 8 injection levels ablated, and with each single level ablated. Ablating a
   level zeroes the features Granite 4 Vision adds into the language model at that level (the image
   placeholder embeddings are already zero, so with all 8 ablated the model sees no picture at all).
-  It uses :func:`g4v.inspect.capture.instrument` (a forward pre-hook on the language model that
+  It uses :func:`g4v.model.capture.instrument` (a forward pre-hook on the language model that
   scales the ``deepstack_features`` it is handed), so the model code is untouched;
 * (hf) the demo adapter: adherence (colour answers given in French) and accuracy with it on, and
   "adapter off => base answers unchanged" (the same engine with the adapter loaded but disabled,

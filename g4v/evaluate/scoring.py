@@ -115,8 +115,8 @@ def level_norms(arm, sample) -> str:
     """JSON ``{level name: mean injected norm}`` from one instrumented forward pass of the arm's
     model (adapter as the arm runs it): what each injection carries on this sample."""
     from g4v.engines import transformers_engine
-    from g4v.inspect.capture import capture_forward
-    from g4v.inspect.levels import describe_levels
+    from g4v.model.capture import capture_forward
+    from g4v.model.levels import describe_levels
 
     engine = transformers_engine(arm.engine, "per-level norms")
     inputs = engine.prepare_inputs([Message("user", sample.prompt, list(sample.images))])

@@ -1,11 +1,10 @@
 """The deepstack inspector: what Granite 4 Vision's 8 visual injections carry, and what they do to
 the language model's answer.
 
-The package reads from the bottom up; each module imports only those above it in this list:
+The levels and the recording hooks are the shared layer's (:mod:`g4v.model.levels`,
+:mod:`g4v.model.capture`): every panel reads them. This package reads from the bottom up; each
+module imports only those above it in this list:
 
-* :mod:`g4v.inspect.levels`: the 8 levels from the config, and checked ``{level: factor}`` requests
-  (no torch, so requests are checked before any model runs);
-* :mod:`g4v.inspect.capture`: hooks on the model that record (and scale) one forward pass;
 * :mod:`g4v.inspect.ablation`: a run with levels zeroed or scaled, compared with the plain run;
 * :mod:`g4v.inspect.exports`: the bounded, self-cleaning folder the app's exports go to;
 * :mod:`g4v.inspect.run`: one request end to end (capture, ablation, figures, export), for the

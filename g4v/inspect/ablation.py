@@ -1,7 +1,7 @@
 """What zeroing or scaling levels does to the model's answer: the next-token distribution, its top
 tokens and the greedy continuation, before and after, and the KL divergence between the two.
 
-A scaled run is a :func:`g4v.inspect.capture.capture_forward` with the scaling hook on, so its
+A scaled run is a :func:`g4v.model.capture.capture_forward` with the scaling hook on, so its
 capture (what was injected, the residual stream) comes with it. Numbers are refused, with a
 one-line :class:`G4VError`, when the model's output is not finite: a huge factor overflows a bf16
 or fp16 model, and a KL computed from NaN logits says nothing about the level.
@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import torch
 
 from g4v.errors import G4VError
-from g4v.inspect.capture import Capture, capture_forward, instrument
-from g4v.inspect.levels import Level
+from g4v.model.capture import Capture, capture_forward, instrument
+from g4v.model.levels import Level
 
 @dataclass
 class TokenProb:

@@ -129,7 +129,7 @@ def synthetic_inputs(config, image_size_hw: tuple[int, int], device: torch.devic
 
 
 def forward_once(model, inputs: dict, mode: str) -> None:
-    from g4v.inspect.capture import capture_forward
+    from g4v.model.capture import capture_forward
 
     with torch.inference_mode():
         if mode == "off":

@@ -20,9 +20,9 @@ from g4v.errors import G4VError
 from g4v.images import open_image
 from g4v.loading import model_name
 from g4v.inspect.ablation import AblationResult, RunOutcome, compare_scaled, run_outcome
-from g4v.inspect.capture import Capture, capture_forward
+from g4v.model.capture import Capture, capture_forward
 from g4v.inspect.exports import ExportStore, default_export_store
-from g4v.inspect.levels import Level, describe_levels, level_scales, unit_scale_levels
+from g4v.model.levels import Level, describe_levels, level_scales, unit_scale_levels
 from g4v.tiling import TilingPlan, plan_tiling
 
 CAPTURE_FILE = "capture.safetensors"

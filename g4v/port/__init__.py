@@ -6,7 +6,7 @@ reference agree. This package says *where* and *by how much*:
 1. **Per-level features.** vLLM's ``embed_multimodal`` returns, per image, all 8 levels packed on
    the last dimension. It is run inside vLLM's worker on the *same pixel values* transformers
    uses, split per level, and compared with what transformers injects at the same LLM layer
-   (:func:`g4v.inspect.capture.capture_forward`): max absolute and relative difference per level,
+   (:func:`g4v.model.capture.capture_forward`): max absolute and relative difference per level,
    and a per-token difference that the tiling token map turns into a heatmap over the picture.
 2. **Inside the language model.** Hooks installed in vLLM's worker record the residual norm at
    every decoder layer during a real prefill; compared with the transformers capture's trajectory.

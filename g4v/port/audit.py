@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from g4v.errors import G4VError, first_line
-from g4v.inspect.levels import Level, describe_levels
+from g4v.model.levels import Level, describe_levels
 from g4v.loading import read_raw_config
 
 _QFORMER_FIELDS = ("hidden_size", "num_attention_heads", "intermediate_size", "num_hidden_layers",

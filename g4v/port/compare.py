@@ -21,7 +21,7 @@ import torch
 
 from g4v.errors import G4VError
 from g4v.inspect.ablation import kl_divergence
-from g4v.inspect.levels import Level
+from g4v.model.levels import Level
 
 #: Per-level feature tolerance ``(atol, rtol)`` by dtype (see :class:`Tolerance` for the rule).
 #: The reference is ``torch.testing.assert_close``'s defaults, read from the installed torch

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import torch
 
+from g4v.model.hooks import Hooks
+
 
 def granite_model(model):
     """The ``Granite4VisionForConditionalGeneration`` vLLM built (``apply_model`` hands it over
@@ -64,11 +66,10 @@ class _TrajectoryProbe:
         self.chunks: list[list[torch.Tensor]] = []  # per forward: one (tokens,) norm per point
         self.current: list[torch.Tensor] | None = None
         self.seen = 0
-        self.handles = []
+        self.hooks = Hooks()
         for idx, layer in enumerate(layers):
-            self.handles.append(layer.register_forward_pre_hook(
-                lambda m, a, k, idx=idx: self._pre(idx, a, k), with_kwargs=True))
-        self.handles.append(layers[-1].register_forward_hook(lambda m, a, o: self._post(o)))
+            self.hooks.before(layer, lambda m, a, k, idx=idx: self._pre(idx, a, k), with_kwargs=True)
+        self.hooks.after(layers[-1], lambda m, a, o: self._post(o))
 
     def _pre(self, idx: int, args, kwargs):
         hidden = args[1] if len(args) > 1 else kwargs["hidden_states"]
@@ -97,9 +98,7 @@ class _TrajectoryProbe:
         return {"norms": torch.stack(points), "tokens": self.seen}  # (num_layers + 1, tokens)
 
     def remove(self):
-        for handle in self.handles:
-            handle.remove()
-        self.handles = []
+        self.hooks.remove()
 
 
 def install_trajectory_hooks(model, expected_tokens: int) -> int:

@@ -3,7 +3,7 @@
 transformers' ``Granite4VisionModel.forward`` hands the language model a dict
 ``deepstack_features = {llm_layer: features (num_image_tokens, hidden)}`` and a ``vision_mask``;
 ``Granite4VisionTextModel.forward`` adds ``deepstack_features[i]`` at the image positions right
-before decoder layer ``i`` (the levels: :mod:`g4v.inspect.levels`). Nothing here copies that code.
+before decoder layer ``i`` (the levels: :mod:`g4v.model.levels`). Nothing here copies that code.
 :func:`instrument` attaches hooks:
 
 * a forward pre-hook on the language model reads (and, to ablate or scale a level, replaces) the
@@ -16,7 +16,7 @@ before decoder layer ``i`` (the levels: :mod:`g4v.inspect.levels`). Nothing here
 
 Norms are reduced on the device as 0-d tensors and fetched in one transfer at the end; full tensors
 are kept only with ``full=True``. Every hook is removed when the ``with`` block ends, whatever
-happens inside it, so nothing leaks into the next request.
+happens inside it (:class:`g4v.model.hooks.Hooks`), so nothing leaks into the next request.
 """
 
 from collections.abc import Iterator
@@ -26,7 +26,8 @@ from dataclasses import dataclass
 import torch
 
 from g4v.errors import G4VError
-from g4v.inspect.levels import Level, describe_levels
+from g4v.model.hooks import Hooks
+from g4v.model.levels import Level, describe_levels
 
 @dataclass
 class LevelCapture:
@@ -276,23 +277,18 @@ def instrument(model, levels: list[Level] | None = None, scales: dict[str, float
     language_model = language_model_of(model)
     by_name = {level.name: level for level in levels}
     layer_scales = {by_name[name].llm_layer: float(f) for name, f in (scales or {}).items() if float(f) != 1.0}
-    handles = []
-    try:
-        # Registration order is call order: scaling first, so the recorder sees what is injected.
+    # Registration order is call order: scaling first, so the recorder sees what is injected.
+    with Hooks() as hooks:
         if layer_scales:
-            handles.append(language_model.register_forward_pre_hook(_scaling_hook(layer_scales), with_kwargs=True))
+            hooks.before(language_model, _scaling_hook(layer_scales), with_kwargs=True)
         recorder = None
         if record:
             recorder = _Recorder(language_model, levels, full)
-            handles.append(language_model.register_forward_pre_hook(recorder.on_language_model_input, with_kwargs=True))
+            hooks.before(language_model, recorder.on_language_model_input, with_kwargs=True)
             for idx, layer in enumerate(language_model.layers):
-                handles.append(layer.register_forward_pre_hook(
-                    lambda m, a, k, idx=idx: recorder.on_layer_input(idx, a, k), with_kwargs=True))
-                handles.append(layer.register_forward_hook(lambda m, a, o, idx=idx: recorder.on_layer_output(idx, o)))
+                hooks.before(layer, lambda m, a, k, idx=idx: recorder.on_layer_input(idx, a, k), with_kwargs=True)
+                hooks.after(layer, lambda m, a, o, idx=idx: recorder.on_layer_output(idx, o))
         yield recorder
-    finally:
-        for handle in handles:
-            handle.remove()
 
 
 def capture_forward(model, inputs: dict, scales: dict[str, float] | None = None, full: bool = False,

@@ -1,0 +1,10 @@
+"""The shared layer: what Granite 4 Vision is to every panel, and what more than one panel needs.
+
+Panels (Deepstack, LoRA, Port, Evaluate, Attribution) import these modules, never each other. The
+package reads from the bottom up; each module imports only those above it in this list:
+
+* :mod:`g4v.model.levels`: the 8 injection levels read from the config, and checked
+  ``{level: factor}`` requests (no torch, so requests are checked before any model runs);
+* :mod:`g4v.model.hooks`: the one place forward hooks are added to a model and removed again;
+* :mod:`g4v.model.capture`: hooks that record (and scale) what one forward pass injects;
+"""
