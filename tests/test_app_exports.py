@@ -20,7 +20,7 @@ import pytest
 from gradio_client import Client, handle_file
 
 from g4v.errors import G4VError
-from g4v.inspect.exports import ExportStore
+from g4v.model.exports import ExportStore
 from g4v.paths import BUNDLED_MODEL_DIR, EXAMPLES_DIR, REPO_ROOT
 from tests.conftest import running_app
 from tests.test_evaluate_app import make_zip, small_dataset

@@ -127,7 +127,7 @@ def _entries(folder: Path) -> list[Path]:
 
 
 def test_export_store_keeps_the_newest_and_cleans_up(hf_engine, tmp_path):
-    from g4v.inspect.exports import ExportStore
+    from g4v.model.exports import ExportStore
     from g4v.inspect.run import FIGURE_FILES, run_inspection
 
     keep = 2
@@ -151,7 +151,7 @@ def test_export_store_keeps_the_newest_and_cleans_up(hf_engine, tmp_path):
 
 
 def test_without_out_dir_exports_go_to_a_bounded_store(hf_engine):
-    from g4v.inspect.exports import default_export_store
+    from g4v.model.exports import default_export_store
     from g4v.inspect.run import run_inspection
 
     image = make_image(300, 140, seed=3)
@@ -163,7 +163,7 @@ def test_without_out_dir_exports_go_to_a_bounded_store(hf_engine):
 
 
 def test_the_export_root_is_removed_at_interpreter_exit(tmp_path):
-    script = ("import sys; from g4v.inspect.exports import ExportStore\n"
+    script = ("import sys; from g4v.model.exports import ExportStore\n"
               "store = ExportStore(sys.argv[1], keep=1)\n"
               "(store.new_folder() / 'summary.json').write_text('{}')\n"
               "print(store.root)\n")
@@ -175,7 +175,7 @@ def test_the_export_root_is_removed_at_interpreter_exit(tmp_path):
 
 
 def test_export_store_refuses_bad_settings(tmp_path):
-    from g4v.inspect.exports import ExportStore
+    from g4v.model.exports import ExportStore
 
     for keep in (0, -1, 1.5, "3"):
         with pytest.raises(G4VError):

@@ -3,7 +3,7 @@
 Gradio serves any file under its cache folder to whoever names its path, so what one visitor
 uploads, opens or exports must not lie where another can find it, nor be pushed out by another's
 work. Every session (``gr.Request.session_hash``; a request without one is a session of its own)
-gets its own folder with a random name, and in it one :class:`~g4v.inspect.exports.ExportStore`
+gets its own folder with a random name, and in it one :class:`~g4v.model.exports.ExportStore`
 per kind of file (Deepstack and Attribution exports, uploaded datasets, run folders, export zips
 and opened samples), each keeping its own newest few. A session's folder goes when its page is
 closed (``demo.unload``), after :data:`IDLE_SECONDS` without a request, or, oldest first, when
@@ -20,7 +20,7 @@ import weakref
 from contextlib import contextmanager
 from pathlib import Path
 
-from g4v.inspect.exports import ExportStore, unguessable_name
+from g4v.model.exports import ExportStore, unguessable_name
 
 #: Sessions whose files are kept at most (the least recently used goes first) ...
 MAX_SESSIONS = int(os.environ.get("G4V_MAX_SESSIONS", 64))

@@ -6,9 +6,9 @@ The levels and the recording hooks are the shared layer's (:mod:`g4v.model.level
 module imports only those above it in this list:
 
 * :mod:`g4v.inspect.ablation`: a run with levels zeroed or scaled, compared with the plain run;
-* :mod:`g4v.inspect.exports`: the bounded, self-cleaning folder the app's exports go to;
-* :mod:`g4v.inspect.run`: one request end to end (capture, ablation, figures, export), for the
-  CLI (``python -m g4v inspect``) and the app's Deepstack tab;
+* :mod:`g4v.inspect.run`: one request end to end (capture, ablation, figures, an export to the
+  shared :mod:`g4v.model.exports` store), for the CLI (``python -m g4v inspect``) and the app's
+  Deepstack tab;
 * :mod:`g4v.inspect.bench`: what the capture costs in time and memory (``python -m g4v bench
   inspect``, or ``python -m g4v.inspect.bench`` standalone).
 

@@ -4,7 +4,7 @@ The CLI (``python -m g4v inspect``) and the app's Deepstack tab both call :func:
 It runs on the transformers engine (the one whose model can be instrumented) and holds the engine
 with adapters disabled for the whole request (``engine.adapter_scope(None)``), so a chat answer
 running at the same time never sees the inspector's hooks and the inspector sees the base model.
-Exports go to the caller's folder or to an :class:`~g4v.inspect.exports.ExportStore`.
+Exports go to the caller's folder or to an :class:`~g4v.model.exports.ExportStore`.
 """
 
 import json
@@ -21,7 +21,7 @@ from g4v.images import open_image
 from g4v.loading import model_name
 from g4v.inspect.ablation import AblationResult, RunOutcome, compare_scaled, run_outcome
 from g4v.model.capture import Capture, capture_forward
-from g4v.inspect.exports import ExportStore, default_export_store
+from g4v.model.exports import ExportStore, default_export_store
 from g4v.model.levels import Level, describe_levels, level_scales, unit_scale_levels
 from g4v.tiling import TilingPlan, plan_tiling
 

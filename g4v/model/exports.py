@@ -1,4 +1,5 @@
-"""Where the app's inspector exports live: a bounded, self-cleaning temporary folder.
+"""Where the app's exports live (Deepstack, Attribution, and every visitor's stores in
+``webapp.sessions``, Evaluate's runs among them): a bounded, self-cleaning temporary folder.
 
 Exports without an ``out_dir`` (the app's) go to an :class:`ExportStore`: a server answering many
 requests must not fill the temporary folder with one export (several MB with full tensors) each.
