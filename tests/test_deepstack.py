@@ -12,7 +12,8 @@ from transformers import Granite4VisionForConditionalGeneration
 from g4v.cli import main as cli_main
 from g4v.conversation import Message, SamplingSettings
 from g4v.errors import G4VError
-from g4v.inspect.ablation import compare_scaled, greedy_continuation, kl_divergence, run_outcome
+from g4v.inspect.ablation import compare_scaled, run_outcome
+from g4v.model.scoring import greedy_continuation, kl_divergence
 from g4v.model.capture import capture_forward, instrument
 from g4v.model.levels import describe_levels, find_level, level_scales, parse_scale_specs
 from g4v.paths import BUNDLED_MODEL_DIR, REAL_CONFIG_DIR
@@ -170,7 +171,7 @@ def test_ablation_report(hf_engine, inputs, hooks_at_rest):
     model, tokenizer = hf_engine.model, hf_engine.tokenizer
     _, logits = capture_forward(model, inputs, logits_to_keep=1)
     base = run_outcome(model, inputs, tokenizer, logits, max_new_tokens=4)
-    assert kl_divergence(base.next_token_probs, base.next_token_probs) == 0.0
+    assert float(kl_divergence(base.next_token_logprobs, base.next_token_logprobs)) == 0.0
     changed = compare_scaled(model, inputs, tokenizer, base, {"deepstack3": 0.0, "spatial_TL": 5.0}, max_new_tokens=4)
     expected_kl = torch.sum(base.next_token_probs * (base.next_token_probs / changed.after.next_token_probs).log())
     assert changed.kl_divergence == pytest.approx(float(expected_kl), rel=1e-2) and changed.kl_divergence > 0

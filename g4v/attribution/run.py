@@ -23,7 +23,7 @@ from g4v.engines import transformers_engine
 from g4v.errors import G4VError, quoted
 from g4v.images import open_image
 from g4v.loading import model_name
-from g4v.inspect.ablation import greedy_continuation
+from g4v.model.scoring import greedy_continuation
 from g4v.model.exports import ExportStore, default_export_store
 from g4v.model.levels import describe_levels, find_level
 from g4v.tiling import TilingPlan, plan_tiling

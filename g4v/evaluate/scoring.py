@@ -2,7 +2,7 @@
 numbers read from the model without generating (image tokens, per-level injected norms).
 
 Scoring teacher-forces one arm's answer through a model whose logits are in this process (an
-``hf`` arm), with :func:`g4v.lora.token_diff.answer_logits`: the same two passes ``generate``
+``hf`` arm), with :func:`g4v.model.scoring.answer_logits`: the same two passes ``generate``
 runs, so the log-probability of a greedy answer under its own arm is that of its greedy choices.
 Numbers are float64 from the logits.
 """
@@ -66,7 +66,7 @@ def scoring_tokens(engine, generation: Generation) -> list[int]:
 def score_pair(arm_a, arm_b, sample, gen_a: Generation, gen_b: Generation) -> PairScores:
     """Each answer under the other arm where that arm can score, and full-vocabulary KL(a||b)
     along a's answer when both can (and share a vocabulary)."""
-    from g4v.lora.token_diff import answer_logits
+    from g4v.model.scoring import answer_logits
 
     messages = [Message("user", sample.prompt, list(sample.images))]
     scores = PairScores()
@@ -98,10 +98,10 @@ def sum_logprob(logits: torch.Tensor, tokens: list[int]) -> float:
 
 
 def kl_per_position(logits_p: torch.Tensor, logits_q: torch.Tensor) -> torch.Tensor:
-    """KL(p || q) in nats at each position: two (positions, vocab) logits -> (positions,)."""
-    log_p = torch.log_softmax(logits_p.double(), dim=-1)
-    log_q = torch.log_softmax(logits_q.double(), dim=-1)
-    return (log_p.exp() * (log_p - log_q)).sum(dim=-1).clamp_min(0.0)  # rounding can leave -1e-17
+    """KL(p || q) in nats at each position: two (positions, vocab) logits -> (positions,), float64."""
+    from g4v.model.scoring import kl_divergence
+
+    return kl_divergence(torch.log_softmax(logits_p.double(), dim=-1), torch.log_softmax(logits_q.double(), dim=-1))
 
 
 def image_tokens(config, images: list[Image.Image]) -> int:

@@ -8,14 +8,14 @@ or fp16 model, and a KL computed from NaN logits says nothing about the level.
 """
 
 import math
-from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
 
 from g4v.errors import G4VError
-from g4v.model.capture import Capture, capture_forward, instrument
+from g4v.model.capture import Capture, capture_forward
 from g4v.model.levels import Level
+from g4v.model.scoring import greedy_continuation, kl_divergence, next_token_logprobs, next_token_probs
 
 @dataclass
 class TokenProb:
@@ -59,27 +59,6 @@ class AblationResult:
         }
 
 
-def next_token_probs(logits: torch.Tensor) -> torch.Tensor:
-    """(batch, seq, vocab) logits -> (vocab,) float32 probabilities of the token after the prompt."""
-    return torch.softmax(logits[0, -1].float(), dim=-1).cpu()
-
-
-def next_token_logprobs(logits: torch.Tensor) -> torch.Tensor:
-    """(batch, seq, vocab) logits -> (vocab,) float32 log-probabilities of the token after the prompt."""
-    return torch.log_softmax(logits[0, -1].float(), dim=-1).cpu()
-
-
-def kl_divergence(p: torch.Tensor, q: torch.Tensor) -> float:
-    """KL(p || q) in nats for two probability vectors."""
-    return float(torch.sum(torch.special.xlogy(p, p) - torch.special.xlogy(p, q)).clamp(min=0.0))
-
-
-def kl_divergence_of_logprobs(log_p: torch.Tensor, log_q: torch.Tensor) -> float:
-    """KL(p || q) in nats from log-probabilities: unlike :func:`kl_divergence` it stays finite when a
-    big change drives some of q's probabilities to exactly 0 in floating point."""
-    return float(torch.sum(log_p.exp() * (log_p - log_q)).clamp(min=0.0))
-
-
 def describe_scales(scales: dict[str, float]) -> str:
     """``{"deepstack0": 1e308, "spatial_TL": 0}`` -> ``"deepstack0 by 1e+308, spatial_TL by 0"``."""
     return ", ".join(f"{name} by {factor:g}" for name, factor in scales.items())
@@ -102,20 +81,6 @@ def top_tokens(probs: torch.Tensor, tokenizer, k: int = 5) -> list[TokenProb]:
     return [TokenProb(int(i), tokenizer.decode([int(i)]), float(v)) for v, i in zip(values, ids)]
 
 
-def greedy_continuation(model, inputs: dict, tokenizer, max_new_tokens: int,
-                        scales: dict[str, float] | None = None, levels: list[Level] | None = None) -> list[int]:
-    """Greedy new tokens with the given levels scaled (hooks live only for this call)."""
-    hooks = instrument(model, levels, scales, record=False) if scales else nullcontext()
-    with torch.inference_mode(), hooks:
-        output = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False,
-                                temperature=None, top_p=None, top_k=None,
-                                pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
-    new_ids = output[0, inputs["input_ids"].shape[1]:].tolist()
-    if tokenizer.eos_token_id in new_ids:
-        new_ids = new_ids[: new_ids.index(tokenizer.eos_token_id)]
-    return new_ids
-
-
 def run_outcome(model, inputs: dict, tokenizer, logits: torch.Tensor, max_new_tokens: int,
                 scales: dict[str, float] | None = None, levels: list[Level] | None = None) -> RunOutcome:
     require_finite_logits(logits, scales)
@@ -133,7 +98,7 @@ def compare_scaled(model, inputs: dict, tokenizer, base: RunOutcome, scales: dic
     Raises :class:`G4VError` naming the factors when the scaled run's output is not finite."""
     capture, logits = capture_forward(model, inputs, scales=scales, full=full, levels=levels, logits_to_keep=1)
     after = run_outcome(model, inputs, tokenizer, logits, max_new_tokens, scales, levels)
-    kl = kl_divergence_of_logprobs(base.next_token_logprobs, after.next_token_logprobs)
+    kl = float(kl_divergence(base.next_token_logprobs, after.next_token_logprobs))
     if not math.isfinite(kl):
         raise G4VError(f"scaling {describe_scales(scales)} gave a non-finite KL divergence; try a smaller factor")
     return AblationResult(dict(scales), kl, base, after, capture)

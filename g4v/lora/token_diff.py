@@ -16,11 +16,11 @@ ready to show.
 from dataclasses import asdict, dataclass, field
 
 import torch
-from transformers import DynamicCache
 
 from g4v.conversation import Message, SamplingSettings
 from g4v.engines import transformers_engine
 from g4v.lora.side_by_side import activate_adapter, chat_input
+from g4v.model.scoring import answer_logits, kl_divergence
 
 
 @dataclass
@@ -128,33 +128,11 @@ def score_answer(engine, messages: list[Message], adapter: str, source: str, tex
     return ScoredAnswer(source=source, text=text, tokens=compare_positions(engine.tokenizer, tokens, base_logits, adapter_logits))
 
 
-def answer_logits(engine, messages: list[Message], tokens: list[int], adapter: str | None) -> torch.Tensor:
-    """Logits (len(tokens), vocab) that predict each answer token from the prompt and the answer
-    before it.
-
-    Two passes, as ``generate`` runs them: the prompt with its images, then the answer on top of
-    the prompt's KV cache without images. (One pass over prompt + answer would treat an
-    ``<image>`` token that the model happened to generate as a placeholder needing features.)
-    """
-    inputs = engine.prepare_inputs(messages, max_new_tokens=len(tokens))
-    input_ids = inputs["input_ids"]
-    answer = torch.tensor([tokens[:-1]], dtype=input_ids.dtype, device=input_ids.device)
-    with engine.adapter_scope(adapter) as model, torch.inference_mode():
-        cache = DynamicCache(config=model.config.text_config)  # the model does not create one itself
-        prompt_pass = model(**inputs, past_key_values=cache, use_cache=True)
-        logits = [prompt_pass.logits[0, -1:]]
-        if answer.shape[1]:
-            mask = torch.ones((1, input_ids.shape[1] + answer.shape[1]), dtype=inputs["attention_mask"].dtype, device=input_ids.device)
-            answer_pass = model(input_ids=answer, attention_mask=mask, past_key_values=cache, use_cache=True)
-            logits.append(answer_pass.logits[0])
-    return torch.cat(logits).double().cpu()
-
-
 def compare_positions(tokenizer, tokens: list[int], base_logits: torch.Tensor, adapter_logits: torch.Tensor) -> list[TokenScore]:
     """Per-position numbers from the two models' logits (float64)."""
     base_lp = torch.log_softmax(base_logits.double(), dim=-1)
     adapter_lp = torch.log_softmax(adapter_logits.double(), dim=-1)
-    kl = (adapter_lp.exp() * (adapter_lp - base_lp)).sum(dim=-1)
+    kl = kl_divergence(adapter_lp, base_lp)
     scores = []
     for position, token in enumerate(tokens):
         lp_base, lp_adapter = base_lp[position, token].item(), adapter_lp[position, token].item()
@@ -166,7 +144,7 @@ def compare_positions(tokenizer, tokens: list[int], base_logits: torch.Tensor, a
                 logprob_base=lp_base,
                 logprob_adapter=lp_adapter,
                 delta=lp_adapter - lp_base,
-                kl=max(kl[position].item(), 0.0),  # rounding can leave -1e-17
+                kl=kl[position].item(),
                 greedy_base=int(base_lp[position].argmax()),
                 greedy_adapter=int(adapter_lp[position].argmax()),
             )

@@ -7,6 +7,8 @@ package reads from the bottom up; each module imports only those above it in thi
   ``{level: factor}`` requests (no torch, so requests are checked before any model runs);
 * :mod:`g4v.model.hooks`: the one place forward hooks are added to a model and removed again;
 * :mod:`g4v.model.capture`: hooks that record (and scale) what one forward pass injects;
+* :mod:`g4v.model.scoring`: next-token distributions, greedy continuations, teacher-forced answer
+  logits, and the one KL divergence every panel compares distributions with;
 * :mod:`g4v.model.exports`: the bounded, self-cleaning folder the app's exports go to (every panel
   that exports files, and the visitors' stores in ``webapp.sessions``).
 """

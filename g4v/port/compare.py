@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 import torch
 
 from g4v.errors import G4VError
-from g4v.inspect.ablation import kl_divergence
 from g4v.model.levels import Level
+from g4v.model.scoring import kl_divergence
 
 #: Per-level feature tolerance ``(atol, rtol)`` by dtype (see :class:`Tolerance` for the rule).
 #: The reference is ``torch.testing.assert_close``'s defaults, read from the installed torch
@@ -262,7 +262,7 @@ def compare_next_token(reference_probs: torch.Tensor, vllm_logprobs: dict[int, f
     if first is None and len(reference_ids) != len(vllm_ids):
         first = min(len(reference_ids), len(vllm_ids))
     return {
-        "kl_divergence": kl_divergence(reference_probs.float(), vllm_probs),
+        "kl_divergence": float(kl_divergence(reference_probs.float().log(), torch.log_softmax(logp, dim=-1))),
         "kl_over": "full vocabulary" if covered == vocab else f"{covered} of {vocab} tokens",
         "top5_transformers": top_ref, "top5_vllm": top_vllm, "top5_overlap": overlap,
         "argmax_agrees": top_ref[0]["token_id"] == top_vllm[0]["token_id"],

@@ -17,7 +17,7 @@ from PIL import Image
 from g4v.conversation import Message
 from g4v.errors import G4VError
 from g4v.images import open_image
-from g4v.inspect.ablation import greedy_continuation, next_token_probs
+from g4v.model.scoring import greedy_continuation, next_token_probs
 from g4v.model.capture import capture_forward
 from g4v.model.levels import describe_levels
 from g4v.loading import read_raw_config
