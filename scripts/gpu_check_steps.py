@@ -46,7 +46,7 @@ def step_attribution(check) -> dict:
     from functools import partial
 
     from g4v.attribution.bench import MODES, run_mode
-    from g4v.inspect.bench import measure_modes
+    from g4v.model.bench import measure_modes
 
     engine = check.engine
     inputs = engine.prepare_inputs(chat_messages(check))
@@ -232,10 +232,11 @@ def _sync(check) -> None:
 
 def step_deepstack_capture(check) -> dict:
     """The capture's cost at real size: off / norms / full, with the inspector benchmark's own
-    timing and memory functions (:mod:`g4v.inspect.bench`)."""
+    timing and memory functions (:mod:`g4v.model.bench`)."""
     from functools import partial
 
-    from g4v.inspect.bench import MODES, forward_once, measure_modes
+    from g4v.inspect.bench import MODES, forward_once
+    from g4v.model.bench import measure_modes
 
     engine = check.engine
     inputs = engine.prepare_inputs(chat_messages(check))

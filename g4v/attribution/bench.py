@@ -8,7 +8,7 @@ one's with random weights: the same compute), one synthetic image prompt, and me
   token: the vision tower once, then the language model forward and one backward pass.
 
 Peak memory is the allocator's peak on a GPU and the profiler's CPU allocation events on a CPU
-(as ``g4v.inspect.bench`` measures it). The ratios are what the issue's targets are about.
+(as ``g4v.model.bench`` measures it). The ratios are what the issue's targets are about.
 """
 
 import argparse
@@ -20,7 +20,7 @@ import torch
 from g4v.attribution.forward import encode_image, make_answer
 from g4v.attribution.gradients import METHODS, gradient_x_input
 from g4v.attribution.pointing import PICTURE_SETS, POINTING_METHOD, POINTING_TARGET, POINTING_TARGETS
-from g4v.inspect.bench import build_model, measure_modes, run_benchmarks, synthetic_inputs
+from g4v.model.bench import build_model, measure_modes, run_benchmarks, synthetic_inputs
 from g4v.model.levels import describe_levels
 
 MODES = ("forward", "gradxinput")

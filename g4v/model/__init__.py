@@ -9,6 +9,8 @@ package reads from the bottom up; each module imports only those above it in thi
 * :mod:`g4v.model.capture`: hooks that record (and scale) what one forward pass injects;
 * :mod:`g4v.model.scoring`: next-token distributions, greedy continuations, teacher-forced answer
   logits, and the one KL divergence every panel compares distributions with;
+* :mod:`g4v.model.bench`: what every model benchmark shares (models, synthetic inputs, timing and
+  peak memory, the flags' checks);
 * :mod:`g4v.model.exports`: the bounded, self-cleaning folder the app's exports go to (every panel
   that exports files, and the visitors' stores in ``webapp.sessions``).
 """
