@@ -282,7 +282,7 @@ def test_a_nested_adapter_answers_like_the_same_adapter_unnested(hf_engine, nest
     from tests.conftest import make_image
 
     from g4v.conversation import Message, SamplingSettings
-    from g4v.lora.side_by_side import activate_adapter
+    from g4v.lora.activation import activate_adapter
 
     chat = [Message("user", "What is in this picture?", [make_image(96, 64, seed=5)])]
     settings = SamplingSettings(max_new_tokens=8)
@@ -325,7 +325,7 @@ def test_the_lora_tab_refuses_a_long_typed_name_in_one_line(hf_engine):
 
 
 def test_adapters_say_which_base_they_belong_to():
-    from g4v.lora.side_by_side import describe_adapter
+    from g4v.lora.choices import describe_adapter
     from g4v.paths import TRAINED_MODEL_DIR
 
     demo = describe_adapter(ADAPTER_NAME, model=str(BUNDLED_MODEL_DIR))
@@ -337,7 +337,7 @@ def test_adapters_say_which_base_they_belong_to():
 
 
 def test_matching_adapters_come_first():
-    from g4v.lora.side_by_side import adapter_choices, preselected_adapter
+    from g4v.lora.choices import adapter_choices, preselected_adapter
 
     trained, tiny = "assets/granite4-vision-tiny-trained", "assets/granite4-vision-tiny"
     assert adapter_choices(model=trained)[0] == "tiny-trained-french"

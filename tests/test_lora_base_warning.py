@@ -7,7 +7,7 @@ import pytest
 
 from g4v.cli import main
 from g4v.paths import ASSETS_DIR, BUNDLED_MODEL_DIR, TRAINED_MODEL_DIR
-from g4v.lora.side_by_side import base_warning
+from g4v.lora.choices import base_warning
 
 ADAPTERS = ASSETS_DIR / "adapters"
 #: The bundled adapters and the base each one's config names (read here, not from the code under test).

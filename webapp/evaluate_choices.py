@@ -24,7 +24,7 @@ class ArmChoice:
 def arm_choices(engine, model: str, adapters_dir=None, servers=()) -> list[ArmChoice]:
     """The arms this server offers, the app's own engine first."""
     from g4v.engines import vllm_python
-    from g4v.lora.side_by_side import describe_adapters
+    from g4v.lora.choices import describe_adapters
 
     backend = engine.info.backend
     base_url = engine.info.device if backend == "openai" else None

@@ -4,8 +4,8 @@ import threading
 
 import gradio as gr
 
-from g4v.lora.side_by_side import (adapter_folder_help, base_warning, describe_adapters, lora_side_by_side,
-                                   preselected_adapter)
+from g4v.lora.choices import adapter_folder_help, base_warning, describe_adapters, preselected_adapter
+from g4v.lora.side_by_side import lora_side_by_side
 from g4v.lora.token_diff import lora_token_diff
 from webapp.common import MODEL_QUEUE, image_input, sampling_settings, shows_errors, use_last_chat_image
 from webapp.documents import document_picker

@@ -49,7 +49,7 @@ def run(args) -> int:
         from g4v.lora.folders import adapter_dirs, resolve_adapter
 
         resolve_adapter(args.adapter, adapter_dirs(args.adapters_dir))
-        from g4v.lora.side_by_side import base_warning
+        from g4v.lora.choices import base_warning
         from g4v.paths import default_model
 
         warn_about_base(base_warning(args.adapter, args.adapters_dir, args.model or default_model()))
@@ -86,7 +86,7 @@ def _activate(engine, choice: str | None, adapters_dir) -> str | None:
     """The engine's name for the ``--adapter`` (checked against its model), or None for the base."""
     if choice is None:
         return None
-    from g4v.lora.side_by_side import activate_adapter
+    from g4v.lora.activation import activate_adapter
 
     spec = activate_adapter(engine, choice, adapters_dir)
     print(f"adapter: {spec.name}", file=sys.stderr)

@@ -1,9 +1,10 @@
 """The LoRA workbench side by side: pick an adapter, see the base and the adapter answer as they stream.
 
 Plain functions (no Gradio) that the app's LoRA tab and the CLI call. An adapter name typed or
-picked by a user always goes through :mod:`g4v.lora.folders` and :mod:`g4v.lora.checks`
-(configured folders only, checked against the engine's model) before an engine loads it; a bad
-adapter raises a one-line :class:`~g4v.errors.G4VError` and leaves the engine serving as before.
+picked by a user always goes through :mod:`g4v.lora.activation` (configured folders only, checked
+against the engine's model) before an engine loads it; a bad adapter raises a one-line
+:class:`~g4v.errors.G4VError` and leaves the engine serving as before. The tabs' adapter lists are
+:mod:`g4v.lora.choices`.
 
 Side by side works on any engine with adapters: the transformers engine runs both requests on its
 one loaded model (adapter disabled, then enabled), vLLM with a per-request LoRA. Both requests get
@@ -18,9 +19,7 @@ from dataclasses import dataclass
 from g4v.conversation import Message, SamplingSettings, validate_conversation
 from g4v.errors import G4VError
 from g4v.images import open_image
-from g4v.loading import engine_config
-from g4v.lora.checks import AdapterSpec, load_adapter_spec
-from g4v.lora.folders import adapter_base, adapter_dirs, folder_label, list_adapters, same_base
+from g4v.lora.activation import activate_adapter
 
 
 @dataclass
@@ -106,65 +105,6 @@ def _merge_streams(groups: list[list], cancel: threading.Event) -> Iterator[Side
 # ── what the app's LoRA tab calls ──────────────────────────────────────────────────────────────
 
 
-@dataclass(frozen=True)
-class AdapterChoice:
-    """One adapter as the LoRA tab offers it: which base it was made for, and whether that is the
-    model being served (an adapter trained on another base loads, but answers gibberish)."""
-
-    name: str  # what to pass as ``adapter=`` (its path under the adapter folder)
-    base: str | None  # the config's base_model_name_or_path as written; None: it names none
-    matches: bool  # made for the model being served
-
-    @property
-    def label(self) -> str:
-        """``demo-lora (made for assets/granite4-vision-tiny)``, for a dropdown entry."""
-        return f"{self.name} (made for {self.base})" if self.base else f"{self.name} (base not named)"
-
-
-def describe_adapter(name: str, adapters_dir=None, model: str | None = None) -> AdapterChoice:
-    """Which base ``name`` was made for, and whether it is ``model`` (None: no model to match)."""
-    base = adapter_base(name, adapter_dirs(adapters_dir))
-    return AdapterChoice(name=name, base=base, matches=model is not None and same_base(base, model))
-
-
-def describe_adapters(adapters_dir=None, model: str | None = None) -> list[AdapterChoice]:
-    """Every adapter in the adapter folders, those made for ``model`` first, each group by name."""
-    found = [describe_adapter(name, adapters_dir, model) for name in list_adapters(adapter_dirs(adapters_dir))]
-    return sorted(found, key=lambda choice: (not choice.matches, choice.name))
-
-
-def base_warning(name: str | None, adapters_dir=None, model: str | None = None) -> str:
-    """One line when adapter ``name`` names another base than ``model``: it loads and runs (the
-    layer shapes match), but its answers likely mean nothing. Empty when it was made for ``model``,
-    names no base, or cannot be found (using it then says why)."""
-    if not name or model is None:
-        return ""
-    choice = describe_adapter(name, adapters_dir, model)
-    if choice.matches or choice.base is None:
-        return ""
-    return f"warning: adapter {name} was made for {choice.base}, not for the model in use; its answers are likely meaningless"
-
-
-def adapter_choices(adapters_dir=None, model: str | None = None) -> list[str]:
-    """Adapter names for a dropdown, those made for ``model`` first (no model: by name)."""
-    return [choice.name for choice in describe_adapters(adapters_dir, model)]
-
-
-def preselected_adapter(adapters_dir=None, model: str | None = None) -> str | None:
-    """The adapter a dropdown should start on: the first one made for ``model``, else none
-    (preselecting an adapter made for another base would show gibberish as its first answer)."""
-    return next((choice.name for choice in describe_adapters(adapters_dir, model) if choice.matches), None)
-
-
-def activate_adapter(engine, choice: str, adapters_dir=None) -> AdapterSpec:
-    """Resolve and check ``choice`` against the engine's model, and register it with the engine
-    if it is new. Returns the checked adapter; ``spec.name`` is what to pass as ``adapter=``."""
-    spec = load_adapter_spec(choice, engine_config(engine), adapter_dirs(adapters_dir))
-    if spec.name not in engine.adapters():
-        engine.register_adapter(spec.name, str(spec.path))
-    return spec
-
-
 def chat_input(prompt: str, images=()) -> list[Message]:
     """One user turn from the tab's prompt box and images (PIL images or paths)."""
     messages = [Message("user", prompt or "", [open_image(image) for image in images or ()])]
@@ -187,8 +127,3 @@ def lora_side_by_side(
     spec = activate_adapter(engine, adapter, adapters_dir)
     for pair in stream_side_by_side(engine, messages, settings, spec.name, cancel):
         yield pair.base, pair.adapter
-
-
-def adapter_folder_help(adapters_dir=None) -> str:
-    """One line for the tab: where adapters are looked up."""
-    return "Adapters are read from: " + ", ".join(folder_label(d) for d in adapter_dirs(adapters_dir))
