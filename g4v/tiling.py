@@ -159,7 +159,7 @@ class TilingPlan:
             ["total", "", self.num_image_tokens],
         ]
 
-    def as_dict(self) -> dict:
+    def to_dict(self) -> dict:
         """Plain JSON-ready data (lists, numbers, strings); boxes rounded to 1/100 pixel."""
         return {
             "image_size": list(self.image_size),  # [height, width], as transformers' image_sizes
@@ -201,7 +201,7 @@ class TilingPlan:
         }
 
     def to_json(self, indent: int | None = None) -> str:
-        return json.dumps(self.as_dict(), indent=indent)
+        return json.dumps(self.to_dict(), indent=indent)
 
 
 # ── Geometry, step by step (each mirrors one transformers function; tests check parity) ─────────────

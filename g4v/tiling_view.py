@@ -22,7 +22,7 @@ def tiling_report(image, config):
     if isinstance(config, (str, Path)):
         config = load_config(config)
     plan = plan_tiling((image.height, image.width), config)
-    overlay, regions = tiling_overlay(image, plan.as_dict())
+    overlay, regions = tiling_overlay(image, plan.to_dict())
     return overlay, plan.budget_rows(), plan, regions
 
 

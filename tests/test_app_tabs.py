@@ -62,7 +62,7 @@ def test_lora_diff_endpoint_equals_the_library_run(client, hf_engine):
                                       api_name="/lora_diff")
     messages = [Message("user", "What colour is it?", [Image.open(EXAMPLE).convert("RGB")])]
     name = activate_adapter(hf_engine, "demo-lora").name
-    expected = lora_diff(hf_engine, messages, name, SamplingSettings(max_new_tokens=8)).to_json()
+    expected = lora_diff(hf_engine, messages, name, SamplingSettings(max_new_tokens=8)).to_dict()
     assert_same(data, expected)
     assert data["base_text"] != data["adapter_text"] and plot is not None
     assert all(token["text"] in html for token in data["base_tokens"] if token["text"].strip().isalnum())

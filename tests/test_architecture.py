@@ -181,3 +181,15 @@ def test_nothing_outside_the_engines_touches_their_private_state():
                         and isinstance(args[0], ast.Name) and "engine" in args[0].id:
                     offenders.append(f"{path.name}: getattr({args[0].id}, {args[1].value!r})")
     assert offenders == []
+
+
+def test_typed_results_turn_into_dicts_by_one_name():
+    """``to_dict`` is the one name for "this result as plain data" (``to_json`` returns JSON text)."""
+    offenders = []
+    for path in source_files():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                offenders += [f"{path.name}: {node.name}.{item.name}" for item in node.body
+                              if isinstance(item, ast.FunctionDef) and item.name in ("summary", "as_dict", "asdict", "to_json")
+                              and not (isinstance(item.returns, ast.Name) and item.returns.id == "str")]
+    assert offenders == []

@@ -182,7 +182,7 @@ def test_ablation_report(hf_engine, inputs, hooks_at_rest):
         changed.after.next_token_probs.argmax())
     assert len(changed.before.top5) == len(changed.after.top5) == 5
     assert changed.before.top5[0].prob >= changed.before.top5[-1].prob
-    assert changed.summary()["ablated"] == ["deepstack3"]
+    assert changed.to_dict()["ablated"] == ["deepstack3"]
     assert _hook_count(model) == hooks_at_rest
 
 

@@ -63,7 +63,7 @@ def test_every_picture_is_bounded_for_extreme_aspect_ratios(width, height, confi
         # The image panel stays visible however thin the picture: the heat colours cover a real part
         # of the figure, not a one-pixel line.
         assert _painted_fraction(heat) > 0.05, (view, heat.size)
-    _assert_bounded(render_tiling_overlay(image, plan.as_dict()), "tiling overlay")
+    _assert_bounded(render_tiling_overlay(image, plan.to_dict()), "tiling overlay")
     first_tile = next((t for t in plan.tokens if t.kind == "tile"), plan.tokens[0])
     _assert_bounded(highlight_box(image, first_tile.box, label="#0"), "highlight")
 

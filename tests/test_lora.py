@@ -184,7 +184,7 @@ def test_diff_json_and_pictures(diff, output_dir):
     from viz.figures import figure_to_image
     from viz.lora import diff_html, diff_plot, diff_png
 
-    data = json.loads(json.dumps(diff.to_json()))
+    data = json.loads(json.dumps(diff.to_dict()))
     assert {"base_text", "adapter_text", "first_divergence", "base_tokens", "adapter_tokens"} <= set(data)
     assert data["base_text"] == diff.base.text and len(data["adapter_tokens"]) == len(diff.tuned.tokens)
     html = diff_html(data)

@@ -35,7 +35,7 @@ def test_figures_over_a_39_megapixel_picture_stay_small(hf_engine, photo):
     with address_space_limit(DRAWING_MB):
         pictures = [lens_figure(photo, tokens, views, {0: "red", 1: "blue", 2: "sky"}),
                     attribution_figure(photo, tokens, values), heatmaps_figure(photo, tokens, values),
-                    render_tiling_overlay(photo, plan.as_dict()), highlight_box(photo, tokens[0][1], "token 0")]
+                    render_tiling_overlay(photo, plan.to_dict()), highlight_box(photo, tokens[0][1], "token 0")]
     assert all(max(p.size) <= MAX_PICTURE_SIDE for p in pictures)
 
 

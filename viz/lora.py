@@ -1,6 +1,6 @@
 """Pictures of a LoRA token diff: highlighted answers (HTML and PNG) and a per-token plot.
 
-Input is the plain dict ``g4v.lora.token_diff.LoraDiff.to_json()`` returns (the same JSON that
+Input is the plain dict ``g4v.lora.token_diff.LoraDiff.to_dict()`` returns (the same JSON that
 ``python -m g4v lora-diff --json`` prints), so a saved diff can be redrawn without the model.
 Colour encodes ``delta = logprob_adapter - logprob_base``: green where the adapter likes the
 token more than the base model, red where less; the first position where the two models' greedy

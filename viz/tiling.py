@@ -1,6 +1,6 @@
 """Pictures of an anyres tiling plan: the padded canvas with its tiles, the base view, the token budget.
 
-Input is plain data: a PIL image and the plan as the dict ``g4v.tiling.TilingPlan.as_dict()`` returns
+Input is plain data: a PIL image and the plan as the dict ``g4v.tiling.TilingPlan.to_dict()`` returns
 (the same JSON ``python -m g4v tiling --json`` prints). Boxes are ``(left, top, right, bottom)``.
 
 Every picture stays within ``viz.figures.MAX_PICTURE_SIDE`` pixels on a side, whatever the image.

@@ -39,7 +39,7 @@ class DeletionCurve:
     def beats_random(self) -> bool:
         return self.area_between > 0
 
-    def summary(self) -> dict:
+    def to_dict(self) -> dict:
         return {"level": self.level, "ranking": self.ranking, "fractions": self.fractions, "attributed": self.attributed,
                 "random": self.random, "random_mean": self.random_mean, "area_between": self.area_between,
                 "beats_random": self.beats_random}

@@ -48,7 +48,7 @@ class Attribution:
         out["combined"] = self.combined.tolist()
         return out
 
-    def summary(self, measure: str = "log-probability") -> dict:
+    def to_dict(self, measure: str = "log-probability") -> dict:
         """The numbers for ``summary.json``; ``measure`` names the explained number (an answer's
         log-probability, or with answers to contrast with its log-odds against them)."""
         return {

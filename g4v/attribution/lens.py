@@ -33,7 +33,7 @@ class LogitLens:
     levels: list[LensView]  # one per level: its injected features alone
     vocabulary: dict[int, str]  # every top id -> its text
 
-    def summary(self) -> dict:
+    def to_dict(self) -> dict:
         views = lambda items: [{"name": v.name, "top_ids": v.top_ids, "top_probs": v.top_probs} for v in items]
         return {"layers": views(self.layers), "levels": views(self.levels),
                 "vocabulary": {str(k): v for k, v in sorted(self.vocabulary.items())}}

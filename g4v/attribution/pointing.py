@@ -62,7 +62,7 @@ class PointingResult:
     def beats_random_rate(self) -> float:
         return self.beats_random / max(self.pictures, 1)
 
-    def summary(self) -> dict:
+    def to_dict(self) -> dict:
         return {"method": self.method, "target": self.target, "pictures": self.pictures, "hit_rate": self.hit_rate,
                 "region_hit_rate": self.region_hit_rate, "base_hit_rate": self.base_hit_rate, "beats_random_rate": self.beats_random_rate, "rows": self.rows}
 

@@ -173,11 +173,11 @@ def build_summary(engine, prompt, picture, plan, answer, attribution, deletion, 
         "answer": {"tokens": answer.texts, "ids": answer.ids, "target": answer.target,
                    "against": answer.alternative_texts,
                    "explained": answer.describe(), "teacher_forced": settings.target is not None},
-        "attribution": attribution.summary(answer.measure),
+        "attribution": attribution.to_dict(answer.measure),
         "top_tile_token": top_token(plan, attribution.combined, "tile"),
         "top_region_token": top_token(plan, region_scores(plan, attribution.combined), "tile"),
-        "deletion": deletion.summary(),
-        "lens": lens.summary() if lens else None,
+        "deletion": deletion.to_dict(),
+        "lens": lens.to_dict() if lens else None,
         "files": {"summary": SUMMARY_FILE, "tensors": TENSORS_FILE, **{name: FIGURE_FILES[name] for name in figures}},
     }
 
@@ -209,7 +209,7 @@ def draw_figures(picture, plan, answer, attribution, deletion, lens) -> dict[str
                                    f"Attribution per tile token (high-resolution view; '{REGION_PANEL}': "
                                    "with the base view's share of each tile token's region)"),
         "base": attribution_figure(picture, tokens, scores, "base", "Attribution per base-view token"),
-        "deletion": deletion_figure(deletion.summary(), measure=answer.measure),
+        "deletion": deletion_figure(deletion.to_dict(), measure=answer.measure),
     }
     if lens is not None:
         figures["lens"] = lens_figure(picture, tokens, lens_views_shown(lens), lens.vocabulary)

@@ -145,5 +145,5 @@ def run_pointing_game(args) -> int:
           f"(both views; target >= 80%), top base-view token {result.base_hit_rate:.0%}, "
           f"deletion beats random {result.beats_random_rate:.0%} (target >= 90%)")
     if args.json:
-        Path(args.json).write_text(json.dumps(result.summary(), indent=2) + "\n")
+        Path(args.json).write_text(json.dumps(result.to_dict(), indent=2) + "\n")
     return 0

@@ -54,7 +54,7 @@ def run(args) -> int:
 
     engine = TransformersEngine(args.model or default_model(), device=args.device, dtype=args.dtype)
     spec = activate_adapter(engine, args.adapter, args.adapters_dir)
-    data = lora_diff(engine, messages, spec.name, settings).to_json()
+    data = lora_diff(engine, messages, spec.name, settings).to_dict()
     _save_pictures(data, args.png, args.plot)
     print(json.dumps(data, indent=2) if args.json else _report(data))
     return 0

@@ -38,7 +38,7 @@ def run(args) -> int:
     if png_path is not None:
         from viz.tiling import save_tiling_overlay
 
-        save_tiling_overlay(image, plan.as_dict(), png_path)
+        save_tiling_overlay(image, plan.to_dict(), png_path)
     if args.json:
         print(plan.to_json())
     else:

@@ -45,7 +45,7 @@ class AblationResult:
     after: RunOutcome
     capture: Capture  # the modified run's capture
 
-    def summary(self) -> dict:
+    def to_dict(self) -> dict:
         return {
             "scales": self.scales,
             "ablated": sorted(name for name, f in self.scales.items() if f == 0.0),
@@ -54,8 +54,8 @@ class AblationResult:
             "top5_after": [vars(t) for t in self.after.top5],
             "continuation_before": self.before.continuation,
             "continuation_after": self.after.continuation,
-            "levels_after": [cap.summary() for cap in self.capture.levels],
-            "trajectory_after": self.capture.trajectory.summary(),
+            "levels_after": [cap.to_dict() for cap in self.capture.levels],
+            "trajectory_after": self.capture.trajectory.to_dict(),
         }
 
 

@@ -107,11 +107,11 @@ def build_summary(engine, prompt: str, picture: Image.Image, plan: TilingPlan, c
         "num_image_tokens": capture.num_image_tokens,
         "num_text_tokens": capture.num_text_tokens,
         "full": full,
-        "levels": [cap.summary() for cap in capture.levels],
-        "trajectory": capture.trajectory.summary(),
+        "levels": [cap.to_dict() for cap in capture.levels],
+        "trajectory": capture.trajectory.to_dict(),
         "next_token_top5": [vars(t) for t in outcome.top5],
         "continuation": outcome.continuation,
-        "ablation": ablation.summary() if ablation else None,
+        "ablation": ablation.to_dict() if ablation else None,
         "unchanged_levels": list(unchanged_levels),  # asked to be scaled by 1: no run was needed
         "files": {"summary": SUMMARY_FILE, "capture": CAPTURE_FILE, **FIGURE_FILES},
     }

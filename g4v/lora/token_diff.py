@@ -66,7 +66,7 @@ class LoraDiff:
         found = [p for p in (self.base.first_divergence, self.tuned.first_divergence) if p is not None]
         return min(found) if found else None
 
-    def to_json(self) -> dict:
+    def to_dict(self) -> dict:
         return {
             "adapter": self.adapter,
             "base_text": self.base.text,
@@ -108,7 +108,7 @@ def lora_token_diff(
     messages = chat_input(prompt, images)
     settings = SamplingSettings(max_new_tokens=max_new_tokens).validated()
     spec = activate_adapter(engine, adapter, adapters_dir)
-    data = lora_diff(engine, messages, spec.name, settings).to_json()
+    data = lora_diff(engine, messages, spec.name, settings).to_dict()
     return LoraDiffView(html=diff_html(data), figure=diff_plot(data), data=data)
 
 

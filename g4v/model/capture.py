@@ -44,9 +44,9 @@ class LevelCapture:
     residual_before: torch.Tensor | None = None  # (seq, hidden)
     residual_after: torch.Tensor | None = None  # (seq, hidden)
 
-    def summary(self) -> dict:
+    def to_dict(self) -> dict:
         return {
-            **self.level.as_dict(),
+            **self.level.to_dict(),
             "scale": self.scale,
             "injected_norm_mean": self.injected_norm_mean,
             "injected_norm_max": float(self.injected_norm.max()) if self.injected_norm.numel() else 0.0,
@@ -67,7 +67,7 @@ class Trajectory:
     text_norm: list[float]
     injection_layers: dict[int, str]  # llm layer -> level name
 
-    def summary(self) -> dict:
+    def to_dict(self) -> dict:
         return {
             "layers": self.layers,
             "image_norm": [_json_float(x) for x in self.image_norm],

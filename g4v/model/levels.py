@@ -40,7 +40,7 @@ class Level:
     llm_layer: int  # the decoder layer the features are added in front of
     offset: str | None = None  # spatial levels: which corner of each 2x2 block (TL, TR, BL, BR)
 
-    def as_dict(self) -> dict:
+    def to_dict(self) -> dict:
         return {
             "index": self.index,
             "name": self.name,

@@ -33,7 +33,7 @@ class ConfigAudit:
     ok: bool
     message: str
 
-    def summary(self) -> dict:
+    def to_dict(self) -> dict:
         return {"ok": self.ok, "message": self.message, "vllm_source": self.source, "fields": self.rows,
                 "mismatches": [row["field"] for row in self.rows if row["ok"] is False]}
 

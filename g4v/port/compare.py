@@ -73,7 +73,7 @@ class Tolerance:
     def within(self, got: torch.Tensor, ref: torch.Tensor) -> bool:
         return got.shape == ref.shape and self.used(got, ref) <= 1.0
 
-    def summary(self) -> dict:
+    def to_dict(self) -> dict:
         """For the JSON; ``rule`` is what the report and the picture print."""
         rule = f"|vLLM - transformers| <= {self.atol:g} + {self.rtol:g} * max(|transformers|, token RMS)"
         return {"atol": self.atol, "rtol": self.rtol, "source": self.source, "rule": rule}
@@ -115,7 +115,7 @@ class LevelDiff:
     share_of_tolerance_used: float | None = None  # max |diff| / allowed (Tolerance.used); ok when <= 1
     token_diff: list[float] = field(default_factory=list)  # per image token: max |vllm - ref|
 
-    def summary(self) -> dict:
+    def to_dict(self) -> dict:
         return {"name": self.name, "llm_layer": self.llm_layer, "kind": self.kind, "ok": self.ok,
                 "max_abs_diff": self.max_abs_diff, "max_rel_diff": self.max_rel_diff,
                 "mean_abs_diff": self.mean_abs_diff, "reference_max_abs": self.reference_max_abs,

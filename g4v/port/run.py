@@ -92,7 +92,7 @@ def run_port_diff(image, prompt: str, model: str | None = None, max_new_tokens: 
     plan = plan_tiling((picture.height, picture.width), config)
     tokens = [(token.kind, token.box) for token in plan.tokens]
     summary = {"model": source, "prompt": prompt, **_image_size(picture),
-               "dtype": str(dtype).removeprefix("torch."), "tolerance": tolerance.summary(),
+               "dtype": str(dtype).removeprefix("torch."), "tolerance": tolerance.to_dict(),
                "num_image_tokens": ref["capture"].num_image_tokens, "num_text_tokens": ref["capture"].num_text_tokens,
                "vllm_error": None}
 
@@ -104,7 +104,7 @@ def run_port_diff(image, prompt: str, model: str | None = None, max_new_tokens: 
             except G4VError as err:
                 audit = audit_without_engine(raw, config)
                 summary.update(vllm_error=str(err), levels=[], trajectory=None, next_token=None,
-                               config_audit=audit.summary(), ok=False)
+                               config_audit=audit.to_dict(), ok=False)
                 summary["message"] = f"{err}. Config audit: {audit.message}"
                 return _finish(PortDiffResult(summary, [], picture, tokens), draw)
         audit = audit_config(raw, config, probe.module_facts(), "vLLM's built modules (inside its worker)")
@@ -115,8 +115,8 @@ def run_port_diff(image, prompt: str, model: str | None = None, max_new_tokens: 
         if own_probe and probe is not None:
             probe.close()
 
-    summary.update(levels=[row.summary() for row in level_rows], trajectory=trajectory, next_token=next_token,
-                   config_audit=audit.summary())
+    summary.update(levels=[row.to_dict() for row in level_rows], trajectory=trajectory, next_token=next_token,
+                   config_audit=audit.to_dict())
     summary["ok"] = all(row.ok for row in level_rows) and bool(trajectory.get("ok")) and audit.ok
     summary["message"] = _verdict(level_rows, trajectory, next_token, audit)
     return _finish(PortDiffResult(summary, level_rows, picture, tokens), draw)
@@ -175,7 +175,7 @@ def _unloadable(source: str, prompt: str, picture: Image.Image, error: str) -> P
     audit = audit_checkpoint(source)
     summary = {"model": source, "prompt": prompt, **_image_size(picture), "tolerance": None,
                "vllm_error": None, "load_error": error, "levels": [], "trajectory": None, "next_token": None,
-               "config_audit": audit.summary(), "ok": False,
+               "config_audit": audit.to_dict(), "ok": False,
                "message": f"could not load the checkpoint ({error}). Config audit: {audit.message}"}
     return PortDiffResult(summary, [], picture, [])
 

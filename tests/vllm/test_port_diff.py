@@ -65,7 +65,7 @@ def sides(hf_engine, probe, image):
 def test_every_level_agrees_within_1e_5(result):
     from g4v.port.compare import default_tolerance
 
-    assert result.summary["tolerance"] == default_tolerance(torch.float32).summary()
+    assert result.summary["tolerance"] == default_tolerance(torch.float32).to_dict()
     levels = result.summary["levels"]
     assert [row["name"] for row in levels] == ["deepstack0", "deepstack1", "deepstack2", "deepstack3",
                                                "spatial_TL", "spatial_TR", "spatial_BL", "spatial_BR"]
@@ -228,7 +228,7 @@ def test_qformer_vllm_cannot_build_is_reported_field_by_field(tmp_path):
     assert (rows["qformer_config.num_hidden_layers"]["checkpoint"], rows["qformer_config.num_hidden_layers"]["vllm"]) == (2, 1)
     assert rows["qformer_config.num_attention_heads"]["ok"] is True
     assert "qformer_config.intermediate_size" in audit.message and "qformer_config.num_hidden_layers" in audit.message
-    assert sorted(audit.summary()["mismatches"]) == ["qformer_config.intermediate_size", "qformer_config.num_hidden_layers"]
+    assert sorted(audit.to_dict()["mismatches"]) == ["qformer_config.intermediate_size", "qformer_config.num_hidden_layers"]
 
 
 def test_checkpoint_that_does_not_load_still_gets_its_audit(tmp_path, image):
