@@ -193,3 +193,31 @@ def test_typed_results_turn_into_dicts_by_one_name():
                               if isinstance(item, ast.FunctionDef) and item.name in ("summary", "as_dict", "asdict", "to_json")
                               and not (isinstance(item.returns, ast.Name) and item.returns.id == "str")]
     assert offenders == []
+
+
+def test_answer_length_defaults_are_written_once():
+    """A request kind's default answer length lives in one named place (a settings dataclass
+    field or a constant: ``SamplingSettings.max_new_tokens``, ``AttributionSettings``,
+    ``EvalConfig``, ``CONTINUATION_TOKENS``, ``DIFF_TOKENS``, ``COMPARED_TOKENS``); a function
+    parameter, a ``--max-new-tokens`` flag or a tab's slider reads it instead of repeating the
+    number, so the CLI and the tab cannot drift apart. (The demo's trainers are no request kind.)"""
+    offenders = []
+    for path in source_files():
+        if module_name(path).startswith("g4v.demo"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                args = node.args.args + node.args.kwonlyargs
+                defaults = [None] * (len(node.args.args) - len(node.args.defaults)) + node.args.defaults + node.args.kw_defaults
+                offenders += [f"{path.name}:{node.lineno} {node.name}({arg.arg}={default.value})"
+                              for arg, default in zip(args, defaults)
+                              if arg.arg == "max_new_tokens" and isinstance(default, ast.Constant) and default.value]
+            elif isinstance(node, ast.Call):
+                first = node.args[0] if node.args else None
+                is_flag = isinstance(first, ast.Constant) and first.value == "--max-new-tokens"
+                is_slider = any(k.arg == "label" and isinstance(k.value, ast.Constant) and k.value.value == "Max new tokens"
+                                for k in node.keywords)
+                offenders += [f"{path.name}:{node.lineno} {k.arg}={k.value.value}" for k in node.keywords
+                              if (is_flag and k.arg == "default" or is_slider and k.arg == "value")
+                              and isinstance(k.value, ast.Constant)]
+    assert offenders == []

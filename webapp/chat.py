@@ -246,7 +246,7 @@ def chat_tab(engine, last_chat_image: gr.State, examples: list[list], concurrenc
         clear = gr.Button("Clear", size="sm", elem_id="chat-clear")
     follow_answers, task, schema = chat_documents(box, chatbot)  # PDF pages, task presets, the structured panel
     with gr.Accordion("Sampling", open=False):
-        max_new_tokens = gr.Slider(1, MAX_NEW_TOKENS, value=256, step=1, label="Max new tokens")
+        max_new_tokens = gr.Slider(1, MAX_NEW_TOKENS, value=SamplingSettings.max_new_tokens, step=1, label="Max new tokens")
         temperature = gr.Slider(0.0, 2.0, value=0.0, step=0.05, label="Temperature (0 = greedy)")
         top_p = gr.Slider(0.05, 1.0, value=1.0, step=0.05, label="Top-p")
         seed = gr.Number(value=0, label="Seed (-1 = random)")  # checked by sampling_settings

@@ -6,7 +6,7 @@ import gradio as gr
 
 from g4v.lora.choices import adapter_folder_help, base_warning, describe_adapters, preselected_adapter
 from g4v.lora.side_by_side import lora_side_by_side
-from g4v.lora.token_diff import lora_token_diff
+from g4v.lora.token_diff import DIFF_TOKENS, lora_token_diff
 from webapp.common import MODEL_QUEUE, image_input, sampling_settings, shows_errors, use_last_chat_image
 from webapp.documents import document_picker
 
@@ -47,7 +47,7 @@ def lora_tab(engine, model: str, adapters_dir, last_chat_image: gr.State, concur
         with gr.Column():
             from_chat = gr.Button("Use the last chat image", elem_id="lora-from-chat")
             document_picker(image, elem_id="lora-doc")
-            max_new_tokens = gr.Slider(1, 256, value=48, step=1, label="Max new tokens")
+            max_new_tokens = gr.Slider(1, 256, value=DIFF_TOKENS, step=1, label="Max new tokens")
             temperature = gr.Slider(0.0, 2.0, value=0.0, step=0.05, label="Temperature (0 = greedy)")
             seed = gr.Number(value=0, label="Seed")  # checked by sampling_settings
     warning = gr.Markdown(base_warning(adapter.value, adapters_dir, model), elem_id="lora-base-warning")

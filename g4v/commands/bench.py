@@ -10,6 +10,9 @@ import sys
 from g4v.commands.common import add_model_flags
 from g4v.commands.engine_flags import add_engine_flags, engine_options
 
+#: New tokens each conversation answers with in ``bench engines``, unless told.
+ENGINE_BENCH_TOKENS = 64
+
 
 def add_engines_arguments(parser) -> None:
     add_model_flags(parser)
@@ -17,7 +20,8 @@ def add_engines_arguments(parser) -> None:
     parser.add_argument("--backends", default=None,
                         help="comma-separated, from hf, vllm, openai (default: every one available here)")
     parser.add_argument("--chats", type=int, default=8, help="conversations submitted at once (default 8)")
-    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--max-new-tokens", type=int, default=ENGINE_BENCH_TOKENS,
+                        help=f"new tokens per conversation (default {ENGINE_BENCH_TOKENS})")
     parser.add_argument("--serve", action="store_true",
                         help="for the openai backend, start a local vLLM server (127.0.0.1) for the run")
     parser.add_argument("--markdown", default=None, metavar="PATH", help="also write the table to PATH")

@@ -23,7 +23,7 @@ def add_parser(subparsers):
     parser.add_argument("--adapter", default=None,
                         help="answer with this LoRA adapter (a name or folder inside the adapter folders)")
     add_adapters_dir_flag(parser)
-    parser.add_argument("--max-new-tokens", type=int, default=256)
+    parser.add_argument("--max-new-tokens", type=int, default=SamplingSettings.max_new_tokens)
     parser.add_argument("--temperature", type=float, default=0.0, help="0 (default) decodes greedily")
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--seed", type=int, default=None)

@@ -12,6 +12,8 @@ from g4v.errors import G4VError
 
 
 def add_parser(subparsers):
+    from g4v.inspect.ablation import CONTINUATION_TOKENS  # torch: the command needs it anyway
+
     parser = subparsers.add_parser("inspect", help="deepstack and spatial activation inspector")
     add_model_flags(parser)
     parser.add_argument("--image", required=True, metavar="PATH", help="the image, or a PDF (one page: --pages)")
@@ -23,7 +25,8 @@ def add_parser(subparsers):
     parser.add_argument("--scale", nargs="+", action="extend", default=[], metavar="LEVEL=F",
                         help="multiply a level's features by F")
     parser.add_argument("--full", action="store_true", help="keep full tensors in capture.safetensors")
-    parser.add_argument("--max-new-tokens", type=int, default=16, help="greedy continuation length (0: none)")
+    parser.add_argument("--max-new-tokens", type=int, default=CONTINUATION_TOKENS,
+                        help=f"greedy continuation length (default {CONTINUATION_TOKENS}; 0: none)")
     return parser
 
 

@@ -17,6 +17,8 @@ TOKEN_WIDTH = 16
 
 
 def add_parser(subparsers):
+    from g4v.lora.token_diff import DIFF_TOKENS  # torch: the command needs it anyway
+
     parser = subparsers.add_parser("lora-diff", help="compare base and adapter answers token by token",
                                    description=f"{SYNOPSIS}\n\nWhere an adapter's answer departs from the base "
                                                "model's, token by token; --png saves the highlighted answers, "
@@ -27,7 +29,7 @@ def add_parser(subparsers):
     parser.add_argument("--image", action="append", default=[], metavar="PATH", help="an image or a PDF (repeatable)")
     add_page_flags(parser)
     parser.add_argument("--prompt", required=True, help="the question")
-    parser.add_argument("--max-new-tokens", type=int, default=48)
+    parser.add_argument("--max-new-tokens", type=int, default=DIFF_TOKENS)
     parser.add_argument("--json", action="store_true", help="print the full result as JSON")
     parser.add_argument("--png", default=None, metavar="PATH", help="also save the highlighted answers as a PNG")
     parser.add_argument("--plot", default=None, metavar="PATH", help="also save the per-token plot as a PNG")

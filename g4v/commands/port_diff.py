@@ -16,6 +16,7 @@ import os
 
 from g4v.commands.inputs import add_page_flags
 from g4v.errors import G4VError
+from g4v.port import COMPARED_TOKENS
 
 #: ``--fail-on-diff``'s exit status when the verdict is DIFFERS (1 and 2 are taken by errors).
 EXIT_DIFFERS = 3
@@ -28,7 +29,8 @@ def add_parser(subparsers):
     parser.add_argument("--image", required=True, metavar="PATH", help="the image, or a PDF (one page: --pages)")
     add_page_flags(parser)
     parser.add_argument("--prompt", required=True, help="the question")
-    parser.add_argument("--max-new-tokens", type=int, default=16, help="greedy tokens compared (default 16)")
+    parser.add_argument("--max-new-tokens", type=int, default=COMPARED_TOKENS,
+                        help=f"greedy tokens compared (default {COMPARED_TOKENS})")
     parser.add_argument("--atol", type=_tolerance_flag, default=None,
                         help="per-level absolute tolerance (default: torch.testing's for the dtype, 1e-5)")
     parser.add_argument("--rtol", type=_tolerance_flag, default=None,

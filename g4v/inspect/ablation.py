@@ -17,6 +17,9 @@ from g4v.model.capture import Capture, capture_forward
 from g4v.model.levels import Level
 from g4v.model.scoring import greedy_continuation, kl_divergence, next_token_logprobs, next_token_probs
 
+#: Greedy tokens shown before and after a change, unless told (``inspect``, the Deepstack tab).
+CONTINUATION_TOKENS = 16
+
 @dataclass
 class TokenProb:
     token_id: int
@@ -91,7 +94,7 @@ def run_outcome(model, inputs: dict, tokenizer, logits: torch.Tensor, max_new_to
 
 
 def compare_scaled(model, inputs: dict, tokenizer, base: RunOutcome, scales: dict[str, float],
-                   max_new_tokens: int = 16, full: bool = False,
+                   max_new_tokens: int = CONTINUATION_TOKENS, full: bool = False,
                    levels: list[Level] | None = None) -> AblationResult:
     """Run again with ``scales`` applied; compare with ``base`` (the unmodified run's outcome).
 

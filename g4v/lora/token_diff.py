@@ -23,6 +23,9 @@ from g4v.lora.activation import activate_adapter
 from g4v.lora.side_by_side import chat_input
 from g4v.model.scoring import answer_logits, kl_divergence
 
+#: Greedy tokens each model answers with in a token diff, unless told (``lora-diff``, the LoRA tab).
+DIFF_TOKENS = 48
+
 
 @dataclass
 class TokenScore:
@@ -80,7 +83,7 @@ class LoraDiff:
 def lora_diff(engine, messages: list[Message], adapter: str, settings: SamplingSettings | None = None) -> LoraDiff:
     """Generate with and without ``adapter`` on a transformers engine, then score both answers."""
     transformers_engine(engine, "the token-level LoRA comparison")
-    settings = (settings or SamplingSettings(max_new_tokens=48)).validated()
+    settings = (settings or SamplingSettings(max_new_tokens=DIFF_TOKENS)).validated()
     base = engine.generate(messages, settings)
     tuned = engine.generate(messages, settings, adapter=adapter)
     return LoraDiff(
@@ -100,7 +103,7 @@ class LoraDiffView:
 
 
 def lora_token_diff(
-    engine, adapter: str, prompt: str, images=(), max_new_tokens: int = 48, adapters_dir=None
+    engine, adapter: str, prompt: str, images=(), max_new_tokens: int = DIFF_TOKENS, adapters_dir=None
 ) -> LoraDiffView:
     """For the LoRA tab: greedy answers with and without the adapter, scored token by token."""
     from viz.lora import diff_html, diff_plot

@@ -34,3 +34,6 @@ The modules, in the order a run uses them:
 
 Nothing is imported here, so that vLLM's workers can import :mod:`g4v.port.worker` cheaply.
 """
+
+#: Greedy tokens compared between transformers and vLLM, unless told (``port-diff``, the vLLM port tab).
+COMPARED_TOKENS = 16

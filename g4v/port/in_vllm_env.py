@@ -16,6 +16,7 @@ from pathlib import Path
 from g4v.engines import vllm_python
 from g4v.errors import G4VError
 from g4v.paths import REPO_ROOT
+from g4v.port import COMPARED_TOKENS
 
 
 @dataclass
@@ -24,7 +25,7 @@ class PortDiffReport:
     png: Path  # per-level heatmaps and trajectories
 
 
-def run_port_diff_in_vllm_env(image_path: str, prompt: str, model: str, max_new_tokens: int = 16,
+def run_port_diff_in_vllm_env(image_path: str, prompt: str, model: str, max_new_tokens: int = COMPARED_TOKENS,
                               timeout: float = 900) -> PortDiffReport:
     """Compare vLLM's port with transformers for one image and prompt (for timings see
     docs/port_diff.md)."""

@@ -21,6 +21,7 @@ from g4v.model.scoring import greedy_continuation, next_token_probs
 from g4v.model.capture import capture_forward
 from g4v.model.levels import describe_levels
 from g4v.loading import read_raw_config
+from g4v.port import COMPARED_TOKENS
 from g4v.port.audit import audit_checkpoint, audit_config, audit_without_engine
 from g4v.port.compare import (DEFAULT_TRAJECTORY_RTOL, LevelDiff, compare_levels, compare_next_token,
                               compare_trajectories, default_tolerance, split_levels)
@@ -53,7 +54,7 @@ def reference_run(hf_engine, picture: Image.Image, prompt: str, max_new_tokens: 
     }
 
 
-def run_port_diff(image, prompt: str, model: str | None = None, max_new_tokens: int = 16,
+def run_port_diff(image, prompt: str, model: str | None = None, max_new_tokens: int = COMPARED_TOKENS,
                   atol: float | None = None, rtol: float | None = None, trajectory_rtol: float | None = None,
                   hf_engine=None, probe: VLLMProbe | None = None, draw: bool = False) -> PortDiffResult:
     """Compare vLLM's port with transformers on one image and prompt (the CLI and an app tab call this).
