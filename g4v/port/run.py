@@ -17,10 +17,10 @@ from PIL import Image
 from g4v.conversation import Message
 from g4v.errors import G4VError
 from g4v.images import open_image
-from g4v.model.scoring import greedy_continuation, next_token_probs
+from g4v.loading import read_raw_config
 from g4v.model.capture import capture_forward
 from g4v.model.levels import describe_levels
-from g4v.loading import read_raw_config
+from g4v.model.scoring import greedy_continuation, next_token_probs
 from g4v.port import COMPARED_TOKENS
 from g4v.port.audit import audit_checkpoint, audit_config, audit_without_engine
 from g4v.port.compare import (DEFAULT_TRAJECTORY_RTOL, LevelDiff, compare_levels, compare_next_token,
