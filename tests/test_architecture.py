@@ -95,7 +95,7 @@ def test_base_modules_never_import_a_panel():
 
 def panel_of(module: str) -> str | None:
     """The panel a module belongs to (its package, or the panel whose tab or command it is)."""
-    own = group(module, PANELS)
+    own = group(module, PANELS + tuple(PANEL_FRONTS))
     if own:
         return own
     return next((panel for panel, fronts in PANEL_FRONTS.items() if group(module, fronts)), None)
