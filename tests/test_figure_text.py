@@ -223,3 +223,22 @@ def test_port_legend_shows_which_stack_is_dashed(picture_and_tokens, drawn):
     legend = drawn["figures"][-1].legends[0]
     styles = {text.get_text(): line.get_linestyle() for text, line in zip(legend.get_texts(), legend.get_lines())}
     assert styles["transformers"] == "-" and styles["vLLM"] == "--"
+
+
+def test_lora_plot_shortens_long_tokens_with_an_ellipsis(drawn):
+    """Issue 31's walk: the x axis showed ``<|end_of_tex`` for ``<|end_of_text|>``, a cut that reads as
+    another token. A token longer than the label's room ends in "…"; a short one is shown whole;
+    and every label, as drawn, lies inside the saved picture."""
+    texts = [" the", "<|end_of_text|>", "\n", " internationalisation", "twelve chars"]
+    tokens = [{"position": i, "text": text, "logprob_base": -1.0, "logprob_adapter": -2.0, "delta": -1.0, "kl": 0.2}
+              for i, text in enumerate(texts)]
+    figure = vl.diff_plot({"adapter": "french", "first_divergence": 1, "base_tokens": tokens, "adapter_tokens": tokens})
+    picture = figure_to_image(figure)
+    labels = [label.get_text() for label in figure.axes[0].get_xticklabels()]
+    assert labels == [" the", "<|end_of_te…", "⏎", " internatio…", "twelve chars"]  # written out by hand
+    renderer = FigureCanvasAgg(figure).get_renderer()
+    whole = figure.get_tightbbox(renderer).transformed(figure.dpi_scale_trans)
+    for label in figure.axes[0].get_xticklabels():
+        box = label.get_window_extent(renderer)
+        assert whole.x0 <= box.x0 and box.x1 <= whole.x1 and whole.y0 <= box.y0, label.get_text()
+    assert picture.width >= whole.width - 2
