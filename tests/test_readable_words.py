@@ -61,3 +61,19 @@ def test_the_deletion_figure_title_says_what_the_area_is(monkeypatch):
                                 "share removed; above 0: the map beats chance)")
     renderer = FigureCanvasAgg(figure).get_renderer()
     assert title.get_window_extent(renderer).width <= figure.bbox.width  # the title fits: the page shrinks nothing
+
+
+def test_the_trained_checkpoints_banners_are_plain_sentences():
+    """Issue 31 (hardening 2): the banner read "Its document stages, which also read ... and fills
+    ..., runs with": now each checkpoint's banner says what it does in whole sentences."""
+    from g4v.paths import DOCUMENTS_MODEL_DIR, TRAINED_MODEL_DIR
+    from webapp.layout import banner
+
+    trained, documents = banner(str(TRAINED_MODEL_DIR)), banner(str(DOCUMENTS_MODEL_DIR))
+    assert ("It answers questions about the colour, kind, position and number of simple shapes, and little else. "
+            "The same checkpoint trained further on documents also reads synthetic bar charts into CSV (the Chart "
+            "to CSV task) and fills a JSON schema about the shapes (the key-value extraction task). To use it, run "
+            f"`python app.py --model assets/{DOCUMENTS_MODEL_DIR.name}`. ") in trained
+    assert ("It answers questions about the colour, kind, position and number of simple shapes. Its document "
+            "stages taught it two more tasks: it reads synthetic bar charts into CSV (the Chart to CSV task) and "
+            "fills a JSON schema about the shapes (the key-value extraction task). It does little else. ") in documents
