@@ -10,7 +10,7 @@ from pathlib import Path
 from g4v.images import open_image
 from g4v.loading import load_config
 from g4v.tiling import ImageToken, TilingPlan, plan_tiling, token_at
-from viz.tiling import highlight_box, tiling_overlay
+from viz.tiling import highlight_box, outline_box, tiling_overlay
 
 
 def tiling_report(image, config):
@@ -48,6 +48,31 @@ def _tile_token_in_cell(plan: TilingPlan, canvas_y: float, canvas_x: float) -> I
     if not (row_start <= row < row_stop and col_start <= col < col_stop):
         return None
     return plan.token(plan.base_tokens + (row - row_start) * (col_stop - col_start + 1) + col - col_start)
+
+
+def overlay_box(plan: TilingPlan, regions: dict, token: ImageToken) -> tuple[float, float, float, float]:
+    """Where the overlay shows ``token`` (the inverse of :func:`token_at_overlay`), in the overlay's
+    pixels: a base token's cell of the base view; a tile token's feature cell of the canvas; for a
+    newline token, which has no cell of its own, the row of kept cells it ends."""
+    if token.kind == "base":
+        (left, top, right, bottom), (rows, cols) = regions["base"], plan.view_feature_grid
+        width, height = (right - left) / cols, (bottom - top) / rows
+        return left + token.col * width, top + token.row * height, left + (token.col + 1) * width, top + (token.row + 1) * height
+    (left, top, right, bottom), (best_height, best_width) = regions["canvas"], plan.best_resolution
+    cell = plan.tile_size / plan.view_feature_grid[0]
+    row = plan.unpadded_rows[0] + token.row  # the token's cell in the whole tile-feature grid
+    if token.kind == "newline":
+        first, last = plan.unpadded_cols
+    else:
+        first = plan.unpadded_cols[0] + token.col
+        last = first + 1
+    across, down = (right - left) / best_width * cell, (bottom - top) / best_height * cell
+    return left + first * across, top + row * down, left + last * across, top + (row + 1) * down
+
+
+def mark_token(overlay, plan: TilingPlan, regions: dict, token_index):
+    """The overlay with token ``token_index`` framed where it shows (see :func:`overlay_box`)."""
+    return outline_box(overlay, overlay_box(plan, regions, plan.token(token_index)))
 
 
 def highlight_token(image, plan: TilingPlan, token_index):

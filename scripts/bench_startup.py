@@ -9,7 +9,6 @@ ratio of the medians measured in this run (issue 36's target: at most 1.5x).
 
 import argparse
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -17,13 +16,11 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run as a script: the repository's g4v, not an installed one
+
+from g4v.engines.serving import free_port, wait_until_serving  # noqa: E402
+from g4v.errors import G4VError  # noqa: E402
 IMPORTS = "import torch, transformers, gradio"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def time_imports() -> float:
@@ -40,15 +37,10 @@ def time_app(model: str, limit: float = 300) -> float:
     app = subprocess.Popen([sys.executable, "app.py", "--model", model], cwd=ROOT, env=env,
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        while time.perf_counter() - start < limit:
-            if app.poll() is not None:
-                raise SystemExit(f"error: app.py exited with code {app.returncode} before serving")
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                    return time.perf_counter() - start
-            except OSError:
-                time.sleep(0.05)
-        raise SystemExit(f"error: app.py did not serve within {limit:g} s")
+        wait_until_serving(port, limit, app, interval=0.05)
+        return time.perf_counter() - start
+    except G4VError as err:
+        raise SystemExit(f"error: app.py: {err}") from None
     finally:
         app.terminate()
         try:

@@ -1,10 +1,8 @@
 """Shared fixtures: one loaded engine per test session, example images, output folder."""
 
 import os
-import socket
 import subprocess
 import sys
-import time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -18,6 +16,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import pytest  # noqa: E402
 from PIL import Image  # noqa: E402
 
+from g4v.engines.serving import free_port, wait_until_serving  # noqa: E402,F401 (tests import free_port from here)
+from g4v.errors import G4VError  # noqa: E402
 from g4v.paths import BUNDLED_MODEL_DIR, REPO_ROOT  # noqa: E402
 
 #: The test tiers. ``make test-fast`` (the edit loop) deselects every tier below; ``make test`` runs
@@ -90,12 +90,6 @@ def make_image(width: int, height: int, seed: int = 0) -> Image.Image:
     return Image.fromarray(pixels, mode="RGB")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @contextmanager
 def running_app(*args: str, env: dict | None = None, timeout: float = 240, app_file: str = "app.py"):
     """Start ``python app.py ARGS`` on a free port as a user would; yield its URL; stop it after.
@@ -109,17 +103,10 @@ def running_app(*args: str, env: dict | None = None, timeout: float = 240, app_f
         stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "GRADIO_SERVER_PORT": str(port), **(env or {})},
     )
     try:
-        deadline = time.time() + timeout
-        while True:
-            if process.poll() is not None:
-                raise RuntimeError(f"app exited early (code {process.returncode}); see {log.name}")
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=1):
-                    break
-            except OSError:
-                if time.time() > deadline:
-                    raise RuntimeError(f"app did not start within {timeout} s; see {log.name}") from None
-                time.sleep(1)
+        try:
+            wait_until_serving(port, timeout, process, interval=1)
+        except G4VError as err:
+            raise RuntimeError(f"app.py: {err}; see {log.name}") from None
         yield f"http://127.0.0.1:{port}/"
     finally:
         process.terminate()

@@ -32,8 +32,9 @@ def test_tiling_endpoint_matches_the_plan(client):
 
 def test_tiling_token_endpoint_selects_a_token(client):
     client.predict(handle_file(str(EXAMPLE)), api_name="/tiling")
-    _, info = client.predict(handle_file(str(EXAMPLE)), 3, api_name="/tiling_token")
+    _, info, overlay = client.predict(handle_file(str(EXAMPLE)), 3, api_name="/tiling_token")
     assert "Token **3**" in info and "base" in info
+    assert Image.open(overlay).size[0] > Image.open(EXAMPLE).size[0]  # the overlay, the token framed on it
     with pytest.raises(Exception, match="out of range"):
         client.predict(handle_file(str(EXAMPLE)), 10**6, api_name="/tiling_token")
 

@@ -21,6 +21,7 @@ from viz import attribution as va
 from viz import deepstack as vd
 from viz import lora as vl
 from viz import port as vp
+from viz import evaluate as ve
 from viz.figures import MIN_TEXT_PX, PAGE_WIDTH_PX, figure_to_image
 
 
@@ -44,12 +45,13 @@ def drawn(monkeypatch):
     return record
 
 
-def smallest_shown_text(record) -> tuple[float, str]:
+def smallest_shown_text(record, shown_px: int = PAGE_WIDTH_PX) -> tuple[float, str]:
     """The smallest text of the last picture drawn, in pixels at the width the page shows it
-    (its own width, or the page's where it is wider), and that text."""
+    (its own width, or ``shown_px`` where it is wider: the page's, or half of it for a picture
+    beside another), and that text."""
     last = record["texts"][-1][0]  # a tight bounding box draws twice: the last canvas is the picture
     texts = [t for t in record["texts"] if t[0] == last]
-    return min((px * min(1.0, PAGE_WIDTH_PX / width), text) for _, width, px, text in texts)
+    return min((px * min(1.0, shown_px / width), text) for _, width, px, text in texts)
 
 
 def legends_clear_of_the_data(figure: Figure) -> None:
@@ -223,3 +225,62 @@ def test_port_legend_shows_which_stack_is_dashed(picture_and_tokens, drawn):
     legend = drawn["figures"][-1].legends[0]
     styles = {text.get_text(): line.get_linestyle() for text, line in zip(legend.get_texts(), legend.get_lines())}
     assert styles["transformers"] == "-" and styles["vLLM"] == "--"
+
+
+def test_lora_plot_shortens_long_tokens_with_an_ellipsis(drawn):
+    """Issue 31's walk: the x axis showed ``<|end_of_tex`` for ``<|end_of_text|>``, a cut that reads as
+    another token. A token longer than the label's room ends in "…"; a short one is shown whole;
+    and every label, as drawn, lies inside the saved picture."""
+    texts = [" the", "<|end_of_text|>", "\n", " internationalisation", "twelve chars"]
+    tokens = [{"position": i, "text": text, "logprob_base": -1.0, "logprob_adapter": -2.0, "delta": -1.0, "kl": 0.2}
+              for i, text in enumerate(texts)]
+    figure = vl.diff_plot({"adapter": "french", "first_divergence": 1, "base_tokens": tokens, "adapter_tokens": tokens})
+    picture = figure_to_image(figure)
+    labels = [label.get_text() for label in figure.axes[0].get_xticklabels()]
+    assert labels == [" the", "<|end_of_te…", "⏎", " internatio…", "twelve chars"]  # written out by hand
+    renderer = FigureCanvasAgg(figure).get_renderer()
+    whole = figure.get_tightbbox(renderer).transformed(figure.dpi_scale_trans)
+    for label in figure.axes[0].get_xticklabels():
+        box = label.get_window_extent(renderer)
+        assert whole.x0 <= box.x0 and box.x1 <= whole.x1 and whole.y0 <= box.y0, label.get_text()
+    assert picture.width >= whole.width - 2
+
+
+#: The Evaluate tab shows its pictures two a row: each gets about half the page, measured in the
+#: served page at a 1280-pixel window (two 590-pixel picture boxes), less their padding.
+EVALUATE_PICTURE_PX = 580
+
+
+def evaluate_run(categories: int) -> tuple[dict, list[dict]]:
+    """A run's summary and rows as ``g4v.evaluate`` writes them, with long category names."""
+    def block(n, shift):
+        arms = {arm: {"label": f"arm {arm} with a long label", "accuracy": 0.5 + shift * sign, "ci95": [0.3, 0.8],
+                      "n_scored": n} for arm, sign in (("a", 1), ("b", -1))}
+        return {"n": n, "arms": arms, "paired": {"both_right": 3, "a_only": 2, "b_only": 1, "both_wrong": 4,
+                                                 "mcnemar_p": 0.62 + shift}}
+    summary = block(40, 0.1) | {"by_category": {f"category number {i} of the set": block(10, i / 50)
+                                                for i in range(categories)}}
+    rows = [{"index": i, "kl_mean": 10 ** (-3 + i / 10), "kl_max": 10 ** (-2 + i / 10), "first_divergence": i % 7,
+             "agree": i % 3 == 0, "error": None} for i in range(40)]
+    return summary, rows
+
+
+@pytest.mark.parametrize("name", ["accuracy", "paired", "kl", "divergence"])
+@pytest.mark.parametrize("categories", [3, 20])
+def test_evaluate_pictures_are_readable_at_half_the_pages_width(drawn, name, categories):
+    """Issue 31's walk: the "Paired outcomes" figure's text was 7-8 pixels tall where the tab shows
+    it (half the page); every Evaluate picture now meets the same minimum as the other panels'."""
+    summary, rows = evaluate_run(categories)
+    draw = {"accuracy": lambda: ve.accuracy_figure(summary), "paired": lambda: ve.paired_figure(summary),
+            "kl": lambda: ve.kl_histogram(rows), "divergence": lambda: ve.divergence_histogram(rows)}[name]
+    picture = draw()
+    size, text = smallest_shown_text(drawn, EVALUATE_PICTURE_PX)
+    assert size >= MIN_TEXT_PX, f"{name}: {text!r} is {size:.1f} px at half the page's width ({picture.size})"
+    if name != "divergence":  # which has no legend
+        legends_clear_of_the_data(drawn["figures"][-1])
+
+
+def test_evaluate_notes_are_readable_at_half_the_pages_width(drawn):
+    ve.paired_figure({"n": 0, "arms": {}})
+    size, text = smallest_shown_text(drawn, EVALUATE_PICTURE_PX)
+    assert size >= MIN_TEXT_PX, f"{text!r} is {size:.1f} px"

@@ -159,3 +159,20 @@ def test_json_panel_shows_the_model_folder_not_the_server_path():
     assert FULL_PRECISION["model"] == SERVER_MODEL  # the caller's summary is left as it was
     hub = tab_outputs({**FULL_PRECISION, "model": "ibm-granite/granite-vision-4.1-4b"})[2]
     assert hub["model"] == "ibm-granite/granite-vision-4.1-4b"
+
+
+@pytest.mark.skipif(vllm_installed(), reason="here the vLLM side cannot start, so only the summary's frame is built")
+def test_the_json_names_the_pictures_sides_as_the_rest_of_the_app_orders_them(hf_engine):
+    """Issue 31, item 8 (hardening 2): ``image_size`` was [height, width] where the app says width x
+    height: the port summary (``--json`` and the tab's JSON panel) names its sides, and the report
+    says the size width first. A picture wider than tall, so the order shows."""
+    from g4v.commands.port_diff import report
+    from g4v.port.run import run_port_diff
+    from tests.conftest import make_image
+    from webapp.port import tab_outputs
+
+    summary = run_port_diff(make_image(380, 120, seed=1), "hi", hf_engine=hf_engine, max_new_tokens=0).summary
+    assert summary["vllm_error"]  # no vLLM here: the frame of the summary is still written
+    assert summary["image_size"] == {"width": 380, "height": 120}
+    assert tab_outputs(summary)[2]["image_size"] == {"width": 380, "height": 120}
+    assert "image: 380 x 120 px (width x height)" in report(summary).splitlines()

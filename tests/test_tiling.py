@@ -392,7 +392,7 @@ def test_overlay_png_for_three_grid_shapes(size, grid, configs, output_dir):
     image = make_image(width, height, seed=1)
     overlay, table, plan, _ = tiling_report(image, configs["bundled"])
     assert plan.grid == grid
-    assert overlay.mode == "RGB" and overlay.size == (1300, 800)
+    assert overlay.mode == "RGB" and overlay.size == (1300, 650)  # 13 x 6.5 inches at 100 dpi
     assert table[-1] == ["total", "", plan.num_image_tokens]
     assert [row[2] for row in table[:3]] == [plan.base_tokens, plan.tile_tokens, plan.newline_tokens]
     path = output_dir / f"tiling-{grid[0]}x{grid[1]}.png"
@@ -403,6 +403,26 @@ def test_overlay_png_for_three_grid_shapes(size, grid, configs, output_dir):
     assert np.abs(np.asarray(reread.convert("RGB"), dtype=np.int16) - same_size_input).mean() > 10
     # Drawing again from the JSON form gives the same picture: viz needs plain data only.
     assert np.array_equal(np.asarray(render_tiling_overlay(image, json.loads(plan.to_json()))), np.asarray(overlay))
+
+
+def test_the_overlay_draws_no_token_budget(configs, monkeypatch):
+    """The tab shows the token budget as a table beside the picture and the CLI prints it: the
+    overlay drew it a second time (issue 31's walk), so it draws only the canvas, the base view and
+    their legend. Every text the figure holds is looked at, not the pixels."""
+    from matplotlib.table import Table
+    from matplotlib.text import Text
+
+    from viz import tiling as vt
+
+    drawn, real = [], vt.figure_to_image
+    monkeypatch.setattr(vt, "figure_to_image", lambda figure, **kw: drawn.append(figure) or real(figure, **kw))
+    plan = plan_tiling((300, 500), configs["bundled"])
+    vt.render_tiling_overlay(make_image(500, 300, seed=1), plan.as_dict())
+    figure, = drawn
+    assert not figure.findobj(Table)
+    texts = {t.get_text() for t in figure.findobj(Text)}
+    assert "total" not in texts and not any(str(plan.num_image_tokens) == t for t in texts)
+    assert not any(row[1] and row[1] in texts for row in plan.budget_rows())
 
 
 def test_highlight_token_marks_its_box(configs):
@@ -445,7 +465,7 @@ def test_cli_json_and_png(tmp_path, processors, configs):
     kinds = [t["kind"] for t in data["tokens"]]
     assert kinds.count("base") == data["base_tokens"] and kinds.count("newline") == data["newline_tokens"]
     assert all(len(t["box"]) == 4 for t in data["tokens"])
-    assert Image.open(png_path).size == (1300, 800)
+    assert Image.open(png_path).size == (1300, 650)
 
 
 def test_cli_real_config_file_and_errors(tmp_path, processors):

@@ -27,12 +27,12 @@ def test_analyse_selects_a_token_for_every_shape(size, handlers, tmp_path):
     path = tmp_path / "picture.png"
     make_image(width, height, seed=1).save(path)
 
-    overlay, rows, plan, regions, first, view, info, analysed = analyse(str(path))
+    overlay, rows, plan, regions, first, view, info, analysed, unmarked = analyse(str(path))
     assert first == first_token_to_show(plan)
     assert view.size == display_size(width, height) and f"Token **{first}**" in info
     count = plan.num_image_tokens
 
-    view, info = select_index(str(path), plan, analysed, count - 1)
+    view, info, _ = select_index(str(path), plan, analysed, regions, unmarked, count - 1)
     assert f"Token **{count - 1}** of {count}" in info
 
 
@@ -41,14 +41,14 @@ def test_token_for_a_changed_image_is_refused(handlers, tmp_path):
     analysed, other = tmp_path / "analysed.png", tmp_path / "other.png"
     make_image(500, 300).save(analysed)
     make_image(8000, 1).save(other)
-    plan, fingerprint = analyse(str(analysed))[2], analyse(str(analysed))[7]
+    _, _, plan, regions, _, _, _, fingerprint, unmarked = analyse(str(analysed))
     with pytest.raises(gr.Error, match="the image changed since it was analysed") as caught:
-        select_index(str(other), plan, fingerprint, 0)
+        select_index(str(other), plan, fingerprint, regions, unmarked, 0)
     assert str(tmp_path) not in str(caught.value)
     with pytest.raises(gr.Error, match=f"out of range: this image has tokens 0-{plan.num_image_tokens - 1}"):
-        select_index(str(analysed), plan, fingerprint, 5000)
+        select_index(str(analysed), plan, fingerprint, regions, unmarked, 5000)
     with pytest.raises(gr.Error, match="token index must be a whole number, got 3.5"):
-        select_index(str(analysed), plan, fingerprint, 3.5)
+        select_index(str(analysed), plan, fingerprint, regions, unmarked, 3.5)
 
 
 def test_a_different_picture_of_the_same_size_is_refused(handlers, tmp_path):
@@ -59,22 +59,22 @@ def test_a_different_picture_of_the_same_size_is_refused(handlers, tmp_path):
     green, blue = tmp_path / "green.png", tmp_path / "blue.png"
     Image.new("RGB", (200, 200), (0, 200, 0)).save(green)
     Image.new("RGB", (200, 200), (0, 0, 200)).save(blue)
-    _, _, plan, _, _, _, _, fingerprint = analyse(str(green))
+    _, _, plan, regions, _, _, _, fingerprint, unmarked = analyse(str(green))
     with pytest.raises(gr.Error, match="the image changed since it was analysed"):
-        select_index(str(blue), plan, fingerprint, 5)
-    view, info = select_index(str(green), plan, fingerprint, 5)
+        select_index(str(blue), plan, fingerprint, regions, unmarked, 5)
+    view, info, _ = select_index(str(green), plan, fingerprint, regions, unmarked, 5)
     assert "Token **5**" in info
 
 
 def canvas_in_overlay(overlay) -> tuple[float, float, float, float]:
     """Where the overlay draws the padded canvas, found from its pixels alone: the canvas is framed
-    by black lines, the only long straight black runs in the picture's top left (the base view lies
-    to its right, the legend and the table below)."""
+    by black lines, the only long straight black runs in the picture's left part above the legend
+    (the base view lies to its right, the legend below)."""
     import numpy as np
 
     pixels = np.asarray(overlay.convert("RGB")).astype(int)
     height, width = pixels.shape[:2]
-    black = pixels[: int(0.7 * height), : int(0.7 * width)].max(axis=-1) < 40
+    black = pixels[: int(0.92 * height), : int(0.7 * width)].max(axis=-1) < 40
 
     def long_runs(lines) -> list[int]:  # the lines holding a black run of at least 25 pixels
         found = []
@@ -111,18 +111,68 @@ def test_a_click_on_the_overlay_picks_the_token_under_it(size, handlers, tmp_pat
     height, width = size
     path = tmp_path / "picture.png"
     make_image(width, height, seed=2).save(path)
-    overlay, _, plan, regions, _, _, _, analysed = analyse(str(path))
+    _, _, plan, regions, _, _, _, analysed, overlay = analyse(str(path))
     canvas = canvas_in_overlay(overlay)
     tiles = [token for token in plan.tokens if token.kind == "tile"]
     for token in (tiles[0], tiles[len(tiles) // 2], tiles[-1]):
         x, y = overlay_spot(plan, canvas, token)
-        index, view, info = select_on_overlay(str(path), plan, analysed, regions,
-                                              gr.SelectData(None, {"index": [x, y], "value": None}))
+        index, view, info, _ = select_on_overlay(str(path), plan, analysed, regions, overlay,
+                                                 gr.SelectData(None, {"index": [x, y], "value": None}))
         assert index == token.index and f"Token **{token.index}**" in info and isinstance(view, Image.Image)
     left, top, right, bottom = regions["base"]
-    index, _, info = select_on_overlay(str(path), plan, analysed, regions,
-                                       gr.SelectData(None, {"index": [(left + right) / 2, (top + bottom) / 2], "value": None}))
+    index, _, info, _ = select_on_overlay(str(path), plan, analysed, regions, overlay,
+                                          gr.SelectData(None, {"index": [(left + right) / 2, (top + bottom) / 2], "value": None}))
     centre = plan.token(index)
     assert centre.kind == "base" and centre.box[0] <= width / 2 <= centre.box[2] and centre.box[1] <= height / 2 <= centre.box[3]
-    assert select_on_overlay(str(path), plan, analysed, regions, gr.SelectData(None, {"index": [5, 5], "value": None})) == \
-        (gr.skip(),) * 3
+    assert select_on_overlay(str(path), plan, analysed, regions, overlay,
+                             gr.SelectData(None, {"index": [5, 5], "value": None})) == (gr.skip(),) * 4
+
+
+def marked_frame(before, after) -> tuple[int, int, int, int]:
+    """The (left, top, right, bottom) pixel span of what a mark changed on the overlay."""
+    import numpy as np
+
+    changed = np.abs(np.asarray(after, dtype=int) - np.asarray(before, dtype=int)).max(axis=-1) > 0
+    rows, cols = np.nonzero(changed.any(axis=1))[0], np.nonzero(changed.any(axis=0))[0]
+    return int(cols.min()), int(rows.min()), int(cols.max()) + 1, int(rows.max()) + 1
+
+
+@pytest.mark.parametrize("size", [(300, 500), (1000, 1600)])
+def test_the_picked_token_is_framed_on_the_overlay(size, handlers, tmp_path):
+    """After a click on the overlay, the overlay comes back with the picked token framed: the only
+    pixels that changed form a frame a few pixels around the token's feature cell, located from the
+    drawn canvas (its black frame) and the plan's cell size, not from the code's own regions; the
+    next pick frames the next token only (the first mark is gone); the base view's token is framed
+    in the base view."""
+    height, width = size
+    path = tmp_path / "picture.png"
+    make_image(width, height, seed=3).save(path)
+    analyse, select_on_overlay = handlers[0], handlers[3]
+    shown, _, plan, regions, first, _, _, analysed, overlay = analyse(str(path))
+    assert shown.size == overlay.size and shown.tobytes() != overlay.tobytes()  # the first token is framed too
+    canvas = canvas_in_overlay(overlay)
+    left, top, right, bottom = canvas
+    cell = plan.tile_size / plan.view_feature_grid[0]
+    per_pixel = ((right - left) / plan.best_resolution[1], (bottom - top) / plan.best_resolution[0])
+    tiles = [token for token in plan.tokens if token.kind == "tile"]
+    for token in (tiles[len(tiles) // 3], tiles[-2]):
+        x, y = overlay_spot(plan, canvas, token)
+        index, _, _, marked = select_on_overlay(str(path), plan, analysed, regions, overlay,
+                                                gr.SelectData(None, {"index": [x, y], "value": None}))
+        assert index == token.index
+        frame_left, frame_top, frame_right, frame_bottom = marked_frame(overlay, marked)
+        column = plan.unpadded_cols[0] + token.col  # the cell in the whole tile-feature grid
+        row = plan.unpadded_rows[0] + token.row
+        cell_left, cell_top = left + column * cell * per_pixel[0], top + row * cell * per_pixel[1]
+        cell_right, cell_bottom = cell_left + cell * per_pixel[0], cell_top + cell * per_pixel[1]
+        for drawn, expected in ((frame_left, cell_left), (frame_top, cell_top), (frame_right, cell_right),
+                                (frame_bottom, cell_bottom)):
+            assert abs(drawn - expected) <= 6, (token.index, (frame_left, frame_top, frame_right, frame_bottom),
+                                                (cell_left, cell_top, cell_right, cell_bottom))
+    base_left, base_top, base_right, base_bottom = regions["base"]
+    centre = ((base_left + base_right) / 2, (base_top + base_bottom) / 2)
+    _, _, _, marked = select_on_overlay(str(path), plan, analysed, regions, overlay,
+                                        gr.SelectData(None, {"index": list(centre), "value": None}))
+    frame = marked_frame(overlay, marked)
+    assert base_left - 6 <= frame[0] <= centre[0] <= frame[2] <= base_right + 6
+    assert base_top - 6 <= frame[1] <= centre[1] <= frame[3] <= base_bottom + 6

@@ -35,7 +35,7 @@ def attribution_figure(image: Image.Image, tokens: list[tuple[str, tuple]], scor
 def deletion_figure(curve: dict, title: str = "Deletion test", measure: str = "log-probability") -> Image.Image:
     """The explained number (``measure``: the target's log-probability, or a contrast's log-odds) as
     the top-k% tokens by attribution are removed, against random removals (each seed thin, their
-    mean dashed)."""
+    mean dashed). The title says what its number, the area between the curves, means."""
     fig = Figure(figsize=(6, 4), layout="constrained")
     small = text_points(fig.get_figwidth())
     ax = fig.add_subplot()
@@ -46,7 +46,9 @@ def deletion_figure(curve: dict, title: str = "Deletion test", measure: str = "l
     ax.plot(shares, curve["attributed"], color="tab:red", marker="o", label="top-k by attribution")
     ax.set_xlabel(f"image tokens removed (%), {curve['level'] or 'all levels'}")
     ax.set_ylabel(f"target {measure}")
-    ax.set_title(f"{title}: area between {curve['area_between']:.3g}", fontsize=small + 2)
+    ax.set_title(f"{title}: area between the curves {curve['area_between']:.3g}\n"
+                 "(random mean minus top-k, over the share removed; above 0: the map beats chance)",
+                 fontsize=small + 1)
     ax.grid(alpha=0.3)
     fig.legend(loc="outside lower center", ncol=2, fontsize=small)  # beside the curves, never over them
     return figure_to_image(fig)

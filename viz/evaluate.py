@@ -4,7 +4,9 @@ Input is plain data: the summary dict of ``g4v.evaluate.summarise`` (the ``summa
 writes) and the per-sample rows as dicts (one per line of ``samples.jsonl``), so a finished run can
 be redrawn without the model. Every function returns one bounded PIL picture; when there is
 nothing to draw (no references, no KL because an arm cannot score) the picture says why instead of
-showing empty axes. matplotlib draws off-screen (no pyplot state).
+showing empty axes. Every text is sized by ``viz.figures.text_points`` for the figure's width and
+the half page the tab gives each picture (two a row), as in the other panels' pictures, so it
+stays readable once shown there. matplotlib draws off-screen (no pyplot state).
 """
 
 import math
@@ -14,7 +16,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 from PIL import Image
 
-from viz.figures import figure_to_image, note_figure
+from viz.figures import HALF_PAGE_PX, figure_to_image, note_figure, text_points
 
 #: Colours of arm A and arm B in every picture, so a reader matches them at a glance.
 ARM_COLOURS = {"a": "#1f77b4", "b": "#ff7f0e"}
@@ -51,18 +53,21 @@ def _ci_whiskers(accuracy: float, ci95) -> tuple[float, float]:
 
 
 def accuracy_figure(summary: dict) -> Image.Image:
-    """Accuracy of both arms overall and per category: side-by-side bars with 95% CI whiskers."""
+    """Accuracy of both arms overall and per category: a pair of bars a group, with 95% CI whiskers."""
     title = "Accuracy per category (whiskers: 95% confidence interval)"
     groups = [(name, part) for name, part in _groups(summary)
               if any((part.get("arms", {}).get(arm) or {}).get("accuracy") is not None for arm in "ab")]
     if not groups:
         return note_figure(title, "No accuracy to draw: the dataset has no reference answers "
-                                  "(map a reference column to score the answers).")
-    positions = np.arange(len(groups))
-    width = 0.38
-    fig = Figure(figsize=(max(6.0, 0.9 * len(groups) + 2), 3.8), layout="constrained")
+                                  "(map a reference column to score the answers).", HALF_PAGE_PX)
+    # One row per group, "all" on top, as in the paired figure: a row of two half-page pictures
+    # has no room for 24 groups side by side, at any readable size.
+    rows = np.arange(len(groups))[::-1]
+    height = 0.38
+    fig = Figure(figsize=(6.5, 0.6 * len(groups) + 2.0), layout="constrained")
+    small = text_points(fig.get_figwidth(), HALF_PAGE_PX)
     ax = fig.add_subplot()
-    for offset, arm in ((-width / 2, "a"), (width / 2, "b")):
+    for offset, arm in ((height / 2, "a"), (-height / 2, "b")):
         values, whiskers = [], [[], []]
         for _, part in groups:
             stats = part.get("arms", {}).get(arm) or {}
@@ -71,15 +76,15 @@ def accuracy_figure(summary: dict) -> Image.Image:
             below, above = _ci_whiskers(accuracy, stats.get("ci95")) if accuracy is not None else (0.0, 0.0)
             whiskers[0].append(below)
             whiskers[1].append(above)
-        ax.bar(positions + offset, values, width, yerr=whiskers, capsize=3, color=ARM_COLOURS[arm],
-               label=f"A: {_short(_arm_label(summary, 'a'), 40)}" if arm == "a" else f"B: {_short(_arm_label(summary, 'b'), 40)}")
-    ax.set_xticks(positions, [f"{_short(name)}\n(n={part.get('n', 0)})" for name, part in groups], fontsize=8,
-                  rotation=30 if len(groups) > 8 else 0)
-    ax.set_ylim(0, 1.22)  # headroom above 1 for the legend
-    ax.set_yticks([0, 0.25, 0.5, 0.75, 1.0])
-    ax.set_ylabel("accuracy")
-    ax.legend(fontsize=8, loc="upper center", ncols=2)
-    ax.set_title(title, fontsize=10)
+        ax.barh(rows + offset, values, height, xerr=whiskers, capsize=3, color=ARM_COLOURS[arm],
+                label=f"{arm.upper()}: {_short(_arm_label(summary, arm), 40)}")
+    ax.set_yticks(rows, [f"{_short(name)} (n={part.get('n', 0)})" for name, part in groups], fontsize=small)
+    ax.set_xlim(0, 1)
+    ax.set_xticks([0, 0.25, 0.5, 0.75, 1.0])
+    ax.tick_params(axis="x", labelsize=small)
+    ax.set_xlabel("accuracy", fontsize=small)
+    fig.legend(fontsize=small, loc="outside lower center", ncols=2)  # under the axes, never over the bars
+    ax.set_title(title, fontsize=small + 2)
     return figure_to_image(fig)
 
 
@@ -90,8 +95,9 @@ def paired_figure(summary: dict) -> Image.Image:
     groups = [(name, part) for name, part in _groups(summary)
               if sum((part.get("paired") or {}).get(key) or 0 for key, _, _ in PAIRED_OUTCOMES) > 0]
     if not groups:
-        return note_figure(title, "No paired outcomes to draw: the dataset has no reference answers.")
-    fig = Figure(figsize=(8, 0.45 * len(groups) + 1.6), layout="constrained")
+        return note_figure(title, "No paired outcomes to draw: the dataset has no reference answers.", HALF_PAGE_PX)
+    fig = Figure(figsize=(6.5, 0.6 * len(groups) + 2.0), layout="constrained")
+    small = text_points(fig.get_figwidth(), HALF_PAGE_PX)
     ax = fig.add_subplot()
     rows = np.arange(len(groups))[::-1]  # "all" on top
     left = np.zeros(len(groups))
@@ -104,12 +110,14 @@ def paired_figure(summary: dict) -> Image.Image:
         left += shares
     for row, (_, part) in zip(rows, groups):
         p = (part.get("paired") or {}).get("mcnemar_p")
-        ax.text(1.01, row, "p = n/a" if p is None else f"p = {p:.3g}", va="center", fontsize=8)
-    ax.set_yticks(rows, [_short(name) for name, _ in groups], fontsize=8)
-    ax.set_xlim(0, 1.18)
+        ax.text(1.01, row, "p = n/a" if p is None else f"p = {p:.3g}", va="center", fontsize=small)
+    ax.set_yticks(rows, [_short(name) for name, _ in groups], fontsize=small)
+    ax.set_xlim(0, 1.22)
     ax.set_xticks([0, 0.25, 0.5, 0.75, 1.0])
-    ax.legend(fontsize=8, ncols=4, loc="upper center", bbox_to_anchor=(0.45, -0.12 if len(groups) > 2 else -0.25))
-    ax.set_title(title, fontsize=10)
+    ax.tick_params(axis="x", labelsize=small)
+    ax.set_xlabel("share of the group's samples", fontsize=small)
+    fig.legend(fontsize=small, ncols=4, loc="outside lower center")  # under the axes, never over the bars
+    ax.set_title(title, fontsize=small + 2)
     return figure_to_image(fig)
 
 
@@ -127,22 +135,24 @@ def kl_histogram(rows: list[dict]) -> Image.Image:
     peaks = _finite(row.get("kl_max") for row in rows)
     if not means.size:
         return note_figure(title, "No KL to draw: it needs both arms on local transformers "
-                                  "(a vLLM or remote arm gives no full next-token distributions).")
+                                  "(a vLLM or remote arm gives no full next-token distributions).", HALF_PAGE_PX)
     floor = 1e-6  # a KL of exactly 0 (identical arms) still gets a bar, at the floor
     low = max(floor, min(means.min(), peaks.min() if peaks.size else means.min()))
     high = max(low * 10, means.max(), peaks.max() if peaks.size else means.max())
     bins = np.logspace(math.log10(low), math.log10(high), 30)
     fig = Figure(figsize=(6.5, 3.4), layout="constrained")
+    small = text_points(fig.get_figwidth(), HALF_PAGE_PX)
     ax = fig.add_subplot()
     ax.hist(np.maximum(means, floor), bins=bins, color="#6a51a3", alpha=0.8, label="mean over the answer")
     if peaks.size:
         ax.hist(np.maximum(peaks, floor), bins=bins, histtype="step", color="#d62728", linewidth=1.5,
                 label="largest position")
     ax.set_xscale("log")
-    ax.set_xlabel("KL (nats)")
-    ax.set_ylabel("samples")
-    ax.legend(fontsize=8)
-    ax.set_title(title, fontsize=10)
+    ax.set_xlabel("KL (nats)", fontsize=small)
+    ax.set_ylabel("samples", fontsize=small)
+    ax.tick_params(labelsize=small)
+    fig.legend(fontsize=small, loc="outside lower center", ncols=2)  # under the axes, never over the bars
+    ax.set_title(title, fontsize=small + 2)
     return figure_to_image(fig)
 
 
@@ -155,16 +165,18 @@ def divergence_histogram(rows: list[dict]) -> Image.Image:
     title = f"First differing answer token ({agree} of {len(scored)} samples agree entirely)"
     if not positions.size:
         note = "The two arms gave the same greedy answer on every sample." if scored else "No samples yet."
-        return note_figure(title, note)
+        return note_figure(title, note, HALF_PAGE_PX)
     fig = Figure(figsize=(6.5, 3.4), layout="constrained")
+    small = text_points(fig.get_figwidth(), HALF_PAGE_PX)
     ax = fig.add_subplot()
     where, counts = np.unique(positions.astype(int), return_counts=True)  # token indices are whole numbers
     ax.bar(where, counts, width=0.8, color="#2ca02c")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.yaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_xlabel("answer token index of the first difference")
-    ax.set_ylabel("samples")
-    ax.set_title(title, fontsize=10)
+    ax.set_xlabel("answer token index of the first difference", fontsize=small)
+    ax.set_ylabel("samples", fontsize=small)
+    ax.tick_params(labelsize=small)
+    ax.set_title(title, fontsize=small + 2)
     return figure_to_image(fig)
 
 

@@ -29,6 +29,7 @@ HEATMAP_MIN_SIDE = 96  # and at least this many: a very thin image is stretched 
 PANEL_INCHES = 2.8  # a heatmap panel's width in a row of 4: the row fits the page's width
 DPI = 100  # figures are drawn at this many dots per inch (figure_to_image's default)
 PAGE_WIDTH_PX = 1200  # the app shows a full-width picture at about this many CSS pixels (Gradio's page)
+HALF_PAGE_PX = 580  # and each picture of a row of two at about this many (the Evaluate tab's plots)
 MIN_TEXT_PX = 11  # and no text in a picture is smaller than this once shown there
 
 
@@ -66,11 +67,12 @@ def original_point(x: float, y: float, image_size: tuple[int, int]) -> tuple[flo
     return x * width / shown_width, y * height / shown_height
 
 
-def text_points(width_inches: float) -> float:
+def text_points(width_inches: float, shown_px: int = PAGE_WIDTH_PX) -> float:
     """The font size (points) of the smallest text of a figure ``width_inches`` wide: at least
-    ``MIN_TEXT_PX`` pixels tall once the page shows the picture at most ``PAGE_WIDTH_PX`` wide (a
-    tenth more for what a tight bounding box adds to the width)."""
-    shown = min(1.0, PAGE_WIDTH_PX / (width_inches * DPI))
+    ``MIN_TEXT_PX`` pixels tall once the page shows the picture at most ``shown_px`` wide (the
+    page's width, or ``HALF_PAGE_PX`` for a picture beside another; a tenth more for what a tight
+    bounding box adds to the width)."""
+    shown = min(1.0, shown_px / (width_inches * DPI))
     return 1.1 * MIN_TEXT_PX * 72 / DPI / shown
 
 
@@ -203,13 +205,15 @@ def token_heatmap_grid(image: Image.Image, tokens: list[tuple[str, tuple]], valu
     return figure_to_image(fig)
 
 
-def note_figure(title: str, note: str) -> Image.Image:
-    """A small picture that says why there is nothing to draw, in place of empty panels."""
-    fig = Figure(figsize=(8, 1.6))
+def note_figure(title: str, note: str, shown_px: int = PAGE_WIDTH_PX) -> Image.Image:
+    """A small picture that says why there is nothing to draw, in place of empty panels (its text
+    sized for a picture shown ``shown_px`` wide, see :func:`text_points`)."""
+    fig = Figure(figsize=(8, 1.6 if shown_px >= PAGE_WIDTH_PX else 2.2))
     ax = fig.add_subplot()
     ax.axis("off")
-    ax.text(0.5, 0.5, note, ha="center", va="center", wrap=True, fontsize=text_points(8) + 1)
-    fig.suptitle(title, fontsize=text_points(8) + 2)
+    small = text_points(8, shown_px)
+    ax.text(0.5, 0.5, note, ha="center", va="center", wrap=True, fontsize=small + 1)
+    fig.suptitle(title, fontsize=small + 2)
     return figure_to_image(fig)
 
 

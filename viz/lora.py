@@ -17,8 +17,9 @@ from viz.figures import text_points
 
 #: |delta| (nats) at which the colour saturates.
 DELTA_SCALE = 4.0
-#: The plot's x axis names at most this many tokens (every few in a longer answer), each cut to
-#: this many characters.
+#: The plot's x axis names at most this many tokens (every few in a longer answer), each at most
+#: this many characters: a longer one ends in "…" (the highlighted answers above the plot show it
+#: whole, and each span's tooltip gives its numbers).
 MAX_TOKEN_LABELS = 48
 TOKEN_LABEL_CHARS = 12
 _ANSWERS = (("base_tokens", "Base answer"), ("adapter_tokens", "Adapter answer"))
@@ -34,6 +35,13 @@ def delta_colour(delta: float) -> tuple[int, int, int]:
 def _visible(text: str) -> str:
     """Token text as shown: line breaks and tabs drawn as symbols so every token has a box."""
     return text.replace("\n", "⏎").replace("\t", "⇥") or "∅"
+
+
+def tick_label(text: str) -> str:
+    """A token as the plot's x axis names it: :func:`_visible`, shortened to ``TOKEN_LABEL_CHARS``
+    with an ellipsis, so a cut label never reads as another token (``<|end_of_tex``)."""
+    text = _visible(text)
+    return text if len(text) <= TOKEN_LABEL_CHARS else text[: TOKEN_LABEL_CHARS - 1] + "…"
 
 
 def _tooltip(token: dict) -> str:
@@ -135,7 +143,7 @@ def diff_plot(diff: dict) -> Figure:
             kl_axis.tick_params(labelsize=small)
             step = max(1, -(-len(tokens) // MAX_TOKEN_LABELS))  # ceil: at most MAX_TOKEN_LABELS labels
             shown = tokens[::step]
-            ax.set_xticks([t["position"] for t in shown], [_visible(t["text"])[:TOKEN_LABEL_CHARS] for t in shown],
+            ax.set_xticks([t["position"] for t in shown], [tick_label(t["text"]) for t in shown],
                           rotation=90, fontsize=small)
         if first is not None:
             handles.append(ax.axvline(first, color="#1f4fd1", linestyle="--", linewidth=1, label="first divergence"))

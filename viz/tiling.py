@@ -1,9 +1,11 @@
-"""Pictures of an anyres tiling plan: the padded canvas with its tiles, the base view, the token budget.
+"""Pictures of an anyres tiling plan: the padded canvas with its tiles and the base view.
 
 Input is plain data: a PIL image and the plan as the dict ``g4v.tiling.TilingPlan.to_dict()`` returns
 (the same JSON ``python -m g4v tiling --json`` prints). Boxes are ``(left, top, right, bottom)``.
 
 Every picture stays within ``viz.figures.MAX_PICTURE_SIDE`` pixels on a side, whatever the image.
+The token budget is no part of the picture: the tab shows it as a table and the CLI prints it, so
+a reader finds it once.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from matplotlib import patches as mpatches  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from PIL import Image, ImageDraw, ImageFont  # noqa: E402
 
-from viz.figures import MAX_PICTURE_SIDE, display_size, figure_to_image, shown_picture  # noqa: E402
+from viz.figures import MAX_PICTURE_SIDE, display_size, figure_to_image, shown_picture, text_points  # noqa: E402
 
 TILE_COLOUR = "#ffd400"
 CELL_COLOUR = "#ffffff"
@@ -28,11 +30,15 @@ DROPPED_COLOUR = "#e6194b"
 UNPADDED_COLOUR = "#00e5ff"
 #: A highlighted token's label: this share of the picture's longer side, at least this many pixels.
 LABEL_SHARE, LABEL_MIN_PX = 1 / 28, 14
+#: The picked token's colour, on the token view (filled) and on the overlay (outlined).
+PICKED_COLOUR = (230, 25, 75)
+#: The overlay's size in inches (drawn at 100 dpi: 1300 x 650 pixels).
+OVERLAY_INCHES = (13, 6.5)
 
 
 def render_tiling_overlay(image: Image.Image, plan: dict, dpi: int = 100) -> Image.Image:
     """One RGB picture: the padded canvas as the model sees it (tiles, feature cells, padding, the
-    unpadded region, the cut-off features), the base view beside it, and the token-budget table below.
+    unpadded region, the cut-off features) and the base view beside it, the legend below.
     The figure has a fixed size in inches, whatever the image; ``dpi`` is capped to keep it within
     ``MAX_PICTURE_SIDE``."""
     return tiling_overlay(image, plan, dpi)[0]
@@ -42,14 +48,13 @@ def tiling_overlay(image: Image.Image, plan: dict, dpi: int = 100) -> tuple[Imag
     """:func:`render_tiling_overlay`'s picture, and where its two views lie in it, so a click on the
     picture can be mapped to a token: ``{"canvas": box, "base": box}``, each ``(left, top, right,
     bottom)`` in the picture's pixels, spanning the padded canvas and the base view exactly."""
-    size_inches = (13, 8)
-    dpi = min(dpi, MAX_PICTURE_SIDE / max(size_inches))
-    figure = Figure(figsize=size_inches, dpi=dpi, facecolor="white")
-    grid = figure.add_gridspec(2, 2, width_ratios=[3, 1], height_ratios=[4, 1], hspace=0.15, wspace=0.08)
+    dpi = min(dpi, MAX_PICTURE_SIDE / max(OVERLAY_INCHES))
+    figure = Figure(figsize=OVERLAY_INCHES, dpi=dpi, facecolor="white")
+    grid = figure.add_gridspec(1, 2, width_ratios=[3, 1], wspace=0.08, left=0.03, right=0.97, top=0.9, bottom=0.12)
     views = {"canvas": figure.add_subplot(grid[0, 0]), "base": figure.add_subplot(grid[0, 1])}
-    _draw_canvas(views["canvas"], image, plan)
-    _draw_base_view(views["base"], image, plan)
-    _draw_budget_table(figure.add_subplot(grid[1, :]), plan["budget"])
+    small = text_points(OVERLAY_INCHES[0])
+    _draw_canvas(views["canvas"], image, plan, small)
+    _draw_base_view(views["base"], image, plan, small)
     picture = figure_to_image(figure, dpi=dpi, tight=False)
     width, height = picture.size
     regions = {}
@@ -86,7 +91,7 @@ def padded_canvas(image: Image.Image, plan: dict) -> Image.Image:
     return canvas
 
 
-def _draw_canvas(axes, image: Image.Image, plan: dict) -> None:
+def _draw_canvas(axes, image: Image.Image, plan: dict, small: float) -> None:
     best_height, best_width = plan["best_resolution"]
     axes.imshow(np.asarray(padded_canvas(image, plan)), extent=(0, best_width, best_height, 0))
 
@@ -117,25 +122,25 @@ def _draw_canvas(axes, image: Image.Image, plan: dict) -> None:
         _rectangle(axes, tile["canvas_box"], facecolor="none", edgecolor=TILE_COLOUR, linewidth=2.5)
         tile_left, tile_top = tile["canvas_box"][:2]
         axes.text(tile_left + 0.03 * plan["tile_size"], tile_top + 0.1 * plan["tile_size"],
-                  f"tile {tile['index']}", color="black", fontsize=8,
+                  f"tile {tile['index']}", color="black", fontsize=small,
                   bbox={"facecolor": TILE_COLOUR, "edgecolor": "none", "pad": 1.5})
     _rectangle(axes, plan["unpadded_canvas_box"], facecolor="none", edgecolor=UNPADDED_COLOUR,
                linewidth=2, linestyle="--")
 
     axes.set_xlim(0, best_width)
     axes.set_ylim(best_height, 0)
-    axes.set_title(overlay_title(plan), fontsize=10)
+    axes.set_title(overlay_title(plan), fontsize=small + 1)
     axes.figure.legend(handles=[
         mpatches.Patch(facecolor="none", edgecolor=TILE_COLOUR, linewidth=2, label="tile"),
         mpatches.Patch(facecolor=PADDING_COLOUR, alpha=0.55, hatch="//", label="padding"),
         mpatches.Patch(facecolor="none", edgecolor=UNPADDED_COLOUR, linestyle="--", label="unpadded (kept)"),
         mpatches.Patch(facecolor=DROPPED_COLOUR, alpha=0.25, label="cut by unpadding"),
-    ], loc="center", bbox_to_anchor=(0.5, 0.27), ncol=4, fontsize=8, frameon=False)
+    ], loc="lower center", bbox_to_anchor=(0.5, 0.0), ncol=4, fontsize=small, frameon=False)
     axes.set_xticks([])
     axes.set_yticks([])
 
 
-def _draw_base_view(axes, image: Image.Image, plan: dict) -> None:
+def _draw_base_view(axes, image: Image.Image, plan: dict, small: float) -> None:
     """The whole image squashed to one tile, with its feature cells (one base token each)."""
     size = plan["tile_size"]
     feat_rows, feat_cols = plan["view_feature_grid"]
@@ -147,21 +152,9 @@ def _draw_base_view(axes, image: Image.Image, plan: dict) -> None:
         axes.plot([c * size / feat_cols] * 2, [0, size], color=CELL_COLOUR, linewidth=0.5, alpha=0.6)
     axes.set_xlim(0, size)
     axes.set_ylim(size, 0)
-    axes.set_title(f"base view {size}x{size}: {feat_rows}x{feat_cols} tokens", fontsize=10)
+    axes.set_title(f"base view {size}x{size}: {feat_rows}x{feat_cols} tokens", fontsize=small + 1)
     axes.set_xticks([])
     axes.set_yticks([])
-
-
-def _draw_budget_table(axes, budget_rows: list) -> None:
-    axes.axis("off")
-    table = axes.table(cellText=[[str(v) for v in row] for row in budget_rows],
-                       colLabels=["part", "layout", "tokens"], loc="center", cellLoc="left",
-                       colWidths=[0.15, 0.6, 0.15])
-    table.auto_set_font_size(False)
-    table.set_fontsize(10)
-    table.scale(1, 1.3)
-    for col in range(3):  # bold total row
-        table[len(budget_rows), col].set_text_props(fontweight="bold")
 
 
 def _rectangle(axes, box, **style) -> None:
@@ -169,8 +162,21 @@ def _rectangle(axes, box, **style) -> None:
     axes.add_patch(mpatches.Rectangle((left, top), right - left, bottom - top, **style))
 
 
+def outline_box(picture: Image.Image, box) -> Image.Image:
+    """A copy of ``picture`` with ``box`` (``(left, top, right, bottom)`` in its pixels) framed in
+    :data:`PICKED_COLOUR`, inside a thin white frame so the mark shows on dark cells too. The frame
+    lies just outside the box, so the cell it marks stays visible however small it is."""
+    marked = picture.convert("RGB")  # a copy (convert always copies)
+    draw = ImageDraw.Draw(marked)
+    line = max(2, round(max(picture.size) / 500))
+    left, top, right, bottom = box
+    draw.rectangle((left - line - 1, top - line - 1, right + line, bottom + line), outline=(255, 255, 255), width=1)
+    draw.rectangle((left - line, top - line, right + line - 1, bottom + line - 1), outline=PICKED_COLOUR, width=line)
+    return marked
+
+
 def highlight_box(image: Image.Image, box, label: str | None = None, context_box=None,
-                  colour=(230, 25, 75)) -> Image.Image:
+                  colour=PICKED_COLOUR) -> Image.Image:
     """A copy of ``image`` with ``box`` filled and outlined (and ``context_box``, e.g. its tile,
     outlined in yellow); the rest dimmed a little so a small box stands out. Boxes are in the
     image's own pixels. The copy has the image's size unless that is beyond the picture bounds:

@@ -5,6 +5,7 @@ import time
 
 import gradio as gr
 
+from g4v.attribution.deletion import describe_area
 from g4v.attribution.gradients import METHODS
 from g4v.attribution.run import AttributionSettings, run_attribution
 from g4v.errors import G4VError
@@ -31,12 +32,11 @@ def token_choice(text: str | None) -> int | None:
 def report_markdown(summary: dict) -> str:
     attribution, deletion = summary["attribution"], summary["deletion"]
     totals = ", ".join(f"{name} {value:+.3g}" for name, value in attribution["level_totals"].items())
-    verdict = "beats" if deletion["beats_random"] else "does **not** beat"
+    head, _, rest = describe_area(deletion, attribution["measure"]).partition(": ")
     lines = [f"**Answer:** `{''.join(summary['answer']['tokens'])}`",
              f"**Explained:** {summary['answer']['explained']}, {attribution['measure']} {attribution['target_value']:.4g}",
              f"**Per level (sum over image tokens):** {totals}",
-             f"**Deletion test ({deletion['level'] or 'all levels'}):** area between random and attributed "
-             f"{deletion['area_between']:.4g}: the map {verdict} random removal on this example."]
+             f"**{head[0].upper()}{head[1:]}:** {rest}"]
     if attribution["method"] == "ig":
         lines.append(f"**Integrated gradients:** {attribution['steps']} steps, completeness gap "
                      f"{attribution['convergence_delta']:.3g} (scores sum vs f(image) - f(no image))")

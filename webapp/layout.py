@@ -29,13 +29,14 @@ def banner(model: str) -> str:
     trained = ("**Demo checkpoint in use**: a tiny Granite 4 Vision (the real architecture, 6 M parameters) "
                "trained here on synthetic pictures of shapes. It answers questions about the colour, kind, "
                "position and number of simple shapes")
+    documents = ("reads synthetic bar charts into CSV (the Chart to CSV task) and fills a JSON schema about the "
+                 "shapes (the key-value extraction task)")
     if names_folder(model, TRAINED_MODEL_DIR):
-        return (trained + ", and little else. Its document stages, which also read bar charts (Chart to CSV) "
-                "and fills a JSON schema about the shapes (key-value extraction), runs with "
-                f"`python app.py --model assets/{DOCUMENTS_MODEL_DIR.name}`. " + switch)
+        return (f"{trained}, and little else. The same checkpoint trained further on documents also {documents}. "
+                f"To use it, run `python app.py --model assets/{DOCUMENTS_MODEL_DIR.name}`. " + switch)
     if names_folder(model, DOCUMENTS_MODEL_DIR):
-        return (trained + "; its document stages also read synthetic bar charts (the Chart to CSV task) and fills "
-                "a JSON schema about the shapes (key-value extraction), and little else. " + switch)
+        return (f"{trained}. Its document stages taught it two more tasks: it {documents}. "
+                "It does little else. " + switch)
     if is_bundled(model):
         return ("**Demo checkpoint in use**: a tiny Granite 4 Vision with the real architecture and random "
                 "weights, bundled so the workbench runs offline. Its answers are not meaningful. " + switch)

@@ -6,10 +6,15 @@ import gradio as gr
 
 from g4v.errors import G4VError
 from g4v.tiling import first_token_to_show, token_at
-from g4v.tiling_view import highlight_token, tiling_report, token_at_overlay
+from g4v.tiling_view import highlight_token, mark_token, tiling_report, token_at_overlay
 from viz.figures import original_point
 from webapp.common import image_input, shows_errors, use_last_chat_image
 from webapp.documents import document_picker
+
+
+#: The token-budget table's columns and their widths: the layout wraps between words in the
+#: column beside the picture, so the token counts stay in view (they were cut off at the right).
+BUDGET_COLUMNS = {"part": "24%", "layout": "56%", "tokens": "20%"}
 
 
 def token_description(plan, index: int) -> str:
@@ -35,26 +40,32 @@ def check_same_image(image_path, plan, analysed: str | None) -> None:
 
 
 def make_handlers(config):
+    def picked(image_path, plan, regions, overlay, index) -> tuple:
+        """What every way of picking a token shows: the token view, its description and the
+        overlay with the token framed (``overlay`` is the overlay as drawn, without a mark)."""
+        view = highlight_token(image_path, plan, index)  # checks the index and the image's size
+        return view, token_description(plan, index), mark_token(overlay, plan, regions, index)
+
     @shows_errors
     def analyse(image_path):
-        """Overlay, token-budget table and plan for one image; the first tile token selected."""
+        """Overlay, token-budget table and plan for one image; the first tile token selected (and
+        the overlay without its mark, kept for the next pick)."""
         if config is None:
             raise G4VError("the tiling inspector needs the model's config.json, which this backend does not expose")
         if not image_path:
             raise G4VError("upload an image first")
         overlay, rows, plan, regions = tiling_report(image_path, config)
         first = first_token_to_show(plan)
-        view = highlight_token(image_path, plan, first)
-        return overlay, rows, plan, regions, first, view, token_description(plan, first), fingerprint(image_path)
+        view, info, marked = picked(image_path, plan, regions, overlay, first)
+        return marked, rows, plan, regions, first, view, info, fingerprint(image_path), overlay
 
     @shows_errors
-    def select_index(image_path, plan, analysed, index):
+    def select_index(image_path, plan, analysed, regions, overlay, index):
         check_same_image(image_path, plan, analysed)
-        view = highlight_token(image_path, plan, index)  # checks the index and the image's size
-        return view, token_description(plan, index)
+        return picked(image_path, plan, regions, overlay, index)
 
     @shows_errors
-    def select_click(image_path, plan, analysed, evt: gr.SelectData):
+    def select_click(image_path, plan, analysed, regions, overlay, evt: gr.SelectData):
         """Clicking the token view picks the tile token under the pointer (else the base token)."""
         check_same_image(image_path, plan, analysed)
         height, width = plan.image_size
@@ -62,18 +73,18 @@ def make_handlers(config):
         token = token_at(plan, x, y) or token_at(plan, x, y, kind="base")
         if token is None:
             raise G4VError(f"no token covers pixel ({x}, {y})")
-        return token.index, highlight_token(image_path, plan, token.index), token_description(plan, token.index)
+        return token.index, *picked(image_path, plan, regions, overlay, token.index)
 
     @shows_errors
-    def select_on_overlay(image_path, plan, analysed, regions, evt: gr.SelectData):
+    def select_on_overlay(image_path, plan, analysed, regions, overlay, evt: gr.SelectData):
         """Clicking the overlay picks the tile token of the canvas cell, or the base token, under the
         pointer (Gradio gives the point in the overlay picture's own pixels)."""
         check_same_image(image_path, plan, analysed)
         token = token_at_overlay(plan, regions or {}, *evt.index)
         if token is None:  # a title, a margin, a cut-off cell: a hint, the selection kept (no error badge)
             gr.Info("no token there: click a cell of the canvas (inside the dashed line) or of the base view")
-            return gr.skip(), gr.skip(), gr.skip()
-        return token.index, highlight_token(image_path, plan, token.index), token_description(plan, token.index)
+            return (gr.skip(),) * 4
+        return token.index, *picked(image_path, plan, regions, overlay, token.index)
 
     return analyse, select_index, select_click, select_on_overlay
 
@@ -86,7 +97,8 @@ def tiling_tab(config, last_chat_image: gr.State) -> None:
         with gr.Column():
             from_chat = gr.Button("Use the last chat image", elem_id="tiling-from-chat")
             from_pdf = document_picker(image, elem_id="tiling-doc")  # a PDF page, then its token budget
-            table = gr.Dataframe(headers=["part", "layout", "tokens"], label="Token budget", interactive=False)
+            table = gr.Dataframe(headers=list(BUDGET_COLUMNS), label="Token budget", interactive=False, wrap=True,
+                                 column_widths=list(BUDGET_COLUMNS.values()), elem_id="tiling-budget")
     overlay = gr.Image(label="Grid, tiles, padding and unpadded region (click a cell to pick its token)",
                        interactive=False, format="png", elem_id="tiling-overlay")
     with gr.Row():
@@ -98,16 +110,15 @@ def tiling_tab(config, last_chat_image: gr.State) -> None:
     plan = gr.State(None)
     regions = gr.State(None)  # where the overlay shows the canvas and the base view
     analysed = gr.State(None)  # the analysed file's fingerprint
+    unmarked = gr.State(None)  # the overlay as drawn, before the picked token is framed on it
 
     analyse, select_index, select_click, select_on_overlay = make_handlers(config)
-    outputs = [overlay, table, plan, regions, token_index, token_view, token_info, analysed]
+    outputs = [overlay, table, plan, regions, token_index, token_view, token_info, analysed, unmarked]
+    picking = [image, plan, analysed, regions, unmarked]
     image.upload(analyse, image, outputs, api_name="tiling")
     use_last_chat_image(from_chat, last_chat_image, image).success(
         analyse, image, outputs, api_visibility="private")
     from_pdf.success(analyse, image, outputs, api_visibility="private")
-    token_index.submit(select_index, [image, plan, analysed, token_index], [token_view, token_info],
-                       api_name="tiling_token")
-    token_view.select(select_click, [image, plan, analysed], [token_index, token_view, token_info],
-                      api_visibility="private")
-    overlay.select(select_on_overlay, [image, plan, analysed, regions], [token_index, token_view, token_info],
-                   api_visibility="private")
+    token_index.submit(select_index, [*picking, token_index], [token_view, token_info, overlay], api_name="tiling_token")
+    token_view.select(select_click, picking, [token_index, token_view, token_info, overlay], api_visibility="private")
+    overlay.select(select_on_overlay, picking, [token_index, token_view, token_info, overlay], api_visibility="private")

@@ -33,7 +33,11 @@ class DeletionCurve:
     attributed: list[float]  # target log-prob with the top fraction by attribution removed
     random: list[list[float]]  # per seed: the same with a random fraction removed
     random_mean: list[float]
-    area_between: float  # trapezoid area of random_mean - attributed over fractions: > 0 beats chance
+    #: The area between the two curves: the random-removal mean minus the attributed curve, summed
+    #: over the share of tokens removed by the trapezoid rule (target units x share of tokens).
+    #: Above 0: removing the tokens the map ranks first lowers the target more than removing random
+    #: ones, so the map beats chance on this example (see :func:`describe_area`).
+    area_between: float
 
     @property
     def beats_random(self) -> bool:
@@ -43,6 +47,18 @@ class DeletionCurve:
         return {"level": self.level, "ranking": self.ranking, "fractions": self.fractions, "attributed": self.attributed,
                 "random": self.random, "random_mean": self.random_mean, "area_between": self.area_between,
                 "beats_random": self.beats_random}
+
+
+def describe_area(deletion: dict, measure: str) -> str:
+    """The deletion test's result as a reader gets it (the tab's report and the CLI): what
+    ``area_between`` is, in words, its value and the verdict. ``deletion``: :meth:`DeletionCurve.summary`;
+    ``measure``: what the target's number is (a log-probability, or a contrast's log-odds)."""
+    verdict = "beats" if deletion["beats_random"] else "does not beat"
+    return (f"deletion test ({deletion['level'] or 'all levels'}): area between the curves "
+            f"{deletion['area_between']:.4g}, i.e. how much further the target's {measure} falls when the "
+            f"image tokens the map ranks first are removed than when random ones are (the random mean minus "
+            f"the attributed curve, summed over the share removed by the trapezoid rule); above 0 the map "
+            f"beats chance: here it {verdict} random removal.")
 
 
 def check_fractions(fractions) -> list[float]:

@@ -75,6 +75,7 @@ def run(args) -> int:
 
     from tqdm import tqdm
 
+    from g4v.attribution.deletion import describe_area
     from g4v.attribution.run import run_attribution
     from g4v.engines.hf import TransformersEngine
     from g4v.paths import default_model
@@ -97,8 +98,7 @@ def run(args) -> int:
     for name, total in attribution["level_totals"].items():
         print(f"  {name:<12} {total:+.4g}")
     deletion = summary["deletion"]
-    print(f"deletion test ({deletion['level'] or 'all levels'}): area between random and attributed "
-          f"{deletion['area_between']:.4g} ({'beats' if deletion['beats_random'] else 'does not beat'} random)")
+    print(describe_area(deletion, attribution["measure"]))
     print(f"wrote {report.export_dir}")
     return 0
 

@@ -87,8 +87,12 @@ CLI_WIDTHS = (13, 3, 10, 9, 18, 0)
 
 def report(data: dict) -> str:
     from g4v.port.table import level_rows
+    from g4v.tiling import pixels
 
     lines = [f"model: {data['model']}", f"verdict: {'OK' if data.get('ok') else 'DIFFERS'}: {data.get('message')}"]
+    size = data.get("image_size")
+    if size:
+        lines.insert(1, f"image: {pixels(size['width'], size['height'])}")
     for key in ("load_error", "vllm_error"):
         if data.get(key):
             lines.append(f"{key.replace('_', ' ')}: {data[key]}")

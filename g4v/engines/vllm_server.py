@@ -18,7 +18,6 @@ says: the base (a view of the folder without the adapter files) with ``--enable-
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -26,6 +25,7 @@ from dataclasses import fields, replace
 
 import httpx
 
+from g4v.engines.serving import free_port
 from g4v.engines.vision_lora import check_mode, find_vision_lora, served_view
 from g4v.engines.vllm_engine import VLLMSettings, adapter_capacity, engine_arguments
 from g4v.errors import G4VError
@@ -34,12 +34,6 @@ from g4v.errors import G4VError
 #: names), with ``max_images`` reaching vLLM as ``limit_mm_per_prompt`` (see ``engine_arguments``).
 #: The rest of ``engine_arguments`` has no flag or is the model itself.
 _FLAGS = tuple("limit_mm_per_prompt" if f.name == "max_images" else f.name for f in fields(VLLMSettings))
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def server_command(model: str, port: int, settings: VLLMSettings, served_name: str,

@@ -182,9 +182,9 @@ def _unloadable(source: str, prompt: str, picture: Image.Image, error: str) -> P
 
 
 def _image_size(picture: Image.Image) -> dict:
-    """``image_size`` is [height, width] (transformers' ``image_sizes``); the explicit keys say which."""
-    return {"image_size": [picture.height, picture.width], "image_width": picture.width,
-            "image_height": picture.height}
+    """``image_size`` names its sides (``{"width": W, "height": H}``), as the app says sizes width
+    first: a bare pair read as [height, width] here and as width x height everywhere else."""
+    return {"image_size": {"width": picture.width, "height": picture.height}}
 
 
 def _finish(result: PortDiffResult, draw: bool) -> PortDiffResult:
