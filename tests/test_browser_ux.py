@@ -330,18 +330,41 @@ def test_a_refused_upload_leaves_the_box_and_a_failed_run_marks_the_old_results(
         page.screenshot(path=str(shots / "ux-evaluate-refused-upload.png"), full_page=True)
 
 
+def queued_steps(page) -> list[str]:
+    """Collects (from now on) the bodies of the page's queued event requests, one per step run."""
+    steps = []
+    page.on("request", lambda request: steps.append(request.post_data or "") if "/queue/join" in request.url else None)
+    return steps
+
+
 def test_one_preset_switch_gives_one_info_toast(app_url):
     """Switching presets while the box holds typed text says once that the box keeps it: one toast
-    per switch (not two), and no count on it."""
+    per switch (not two), and no count on it. Each pick in a dropdown runs its step once: the
+    preset's prompt step, and the Evaluate dataset's description (Gradio 6 fires a Dropdown's
+    .input twice per pick)."""
+    from webapp.evaluate import UPLOAD_HINT
+    from webapp.evaluate_choices import UPLOAD, dataset_label
+
     keeps = "The box keeps your text"
     with browser_page(height=1400) as page:
         page.goto(app_url)
+        steps = queued_steps(page)
         page.locator("#chat-box textarea").fill("How many bars are there?")
-        for switches, label in enumerate(["Table to HTML", "Chart to CSV"], 1):
+        for switches, (label, key) in enumerate([("Table to HTML", "tables_html"), ("Chart to CSV", "chart2csv")], 1):
             choose_preset(page, label)
             toast_says(page, keeps)
             page.wait_for_timeout(3000)  # a second toast for the same switch would be here by now
             texts = page.locator("[data-testid='toast-body']").all_inner_texts()
             assert sum(keeps in text for text in texts) == 1, texts
             assert not any(re.search(r"\(\d+\)", text) for text in texts), texts
+            assert sum(f'"{key}"' in body for body in steps) == 1, steps
             close_toasts(page)
+
+        page.get_by_role("tab", name="Evaluate").click()
+        steps.clear()
+        page.locator("#eval-dataset input").click()
+        page.get_by_role("option", name=dataset_label(UPLOAD), exact=True).click()
+        page.wait_for_function("(hint) => document.querySelector('#eval-dataset-info').innerText.includes(hint)",
+                               arg=UPLOAD_HINT)
+        page.wait_for_timeout(3000)
+        assert sum(f'"{UPLOAD}"' in body for body in steps) == 1, steps

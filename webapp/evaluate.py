@@ -382,11 +382,12 @@ def wire_dataset_info(workspace: EvalWorkspace, dataset, files, columns, describ
     def uploaded(upload):
         return gr.Dropdown(value=UPLOAD) if upload else gr.skip()
 
-    # .input (a visitor's choice), not .change: the upload's own step below sets the dropdown too,
-    # and .change would describe the upload (and show its refusal) a second time.
+    # .select (a visitor's pick), not .change: the upload's own step below sets the dropdown too,
+    # and .change would describe the upload (and show its refusal) a second time; nor .input, which
+    # Gradio 6's Dropdown fires twice per pick.
     # A refused upload leaves the box (uploading a table and its pictures next must not add them to
     # it); the refusal's toast is message enough, no badge over the boxes (QUIET_INPUT).
-    dataset.input(describe, [dataset, files], [*columns, described], api_visibility="private", **QUIET_INPUT)
+    dataset.select(describe, [dataset, files], [*columns, described], api_visibility="private", **QUIET_INPUT)
     files.upload(uploaded, files, dataset, api_visibility="private", queue=False).then(
         describe, [dataset, files], [*columns, described], api_visibility="private", **QUIET_INPUT).failure(
         lambda: (None, UPLOAD_HINT), None, [files, described], api_visibility="private", queue=False, **QUIET_INPUT)
