@@ -1,6 +1,7 @@
 """What a new user trips on, in headless Chromium against one app on the bundled checkpoint:
 refusals that must leave no "Error" badge over an image box. Screenshots in test-output/browser/."""
 
+import re
 from urllib.parse import urlparse
 
 import pytest
@@ -261,3 +262,109 @@ def test_the_lora_tab_warns_about_an_adapter_made_for_another_base(app_url):
                 assert "warning: adapter tiny-trained-french" in page.evaluate(warning)
             else:
                 page.wait_for_function(f"() => ({warning})() === ''")
+
+
+#: The rows of the Evaluate upload box's file list (Gradio's File component: one per file).
+UPLOAD_ROWS = "#eval-upload td.filename"
+
+
+def upload_names(page) -> list[str]:
+    return page.evaluate(f"() => [...document.querySelectorAll('{UPLOAD_ROWS}')].map(e => e.getAttribute('aria-label'))")
+
+
+def test_a_refused_upload_leaves_the_box_and_a_failed_run_marks_the_old_results(app_url, tmp_path, shots):
+    """A refused upload (a zip with no table) says so once and leaves the upload box, so a table with
+    its pictures uploaded next is the whole upload; the box shows four files without scrolling. A
+    Run refused after a finished one leaves no "Error" badge in the status line, whose text then
+    says the results below are the previous run's."""
+    import shutil
+    import zipfile
+
+    from webapp.evaluate import PREVIOUS_RUN, UPLOAD_HINT
+
+    bad = tmp_path / "bad.zip"
+    with zipfile.ZipFile(bad, "w") as zipped:
+        zipped.writestr("readme.txt", "no table here")
+    pictures = [shutil.copy(EXAMPLES_DIR / name, tmp_path / name) for name in ("shapes-tall.png", "shapes-wide.png")]
+    table = tmp_path / "table.csv"
+    table.write_text("image,prompt,answer\nshapes-tall.png,What shape?,circle\nshapes-wide.png,What shape?,square\n")
+    with browser_page(height=1400) as page:
+        page.goto(app_url)
+        page.get_by_role("tab", name="Evaluate").click()
+        page.locator("#eval-limit input").fill("2")
+        page.locator("#eval-run").click()
+        page.wait_for_function("() => /Finished/.test(document.querySelector('#eval-status').innerText)",
+                               timeout=300_000)
+
+        upload = page.locator("#eval-upload input[type=file]")
+        upload.set_input_files(str(bad))
+        page.wait_for_selector("[data-testid='toast-body']", timeout=60_000)
+        page.wait_for_function(f"() => !document.querySelector('{UPLOAD_ROWS}')")
+        assert page.inner_text("#eval-dataset-info").strip() == UPLOAD_HINT  # not the previous dataset's rows
+        close_toasts(page)
+        upload = page.locator("#eval-upload input[type=file]")
+        upload.set_input_files([str(table), *pictures])
+        page.wait_for_function("() => /2 rows in/.test(document.querySelector('#eval-dataset-info').innerText)")
+        assert sorted(upload_names(page)) == sorted(["table.csv", "shapes-tall.png", "shapes-wide.png"])
+        assert not page.locator("[data-testid='toast-body']").count()
+        page.locator("#eval-upload input[type=file]").set_input_files(str(EXAMPLES_DIR / "chart-bars.png"))
+        page.wait_for_function(f"() => document.querySelectorAll('{UPLOAD_ROWS}').length == 4")
+        rows = page.evaluate("""(rows) => { const box = document.querySelector('#eval-upload .file-preview-holder')
+            .getBoundingClientRect();
+            return [...document.querySelectorAll(rows)].map(e => {
+                const r = e.getBoundingClientRect(); return r.top >= box.top && r.bottom <= box.bottom; }); }""",
+                             UPLOAD_ROWS)
+        page.locator("#eval-upload").screenshot(path=str(shots / "ux-evaluate-upload-box.png"))
+        assert rows == [True] * 4, rows  # every file's row shows inside the box
+
+        page.get_by_text("Column mapping").click()
+        page.locator("#eval-column-image input, #eval-column-image textarea").first.fill("no-such-column")
+        page.locator("#eval-run").click()
+        toast_says(page, "no-such-column")
+        page.wait_for_function("(note) => document.querySelector('#eval-status').innerText.includes(note)",
+                               arg=PREVIOUS_RUN.strip("*"))
+        assert "Finished" in page.inner_text("#eval-status")
+        page.wait_for_timeout(500)
+        assert not page.evaluate(BADGE_SHOWN, "#eval-status")
+        assert page.locator("[data-testid='toast-body']").count() == 1
+        page.screenshot(path=str(shots / "ux-evaluate-refused-upload.png"), full_page=True)
+
+
+def queued_steps(page) -> list[str]:
+    """Collects (from now on) the bodies of the page's queued event requests, one per step run."""
+    steps = []
+    page.on("request", lambda request: steps.append(request.post_data or "") if "/queue/join" in request.url else None)
+    return steps
+
+
+def test_one_preset_switch_gives_one_info_toast(app_url):
+    """Switching presets while the box holds typed text says once that the box keeps it: one toast
+    per switch (not two), and no count on it. Each pick in a dropdown runs its step once: the
+    preset's prompt step, and the Evaluate dataset's description (Gradio 6 fires a Dropdown's
+    .input twice per pick)."""
+    from webapp.evaluate import UPLOAD_HINT
+    from webapp.evaluate_choices import UPLOAD, dataset_label
+
+    keeps = "The box keeps your text"
+    with browser_page(height=1400) as page:
+        page.goto(app_url)
+        steps = queued_steps(page)
+        page.locator("#chat-box textarea").fill("How many bars are there?")
+        for switches, (label, key) in enumerate([("Table to HTML", "tables_html"), ("Chart to CSV", "chart2csv")], 1):
+            choose_preset(page, label)
+            toast_says(page, keeps)
+            page.wait_for_timeout(3000)  # a second toast for the same switch would be here by now
+            texts = page.locator("[data-testid='toast-body']").all_inner_texts()
+            assert sum(keeps in text for text in texts) == 1, texts
+            assert not any(re.search(r"\(\d+\)", text) for text in texts), texts
+            assert sum(f'"{key}"' in body for body in steps) == 1, steps
+            close_toasts(page)
+
+        page.get_by_role("tab", name="Evaluate").click()
+        steps.clear()
+        page.locator("#eval-dataset input").click()
+        page.get_by_role("option", name=dataset_label(UPLOAD), exact=True).click()
+        page.wait_for_function("(hint) => document.querySelector('#eval-dataset-info').innerText.includes(hint)",
+                               arg=UPLOAD_HINT)
+        page.wait_for_timeout(3000)
+        assert sum(f'"{UPLOAD}"' in body for body in steps) == 1, steps

@@ -286,7 +286,8 @@ def chat_documents(box, chatbot):
         table = gr.Dataframe(visible=False, interactive=False, label="Table", elem_id="chat-structured-table")
     # A preset the user picks puts its prompt into the box; one an example sets comes with the
     # example's own prompt and picture, which a rebuild here could race (it reads the box as it was).
-    task.input(fill_prompt, [task, schema, box], [box, schema], api_visibility="private")
+    # .select, not .input: Gradio 6's Dropdown fires .input twice per pick (two "keeps your text" toasts).
+    task.select(fill_prompt, [task, schema, box], [box, schema], api_visibility="private")
     task.change(schema_field, task, schema, api_visibility="private", queue=False, show_progress="hidden")
     schema.blur(fill_prompt, [task, schema, box], [box, schema], api_visibility="private")
 

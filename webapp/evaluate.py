@@ -29,7 +29,7 @@ from g4v.evaluate import BUNDLED_DATASET, Columns, EvalConfig, open_dataset, run
 from g4v.evaluate.store import CSV_FILE, PARQUET_FILE, ROWS_FILE, RUN_FILE, SUMMARY_FILE, read_settings, shareable
 from g4v.evaluate.uploads import UPLOAD_SUFFIXES, extract_upload
 from viz.evaluate import run_figures
-from webapp.common import MODEL_QUEUE, sampling_settings, shows_errors, time_left
+from webapp.common import MODEL_QUEUE, QUIET_INPUT, sampling_settings, shows_errors, time_left
 from webapp.evaluate_choices import (BUNDLED, UPLOAD, ArmChoice, arm_choices, dataset_choices, dataset_label,
                                      pick_arm)
 from webapp.evaluate_tables import (AGGREGATE_HEADERS, SAMPLE_HEADERS, aggregate_rows, column_widths, run_status,
@@ -46,9 +46,17 @@ STORES = {"uploads": KEEP_UPLOADS, "runs": KEEP_RUNS, "files": 4 * KEEP_RUNS}
 EXPORTED = (PARQUET_FILE, CSV_FILE, SUMMARY_FILE, RUN_FILE, ROWS_FILE)
 #: Rows a run in the tab covers unless told otherwise (a first look, not the whole dataset).
 DEFAULT_LIMIT = 24
+#: Pixels of the upload box's file list: four files (a table, its pictures; Gradio draws a row
+#: about 60 px tall) show without scrolling.
+UPLOAD_BOX_HEIGHT = 270
 #: Seconds between progress updates while a run works.
 POLL_SECONDS = 1.0
 COLUMN_ROLES = tuple(f.name for f in fields(Columns))
+#: Put above the status while a new run starts and after it is refused: the tables and figures
+#: below are still the previous run's.
+PREVIOUS_RUN = "*The results below are from the previous run.*"
+#: Under the dataset choice while "upload" is chosen and the box is empty (or a refused upload left it).
+UPLOAD_HINT = "Upload a .zip of a dataset folder, or a table file with its pictures."
 
 
 # ── the tab's state on the server ──────────────────────────────────────────────────────────────
@@ -263,6 +271,12 @@ def shared_name(key, files) -> str:
     return "upload: " + ", ".join(Path(p).name for p in (file_path(f) for f in files or []) if p)
 
 
+def previous_run(status: str | None) -> str:
+    """The status line with :data:`PREVIOUS_RUN` above it (once), or as it is when no run shows."""
+    status = status or ""
+    return status if not status.strip() or status.startswith(PREVIOUS_RUN) else f"{PREVIOUS_RUN}\n\n{status}"
+
+
 def show_result(result, config: EvalConfig, export: Path) -> tuple:
     """Every output of the tab for a finished or stopped run."""
     rows = [asdict(row) for row in result.rows]
@@ -289,7 +303,7 @@ def evaluate_tab(engine, model: str, adapters_dir, workspace: EvalWorkspace, tar
         dataset = gr.Dropdown([(dataset_label(key), key) for key in datasets], value=BUNDLED, label="Dataset",
                               elem_id="eval-dataset")
     files = gr.File(label="Upload a dataset (.zip of a folder with metadata.jsonl, or a table with its pictures)",
-                    file_count="multiple", file_types=list(UPLOAD_SUFFIXES), elem_id="eval-upload", height=110)
+                    file_count="multiple", file_types=list(UPLOAD_SUFFIXES), elem_id="eval-upload", height=UPLOAD_BOX_HEIGHT)
     with gr.Accordion("Column mapping (filled with the guessed columns; empty: guessed)", open=False), gr.Row():
         guessed = guessed_columns(BUNDLED, None, workspace)
         columns = [gr.Textbox(value=guessed.get(role, ""), label=f"{role} column", max_lines=1,
@@ -329,10 +343,15 @@ def evaluate_tab(engine, model: str, adapters_dir, workspace: EvalWorkspace, tar
 
     wire_dataset_info(workspace, dataset, files, columns, described)
     evaluate = make_run(engine, workspace, choices, adapters_dir, gpu_task)
+    # The results on show are marked as the previous run's while a new one starts and after it is
+    # refused; the mark is a quick step of its own, which also clears the refusal's "Error" badge.
+    mark = {"fn": previous_run, "inputs": status, "outputs": status, "api_visibility": "private", "queue": False,
+            **QUIET_INPUT}
+    run.click(**mark)
     run.click(evaluate, [arm_a, arm_b, dataset, files, *columns, limit, seed, max_new_tokens, blank_probe, levels],
               [status, aggregate, accuracy_plot, paired_plot, kl_plot, divergence_plot, samples, export, summary,
                run_state], api_name="evaluate", concurrency_id=MODEL_QUEUE, concurrency_limit=concurrency,
-              show_progress_on=status)  # one progress bar, not one in each of the outputs
+              show_progress_on=status).failure(**mark)  # one progress bar, not one in each of the outputs
 
     def stop_run(request: gr.Request):
         if not workspace.stop(session_key(request) or "api"):
@@ -355,7 +374,7 @@ def wire_dataset_info(workspace: EvalWorkspace, dataset, files, columns, describ
     @shows_errors
     def describe(key, uploaded, request: gr.Request):
         if key == UPLOAD and not uploaded:
-            return (*[gr.skip()] * len(columns), "Upload a .zip of a dataset folder, or a table file with its pictures.")
+            return (*[gr.skip()] * len(columns), UPLOAD_HINT)
         with workspace.sessions.using(session_key(request)) as visitor:
             mapping = guessed_columns(key, uploaded, workspace, visitor, strict=True)
         return (*[mapping[role] or "" for role in COLUMN_ROLES], f"{mapping['rows']:,} rows in {dataset_label(key)}.")
@@ -363,11 +382,15 @@ def wire_dataset_info(workspace: EvalWorkspace, dataset, files, columns, describ
     def uploaded(upload):
         return gr.Dropdown(value=UPLOAD) if upload else gr.skip()
 
-    # .input (a visitor's choice), not .change: the upload's own step below sets the dropdown too,
-    # and .change would describe the upload (and show its refusal) a second time.
-    dataset.input(describe, [dataset, files], [*columns, described], api_visibility="private")
+    # .select (a visitor's pick), not .change: the upload's own step below sets the dropdown too,
+    # and .change would describe the upload (and show its refusal) a second time; nor .input, which
+    # Gradio 6's Dropdown fires twice per pick.
+    # A refused upload leaves the box (uploading a table and its pictures next must not add them to
+    # it); the refusal's toast is message enough, no badge over the boxes (QUIET_INPUT).
+    dataset.select(describe, [dataset, files], [*columns, described], api_visibility="private", **QUIET_INPUT)
     files.upload(uploaded, files, dataset, api_visibility="private", queue=False).then(
-        describe, [dataset, files], [*columns, described], api_visibility="private")
+        describe, [dataset, files], [*columns, described], api_visibility="private", **QUIET_INPUT).failure(
+        lambda: (None, UPLOAD_HINT), None, [files, described], api_visibility="private", queue=False, **QUIET_INPUT)
 
 
 def guessed_columns(key, uploaded, workspace: EvalWorkspace, visitor: Session | None = None,
