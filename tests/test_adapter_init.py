@@ -75,7 +75,7 @@ def test_check_adapter_refuses_them_in_one_line(adapters_root, model_config, ini
 
 @pytest.mark.parametrize("init", ["pissa", "olora"])
 def test_the_engine_keeps_serving_the_base(adapters_root, init):
-    from g4v.lora.side_by_side import activate_adapter
+    from g4v.lora.activation import activate_adapter
 
     engine = TransformersEngine(MODEL, device="cpu", dtype="float32")
     chat = [Message("user", "What is it?", [make_image(64, 64)])]

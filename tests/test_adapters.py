@@ -282,7 +282,7 @@ def test_a_nested_adapter_answers_like_the_same_adapter_unnested(hf_engine, nest
     from tests.conftest import make_image
 
     from g4v.conversation import Message, SamplingSettings
-    from g4v.lora.side_by_side import activate_adapter
+    from g4v.lora.activation import activate_adapter
 
     chat = [Message("user", "What is in this picture?", [make_image(96, 64, seed=5)])]
     settings = SamplingSettings(max_new_tokens=8)

@@ -40,7 +40,7 @@ def test_tiling_token_endpoint_selects_a_token(client):
 
 def test_lora_side_by_side_endpoint_equals_separate_runs(client, hf_engine):
     from g4v.conversation import Message, SamplingSettings
-    from g4v.lora.side_by_side import activate_adapter
+    from g4v.lora.activation import activate_adapter
 
     base, adapted = client.predict("demo-lora", handle_file(str(EXAMPLE)), "What colour is it?", 10, 0.0, 0,
                                    api_name="/lora_side_by_side")
@@ -54,7 +54,7 @@ def test_lora_side_by_side_endpoint_equals_separate_runs(client, hf_engine):
 
 def test_lora_diff_endpoint_equals_the_library_run(client, hf_engine):
     from g4v.conversation import Message, SamplingSettings
-    from g4v.lora.side_by_side import activate_adapter
+    from g4v.lora.activation import activate_adapter
     from g4v.lora.token_diff import lora_diff
     from tests.test_golden_cli import assert_same
 

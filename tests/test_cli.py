@@ -140,7 +140,7 @@ def test_text_flags_that_are_not_usable_give_one_line(tmp_path, args, words):
 def test_chat_streams_the_adapters_answer(hf_engine):
     from g4v.conversation import Message, SamplingSettings
     from g4v.images import open_image
-    from g4v.lora.side_by_side import activate_adapter
+    from g4v.lora.activation import activate_adapter
     from g4v.paths import BUNDLED_MODEL_DIR
 
     result = g4v("chat", "--model", str(BUNDLED_MODEL_DIR), "--device", "cpu", "--dtype", "float32",

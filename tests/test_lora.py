@@ -17,7 +17,8 @@ from g4v.engines.hf import TransformersEngine
 from g4v.errors import G4VError
 from g4v.loading import load_model
 from g4v.lora.folders import CONFIG_FILE
-from g4v.lora.side_by_side import activate_adapter, adapter_choices, lora_side_by_side, stream_side_by_side
+from g4v.lora.activation import activate_adapter
+from g4v.lora.side_by_side import adapter_choices, lora_side_by_side, stream_side_by_side
 from g4v.lora.token_diff import lora_diff, lora_token_diff
 from g4v.paths import ASSETS_DIR, BUNDLED_MODEL_DIR
 

@@ -86,7 +86,7 @@ def _activate(engine, choice: str | None, adapters_dir) -> str | None:
     """The engine's name for the ``--adapter`` (checked against its model), or None for the base."""
     if choice is None:
         return None
-    from g4v.lora.side_by_side import activate_adapter
+    from g4v.lora.activation import activate_adapter
 
     spec = activate_adapter(engine, choice, adapters_dir)
     print(f"adapter: {spec.name}", file=sys.stderr)

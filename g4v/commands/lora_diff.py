@@ -45,7 +45,8 @@ def run(args) -> int:
     resolve_adapter(args.adapter, adapter_dirs(args.adapters_dir))
 
     from g4v.engines.hf import TransformersEngine
-    from g4v.lora.side_by_side import activate_adapter, base_warning
+    from g4v.lora.activation import activate_adapter
+    from g4v.lora.side_by_side import base_warning
     from g4v.lora.token_diff import lora_diff
     from g4v.paths import default_model
 

@@ -274,7 +274,7 @@ def _activate(engine: Engine, spec: ArmSpec, adapters_dir) -> str:
     """The adapter name ``engine`` answers to: checked and registered (local engines), or served
     (a server)."""
     from g4v.engines.remote import RemoteEngine
-    from g4v.lora.side_by_side import activate_adapter
+    from g4v.lora.activation import activate_adapter
 
     if isinstance(engine, RemoteEngine):
         if spec.backend == "openai":

@@ -18,8 +18,7 @@ from dataclasses import dataclass
 from g4v.conversation import Message, SamplingSettings, validate_conversation
 from g4v.errors import G4VError
 from g4v.images import open_image
-from g4v.loading import engine_config
-from g4v.lora.checks import AdapterSpec, load_adapter_spec
+from g4v.lora.activation import activate_adapter
 from g4v.lora.folders import adapter_base, adapter_dirs, folder_label, list_adapters, same_base
 
 
@@ -154,15 +153,6 @@ def preselected_adapter(adapters_dir=None, model: str | None = None) -> str | No
     """The adapter a dropdown should start on: the first one made for ``model``, else none
     (preselecting an adapter made for another base would show gibberish as its first answer)."""
     return next((choice.name for choice in describe_adapters(adapters_dir, model) if choice.matches), None)
-
-
-def activate_adapter(engine, choice: str, adapters_dir=None) -> AdapterSpec:
-    """Resolve and check ``choice`` against the engine's model, and register it with the engine
-    if it is new. Returns the checked adapter; ``spec.name`` is what to pass as ``adapter=``."""
-    spec = load_adapter_spec(choice, engine_config(engine), adapter_dirs(adapters_dir))
-    if spec.name not in engine.adapters():
-        engine.register_adapter(spec.name, str(spec.path))
-    return spec
 
 
 def chat_input(prompt: str, images=()) -> list[Message]:

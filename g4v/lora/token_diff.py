@@ -20,7 +20,8 @@ from transformers import DynamicCache
 
 from g4v.conversation import Message, SamplingSettings
 from g4v.engines import transformers_engine
-from g4v.lora.side_by_side import activate_adapter, chat_input
+from g4v.lora.activation import activate_adapter
+from g4v.lora.side_by_side import chat_input
 
 
 @dataclass

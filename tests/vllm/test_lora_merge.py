@@ -17,7 +17,7 @@ CHAT = CASES["grid_square"]
 @pytest.fixture(scope="module")
 def demo_engine(vllm_engine):
     """The session's vLLM engine with the demo adapter registered the way the app does it."""
-    from g4v.lora.side_by_side import activate_adapter
+    from g4v.lora.activation import activate_adapter
 
     activate_adapter(vllm_engine, ADAPTER_NAME)
     return vllm_engine
