@@ -26,3 +26,25 @@ def base_copy(layout: Path, out: Path) -> Path:
 
 def tokens(engine, prompts, adapter=None) -> list[list[int]]:
     return [engine.generate(p, GREEDY, adapter=adapter).token_ids for p in prompts]
+
+
+def vision_model_plus_french(layout: Path, french: Path, out: Path) -> Path:
+    """The vision model with the French adapter merged, written by this test code alone from the
+    raw safetensors files (W0 + s_v B_v A_v + s_f B_f A_f, float32): the reference for both kinds of
+    user adapter, independent of g4v's LoRA code, PEFT and vLLM."""
+    import json
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    base_copy(layout, out)
+    weights = {k: v.float() for k, v in load_file(str(out / "model.safetensors")).items()}
+    for folder in (layout, french):
+        config = json.loads((folder / ADAPTER_CONFIG).read_text())
+        lora = load_file(str(folder / ADAPTER_WEIGHTS))
+        for key in [k for k in lora if k.endswith(".lora_A.weight")]:
+            module = key[len("base_model.model."):-len(".lora_A.weight")]
+            delta = lora[key.replace("lora_A", "lora_B")].float() @ lora[key].float()
+            weights[f"{module}.weight"] += config["lora_alpha"] / config["r"] * delta
+    save_file({k: v.contiguous() for k, v in weights.items()}, str(out / "model.safetensors"), metadata={"format": "pt"})
+    return out
