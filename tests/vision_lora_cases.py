@@ -29,9 +29,15 @@ def tokens(engine, prompts, adapter=None) -> list[list[int]]:
 
 
 def vision_model_plus_french(layout: Path, french: Path, out: Path) -> Path:
-    """The vision model with the French adapter merged, written by this test code alone from the
-    raw safetensors files (W0 + s_v B_v A_v + s_f B_f A_f, float32): the reference for both kinds of
-    user adapter, independent of g4v's LoRA code, PEFT and vLLM."""
+    """The vision model with the French adapter merged (W0 + s_v B_v A_v + s_f B_f A_f): the
+    reference for both kinds of user adapter."""
+    return merged_copy(layout, [layout, french], out)
+
+
+def merged_copy(layout: Path, loras: list[Path], out: Path) -> Path:
+    """The layout folder's base with each LoRA folder of ``loras`` merged, written by this test
+    code alone from the raw safetensors files (float32): independent of g4v's LoRA code, PEFT and
+    vLLM. ``[layout]``: the vision model."""
     import json
 
     import torch
@@ -39,7 +45,7 @@ def vision_model_plus_french(layout: Path, french: Path, out: Path) -> Path:
 
     base_copy(layout, out)
     weights = {k: v.float() for k, v in load_file(str(out / "model.safetensors")).items()}
-    for folder in (layout, french):
+    for folder in loras:
         config = json.loads((folder / ADAPTER_CONFIG).read_text())
         lora = load_file(str(folder / ADAPTER_WEIGHTS))
         for key in [k for k in lora if k.endswith(".lora_A.weight")]:

@@ -20,7 +20,7 @@ from transformers import DynamicCache
 
 from g4v.conversation import Message, SamplingSettings
 from g4v.engines import transformers_engine
-from g4v.lora.activation import activate_adapter
+from g4v.lora.models import ADAPTER, DEFAULT_LEFT, DEFAULT_RIGHT, VISION, model_label, resolve_sides
 from g4v.lora.side_by_side import chat_input
 
 
@@ -55,9 +55,10 @@ class ScoredAnswer:
 
 @dataclass
 class LoraDiff:
-    adapter: str
-    base: ScoredAnswer  # the base model's answer
-    tuned: ScoredAnswer  # the adapter's answer
+    adapter: str | None
+    base: ScoredAnswer  # the left model's answer (the base, by default)
+    tuned: ScoredAnswer  # the right model's answer (the adapter, by default)
+    labels: tuple[str, str] = ("base", "adapter")  # the two models' names
 
     @property
     def first_divergence(self) -> int | None:
@@ -69,6 +70,8 @@ class LoraDiff:
     def to_json(self) -> dict:
         return {
             "adapter": self.adapter,
+            "left": self.labels[0],
+            "right": self.labels[1],
             "base_text": self.base.text,
             "adapter_text": self.tuned.text,
             "first_divergence": self.first_divergence,
@@ -77,16 +80,21 @@ class LoraDiff:
         }
 
 
-def lora_diff(engine, messages: list[Message], adapter: str, settings: SamplingSettings | None = None) -> LoraDiff:
-    """Generate with and without ``adapter`` on a transformers engine, then score both answers."""
+def lora_diff(engine, messages: list[Message], adapter: str | None, settings: SamplingSettings | None = None,
+              left: str | None = None, labels: tuple[str, str] | None = None) -> LoraDiff:
+    """Generate with the requests' ``adapter=`` values ``left`` (the "base" side) and ``adapter``
+    (the "adapter" side) on a transformers engine, then score both answers under both.
+    ``labels`` name the two models (:func:`~g4v.lora.models.resolve_sides` gives them; the default
+    names the model Chat runs and that model + the adapter)."""
     transformers_engine(engine, "the token-level LoRA comparison")
+    labels = labels or (model_label(VISION, engine), model_label(ADAPTER, engine, adapter))
     settings = (settings or SamplingSettings(max_new_tokens=48)).validated()
-    base = engine.generate(messages, settings)
+    base = engine.generate(messages, settings, adapter=left)
     tuned = engine.generate(messages, settings, adapter=adapter)
     return LoraDiff(
-        adapter=adapter,
-        base=score_answer(engine, messages, adapter, "base", base.text, _answer_tokens(engine, base)),
-        tuned=score_answer(engine, messages, adapter, "adapter", tuned.text, _answer_tokens(engine, tuned)),
+        adapter=adapter, labels=labels,
+        base=score_answer(engine, messages, adapter, "base", base.text, _answer_tokens(engine, base), left),
+        tuned=score_answer(engine, messages, adapter, "adapter", tuned.text, _answer_tokens(engine, tuned), left),
     )
 
 
@@ -100,15 +108,17 @@ class LoraDiffView:
 
 
 def lora_token_diff(
-    engine, adapter: str, prompt: str, images=(), max_new_tokens: int = 48, adapters_dir=None
+    engine, adapter: str, prompt: str, images=(), max_new_tokens: int = 48, adapters_dir=None,
+    left: str = DEFAULT_LEFT, right: str = DEFAULT_RIGHT,
 ) -> LoraDiffView:
-    """For the LoRA tab: greedy answers with and without the adapter, scored token by token."""
+    """For the LoRA tab: greedy answers of the ``left`` and ``right`` models (``g4v.lora.models``),
+    scored token by token."""
     from viz.lora import diff_html, diff_plot
 
     messages = chat_input(prompt, images)
     settings = SamplingSettings(max_new_tokens=max_new_tokens).validated()
-    spec = activate_adapter(engine, adapter, adapters_dir)
-    data = lora_diff(engine, messages, spec.name, settings).to_json()
+    first, second = resolve_sides(engine, left, right, adapter, adapters_dir)
+    data = lora_diff(engine, messages, second.adapter, settings, first.adapter, (first.label, second.label)).to_json()
     return LoraDiffView(html=diff_html(data), figure=diff_plot(data), data=data)
 
 
@@ -120,11 +130,13 @@ def _answer_tokens(engine, generation) -> list[int]:
     return list(generation.token_ids)
 
 
-def score_answer(engine, messages: list[Message], adapter: str, source: str, text: str, tokens: list[int]) -> ScoredAnswer:
-    """Teacher-force ``tokens`` after the prompt through the base model and the adapter."""
+def score_answer(engine, messages: list[Message], adapter: str | None, source: str, text: str, tokens: list[int],
+                 base: str | None = None) -> ScoredAnswer:
+    """Teacher-force ``tokens`` after the prompt through both models (``adapter=`` values ``base``
+    and ``adapter``)."""
     if not tokens:
         return ScoredAnswer(source=source, text=text)
-    base_logits = answer_logits(engine, messages, tokens, None)
+    base_logits = answer_logits(engine, messages, tokens, base)
     adapter_logits = answer_logits(engine, messages, tokens, adapter)
     return ScoredAnswer(source=source, text=text, tokens=compare_positions(engine.tokenizer, tokens, base_logits, adapter_logits))
 
@@ -140,7 +152,8 @@ def answer_logits(engine, messages: list[Message], tokens: list[int], adapter: s
     inputs = engine.prepare_inputs(messages, max_new_tokens=len(tokens))
     input_ids = inputs["input_ids"]
     answer = torch.tensor([tokens[:-1]], dtype=input_ids.dtype, device=input_ids.device)
-    with engine.adapter_scope(adapter) as model, torch.inference_mode():
+    # image: as generate ran it (native mode: the vision LoRA on image prompts only)
+    with engine.adapter_scope(adapter, image="pixel_values" in inputs) as model, torch.inference_mode():
         cache = DynamicCache(config=model.config.text_config)  # the model does not create one itself
         prompt_pass = model(**inputs, past_key_values=cache, use_cache=True)
         logits = [prompt_pass.logits[0, -1:]]
