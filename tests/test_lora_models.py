@@ -7,16 +7,23 @@ import json
 
 import pytest
 from tests.cli import run_cli as run_main
-from tests.vision_lora_cases import base_copy, merged_copy
+from tests.vision_lora_cases import IMAGE_PROMPTS, base_copy, merged_copy
 
 from g4v.demo.layout_adapters import ON_VISION_MODEL_NAME, REPLACEMENT_NAME, build_layout_adapters
-from g4v.paths import EXAMPLES_DIR, FRENCH_ADAPTER_DIR, TRAINED_MODEL_DIR, VLORA_MODEL_DIR
+from g4v.paths import FRENCH_ADAPTER_DIR, TRAINED_MODEL_DIR, VLORA_MODEL_DIR
 
 pytestmark = pytest.mark.slow
 LAYOUT = str(VLORA_MODEL_DIR)
-IMAGE = str(EXAMPLES_DIR / "shapes-square.png")
-PROMPT = "What colour is the shape?"
+PROMPT = IMAGE_PROMPTS[0][0].text  # a colour question on which the three models answer differently
 TOKENS = "6"
+
+
+@pytest.fixture(scope="module")
+def image(tmp_path_factory) -> str:
+    """The held-out picture of that question, as a file (PNG: the same pixels)."""
+    path = str(tmp_path_factory.mktemp("image") / "picture.png")
+    IMAGE_PROMPTS[0][0].images[0].save(path)
+    return path
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +32,7 @@ def built(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def references(tmp_path_factory):
+def references(tmp_path_factory, image):
     """Greedy answers of plain checkpoints: the base alone, the vision model, it + French."""
     from g4v.conversation import Message, SamplingSettings
     from g4v.engines.hf import TransformersEngine
@@ -34,7 +41,7 @@ def references(tmp_path_factory):
     folders = {"base": base_copy(VLORA_MODEL_DIR, tmp_path_factory.mktemp("base")),
                "vision": merged_copy(VLORA_MODEL_DIR, [VLORA_MODEL_DIR], tmp_path_factory.mktemp("vision")),
                "french": merged_copy(VLORA_MODEL_DIR, [VLORA_MODEL_DIR, FRENCH_ADAPTER_DIR], tmp_path_factory.mktemp("fr"))}
-    messages = [Message("user", PROMPT, [open_image(IMAGE)])]
+    messages = [Message("user", PROMPT, [open_image(image)])]
     settings = SamplingSettings(max_new_tokens=int(TOKENS))
     answers = {name: TransformersEngine(str(folder), device="cpu", dtype="float32").generate(messages, settings).text
                for name, folder in folders.items()}
@@ -42,16 +49,16 @@ def references(tmp_path_factory):
     return answers
 
 
-def lora_diff(*flags, model=LAYOUT, adapters=None):
-    argv = ["lora-diff", "--model", model, "--image", IMAGE, "--prompt", PROMPT, "--max-new-tokens", TOKENS,
+def lora_diff(image, *flags, model=LAYOUT, adapters=None):
+    argv = ["lora-diff", "--model", model, "--image", image, "--prompt", PROMPT, "--max-new-tokens", TOKENS,
             "--json", *flags]
     if adapters is not None:
         argv += ["--adapters-dir", str(adapters)]
     return run_main(*argv)
 
 
-def test_default_is_the_vision_model_against_it_with_the_adapter(built, references):
-    done = lora_diff("--adapter", ON_VISION_MODEL_NAME, adapters=built["adapters"])
+def test_default_is_the_vision_model_against_it_with_the_adapter(image, built, references):
+    done = lora_diff(image, "--adapter", ON_VISION_MODEL_NAME, adapters=built["adapters"])
     assert done.returncode == 0, done.stderr
     data = json.loads(done.stdout)
     assert (data["left"], data["right"]) == ("vision model", f"vision model + {ON_VISION_MODEL_NAME}")
@@ -59,41 +66,41 @@ def test_default_is_the_vision_model_against_it_with_the_adapter(built, referenc
     assert "vision LoRA: native, rank 16, 70 modules" in done.stderr
 
 
-def test_the_base_language_model_and_a_replacement(built, references):
-    done = lora_diff("--left", "base", "--right", "adapter", "--adapter", REPLACEMENT_NAME, adapters=built["adapters"])
+def test_the_base_language_model_and_a_replacement(image, built, references):
+    done = lora_diff(image, "--left", "base", "--right", "adapter", "--adapter", REPLACEMENT_NAME, adapters=built["adapters"])
     assert done.returncode == 0, done.stderr
     data = json.loads(done.stdout)
     assert (data["left"], data["right"]) == ("base language model", f"{REPLACEMENT_NAME} (replaces the vision LoRA)")
     assert (data["base_text"], data["adapter_text"]) == (references["base"], references["french"])
 
 
-def test_base_against_vision_needs_no_adapter_and_the_vision_model_answers_as_chat(references):
-    done = lora_diff("--left", "base", "--right", "vision")
+def test_base_against_vision_needs_no_adapter_and_the_vision_model_answers_as_chat(image, references):
+    done = lora_diff(image, "--left", "base", "--right", "vision")
     assert done.returncode == 0, done.stderr
     data = json.loads(done.stdout)
     assert (data["base_text"], data["adapter_text"]) == (references["base"], references["vision"])
-    chat = run_main("chat", "--backend", "hf", "--model", LAYOUT, "--image", IMAGE, "--max-new-tokens", TOKENS, PROMPT)
+    chat = run_main("chat", "--backend", "hf", "--model", LAYOUT, "--image", image, "--max-new-tokens", TOKENS, PROMPT)
     assert chat.returncode == 0, chat.stderr
     assert chat.stdout.strip() == data["adapter_text"].strip()
 
 
-def test_a_checkpoint_without_a_vision_lora_has_two_models():
-    done = lora_diff("--left", "base", "--right", "vision", model=str(TRAINED_MODEL_DIR))
+def test_a_checkpoint_without_a_vision_lora_has_two_models(image):
+    done = lora_diff(image, "--left", "base", "--right", "vision", model=str(TRAINED_MODEL_DIR))
     assert done.returncode == 1
     assert done.stderr.strip().splitlines()[-1] == (
         "error: there is no base language model to compare: this checkpoint has no vision LoRA (its weights are the "
         "vision model); the models here are 'vision' and 'adapter'")
 
 
-def test_merged_mode_has_two_models_and_refuses_a_replacement(built):
-    done = lora_diff("--vision-lora", "merged", "--left", "base", "--right", "vision")
+def test_merged_mode_has_two_models_and_refuses_a_replacement(image, built):
+    done = lora_diff(image, "--vision-lora", "merged", "--left", "base", "--right", "vision")
     assert done.returncode == 1 and "its vision LoRA is merged (--vision-lora merged)" in done.stderr
     assert "Traceback" not in done.stderr
-    done = lora_diff("--vision-lora", "merged", "--adapter", REPLACEMENT_NAME, adapters=built["adapters"])
+    done = lora_diff(image, "--vision-lora", "merged", "--adapter", REPLACEMENT_NAME, adapters=built["adapters"])
     assert done.returncode == 1 and done.stderr.strip().splitlines()[-1].startswith(
         f"error: adapter {REPLACEMENT_NAME} replaces the vision LoRA, which is merged")
 
 
-def test_an_adapter_side_without_an_adapter_is_one_line():
-    done = lora_diff()
+def test_an_adapter_side_without_an_adapter_is_one_line(image):
+    done = lora_diff(image)
     assert done.returncode == 1 and done.stderr.strip().splitlines()[-1].startswith("error: --adapter is needed")
