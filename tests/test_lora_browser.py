@@ -36,14 +36,14 @@ def setup(tmp_path_factory):
 
 def choose(page, box: str, label: str) -> None:
     page.locator(f"{box} input").click()
-    page.get_by_role("option", name=label, exact=True).click()
+    page.locator(f"{box} [role=option]", has_text=label).filter(visible=True).first.click()
     page.wait_for_function("([box, label]) => document.querySelector(`${box} input`).value === label",
                            arg=[box, label])
 
 
 def options(page, box: str) -> list[str]:
     page.locator(f"{box} input").click()
-    shown = [o.strip() for o in page.get_by_role("option").all_inner_texts()]
+    shown = [o.strip().splitlines()[-1] for o in page.locator(f"{box} [role=option]").all_inner_texts()]  # after ✓
     page.keyboard.press("Escape")
     return shown
 
@@ -86,8 +86,9 @@ def test_the_lora_tab_shows_the_three_models_with_the_right_answers(setup, outpu
         page.locator("#lora-prompt textarea").fill(PROMPT)
         page.locator("#lora-adapter input").click()
         page.get_by_role("option", name=re.compile("^french-on-vision-model ")).click()
-        page.wait_for_function("() => document.querySelector('#lora-right label, #lora-right').innerText !== ''")
-        page.wait_for_timeout(1000)
+        page.keyboard.press("Escape")
+        page.wait_for_function("() => document.querySelector('#lora-right-answer').innerText"
+                               ".includes('vision model + french-on-vision-model')")
         assert options(page, "#lora-left") == ["base language model", "vision model",
                                               "vision model + french-on-vision-model"]
         left, right = run_side_by_side(page)

@@ -46,7 +46,7 @@ def build_layout_adapters(out: Path, layout: Path = VLORA_MODEL_DIR, adapter: Pa
     stacked = adapters / ON_VISION_MODEL_NAME
     stacked.mkdir(parents=True)
     shutil.copyfile(adapter / ADAPTER_WEIGHTS, stacked / ADAPTER_WEIGHTS)
-    _write_config(stacked, json.loads((adapter / ADAPTER_CONFIG).read_text()), base=str(merged.resolve()))
+    _write_config(stacked, json.loads((adapter / ADAPTER_CONFIG).read_text()), base=_recorded(merged))
     replacement = adapters / REPLACEMENT_NAME
     replacement.mkdir()
     _write_replacement(replacement, Path(layout), adapter)
@@ -79,4 +79,13 @@ def _write_replacement(folder: Path, layout: Path, adapter: Path) -> None:
         tensors[f"{key}.lora_B.weight"] = torch.cat([vision.scaling * vision_b, french_scaling * french_b], 1).contiguous()
     save_file(tensors, str(folder / ADAPTER_WEIGHTS), metadata={"format": "pt"})
     vision_config = json.loads((layout / ADAPTER_CONFIG).read_text())
-    _write_config(folder, vision_config, base=str(layout.resolve()), r=rank, lora_alpha=rank)
+    _write_config(folder, vision_config, base=_recorded(layout), r=rank, lora_alpha=rank)
+
+
+def _recorded(folder: Path) -> str:
+    """A base as the bundled adapters record it: relative to the repository when inside it (no
+    machine's path in what the LoRA tab shows), else absolute."""
+    from g4v.paths import REPO_ROOT
+
+    resolved = folder.resolve()
+    return resolved.relative_to(REPO_ROOT).as_posix() if resolved.is_relative_to(REPO_ROOT) else str(resolved)
