@@ -104,3 +104,15 @@ def test_merged_mode_has_two_models_and_refuses_a_replacement(image, built):
 def test_an_adapter_side_without_an_adapter_is_one_line(image):
     done = lora_diff(image)
     assert done.returncode == 1 and done.stderr.strip().splitlines()[-1].startswith("error: --adapter is needed")
+
+
+def test_chat_and_the_inspectors_say_which_model_and_mode_they_run(hf_engine):
+    from g4v.engines.hf import TransformersEngine
+    from webapp.common import engine_line
+
+    assert engine_line(hf_engine) == "Model: `granite4-vision-tiny` (hf), no vision LoRA (its weights are the vision model)"
+    merged = TransformersEngine(LAYOUT, device="cpu", dtype="float32", vision_lora="merged")
+    assert engine_line(merged, inspector=True) == ("Model: `granite4-vision-tiny-vlora` (hf) · runs the vision model (LoRA "
+                                                   "merged at load) · vision LoRA: merged, rank 16, 70 modules")
+    off = TransformersEngine(LAYOUT, device="cpu", dtype="float32", vision_lora="off")
+    assert "runs the base language model (vision LoRA off) · vision LoRA: off" in engine_line(off)
