@@ -26,12 +26,12 @@ def test_area_between_is_the_trapezoid_area_between_the_random_mean_and_the_attr
 def test_the_deletion_result_says_what_the_area_between_means():
     """Issue 31 (hardening 2): "area between random and attributed 1.15" named no curve and no unit.
     The sentence the tab and the CLI print says what the number is and what its sign means."""
-    text = describe_area(curve().summary(), "log-probability")
+    text = describe_area(curve().to_dict(), "log-probability")
     assert text == ("deletion test (all levels): area between the curves 1.15, i.e. how much further the "
                     "target's log-probability falls when the image tokens the map ranks first are removed than "
                     "when random ones are (the random mean minus the attributed curve, summed over the share "
                     "removed by the trapezoid rule); above 0 the map beats chance: here it beats random removal.")
-    worse = {**curve().summary(), "area_between": -0.2, "beats_random": False, "level": "deepstack1"}
+    worse = {**curve().to_dict(), "area_between": -0.2, "beats_random": False, "level": "deepstack1"}
     assert describe_area(worse, "log-odds").endswith("here it does not beat random removal.")
     assert "(deepstack1)" in describe_area(worse, "log-odds") and "target's log-odds falls" in describe_area(worse, "log-odds")
 
@@ -42,7 +42,7 @@ def test_the_tab_report_says_it_in_the_same_words():
     summary = {"answer": {"tokens": ["red"], "explained": "the whole answer"},
                "attribution": {"measure": "log-probability", "target_value": -0.5, "level_totals": {"deepstack0": 0.1},
                                "method": "grad_x_input"},
-               "deletion": curve().summary()}
+               "deletion": curve().to_dict()}
     report = report_markdown(summary)
     assert ("**Deletion test (all levels):** area between the curves 1.15, i.e. how much further the target's "
             "log-probability falls") in report
@@ -54,7 +54,7 @@ def test_the_deletion_figure_title_says_what_the_area_is(monkeypatch):
     drawn = []
     real = va.figure_to_image
     monkeypatch.setattr(va, "figure_to_image", lambda figure, **kw: drawn.append(figure) or real(figure, **kw))
-    va.deletion_figure(curve().summary())
+    va.deletion_figure(curve().to_dict())
     figure: Figure = drawn[0]
     title = figure.axes[0].title
     assert title.get_text() == ("Deletion test: area between the curves 1.15\n(random mean minus top-k, over the "

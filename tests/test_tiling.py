@@ -417,7 +417,7 @@ def test_the_overlay_draws_no_token_budget(configs, monkeypatch):
     drawn, real = [], vt.figure_to_image
     monkeypatch.setattr(vt, "figure_to_image", lambda figure, **kw: drawn.append(figure) or real(figure, **kw))
     plan = plan_tiling((300, 500), configs["bundled"])
-    vt.render_tiling_overlay(make_image(500, 300, seed=1), plan.as_dict())
+    vt.render_tiling_overlay(make_image(500, 300, seed=1), plan.to_dict())
     figure, = drawn
     assert not figure.findobj(Table)
     texts = {t.get_text() for t in figure.findobj(Text)}
