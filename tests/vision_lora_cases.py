@@ -26,3 +26,31 @@ def base_copy(layout: Path, out: Path) -> Path:
 
 def tokens(engine, prompts, adapter=None) -> list[list[int]]:
     return [engine.generate(p, GREEDY, adapter=adapter).token_ids for p in prompts]
+
+
+def vision_model_plus_french(layout: Path, french: Path, out: Path) -> Path:
+    """The vision model with the French adapter merged (W0 + s_v B_v A_v + s_f B_f A_f): the
+    reference for both kinds of user adapter."""
+    return merged_copy(layout, [layout, french], out)
+
+
+def merged_copy(layout: Path, loras: list[Path], out: Path) -> Path:
+    """The layout folder's base with each LoRA folder of ``loras`` merged, written by this test
+    code alone from the raw safetensors files (float32): independent of g4v's LoRA code, PEFT and
+    vLLM. ``[layout]``: the vision model."""
+    import json
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    base_copy(layout, out)
+    weights = {k: v.float() for k, v in load_file(str(out / "model.safetensors")).items()}
+    for folder in loras:
+        config = json.loads((folder / ADAPTER_CONFIG).read_text())
+        lora = load_file(str(folder / ADAPTER_WEIGHTS))
+        for key in [k for k in lora if k.endswith(".lora_A.weight")]:
+            module = key[len("base_model.model."):-len(".lora_A.weight")]
+            delta = lora[key.replace("lora_A", "lora_B")].float() @ lora[key].float()
+            weights[f"{module}.weight"] += config["lora_alpha"] / config["r"] * delta
+    save_file({k: v.contiguous() for k, v in weights.items()}, str(out / "model.safetensors"), metadata={"format": "pt"})
+    return out

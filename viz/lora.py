@@ -22,7 +22,16 @@ DELTA_SCALE = 4.0
 #: whole, and each span's tooltip gives its numbers).
 MAX_TOKEN_LABELS = 48
 TOKEN_LABEL_CHARS = 12
-_ANSWERS = (("base_tokens", "Base answer"), ("adapter_tokens", "Adapter answer"))
+
+
+def _names(diff: dict) -> tuple[str, str]:
+    """The two models' names (``left``/``right`` in the JSON; older diffs: base and adapter)."""
+    return str(diff.get("left") or "base"), str(diff.get("right") or "adapter")
+
+
+def _answers(diff: dict) -> tuple[tuple[str, str], tuple[str, str]]:
+    left, right = _names(diff)
+    return ("base_tokens", f"Answer: {left}"), ("adapter_tokens", f"Answer: {right}")
 
 
 def delta_colour(delta: float) -> tuple[int, int, int]:
@@ -44,10 +53,10 @@ def tick_label(text: str) -> str:
     return text if len(text) <= TOKEN_LABEL_CHARS else text[: TOKEN_LABEL_CHARS - 1] + "…"
 
 
-def _tooltip(token: dict) -> str:
+def _tooltip(token: dict, names: tuple[str, str] = ("base", "adapter")) -> str:
     return (
-        f"position {token['position']}: log p base {token['logprob_base']:.3f}, "
-        f"adapter {token['logprob_adapter']:.3f}, delta {token['delta']:+.3f}, KL {token['kl']:.4f}"
+        f"position {token['position']}: log p {names[0]} {token['logprob_base']:.3f}, "
+        f"{names[1]} {token['logprob_adapter']:.3f}, delta {token['delta']:+.3f}, KL {token['kl']:.4f}"
     )
 
 
@@ -58,26 +67,27 @@ def diff_html(diff: dict) -> str:
     """Both answers as coloured token spans with the numbers in each span's tooltip."""
     first = diff.get("first_divergence")
     summary = "the greedy choices never differ" if first is None else f"greedy choices first differ at token {first}"
+    left, right = (html.escape(name) for name in _names(diff))
     parts = [
         '<div class="g4v-lora-diff" style="font-family: monospace; line-height: 1.9">',
-        f"<p><b>Adapter {html.escape(str(diff.get('adapter', '')))}</b>: {summary}. "
-        "Green: the adapter favours the token; red: the base model does.</p>",
+        f"<p><b>{left}</b> vs <b>{right}</b>: {summary}. "
+        f"Green: {right} favours the token; red: {left} does.</p>",
     ]
-    for key, title in _ANSWERS:
-        parts.append(f"<p><b>{title}</b><br>")
+    for key, title in _answers(diff):
+        parts.append(f"<p><b>{html.escape(title)}</b><br>")
         for token in diff.get(key, []):
-            parts.append(_token_span(token, token["position"] == first))
+            parts.append(_token_span(token, token["position"] == first, _names(diff)))
         parts.append("</p>")
     parts.append("</div>")
     return "".join(parts)
 
 
-def _token_span(token: dict, divergent: bool) -> str:
+def _token_span(token: dict, divergent: bool, names: tuple[str, str]) -> str:
     r, g, b = delta_colour(token["delta"])
     border = "2px solid #1f4fd1" if divergent else "1px solid #ddd"
     style = f"background: rgb({r},{g},{b}); border: {border}; padding: 0 1px; white-space: pre"
     text = html.escape(_visible(token["text"]))
-    return f'<span style="{style}" title="{html.escape(_tooltip(token))}">{text}</span>'
+    return f'<span style="{style}" title="{html.escape(_tooltip(token, names))}">{text}</span>'
 
 
 # ── PNG ────────────────────────────────────────────────────────────────────────────────────────
@@ -89,7 +99,7 @@ def diff_png(diff: dict, width: int = 900) -> Image.Image:
     line_height, margin = 24, 10
     lines: list[list] = []  # per line: (x, title or token, divergent)
     first = diff.get("first_divergence")
-    for key, title in _ANSWERS:
+    for key, title in _answers(diff):
         lines.append([(margin, title, False)])
         x, line = margin, []
         for token in diff.get(key, []):
@@ -128,17 +138,18 @@ def diff_plot(diff: dict) -> Figure:
     small = text_points(figure.get_figwidth())
     axes = figure.subplots(2, 1, sharex=False)
     first = diff.get("first_divergence")
-    for ax, (key, title) in zip(axes, _ANSWERS):
+    left, right = _names(diff)
+    for ax, (key, title) in zip(axes, _answers(diff)):
         tokens = diff.get(key, [])
         positions = np.array([t["position"] for t in tokens])
         handles = []
         if len(positions):
-            handles += ax.plot(positions, [t["logprob_base"] for t in tokens], "o-", ms=3, label="log p (base)", color="#555")
-            handles += ax.plot(positions, [t["logprob_adapter"] for t in tokens], "o-", ms=3, label="log p (adapter)",
+            handles += ax.plot(positions, [t["logprob_base"] for t in tokens], "o-", ms=3, label=f"log p ({left})", color="#555")
+            handles += ax.plot(positions, [t["logprob_adapter"] for t in tokens], "o-", ms=3, label=f"log p ({right})",
                                color="#1f77b4")
             kl_axis = ax.twinx()
             handles.append(kl_axis.bar(positions, [t["kl"] for t in tokens], color="#ff7f0e", alpha=0.35,
-                                       label="KL(adapter || base)"))
+                                       label=f"KL({right} || {left})"))
             kl_axis.set_ylabel("KL (nats)", fontsize=small)
             kl_axis.tick_params(labelsize=small)
             step = max(1, -(-len(tokens) // MAX_TOKEN_LABELS))  # ceil: at most MAX_TOKEN_LABELS labels

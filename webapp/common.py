@@ -159,3 +159,20 @@ def time_left(done: float, total: float, elapsed: float) -> str:
         return ""
     seconds = elapsed / done * (total - done)
     return f"about {seconds:.0f} s left" if seconds < 90 else f"about {seconds / 60:.0f} min left"
+
+
+def engine_line(engine, inspector: bool = False) -> str:
+    """One line for Chat and each inspector: which model runs, and the vision LoRA's mode (in
+    native mode Chat runs the vision model on image prompts and the base language model on
+    text-only ones; an inspector always has an image)."""
+    from g4v.engines.vision_lora import describe
+    from g4v.loading import model_name
+
+    head = f"Model: `{model_name(engine.info.model)}` ({engine.info.backend})"
+    lora, mode = getattr(engine, "vision_lora", None), getattr(engine, "vision_mode", "off")
+    if lora is None:
+        return head + ", no vision LoRA (its weights are the vision model)"
+    runs = {"native": "the vision model" if inspector else
+                      "the vision model on image prompts, the base language model on text-only ones",
+            "merged": "the vision model (LoRA merged at load)", "off": "the base language model (vision LoRA off)"}[mode]
+    return f"{head} · runs {runs} · {describe(mode, lora)}"

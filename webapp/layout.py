@@ -11,6 +11,7 @@ from g4v.paths import (ASSETS_DIR, DOCUMENTS_MODEL_DIR, EXAMPLES_DIR, REAL_MODEL
                        names_folder)
 from webapp.attribution import attribution_tab
 from webapp.chat import chat_tab
+from webapp.common import engine_line
 from webapp.deepstack import deepstack_tab
 from webapp.evaluate import STORES, EvalWorkspace, OpenTargets, evaluate_tab
 from webapp.lora import lora_tab
@@ -84,17 +85,23 @@ def build_app(engine: Engine, model: str, concurrency: int = 1, adapters_dir=Non
         last_chat_image = gr.State(None)  # the newest image sent in Chat, for the inspection tabs
         with gr.Tabs() as tabs:  # by id, so a tab can switch to another (the Evaluate tab's "Open in ...")
             with gr.Tab("Chat", id="chat"):
+                gr.Markdown(engine_line(engine), elem_id="chat-engine-line")
                 chat_box = chat_tab(engine, last_chat_image, example_rows(model), concurrency, gpu_task)
             with gr.Tab("Tiling", id="tiling"):
+                gr.Markdown(engine_line(engine, inspector=True), elem_id="tiling-engine-line")
                 tiling_tab(config, last_chat_image)
             with gr.Tab("Deepstack", id="deepstack"):
+                gr.Markdown(engine_line(engine, inspector=True), elem_id="deepstack-engine-line")
                 deepstack_image, deepstack_prompt = deepstack_tab(engine, config, last_chat_image, sessions,
                                                                   concurrency, gpu_task)
             with gr.Tab("Attribution", id="attribution"):
+                gr.Markdown(engine_line(engine, inspector=True), elem_id="attribution-engine-line")
                 attribution_tab(engine, config, last_chat_image, sessions, concurrency, gpu_task)
             with gr.Tab("vLLM port", id="port"):
+                gr.Markdown(engine_line(engine, inspector=True), elem_id="port-engine-line")
                 port_tab(model, last_chat_image)
             with gr.Tab("LoRA", id="lora"):
+                gr.Markdown(engine_line(engine), elem_id="lora-engine-line")
                 lora_adapter, lora_image, lora_prompt = lora_tab(engine, model, adapters_dir, last_chat_image,
                                                                  concurrency, gpu_task)
             with gr.Tab("Evaluate", id="evaluate"):

@@ -5,6 +5,7 @@ import threading
 import gradio as gr
 
 from g4v.lora.choices import adapter_folder_help, base_warning, describe_adapters, preselected_adapter
+from g4v.lora.models import DEFAULT_LEFT, DEFAULT_RIGHT, model_choices
 from g4v.lora.side_by_side import lora_side_by_side
 from g4v.lora.token_diff import DIFF_TOKENS, lora_token_diff
 from webapp.common import MODEL_QUEUE, image_input, sampling_settings, shows_errors, use_last_chat_image
@@ -14,29 +15,43 @@ from webapp.documents import document_picker
 def make_handlers(engine, adapters_dir, gpu_task):
     @gpu_task
     @shows_errors
-    def side_by_side(adapter, image_path, prompt, max_new_tokens, temperature, seed):
-        """Base and adapter answers, streamed together with the same settings and seed."""
+    def side_by_side(adapter, image_path, prompt, max_new_tokens, temperature, seed, left=DEFAULT_LEFT,
+                     right=DEFAULT_RIGHT):
+        """The two chosen models' answers, streamed together with the same settings and seed."""
         settings = sampling_settings(max_new_tokens, temperature, seed=seed)
         yield from lora_side_by_side(engine, adapter or "", prompt, [image_path] if image_path else [], settings,
-                                     adapters_dir=adapters_dir, cancel=threading.Event())
+                                     adapters_dir=adapters_dir, cancel=threading.Event(), left=left, right=right)
 
     @gpu_task
     @shows_errors
-    def token_diff(adapter, image_path, prompt, max_new_tokens):
-        """Greedy answers with and without the adapter, scored token by token under both."""
+    def token_diff(adapter, image_path, prompt, max_new_tokens, left=DEFAULT_LEFT, right=DEFAULT_RIGHT):
+        """Greedy answers of the two chosen models, scored token by token under both."""
         settings = sampling_settings(max_new_tokens)
         view = lora_token_diff(engine, adapter or "", prompt, [image_path] if image_path else [],
-                               settings.max_new_tokens, adapters_dir=adapters_dir)
+                               settings.max_new_tokens, adapters_dir=adapters_dir, left=left, right=right)
         return view.html, view.figure, view.data
 
     return side_by_side, token_diff
+
+
+def _pickers(engine, adapters_dir, adapter, left, right):
+    """Both model pickers and both answer boxes named for ``adapter``'s kind (a choice the new
+    list lacks falls back to the default)."""
+    choices = model_choices(engine, adapter, adapters_dir)
+    labels = dict((which, label) for label, which in choices)
+    left = left if left in labels else DEFAULT_LEFT
+    right = right if right in labels else DEFAULT_RIGHT
+    return (gr.Dropdown(choices=choices, value=left), gr.Dropdown(choices=choices, value=right),
+            gr.Textbox(label=labels[left]), gr.Textbox(label=labels[right]))
 
 
 def lora_tab(engine, model: str, adapters_dir, last_chat_image: gr.State, concurrency: int = 1,
              gpu_task=lambda fn: fn) -> tuple[gr.Dropdown, gr.Image, gr.Textbox]:
     """Render the tab; returns its adapter, image and prompt inputs, which other tabs fill (the
     Evaluate tab's "Open in LoRA")."""
-    gr.Markdown("Base model and adapter answers side by side, and where they differ token by token. "
+    gr.Markdown("Two models' answers side by side, and where they differ token by token: on a checkpoint with a "
+                "vision LoRA the base language model, the vision model (what Chat runs) and your adapter as its "
+                "kind runs (on top of the vision LoRA, or in its place); otherwise the model and the adapter. "
                 + adapter_folder_help(adapters_dir))
     with gr.Row():
         options = describe_adapters(adapters_dir, model)  # adapters made for this model first
@@ -50,6 +65,10 @@ def lora_tab(engine, model: str, adapters_dir, last_chat_image: gr.State, concur
             max_new_tokens = gr.Slider(1, 256, value=DIFF_TOKENS, step=1, label="Max new tokens")
             temperature = gr.Slider(0.0, 2.0, value=0.0, step=0.05, label="Temperature (0 = greedy)")
             seed = gr.Number(value=0, label="Seed")  # checked by sampling_settings
+    choices = model_choices(engine, adapter.value, adapters_dir)
+    with gr.Row():
+        left = gr.Dropdown(choices, value=DEFAULT_LEFT, label="Left model", elem_id="lora-left")
+        right = gr.Dropdown(choices, value=DEFAULT_RIGHT, label="Right model", elem_id="lora-right")
     warning = gr.Markdown(base_warning(adapter.value, adapters_dir, model), elem_id="lora-base-warning")
     prompt = gr.Textbox(label="Prompt", value="What colour is the shape?", elem_id="lora-prompt")
     with gr.Row():
@@ -57,8 +76,10 @@ def lora_tab(engine, model: str, adapters_dir, last_chat_image: gr.State, concur
         diff_run = gr.Button("Token-level difference")
         stop = gr.Button("Stop")
     with gr.Row():
-        base_answer = gr.Textbox(label="Base model", lines=4, interactive=False)
-        adapter_answer = gr.Textbox(label="With adapter", lines=4, interactive=False)
+        labels = dict((which, label) for label, which in choices)
+        base_answer = gr.Textbox(label=labels[DEFAULT_LEFT], lines=4, interactive=False, elem_id="lora-left-answer")
+        adapter_answer = gr.Textbox(label=labels[DEFAULT_RIGHT], lines=4, interactive=False,
+                                    elem_id="lora-right-answer")
     diff_html = gr.HTML()
     diff_plot = gr.Plot(label="Log-probabilities and KL per token")
     diff_json = gr.JSON(label="Numbers", visible=False)
@@ -67,10 +88,15 @@ def lora_tab(engine, model: str, adapters_dir, last_chat_image: gr.State, concur
     use_last_chat_image(from_chat, last_chat_image, image)
     adapter.change(lambda name: base_warning(name, adapters_dir, model), adapter, warning, api_visibility="private",
                    queue=False, show_progress="hidden")  # a mismatch runs, with this line in view
+    # names and answer boxes follow the adapter's kind (whoever sets it) and the user's choices
+    picked = [adapter, left, right]
+    for event in (adapter.change, left.input, right.input):
+        event(lambda *values: _pickers(engine, adapters_dir, *values), picked, [left, right, base_answer, adapter_answer],
+              api_visibility="private", queue=False, show_progress="hidden")
     model_bound = {"concurrency_id": MODEL_QUEUE, "concurrency_limit": concurrency}
-    running = run.click(side_by_side, [adapter, image, prompt, max_new_tokens, temperature, seed],
+    running = run.click(side_by_side, [adapter, image, prompt, max_new_tokens, temperature, seed, left, right],
                         [base_answer, adapter_answer], api_name="lora_side_by_side", **model_bound)
-    diffing = diff_run.click(token_diff, [adapter, image, prompt, max_new_tokens], [diff_html, diff_plot, diff_json],
-                             api_name="lora_diff", **model_bound)
+    diffing = diff_run.click(token_diff, [adapter, image, prompt, max_new_tokens, left, right],
+                             [diff_html, diff_plot, diff_json], api_name="lora_diff", **model_bound)
     stop.click(None, cancels=[running, diffing], api_visibility="private")
     return adapter, image, prompt

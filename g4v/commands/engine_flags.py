@@ -15,11 +15,15 @@ from g4v.engines.vllm_engine import VLLMSettings
 _NOT_FLAGS = ("dtype", "max_images")
 
 
-def add_engine_flags(parser: argparse.ArgumentParser) -> None:
+def add_vision_lora_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--vision-lora", choices=MODES, default=DEFAULT_MODE,
                         help="how a checkpoint's own vision LoRA is applied (hf, vllm): native = per request, "
                              "to image requests only, as vLLM's --default-mm-loras; merged = into the weights "
                              "at load; off = the base language model")
+
+
+def add_engine_flags(parser: argparse.ArgumentParser) -> None:
+    add_vision_lora_flag(parser)
     remote = parser.add_argument_group("openai backend (an OpenAI-compatible server such as vllm serve)")
     remote.add_argument("--base-url", default=None, help="the server, e.g. http://127.0.0.1:8000/v1")
     remote.add_argument("--api-key", default=None, help="sent as a bearer token (default: $OPENAI_API_KEY)")

@@ -3,15 +3,19 @@ model's, token by token (transformers backend)."""
 
 import argparse
 import json
+import sys
 
 from g4v.commands.chat import open_images, warn_about_base
 from g4v.commands.common import add_adapters_dir_flag, add_model_flags
+from g4v.commands.engine_flags import add_vision_lora_flag
 from g4v.commands.inputs import add_page_flags
 from g4v.conversation import Message, SamplingSettings, validate_conversation
+from g4v.errors import G4VError
+from g4v.lora.models import ADAPTER, DEFAULT_LEFT, DEFAULT_RIGHT, MODELS
 
 #: What ``--help`` and the README show first.
-SYNOPSIS = ("python -m g4v lora-diff [--model M] --adapter A --image IMG --prompt P [--json] "
-            "[--png OUT.png] [--plot OUT.png]")
+SYNOPSIS = ("python -m g4v lora-diff [--model M] [--adapter A] [--left base|vision|adapter] "
+            "[--right base|vision|adapter] --image IMG --prompt P [--json] [--png OUT.png] [--plot OUT.png]")
 #: Width of the token column of the report: a token's quoted text, shortened to fit, quotes kept.
 TOKEN_WIDTH = 16
 
@@ -19,13 +23,20 @@ TOKEN_WIDTH = 16
 def add_parser(subparsers):
     from g4v.lora.token_diff import DIFF_TOKENS  # torch: the command needs it anyway
 
-    parser = subparsers.add_parser("lora-diff", help="compare base and adapter answers token by token",
-                                   description=f"{SYNOPSIS}\n\nWhere an adapter's answer departs from the base "
-                                               "model's, token by token; --png saves the highlighted answers, "
-                                               "--plot the per-token plot.",
+    parser = subparsers.add_parser("lora-diff", help="compare two models' answers token by token (default: the "
+                                                    "model Chat runs vs the same with an adapter)",
+                                   description=f"{SYNOPSIS}\n\nWhere one model's answer departs from another's, "
+                                               "token by token: the base language model, the vision model (what "
+                                               "Chat runs) or it with the adapter; a checkpoint without a vision LoRA "
+                                               "has only the model and the adapter. --png saves the highlighted "
+                                               "answers, --plot the per-token plot.",
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
     add_model_flags(parser)
-    parser.add_argument("--adapter", required=True, help="adapter name or folder inside the adapter folders")
+    parser.add_argument("--adapter", default=None, help="adapter name or folder inside the adapter folders "
+                                                        "(needed when a side is 'adapter')")
+    parser.add_argument("--left", choices=MODELS, default=DEFAULT_LEFT, help=f"left model (default {DEFAULT_LEFT})")
+    parser.add_argument("--right", choices=MODELS, default=DEFAULT_RIGHT, help=f"right model (default {DEFAULT_RIGHT})")
+    add_vision_lora_flag(parser)
     parser.add_argument("--image", action="append", default=[], metavar="PATH", help="an image or a PDF (repeatable)")
     add_page_flags(parser)
     parser.add_argument("--prompt", required=True, help="the question")
@@ -44,19 +55,25 @@ def run(args) -> int:
     settings = SamplingSettings(max_new_tokens=args.max_new_tokens).validated()
     from g4v.lora.folders import adapter_dirs, resolve_adapter
 
-    resolve_adapter(args.adapter, adapter_dirs(args.adapters_dir))
+    if ADAPTER in (args.left, args.right):
+        if not args.adapter:
+            raise G4VError("--adapter is needed to compare the adapter (or choose --left and --right among base, vision)")
+        resolve_adapter(args.adapter, adapter_dirs(args.adapters_dir))
 
     from g4v.engines.hf import TransformersEngine
-    from g4v.lora.activation import activate_adapter
     from g4v.lora.choices import base_warning
+    from g4v.lora.models import resolve_sides
     from g4v.lora.token_diff import lora_diff
     from g4v.paths import default_model
 
     warn_about_base(base_warning(args.adapter, args.adapters_dir, args.model or default_model()))
 
-    engine = TransformersEngine(args.model or default_model(), device=args.device, dtype=args.dtype)
-    spec = activate_adapter(engine, args.adapter, args.adapters_dir)
-    data = lora_diff(engine, messages, spec.name, settings).to_dict()
+    engine = TransformersEngine(args.model or default_model(), device=args.device, dtype=args.dtype,
+                                vision_lora=args.vision_lora)
+    if "vision_lora" in engine.info.details:
+        print(engine.info.details["vision_lora"], file=sys.stderr)
+    left, right = resolve_sides(engine, args.left, args.right, args.adapter, args.adapters_dir)
+    data = lora_diff(engine, messages, right.adapter, settings, left.adapter, (left.label, right.label)).to_dict()
     _save_pictures(data, args.png, args.plot)
     print(json.dumps(data, indent=2) if args.json else _report(data))
     return 0
@@ -75,8 +92,8 @@ def _save_pictures(data: dict, png: str | None, plot: str | None) -> None:
 def _report(data: dict) -> str:
     lines = [
         f"adapter: {data['adapter']}",
-        f"base:    {data['base_text']!r}",
-        f"adapter: {data['adapter_text']!r}",
+        f"left:    {data['left']}: {data['base_text']!r}",
+        f"right:   {data['right']}: {data['adapter_text']!r}",
         f"first divergence: {'none' if data['first_divergence'] is None else 'token ' + str(data['first_divergence'])}",
     ]
     for key, title in (("base_tokens", "base answer"), ("adapter_tokens", "adapter answer")):

@@ -3,7 +3,8 @@
 ``python -m g4v.demo build-adapter [--out DIR]``: regenerate the demo LoRA adapter for it.
 
 ``python -m g4v.demo build-vlora [--out DIR]``: regenerate the layout checkpoint (base weights plus
-the vision LoRA beside them, :mod:`g4v.demo.vlora`).
+the vision LoRA beside them, :mod:`g4v.demo.vlora`); ``build-layout-adapters --out DIR``: a user's
+two kinds of adapter for it (:mod:`g4v.demo.layout_adapters`).
 
 ``python -m g4v.demo dataset [--out DIR]``: regenerate the bundled dataset for dataset runs.
 
@@ -31,6 +32,9 @@ def main(argv=None) -> int:
     adapter_cmd.add_argument("--out", type=Path, default=None, help="output folder (default: assets/adapters/demo-lora)")
     vlora_cmd = sub.add_parser("build-vlora", help="build the layout checkpoint: base weights and the vision LoRA")
     vlora_cmd.add_argument("--out", type=Path, default=VLORA_MODEL_DIR, help="output folder")
+    layout_cmd = sub.add_parser("build-layout-adapters",
+                                help="build a replacement and an on-the-vision-model adapter for the layout checkpoint")
+    layout_cmd.add_argument("--out", type=Path, required=True, help="new output folder")
     dataset_cmd = sub.add_parser("dataset", help="build the bundled dataset for dataset runs (held-out pictures)")
     dataset_cmd.add_argument("--out", type=Path, default=None, help="output folder (default: assets/datasets/shapes-heldout)")
     sub.add_parser("examples", help="draw the chart and key-value Chat examples into assets/examples")
@@ -42,6 +46,11 @@ def main(argv=None) -> int:
 
         sha = build(args.out)
         print(f"wrote {args.out} (weights sha256 {sha})")
+    elif args.command == "build-layout-adapters":
+        from g4v.demo.layout_adapters import build_layout_adapters
+
+        folders = build_layout_adapters(args.out)
+        print(f"wrote {folders['adapters']} (use it as --adapters-dir) and {folders['vision-model']}")
     elif args.command == "build-vlora":
         from g4v.demo.vlora import build_vlora
 

@@ -13,6 +13,11 @@ from dataclasses import dataclass, field
 
 from g4v.conversation import Message, SamplingSettings
 
+#: The ``adapter=`` value that asks for the base language model of a checkpoint with a vision LoRA
+#: (:mod:`g4v.engines.vision_lora`): the request runs without any LoRA, image or not. Only native
+#: and off modes have that model; with the LoRA merged (or none in the checkpoint) it is refused.
+WITHOUT_VISION_LORA = "<base language model>"
+
 
 def gpu_present() -> bool:
     """Whether torch sees a CUDA GPU (``auto``'s choice, vLLM's settings). Here, below the engines,
@@ -47,6 +52,10 @@ class Engine(ABC):
     """One loaded model behind one backend."""
 
     info: EngineInfo
+    #: The checkpoint's vision LoRA (a :class:`~g4v.engines.vision_lora.VisionLora`; None: its
+    #: weights are the vision model, or the backend cannot tell) and its mode.
+    vision_lora = None
+    vision_mode = "off"
 
     @abstractmethod
     def generate(self, messages: list[Message], settings: SamplingSettings, adapter: str | None = None) -> Generation:
@@ -61,9 +70,11 @@ class Engine(ABC):
         set or when the caller stops iterating (closing the generator).
         """
 
-    def register_adapter(self, name: str, path: str) -> None:
+    def register_adapter(self, name: str, path: str, stacked: bool = False) -> None:
         """Make a LoRA adapter folder (already checked by ``g4v.lora.checks``) available as ``name``,
-        for the ``adapter=`` argument of :meth:`generate` and :meth:`stream`."""
+        for the ``adapter=`` argument of :meth:`generate` and :meth:`stream`. ``stacked``: an
+        adapter trained on the vision model (base + vision LoRA), applied on top of the vision
+        LoRA rather than instead of it (``g4v.lora.activation`` tells which kind it is)."""
         from g4v.errors import G4VError
 
         raise G4VError(f"the {self.info.backend} backend does not serve adapters")

@@ -11,6 +11,9 @@ adapter is disabled, so code that runs the model directly sees the base model; a
 A checkpoint's vision LoRA (:mod:`g4v.engines.vision_lora`) in native mode is one more PEFT
 adapter, chosen per request as vLLM chooses it: enabled for requests with an image, off for
 text-only ones (the base language model), and replaced by the user's adapter when one is named.
+A user adapter registered ``stacked`` (trained on the vision model) is instead enabled together
+with the vision LoRA (PEFT sums both updates), for every request: that is the model it was
+trained on. ``adapter=WITHOUT_VISION_LORA`` runs the base language model, image or not.
 """
 
 import itertools
@@ -22,9 +25,9 @@ import torch
 from transformers import StoppingCriteria, StoppingCriteriaList, TextIteratorStreamer, set_seed
 
 from g4v.conversation import Message, SamplingSettings, to_template_messages, validate_conversation
-from g4v.engines.base import Engine, EngineInfo, Generation
+from g4v.engines.base import WITHOUT_VISION_LORA, Engine, EngineInfo, Generation
 from g4v.errors import G4VError, PromptTooLong
-from g4v.engines.vision_lora import describe
+from g4v.engines.vision_lora import check_base_available, describe
 from g4v.loading import VISION_ADAPTER, LoadedModel, load_model
 
 _DECODE = {"skip_special_tokens": True, "clean_up_tokenization_spaces": False}
@@ -53,6 +56,7 @@ class TransformersEngine(Engine):
         self._lock = threading.Lock()
         # name -> PEFT's name for it (PEFT names become module names: no dots, no slashes)
         self._adapters: dict[str, str] = {}
+        self._stacked: set[str] = set()  # names applied on top of the vision LoRA
         self._adapter_ids = itertools.count(1)
         self.info = EngineInfo(
             backend="hf",
@@ -62,6 +66,14 @@ class TransformersEngine(Engine):
         )
         if self.loaded.vision_lora is not None:  # said at start by the commands; absent for merged checkpoints
             self.info.details["vision_lora"] = describe(self.loaded.vision_mode, self.loaded.vision_lora)
+
+    @property
+    def vision_lora(self):
+        return self.loaded.vision_lora
+
+    @property
+    def vision_mode(self) -> str:
+        return self.loaded.vision_mode
 
     # ── prompts ──────────────────────────────────────────────────────────────────────────────
 
@@ -184,10 +196,14 @@ class TransformersEngine(Engine):
 
     # ── adapters ─────────────────────────────────────────────────────────────────────────────
 
-    def register_adapter(self, name: str, path: str) -> None:
+    def register_adapter(self, name: str, path: str, stacked: bool = False) -> None:
         """Load a checked LoRA folder into the shared model as ``name`` (replacing an adapter of
-        that name); it stays disabled until a request asks for it."""
+        that name); it stays disabled until a request asks for it. ``stacked``: applied on top of
+        the vision LoRA (in merged mode that is the weights themselves)."""
+        if stacked and self.vision_lora is not None and self.vision_mode == "off":
+            raise G4VError(f"adapter {name} runs on top of the vision LoRA, which is off here (--vision-lora off)")
         with self._lock:
+            self._stacked.discard(name)
             if name in self._adapters:
                 self.model.delete_adapter(self._adapters.pop(name))
             peft_name = f"g4v_adapter_{next(self._adapter_ids)}"
@@ -199,6 +215,8 @@ class TransformersEngine(Engine):
                 detail = (str(err).strip() or type(err).__name__).splitlines()[0][:300]
                 raise G4VError(f"could not load adapter {name}: {detail}") from None
             self._adapters[name] = peft_name
+            if stacked and self.vision_mode == "native":
+                self._stacked.add(name)
             self.model.disable_adapters()
 
     def adapters(self) -> list[str]:
@@ -213,10 +231,15 @@ class TransformersEngine(Engine):
         with self._lock, self._adapter_enabled(adapter, image):
             yield self.model
 
-    def active_adapter(self, adapter: str | None, image: bool) -> str | None:
-        """The PEFT adapter a request runs with, as vLLM picks it: the user's adapter when one is
-        named (it replaces the vision LoRA), else the vision LoRA in native mode when the request
-        has an image, else none (the base language model, or merged weights)."""
+    def active_adapter(self, adapter: str | None, image: bool) -> str | list[str] | None:
+        """The PEFT adapter(s) a request runs with, as vLLM picks them: the user's adapter when one
+        is named (it replaces the vision LoRA; a stacked one comes with it), else the vision LoRA
+        in native mode when the request has an image, else none (the base language model, or
+        merged weights)."""
+        if adapter == WITHOUT_VISION_LORA:
+            return None
+        if adapter in self._stacked:
+            return [VISION_ADAPTER, self._adapters[adapter]]
         if adapter is not None:
             return self._adapters[adapter]
         if image and self.loaded.vision_mode == "native":
@@ -242,5 +265,7 @@ class TransformersEngine(Engine):
             self.model.disable_adapters()
 
     def _check_adapter(self, adapter: str | None) -> None:
-        if adapter is not None and adapter not in self.adapters():
+        if adapter == WITHOUT_VISION_LORA:
+            check_base_available(self.vision_lora, self.vision_mode)
+        elif adapter is not None and adapter not in self.adapters():
             raise G4VError(f"unknown adapter {adapter!r}")

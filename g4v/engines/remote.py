@@ -99,8 +99,8 @@ class RemoteEngine(Engine):
         """Served names other than the base model: the server's ``--lora-modules``."""
         return [name for name in self._served if name != self.model]
 
-    def register_adapter(self, name: str, path: str) -> None:
-        """Adapters live on the server; this only checks that it serves ``name``."""
+    def register_adapter(self, name: str, path: str, stacked: bool = False) -> None:
+        """Adapters live on the server (and are served as it serves them); this only checks that it serves ``name``."""
         if name not in self.adapters():
             raise G4VError(f"the server at {self.base_url} does not serve adapter {name!r}; "
                            f"start it with --enable-lora --lora-modules {name}={path}")

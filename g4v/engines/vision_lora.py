@@ -71,6 +71,17 @@ def describe(mode: str, lora: VisionLora | None) -> str:
     return f"vision LoRA: {mode}, rank {lora.rank}, {len(lora.modules)} modules"
 
 
+def check_base_available(lora: VisionLora | None, mode: str) -> None:
+    """One line when an engine cannot run the base language model: the checkpoint has no vision
+    LoRA (its weights are the vision model), or the LoRA is merged into the weights."""
+    if lora is None:
+        raise G4VError("this checkpoint has no vision LoRA: its weights are the vision model, there is no "
+                       "base language model to run")
+    if mode == "merged":
+        raise G4VError("the vision LoRA is merged into the weights (--vision-lora merged): there is no base "
+                       "language model to run; use --vision-lora native")
+
+
 def model_folder(source: str) -> Path | None:
     """The files of ``source``: a local folder, or a hub repository's cached snapshot (downloaded
     the way ``from_pretrained`` would); None when neither can be had."""

@@ -2,23 +2,18 @@
 
 vLLM serves requests from an asyncio engine (``AsyncLLM``) whose model runs in worker processes.
 The workbench is synchronous (CLI loops, Gradio generators, tests), so this module runs one event
-loop on a background thread and hands each request's outputs to the caller through a queue. That
-keeps every request streaming token by token, lets several requests share vLLM's continuous
-batching (a side-by-side view submits the base and the adapter request together), and lets a
-caller's cancel event abort the request inside vLLM.
+loop on a background thread and hands each request's outputs to the caller through a queue: every
+request streams token by token, requests share vLLM's continuous batching, and a caller's cancel
+event aborts the request inside vLLM. Facts about vLLM that shape its use (``../shared/ENVIRONMENT.md``):
 
-Two facts about vLLM shape how it must be used (see ``../shared/ENVIRONMENT.md``):
-
-* vLLM starts its engine-core and worker processes with ``spawn`` (always, on the CPU). A script
-  that builds a :class:`VLLMEngine` therefore needs the ``if __name__ == "__main__":`` guard,
-  or each child re-runs the script. ``python -m g4v`` and pytest are already safe.
-* ``AsyncLLM`` ignores ``default_mm_loras`` (vLLM applies it in ``LLM.generate`` and its OpenAI
-  server only), so this engine passes the checkpoint's vision LoRA (:mod:`g4v.engines.vision_lora`)
-  as the ``lora_request`` of every image request itself, and gives vLLM a view of the folder
-  without the adapter files (vLLM would load ``adapter_model.safetensors`` as a weight shard).
-* On the CPU, vLLM reserves its KV cache from RAM, sized by the ``VLLM_CPU_KVCACHE_SPACE``
-  environment variable (GiB). It is read when the engine starts, so :func:`cpu_defaults` sets a
-  small default before the engine is built, unless the user set it.
+* vLLM starts its processes with ``spawn`` (always, on the CPU): a script that builds a
+  :class:`VLLMEngine` needs the ``if __name__ == "__main__":`` guard (``python -m g4v`` has it).
+* ``AsyncLLM`` ignores ``default_mm_loras`` (only ``LLM.generate`` and the OpenAI server apply it),
+  so this engine passes the checkpoint's vision LoRA (:mod:`g4v.engines.vision_lora`) as every image
+  request's ``lora_request``, and gives vLLM the folder without the adapter files (it would load
+  ``adapter_model.safetensors`` as a weight shard).
+* On the CPU, vLLM reserves its KV cache from RAM (``VLLM_CPU_KVCACHE_SPACE``, GiB, read at
+  start): :func:`cpu_defaults` sets a small default before the engine is built, unless set.
 """
 
 import asyncio
@@ -32,8 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from g4v.conversation import Message, SamplingSettings, to_template_messages, validate_conversation
-from g4v.engines.base import Engine, EngineInfo, Generation, gpu_present
-from g4v.engines.vision_lora import lora_rank_slot, served_view
+from g4v.engines.base import WITHOUT_VISION_LORA, Engine, EngineInfo, Generation, gpu_present
+from g4v.engines.vision_lora import check_base_available, lora_rank_slot, served_view
 from g4v.errors import G4VError, PromptTooLong, first_line
 
 #: How often a waiting consumer looks at its cancel event (seconds).
@@ -293,11 +288,14 @@ class VLLMEngine(Engine):
 
     # ── adapters ─────────────────────────────────────────────────────────────────────────────
 
-    def register_adapter(self, name: str, path: str) -> None:
-        """Load the LoRA folder into vLLM now (so a bad adapter fails here, not mid-chat) and
-        give it a stable integer id, which is how vLLM tells adapters apart."""
+    def register_adapter(self, name: str, path: str, stacked: bool = False) -> None:
+        """Load the LoRA folder into vLLM now (so a bad adapter fails here, not mid-chat) with a
+        stable integer id. ``stacked`` (trained on the vision model): merged weights only."""
         from vllm.lora.request import LoRARequest
 
+        if stacked and self.vision_lora is not None and self.vision_mode != "merged":
+            raise G4VError(f"adapter {name} was trained on the vision model, and vLLM in {self.vision_mode} mode would run "
+                           "it without the vision LoRA (one LoRA per request): use --vision-lora merged")
         if not self.settings.enable_lora:
             raise G4VError("this vLLM engine was started without LoRA (enable_lora=False)")
         folder = Path(path)
@@ -328,6 +326,9 @@ class VLLMEngine(Engine):
         LoRA), else the vision LoRA for a request with an image, else none (the base)."""
         if adapter is None:
             return self._image_lora if image else None
+        if adapter == WITHOUT_VISION_LORA:
+            check_base_available(self.vision_lora, self.vision_mode)
+            return None
         if adapter not in self._adapters:
             raise G4VError(f"unknown adapter {adapter!r}")
         return self._adapters[adapter]

@@ -66,6 +66,9 @@ class AdapterSpec:
     alpha: float
     scaling: float  # alpha / rank (alpha / sqrt(rank) with rsLoRA): the merge factor
     modules: tuple[str, ...]  # language-model linear layers the weights change (in-memory names)
+    #: On a checkpoint with a vision LoRA, whether it replaces it or runs on the vision model
+    #: (``g4v.lora.activation``); None until activated, and on checkpoints without one.
+    kind: str | None = None
 
 
 # ── checks ─────────────────────────────────────────────────────────────────────────────────────

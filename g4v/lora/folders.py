@@ -191,6 +191,12 @@ def same_base(base: str | None, model: str) -> bool:
     return wanted == served
 
 
+def local_base_folder(base: str) -> Path | None:
+    """The resolved folder an adapter's recorded base names (relative: to the repository, as
+    :func:`same_base` reads it); None for a hub id."""
+    return _local_folder(base, [REPO_ROOT])
+
+
 def _local_folder(text: str, bases: list[Path]) -> Path | None:
     """The resolved folder ``text`` names (absolute, or under one of ``bases``); None for a hub id."""
     try:

@@ -27,6 +27,9 @@ from g4v.lora.folders import adapter_dirs, resolve_adapter
 
 MERGED_DTYPE = torch.float32
 PROVENANCE_FILE = "g4v_merge.json"
+#: The adapter name the provenance records when a model's own vision LoRA was merged alone (the
+#: vision model, which adapters "on the vision model" are trained on).
+MERGED_VISION_LORA = "vision LoRA"
 #: Files of the base folder that are not copied: the weights are rewritten, provenance is per build.
 _SKIPPED_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".index.json", ".gguf")
 #: A vision LoRA's config is not copied either: it is merged, and beside the merged weights it would be
@@ -58,7 +61,7 @@ def merge_lora(model: str, adapter: str | None, out: str | Path, adapters_dir=No
     if adapter is None:
         if vision is None:
             raise G4VError(f"{model} has no vision LoRA of its own: name the adapter to merge (--adapter)")
-        spec = AdapterSpec(name="vision LoRA", path=vision.folder, rank=vision.rank, alpha=vision.alpha,
+        spec = AdapterSpec(name=MERGED_VISION_LORA, path=vision.folder, rank=vision.rank, alpha=vision.alpha,
                            scaling=vision.scaling, modules=vision.modules)
     else:
         spec = check_adapter(path, loaded.model.config, name=name)

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from g4v.conversation import Message, SamplingSettings, validate_conversation
 from g4v.errors import G4VError
 from g4v.images import open_image
-from g4v.lora.activation import activate_adapter
+from g4v.engines.base import WITHOUT_VISION_LORA
+from g4v.lora.models import DEFAULT_LEFT, DEFAULT_RIGHT, resolve_sides
 
 
 @dataclass
@@ -36,11 +37,15 @@ def stream_side_by_side(
     engine,
     messages: list[Message],
     settings: SamplingSettings,
-    adapter: str,
+    adapter: str | None,
     cancel: threading.Event | None = None,
     concurrent: bool = False,
+    left: str | None = None,
 ) -> Iterator[SideBySide]:
     """Stream the base answer, then the adapter answer; yields the updated pair after each piece.
+    ``left`` and ``adapter`` are the two requests' ``adapter=`` values (``g4v.lora.models``: the
+    ``base`` column is the left one, ``adapter`` the right one; by default the model Chat runs
+    against the adapter).
 
     ``concurrent=True`` runs both requests at once, so a batching backend (vLLM) serves them
     together. It is off by default because vLLM's CPU build (0.32) gives a wrong base answer when
@@ -49,9 +54,9 @@ def stream_side_by_side(
     raises here, before anything streams. Closing the iterator or setting ``cancel`` stops both.
     """
     cancel = cancel or threading.Event()
-    if adapter not in engine.adapters():
+    if adapter not in (None, WITHOUT_VISION_LORA, *engine.adapters()):
         raise G4VError(f"unknown adapter {adapter!r}")
-    base = engine.stream(messages, settings, cancel=cancel)  # validates the input now
+    base = engine.stream(messages, settings, cancel=cancel, adapter=left)  # validates the input now
 
     def adapter_stream():  # submitted only when its turn comes, and not at all after a cancel
         return iter(()) if cancel.is_set() else engine.stream(messages, settings, cancel=cancel, adapter=adapter)
@@ -120,10 +125,13 @@ def lora_side_by_side(
     settings: SamplingSettings | None = None,
     adapters_dir=None,
     cancel: threading.Event | None = None,
+    left: str = DEFAULT_LEFT,
+    right: str = DEFAULT_RIGHT,
 ) -> Iterator[tuple[str, str]]:
-    """For the LoRA tab: yields ``(base_text, adapter_text)`` as both answers stream."""
+    """For the LoRA tab: yields ``(left_text, right_text)`` as both answers stream; ``left`` and
+    ``right`` name models (``g4v.lora.models``: base, vision or adapter)."""
     messages = chat_input(prompt, images)
     settings = (settings or SamplingSettings()).validated()
-    spec = activate_adapter(engine, adapter, adapters_dir)
-    for pair in stream_side_by_side(engine, messages, settings, spec.name, cancel):
+    first, second = resolve_sides(engine, left, right, adapter, adapters_dir)
+    for pair in stream_side_by_side(engine, messages, settings, second.adapter, cancel, left=first.adapter):
         yield pair.base, pair.adapter

@@ -19,7 +19,7 @@ import torch
 
 from g4v.conversation import Message, SamplingSettings
 from g4v.engines import transformers_engine
-from g4v.lora.activation import activate_adapter
+from g4v.lora.models import ADAPTER, DEFAULT_LEFT, DEFAULT_RIGHT, VISION, model_label, resolve_sides
 from g4v.lora.side_by_side import chat_input
 from g4v.model.scoring import answer_logits, kl_divergence
 
@@ -58,9 +58,10 @@ class ScoredAnswer:
 
 @dataclass
 class LoraDiff:
-    adapter: str
-    base: ScoredAnswer  # the base model's answer
-    tuned: ScoredAnswer  # the adapter's answer
+    adapter: str | None
+    base: ScoredAnswer  # the left model's answer (the base, by default)
+    tuned: ScoredAnswer  # the right model's answer (the adapter, by default)
+    labels: tuple[str, str] = ("base", "adapter")  # the two models' names
 
     @property
     def first_divergence(self) -> int | None:
@@ -72,6 +73,8 @@ class LoraDiff:
     def to_dict(self) -> dict:
         return {
             "adapter": self.adapter,
+            "left": self.labels[0],
+            "right": self.labels[1],
             "base_text": self.base.text,
             "adapter_text": self.tuned.text,
             "first_divergence": self.first_divergence,
@@ -80,16 +83,21 @@ class LoraDiff:
         }
 
 
-def lora_diff(engine, messages: list[Message], adapter: str, settings: SamplingSettings | None = None) -> LoraDiff:
-    """Generate with and without ``adapter`` on a transformers engine, then score both answers."""
+def lora_diff(engine, messages: list[Message], adapter: str | None, settings: SamplingSettings | None = None,
+              left: str | None = None, labels: tuple[str, str] | None = None) -> LoraDiff:
+    """Generate with the requests' ``adapter=`` values ``left`` (the "base" side) and ``adapter``
+    (the "adapter" side) on a transformers engine, then score both answers under both.
+    ``labels`` name the two models (:func:`~g4v.lora.models.resolve_sides` gives them; the default
+    names the model Chat runs and that model + the adapter)."""
     transformers_engine(engine, "the token-level LoRA comparison")
+    labels = labels or (model_label(VISION, engine), model_label(ADAPTER, engine, adapter))
     settings = (settings or SamplingSettings(max_new_tokens=DIFF_TOKENS)).validated()
-    base = engine.generate(messages, settings)
+    base = engine.generate(messages, settings, adapter=left)
     tuned = engine.generate(messages, settings, adapter=adapter)
     return LoraDiff(
-        adapter=adapter,
-        base=score_answer(engine, messages, adapter, "base", base.text, _answer_tokens(engine, base)),
-        tuned=score_answer(engine, messages, adapter, "adapter", tuned.text, _answer_tokens(engine, tuned)),
+        adapter=adapter, labels=labels,
+        base=score_answer(engine, messages, adapter, "base", base.text, _answer_tokens(engine, base), left),
+        tuned=score_answer(engine, messages, adapter, "adapter", tuned.text, _answer_tokens(engine, tuned), left),
     )
 
 
@@ -103,15 +111,17 @@ class LoraDiffView:
 
 
 def lora_token_diff(
-    engine, adapter: str, prompt: str, images=(), max_new_tokens: int = DIFF_TOKENS, adapters_dir=None
+    engine, adapter: str, prompt: str, images=(), max_new_tokens: int = DIFF_TOKENS, adapters_dir=None,
+    left: str = DEFAULT_LEFT, right: str = DEFAULT_RIGHT,
 ) -> LoraDiffView:
-    """For the LoRA tab: greedy answers with and without the adapter, scored token by token."""
+    """For the LoRA tab: greedy answers of the ``left`` and ``right`` models (``g4v.lora.models``),
+    scored token by token."""
     from viz.lora import diff_html, diff_plot
 
     messages = chat_input(prompt, images)
     settings = SamplingSettings(max_new_tokens=max_new_tokens).validated()
-    spec = activate_adapter(engine, adapter, adapters_dir)
-    data = lora_diff(engine, messages, spec.name, settings).to_dict()
+    first, second = resolve_sides(engine, left, right, adapter, adapters_dir)
+    data = lora_diff(engine, messages, second.adapter, settings, first.adapter, (first.label, second.label)).to_dict()
     return LoraDiffView(html=diff_html(data), figure=diff_plot(data), data=data)
 
 
@@ -123,11 +133,13 @@ def _answer_tokens(engine, generation) -> list[int]:
     return list(generation.token_ids)
 
 
-def score_answer(engine, messages: list[Message], adapter: str, source: str, text: str, tokens: list[int]) -> ScoredAnswer:
-    """Teacher-force ``tokens`` after the prompt through the base model and the adapter."""
+def score_answer(engine, messages: list[Message], adapter: str | None, source: str, text: str, tokens: list[int],
+                 base: str | None = None) -> ScoredAnswer:
+    """Teacher-force ``tokens`` after the prompt through both models (``adapter=`` values ``base``
+    and ``adapter``)."""
     if not tokens:
         return ScoredAnswer(source=source, text=text)
-    base_logits = answer_logits(engine, messages, tokens, None)
+    base_logits = answer_logits(engine, messages, tokens, base)
     adapter_logits = answer_logits(engine, messages, tokens, adapter)
     return ScoredAnswer(source=source, text=text, tokens=compare_positions(engine.tokenizer, tokens, base_logits, adapter_logits))
 

@@ -62,7 +62,8 @@ def answer_logits(engine, messages: list[Message], tokens: list[int], adapter: s
     inputs = engine.prepare_inputs(messages, max_new_tokens=len(tokens))
     input_ids = inputs["input_ids"]
     answer = torch.tensor([tokens[:-1]], dtype=input_ids.dtype, device=input_ids.device)
-    with engine.adapter_scope(adapter) as model, torch.inference_mode():
+    # image: as generate ran it (native mode: the vision LoRA on image prompts only)
+    with engine.adapter_scope(adapter, image="pixel_values" in inputs) as model, torch.inference_mode():
         cache = DynamicCache(config=model.config.text_config)  # the model does not create one itself
         prompt_pass = model(**inputs, past_key_values=cache, use_cache=True)
         logits = [prompt_pass.logits[0, -1:]]
