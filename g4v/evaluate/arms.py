@@ -31,7 +31,7 @@ from g4v.errors import G4VError, quoted
 
 BACKENDS = ("hf", "vllm", "openai")
 #: An arm's ``key=value`` parts as typed -> ArmSpec fields.
-_KEYS = {"model": "model", "adapter": "adapter", "label": "label", "vision-lora": "vision_lora"}
+ARM_KEYS = {"model": "model", "adapter": "adapter", "label": "label", "vision-lora": "vision_lora"}
 #: Requests a vLLM arm keeps in flight (the batch continuous batching draws from); bounded below
 #: the HTTP client's connection pool when the arm runs through a server.
 VLLM_IN_FLIGHT = 64
@@ -68,10 +68,10 @@ class ArmSpec:
             values["base_url"], parts = parts[0], parts[1:]
         for part in parts:
             key, sep, value = (piece.strip() for piece in part.partition("="))
-            if not sep or not value or key not in _KEYS:
+            if not sep or not value or key not in ARM_KEYS:
                 raise G4VError(f"arm {quoted(text)}: expected model=, adapter=, vision-lora= or label=, "
                                f"got {quoted(part)}")
-            values[_KEYS[key]] = value
+            values[ARM_KEYS[key]] = value
         if "vision_lora" in values:
             if backend == "openai":
                 raise G4VError(f"arm {quoted(text)}: an openai arm's vision LoRA is the server's choice "
