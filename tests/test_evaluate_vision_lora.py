@@ -108,3 +108,20 @@ def test_the_tab_offers_the_modes_of_a_layout_checkpoint(engines):
     keys = {choice.key: choice.spec for choice in arm_choices(engines["native"], LAYOUT)}
     assert keys["app:vision-lora=off"] == ArmSpec("hf", LAYOUT, label="hf vision-lora=off", vision_lora="off")
     assert "app:vision-lora=merged" in keys and "app:vision-lora=native" not in keys  # "app" is native
+
+
+def test_a_run_recorded_before_arms_had_a_mode_resumes_and_another_mode_is_another_run(tmp_path):
+    from dataclasses import asdict
+
+    import g4v.evaluate.store as store
+    from g4v.evaluate import EvalConfig
+
+    config = EvalConfig(a=ArmSpec("hf", LAYOUT), b=ArmSpec("hf", LAYOUT), data=str(BUNDLED_DATASET))
+    old = asdict(config)
+    for arm in ("a", "b"):
+        del old[arm]["vision_lora"]  # run.json as written before this field existed
+    store.prepare(tmp_path, old)
+    store.prepare(tmp_path, asdict(config))  # the same question: resumes
+    other = EvalConfig(a=config.a, b=ArmSpec("hf", LAYOUT, vision_lora="off"), data=str(BUNDLED_DATASET))
+    with pytest.raises(G4VError, match="differs in b"):
+        store.prepare(tmp_path, asdict(other))
