@@ -44,8 +44,7 @@ def run_engines(args) -> int:
     with tqdm(total=args.chats * len(runs), unit="chat", file=sys.stderr) as progress:
         for name, backend, mode in runs:
             progress.set_description(f"{name}: starting")
-            starter = _starter(backend, args.model, {**options, "vision_lora": mode or options["vision_lora"]},
-                               args.serve)
+            starter = _starter(backend, args.model, engine_bench.mode_options(options, mode), args.serve)
             results.append(engine_bench.bench_backend(name, starter, conversations, settings, progress))
     report = engine_bench.table(results, args.chats, args.max_new_tokens)
     print(report)

@@ -157,10 +157,16 @@ def table(results: list[BackendResult], chats: int, max_new_tokens: int) -> str:
         decode_ratio = result.decode_tokens_per_s / reference.decode_tokens_per_s
         lines.append(
             f"| {result.backend} | {result.startup_s:.1f} | {result.wall_s:.2f} | {result.tokens} | "
-            f"{result.tokens_per_s:.1f} | {result.ttft_s:.3f} | {result.decode_tokens_per_s:.1f} | {speedup:.2f}x | "
-            f"{ttft_ratio:.2f}x | {decode_ratio:.2f}x |"
+            f"{result.tokens_per_s:.1f} | {result.ttft_s:.3f} | {known(result.decode_tokens_per_s, '.1f')} | "
+            f"{speedup:.2f}x | {ttft_ratio:.2f}x | {known(decode_ratio, '.2f', 'x')} |"
         )
     return "\n".join(lines)
+
+
+def known(value: float, spec: str, unit: str = "") -> str:
+    """A measured number, or n/a where none was (answers of one token have no decode steps; an
+    answer time within the noise of its one-token time has none worth a number)."""
+    return format(value, spec) + unit if value == value else "n/a"
 
 
 def bench_backend(name: str, start_engine, conversations, settings, progress) -> BackendResult:
@@ -210,6 +216,17 @@ def runs(backends: list[str], modes: str | None, model: str | None, serve: bool 
         raise G4VError("--vision-lora-modes needs a checkpoint with its vision LoRA beside the base "
                        "(e.g. assets/granite4-vision-tiny-vlora); this one has none")
     return [(f"{backend} [{mode}]", backend, mode) for backend in backends for mode in checked]
+
+
+def mode_options(options: dict, mode: str | None) -> dict:
+    """``create_engine`` options for one timed mode: merged and off run vLLM without LoRA slots, as a
+    deployment of them would (the slots cost time on every step), so the ratios show the LoRA's cost."""
+    if mode is None:
+        return options
+    vllm = options.get("vllm")
+    if vllm is not None and mode != "native":
+        vllm = replace(vllm, enable_lora=False, max_lora_rank=None, max_loras=None, default_mm_loras=None)
+    return {**options, "vision_lora": mode, "vllm": vllm}
 
 
 def default_backends(base_url: str | None, serve: bool) -> list[str]:

@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass, replace
 
 from g4v.conversation import SamplingSettings
+from g4v.engines.bench import known
 from g4v.engines.vision_lora import check_mode
 from g4v.errors import G4VError
 from g4v.evaluate.arms import ARM_KEYS, ArmSpec, check_arms, open_arm
@@ -142,12 +143,7 @@ def table(timings: list[ArmTiming], samples: int, max_new_tokens: int) -> str:
         decode = timing.decode_tokens_per_s / reference.decode_tokens_per_s
         same = sum(agreement(a, b)[0] for a, b in zip(reference.answers, timing.answers) if a and b)
         lines.append(f"| {timing.backend} | {timing.startup_s:.1f} | {timing.wall_s:.1f} | {timing.samples_per_s:.2f} | "
-                     f"{ratio:.2f}x | {timing.tokens} | {_known(timing.decode_tokens_per_s, '.1f')} | "
-                     f"{_known(decode, '.2f')}{'x' if decode == decode else ''} | {same}/{samples} |")
+                     f"{ratio:.2f}x | {timing.tokens} | {known(timing.decode_tokens_per_s, '.1f')} | "
+                     f"{known(decode, '.2f', 'x')} | {same}/{samples} |")
     return "\n".join(lines)
 
-
-def _known(value: float, spec: str) -> str:
-    """A number, or n/a where none was measured (answers of one token have no decode steps; an
-    answer time within the noise of its one-token time has none worth a number)."""
-    return format(value, spec) if value == value else "n/a"
