@@ -30,7 +30,13 @@ def STEPS() -> list[tuple[str, object]]:
     """``(name, step)`` in running order; ``load`` comes first, the LoRA merge last (it rewrites weights)."""
     return [("load", step_load), ("chat", step_chat), ("deepstack_capture", step_deepstack_capture),
             ("deepstack_ablation", step_ablation), ("tiling_27_pinpoints", step_tiling), *panel_steps(),
-            ("pipeline_parallel", step_pipeline_parallel), ("lora", step_lora)]
+            ("vision_lora", _vision_lora_step()), ("pipeline_parallel", step_pipeline_parallel), ("lora", step_lora)]
+
+
+def _vision_lora_step():
+    from gpu_check_vision_lora import step_vision_lora  # a module of its own (this one's size)
+
+    return step_vision_lora
 
 
 def panel_steps() -> list[tuple[str, object]]:
@@ -174,10 +180,12 @@ def batched(inputs: dict, batch: int) -> dict:
             for key, value in inputs.items()}
 
 
-def timed_generate(check, inputs: dict, new_tokens: int) -> float:
-    """Seconds for exactly ``new_tokens`` greedy tokens (end-of-text cannot end random weights early)."""
-    tokenizer = check.engine.tokenizer
-    with check.engine.adapter_scope(None) as model, torch.inference_mode():
+def timed_generate(check, inputs: dict, new_tokens: int, engine=None) -> float:
+    """Seconds for exactly ``new_tokens`` greedy tokens (end-of-text cannot end random weights early),
+    on ``engine`` (default the check's) as an image request sees it."""
+    engine = engine or check.engine
+    tokenizer = engine.tokenizer
+    with engine.adapter_scope(None) as model, torch.inference_mode():
         _sync(check)
         start = time.perf_counter()
         model.generate(**inputs, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
@@ -187,12 +195,12 @@ def timed_generate(check, inputs: dict, new_tokens: int) -> float:
         return time.perf_counter() - start
 
 
-def decode_rate(check, inputs: dict, batch: int) -> float:
+def decode_rate(check, inputs: dict, batch: int, engine=None) -> float:
     """Decoded tokens per second at ``batch``: the time of N tokens minus the time of 1 (prefill and
     first token), over the N - 1 decoding steps."""
     n = check.sizes.new_tokens
-    one = timed_generate(check, inputs, 1)
-    many = timed_generate(check, inputs, n)
+    one = timed_generate(check, inputs, 1, engine)
+    many = timed_generate(check, inputs, n, engine)
     return batch * (n - 1) / (many - one) if many > one else None  # None: prefill noise swamped decoding
 
 
@@ -319,13 +327,13 @@ def step_pipeline_parallel(check) -> dict:
 # ── LoRA ───────────────────────────────────────────────────────────────────────────────────────
 
 
-def write_random_lora(model, folder) -> None:
-    """A rank-16 LoRA with random A and B (so it changes the answers) on the language model, saved
-    as an ordinary PEFT adapter folder and detached again."""
+def write_random_lora(model, folder, rank: int = LORA_RANK, alpha: float | None = None) -> None:
+    """A LoRA of ``rank`` (alpha default 2 x rank) with random A and B (so it changes the answers)
+    on the language model, saved as an ordinary PEFT adapter folder and detached again."""
     from peft import LoraConfig
 
-    torch.manual_seed(16)
-    config = LoraConfig(r=LORA_RANK, lora_alpha=2 * LORA_RANK, init_lora_weights=False, target_modules=LORA_TARGETS)
+    torch.manual_seed(rank)
+    config = LoraConfig(r=rank, lora_alpha=alpha or 2 * rank, init_lora_weights=False, target_modules=LORA_TARGETS)
     model.add_adapter(config, adapter_name="gpu_check")
     with torch.no_grad():  # PEFT's random B is as large as A; scale it so the update stays an update
         for name, param in model.named_parameters():
@@ -375,3 +383,4 @@ def step_lora(check) -> dict:
             "answers_differ": pair is not None and pair.base != pair.adapter, "cast_to_float32_s": cast_s,
             "merge_s": merge_s, "adapter_vs_base_max_rel": (attached - base).abs().max().item() / scale,
             "merged_vs_adapter_max_rel": (merged - attached).abs().max().item() / scale}
+

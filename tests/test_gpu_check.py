@@ -47,7 +47,7 @@ def test_every_step_runs_or_says_why_not(report):
         assert name in report["table"]
     assert {name for name, step in by_name.items() if step["status"] == "ok"} >= {
         "load", "chat", "deepstack_capture", "deepstack_ablation", "tiling_27_pinpoints", "attribution", "documents",
-        "dataset_run", "lora"}
+        "dataset_run", "vision_lora", "lora"}
 
 
 def test_smoke_model_has_the_real_geometry(report):
@@ -136,3 +136,20 @@ def test_the_dataset_run_compares_both_arms_on_every_row(report):
     run = steps(report)["dataset_run"]["metrics"]
     assert run["rows"] == DATASET_ROWS["smoke"] and run["complete"] and run["agreement"] == 1.0
     assert run["kl"]["max"] < 1e-6
+
+
+def test_the_vision_lora_runs_native_and_merged_at_real_geometry(report):
+    """A random rank-256 LoRA (alpha 256) on all 7 projections of the 40 layers, applied as the
+    engines apply it: it changes the logits, and merged equals native within float32 rounding (the
+    smoke run's dtype; bf16 on the GPU, where this is the number the README's row reports)."""
+    from gpu_check import SMOKE_SIZES
+
+    lora = steps(report)["vision_lora"]["metrics"]
+    assert (lora["rank"], lora["alpha"], lora["modules"]) == (256, 256.0, 7 * 40)
+    assert lora["native_vs_base_max_rel"] > 1e-3, "the random vision LoRA must change the logits"
+    assert lora["merged_vs_native_max_rel"] < 1e-4
+    for mode in ("native", "merged"):
+        numbers = lora[mode]
+        assert numbers["apply_s"] > 0 and numbers["ttft_s"] > 0 and numbers["peak_bytes"] > 0
+        assert {"decode_tok_s_batch1", f"decode_tok_s_batch{SMOKE_SIZES.batch}"} <= set(numbers)
+    assert "vision_lora" in report["table"]

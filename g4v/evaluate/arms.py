@@ -1,4 +1,6 @@
-"""Arms: the two sides a dataset run compares. An arm is a backend + model (+ adapter).
+"""Arms: the two sides a dataset run compares. An arm is a backend + model (+ adapter) (+ the mode of
+the checkpoint's vision LoRA: ``hf:vision-lora=off`` is the base language model, ``vllm:vision-lora=merged``
+the merged weights; see :mod:`g4v.engines.vision_lora`).
 
 Typed as text on the command line (``--a hf --b hf:adapter=tiny-trained-french``) and parsed into
 an :class:`ArmSpec`; :func:`open_arms` turns two specs into :class:`Arm` objects that answer a
@@ -24,9 +26,12 @@ from urllib.parse import urlparse
 
 from g4v.conversation import Message, SamplingSettings
 from g4v.engines.base import Engine, Generation
+from g4v.engines.vision_lora import check_mode
 from g4v.errors import G4VError, quoted
 
 BACKENDS = ("hf", "vllm", "openai")
+#: An arm's ``key=value`` parts as typed -> ArmSpec fields.
+ARM_KEYS = {"model": "model", "adapter": "adapter", "label": "label", "vision-lora": "vision_lora"}
 #: Requests a vLLM arm keeps in flight (the batch continuous batching draws from); bounded below
 #: the HTTP client's connection pool when the arm runs through a server.
 VLLM_IN_FLIGHT = 64
@@ -43,11 +48,13 @@ class ArmSpec:
     adapter: str | None = None  # name in the adapter folders (hf/vllm) or served adapter name (openai)
     base_url: str | None = None  # openai only
     label: str = ""
+    vision_lora: str | None = None  # native | merged | off (hf/vllm; None: the engine's default)
 
     @classmethod
     def parse(cls, text: str) -> "ArmSpec":
         """``hf``, ``hf:adapter=NAME``, ``hf:model=DIR``, ``vllm[:adapter=NAME]``,
-        ``openai:URL[,model=NAME][,adapter=NAME]``; ``label=TEXT`` names any arm."""
+        ``openai:URL[,model=NAME][,adapter=NAME]``; ``label=TEXT`` names any arm, ``vision-lora=MODE``
+        sets an hf or vllm arm's vision LoRA mode (``hf:model=DIR,vision-lora=off``)."""
         text = (text or "").strip()
         backend, _, rest = text.partition(":")
         if backend not in BACKENDS:
@@ -61,9 +68,18 @@ class ArmSpec:
             values["base_url"], parts = parts[0], parts[1:]
         for part in parts:
             key, sep, value = (piece.strip() for piece in part.partition("="))
-            if not sep or not value or key not in ("model", "adapter", "label"):
-                raise G4VError(f"arm {quoted(text)}: expected model=, adapter= or label=, got {quoted(part)}")
-            values[key] = value
+            if not sep or not value or key not in ARM_KEYS:
+                raise G4VError(f"arm {quoted(text)}: expected model=, adapter=, vision-lora= or label=, "
+                               f"got {quoted(part)}")
+            values[ARM_KEYS[key]] = value
+        if "vision_lora" in values:
+            if backend == "openai":
+                raise G4VError(f"arm {quoted(text)}: an openai arm's vision LoRA is the server's choice "
+                               "(its --default-mm-loras or a merged checkpoint), not the arm's")
+            try:
+                values["vision_lora"] = check_mode(values["vision_lora"])
+            except G4VError as err:
+                raise G4VError(f"arm {quoted(text)}: {err}") from None
         return cls(backend=backend, **values)
 
     @property
@@ -76,6 +92,7 @@ class ArmSpec:
             name += "@" + (urlparse(self.base_url).netloc or self.base_url)
         elif self.model:
             name += f"({Path(self.model).name})"
+        name += f"[vision LoRA {self.vision_lora}]" if self.vision_lora else ""
         return name + (f"+{self.adapter}" if self.adapter else "")
 
     def can_score(self) -> bool:
@@ -83,8 +100,9 @@ class ArmSpec:
         return self.backend == "hf"
 
     def engine_key(self) -> "ArmSpec":
-        """What identifies the engine behind this arm (the ``reuse`` key): backend and model."""
-        return ArmSpec(self.backend, self.model, base_url=self.base_url)
+        """What identifies the engine behind this arm (the ``reuse`` key): backend, model and the
+        vision LoRA mode (each mode is an engine of its own: merged changes the weights)."""
+        return ArmSpec(self.backend, self.model, base_url=self.base_url, vision_lora=self.vision_lora)
 
 
 @dataclass
@@ -179,14 +197,21 @@ def open_arms(a: ArmSpec, b: ArmSpec, *, adapters_dir=None, reuse: dict | None =
 def check_arms(specs: list[ArmSpec], adapters_dir=None) -> None:
     """Refuse, in one line and without loading anything, an arm whose adapter is not in the
     adapter folders or whose local model folder is missing or not a checkpoint (so a typo is
-    caught before a run folder is started, and the corrected command can use the same folder)."""
+    caught before a run folder is started, and the corrected command can use the same folder). A
+    vision LoRA mode on a checkpoint that has none is refused too: it would compare a model with itself."""
+    from g4v.engines.vision_lora import find_vision_lora
     from g4v.loading import resolve_source
+    from g4v.paths import default_model
 
     for spec in specs:
         if spec.backend == "openai":
             continue
         if spec.model:
             resolve_source(spec.model)
+        if spec.vision_lora and find_vision_lora(resolve_source(spec.model or default_model())) is None:
+            raise G4VError(f"arm {spec.display}: vision-lora={spec.vision_lora} needs a checkpoint with its vision "
+                           f"LoRA beside the base; {Path(spec.model or default_model()).name} has none "
+                           "(its weights are the vision model)")
         if spec.adapter:
             _resolve_adapter_folder(spec.adapter, adapters_dir)
 
@@ -218,31 +243,39 @@ def _start_engine(spec: ArmSpec, adapters: list[str], adapters_dir, reuse: dict)
     from g4v.paths import default_model
 
     model = spec.model or (None if spec.backend == "openai" else default_model())
-    reused = reuse.get(spec.engine_key()) or (reuse.get(ArmSpec(spec.backend)) if model == default_model() else None)
+    reused = reuse.get(spec.engine_key()) or (reuse.get(ArmSpec(spec.backend, vision_lora=spec.vision_lora))
+                                              if model == default_model() else None)
     if reused is not None:
         return reused, model, []
     if spec.backend == "openai":
         engine = create_engine("openai", spec.model, base_url=spec.base_url)
         return engine, None, [engine.close]
     if spec.backend == "vllm" and not vllm_installed():
-        return _served_vllm(model, adapters, adapters_dir)
+        return _served_vllm(model, adapters, adapters_dir, spec.vision_lora)
     if spec.backend == "vllm":
-        engine = create_engine("vllm", model, vllm=vllm_settings(adapters))
-    else:
-        engine = create_engine(spec.backend, model)  # a GPU in its dtype where present, else the CPU in float32
+        engine = create_engine("vllm", model, vllm=vllm_settings(adapters, model, spec.vision_lora),
+                               vision_lora=spec.vision_lora)
+    else:  # a GPU in its dtype where present, else the CPU in float32
+        engine = create_engine(spec.backend, model, vision_lora=spec.vision_lora)
     return engine, model, [engine.close]
 
 
-def vllm_settings(adapters: list[str]):
-    """A vLLM arm's engine settings: LoRA slots only when an arm on this engine has an adapter.
-    vLLM reserves the slots at start-up and runs its LoRA kernels on every step while they exist,
-    even for requests without an adapter, so a base-model arm is faster without them."""
+def vllm_settings(adapters: list[str], model: str | None = None, vision_lora: str | None = None):
+    """A vLLM arm's engine settings: LoRA slots only when an arm on this engine has an adapter, or
+    the checkpoint's vision LoRA is served natively (per request, as a LoRA). vLLM reserves the
+    slots at start-up and runs its LoRA kernels on every step while they exist, even for requests
+    without an adapter, so a base-model (or merged) arm is faster without them."""
+    from g4v.engines.vision_lora import find_vision_lora
     from g4v.engines.vllm_engine import VLLMSettings
+    from g4v.loading import resolve_source
 
-    return VLLMSettings(enable_lora=bool(adapters))
+    native = (model is not None and check_mode(vision_lora) == "native"
+              and find_vision_lora(resolve_source(model)) is not None)
+    return VLLMSettings(enable_lora=bool(adapters) or native)
 
 
-def _served_vllm(model: str, adapters: list[str], adapters_dir) -> tuple[Engine, str, list]:
+def _served_vllm(model: str, adapters: list[str], adapters_dir, vision_lora: str | None = None
+                 ) -> tuple[Engine, str, list]:
     """A vLLM arm where vLLM does not import here: a local server from the vLLM environment, with
     the arms' adapters checked and served under their names."""
     from g4v.engines import create_engine, vllm_python
@@ -260,8 +293,8 @@ def _served_vllm(model: str, adapters: list[str], adapters_dir) -> tuple[Engine,
     for name in adapters:
         checked = load_adapter_spec(name, config, adapter_dirs(adapters_dir))
         lora[checked.name] = str(checked.path)
-    server = VLLMServer(model, vllm_settings(adapters), served_name=SERVED_NAME, lora_modules=lora or None,
-                        python=str(python)).start()
+    server = VLLMServer(model, vllm_settings(adapters, model, vision_lora), served_name=SERVED_NAME,
+                        lora_modules=lora or None, python=str(python), vision_lora=vision_lora).start()
     try:
         engine = create_engine("openai", SERVED_NAME, base_url=server.base_url)
     except BaseException:

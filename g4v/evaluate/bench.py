@@ -6,14 +6,21 @@ continuous batching schedules them), ``openai`` from a bounded pool. Start-up (m
 start) and picture decoding are outside the timing, and each backend gets one untimed warm-up
 request first. Backends run one after the other and are closed in between, so none is timed while
 another holds the machine. The greedy answers of all backends are compared token for token too.
+
+``--vision-lora-modes native,merged,off`` runs each arm once per mode of the checkpoint's vision
+LoRA. Decode tokens/s is measured as (tokens beyond each answer's first) / (the answers' wall time
+minus the wall time of the same rows answered with one new token), so prefill is left out.
 """
 
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from g4v.conversation import SamplingSettings
-from g4v.evaluate.arms import ArmSpec, open_arm
+from g4v.engines.bench import known
+from g4v.engines.vision_lora import check_mode
+from g4v.errors import G4VError
+from g4v.evaluate.arms import ARM_KEYS, ArmSpec, check_arms, open_arm
 from g4v.evaluate.data import BUNDLED_DATASET, Columns, open_dataset
 from g4v.evaluate.run import EvalConfig, row_order
 from g4v.evaluate.scoring import agreement
@@ -26,10 +33,22 @@ class ArmTiming:
     wall_s: float
     samples: int
     answers: list  # Generation per sample
+    first_token_s: float = 0.0  # wall time of the same samples answered with one new token
 
     @property
     def samples_per_s(self) -> float:
         return self.samples / self.wall_s if self.wall_s else 0.0
+
+    @property
+    def tokens(self) -> int:
+        return sum(len(answer.token_ids) for answer in self.answers if answer is not None)
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        """Tokens after each answer's first, over the time spent after the first tokens."""
+        decode_s = self.wall_s - self.first_token_s
+        later = self.tokens - sum(bool(answer and answer.token_ids) for answer in self.answers)
+        return later / decode_s if decode_s > 0 and later > 0 else float("nan")
 
 
 def add_arguments(parser) -> None:
@@ -39,16 +58,20 @@ def add_arguments(parser) -> None:
     parser.add_argument("--limit", type=int, default=None, help="only the first N rows (default: all)")
     parser.add_argument("--max-new-tokens", type=int, default=EvalConfig.max_new_tokens)
     parser.add_argument("--concurrency", type=int, default=EvalConfig.concurrency, help="openai arms' pool size")
+    parser.add_argument("--vision-lora-modes", default=None, metavar="MODES",
+                        help="run each hf/vllm arm once per vision LoRA mode, e.g. native,merged,off "
+                             "(the arms' model must carry a vision LoRA)")
     parser.add_argument("--markdown", default=None, metavar="PATH", help="also write the table to PATH")
 
 
 def run(args) -> int:
     from tqdm import tqdm
 
-    specs = [ArmSpec.parse(text) for text in args.backends.split(",")]
+    specs = with_modes([ArmSpec.parse(text) for text in split_arms(args.backends)], args.vision_lora_modes)
     config = EvalConfig(a=specs[0], b=specs[-1], data=args.data, columns=Columns.parse(args.columns),
                         limit=args.limit, max_new_tokens=args.max_new_tokens, concurrency=args.concurrency)
     config.check()
+    check_arms(specs)
     dataset = open_dataset(config.data, config.columns)
     samples = [dataset.sample(i) for i in row_order(len(dataset), config.limit, None)]
     samples = [sample for sample in samples if sample.error is None]
@@ -70,6 +93,28 @@ def run(args) -> int:
     return 0
 
 
+def split_arms(text: str) -> list[str]:
+    """``--backends``' arms: split at commas that start a new arm (``hf:model=M,vision-lora=off,vllm``
+    is two arms), since an arm's own options are comma-separated too."""
+    arms: list[str] = []
+    for part in text.split(","):
+        if arms and "=" in part and part.partition("=")[0].strip() in ARM_KEYS:
+            arms[-1] += "," + part
+        else:
+            arms.append(part)
+    return arms
+
+
+def with_modes(specs: list[ArmSpec], modes: str | None) -> list[ArmSpec]:
+    """Each hf/vllm arm once per vision LoRA mode in ``modes`` (comma-separated); as given without."""
+    if not modes:
+        return specs
+    if any(spec.backend == "openai" for spec in specs):
+        raise G4VError("--vision-lora-modes: an openai arm's vision LoRA is the server's choice; time hf or vllm arms")
+    checked = [check_mode(mode.strip()) for mode in modes.split(",")]
+    return [replace(spec, vision_lora=mode) for spec in specs for mode in checked]
+
+
 def time_arm(spec: ArmSpec, samples: list, config: EvalConfig, on_done) -> ArmTiming:
     """Open ``spec``, warm it up on one sample, time its answers to ``samples``, close it."""
     settings: SamplingSettings = config.settings()
@@ -80,18 +125,25 @@ def time_arm(spec: ArmSpec, samples: list, config: EvalConfig, on_done) -> ArmTi
         began = time.perf_counter()
         answers = arm.answer(samples, settings, on_done=on_done)
         wall = time.perf_counter() - began
-    return ArmTiming(spec.display, startup, wall, len(samples), answers)
+        began = time.perf_counter()
+        arm.answer(samples, replace(settings, max_new_tokens=1))  # prefill and one token: what decode is not
+        first_token = time.perf_counter() - began
+    return ArmTiming(spec.display, startup, wall, len(samples), answers, first_token)
 
 
 def table(timings: list[ArmTiming], samples: int, max_new_tokens: int) -> str:
     """A Markdown table, ratios relative to the first backend, and the greedy agreement."""
     reference = timings[0]
     lines = [f"{samples} samples, greedy, at most {max_new_tokens} new tokens", "",
-             f"| arm | start-up s | wall s | samples/s | vs {reference.backend} | same greedy tokens as {reference.backend} |",
-             "|---|---:|---:|---:|---:|---:|"]
+             f"| arm | start-up s | wall s | samples/s | vs {reference.backend} | tokens | decode tokens/s | "
+             f"decode vs {reference.backend} | same greedy tokens as {reference.backend} |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for timing in timings:
         ratio = timing.samples_per_s / reference.samples_per_s if reference.samples_per_s else float("nan")
+        decode = timing.decode_tokens_per_s / reference.decode_tokens_per_s
         same = sum(agreement(a, b)[0] for a, b in zip(reference.answers, timing.answers) if a and b)
         lines.append(f"| {timing.backend} | {timing.startup_s:.1f} | {timing.wall_s:.1f} | {timing.samples_per_s:.2f} | "
-                     f"{ratio:.2f}x | {same}/{samples} |")
+                     f"{ratio:.2f}x | {timing.tokens} | {known(timing.decode_tokens_per_s, '.1f')} | "
+                     f"{known(decode, '.2f', 'x')} | {same}/{samples} |")
     return "\n".join(lines)
+

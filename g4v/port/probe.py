@@ -46,7 +46,10 @@ class VLLMProbe:
     """
 
     def __init__(self, model: str, dtype: str = "float32", max_model_len: int = 4096,
-                 max_num_batched_tokens: int | None = None):
+                 max_num_batched_tokens: int | None = None, vision_lora: str = "native", serving: dict | None = None):
+        """``vision_lora``: the mode of the checkpoint's vision LoRA on this side (a checkpoint that
+        has one is served from a view without the adapter files, or a merged copy); ``serving``: the
+        LoRA engine arguments vLLM gets (:mod:`g4v.port.lora_audit`; default g4v's recipe)."""
         from g4v.engines import vllm_installed
 
         if not vllm_installed():
@@ -55,10 +58,21 @@ class VLLMProbe:
         from g4v.engines.vllm_engine import VLLMSettings, engine_arguments
         from g4v.loading import resolve_source
 
+        from g4v.engines.vision_lora import check_mode, find_vision_lora, served_view
+        from g4v.port import lora_audit
+
+        source = resolve_source(model)
+        self.vision_lora = find_vision_lora(source)
+        self.vision_mode = check_mode(vision_lora) if self.vision_lora is not None else "off"
+        self.serving = lora_audit.recipe(self.vision_lora, self.vision_mode) if serving is None else dict(serving)
         settings = VLLMSettings(dtype=dtype, max_model_len=max_model_len, enable_lora=False, max_images=1,
                                 max_num_batched_tokens=max_num_batched_tokens or max_model_len)
-        self.arguments = engine_arguments(resolve_source(model), settings)
-        self.arguments.update(enable_prefix_caching=False, max_logprobs=-1)
+        self.arguments = engine_arguments(source, settings)
+        self.arguments.update(enable_prefix_caching=False, max_logprobs=-1,
+                              **lora_audit.runnable(self.vision_lora, self.serving))
+        self._view = served_view(self.vision_lora, self.vision_mode)
+        if self._view is not None:
+            self.arguments["model"] = str(self._view.path)
         self._previous = os.environ.get(_INSECURE)
         os.environ[_INSECURE] = "1"  # see the module docstring: apply_model ships functions by pickle
         for name, value in QUIET_ENV.items():
@@ -114,6 +128,9 @@ class VLLMProbe:
         return ids[: ids.index(eos_token_id)] if eos_token_id in ids else ids
 
     def _restore_env(self) -> None:
+        view, self._view = getattr(self, "_view", None), None
+        if view is not None:
+            view.close()
         self._stderr.release()
         if self._previous is None:
             os.environ.pop(_INSECURE, None)

@@ -56,7 +56,9 @@ def reference_run(hf_engine, picture: Image.Image, prompt: str, max_new_tokens: 
 
 def run_port_diff(image, prompt: str, model: str | None = None, max_new_tokens: int = COMPARED_TOKENS,
                   atol: float | None = None, rtol: float | None = None, trajectory_rtol: float | None = None,
-                  hf_engine=None, probe: VLLMProbe | None = None, draw: bool = False) -> PortDiffResult:
+                  hf_engine=None, probe: VLLMProbe | None = None, draw: bool = False,
+                  vision_lora: str | None = None, vllm_vision_lora: str | None = None,
+                  vllm_serving: dict | None = None) -> PortDiffResult:
     """Compare vLLM's port with transformers on one image and prompt (the CLI and an app tab call this).
 
     ``hf_engine`` (a transformers engine, float32 on the CPU by default) and ``probe`` (a
@@ -64,7 +66,14 @@ def run_port_diff(image, prompt: str, model: str | None = None, max_new_tokens: 
     When vLLM cannot start on this checkpoint, the result still carries the config audit and says
     why (``summary["vllm_error"]``); only bad input raises :class:`G4VError`. ``atol`` and ``rtol``
     override the per-level tolerance's defaults for the model's dtype (:func:`default_tolerance`).
+    A checkpoint with a vision LoRA runs it in mode ``vision_lora`` on the transformers side and
+    ``vllm_vision_lora`` with vLLM's LoRA arguments ``vllm_serving`` on the vLLM side (defaults:
+    native, g4v's recipe; a given engine or probe keeps its own); ``summary["vision_lora"]`` lists
+    the settings under which the two sides are not the same model (:mod:`g4v.port.lora_audit`).
     """
+    from g4v.engines.vision_lora import check_mode, find_vision_lora
+    from g4v.port import lora_audit
+
     from g4v.engines.hf import TransformersEngine
     from g4v.loading import resolve_source
     from g4v.paths import default_model
@@ -76,7 +85,7 @@ def run_port_diff(image, prompt: str, model: str | None = None, max_new_tokens: 
     raw = read_raw_config(source) if Path(source).is_dir() else None
     if hf_engine is None:
         try:
-            hf_engine = TransformersEngine(source, device="cpu", dtype="float32")
+            hf_engine = TransformersEngine(source, device="cpu", dtype="float32", vision_lora=check_mode(vision_lora))
         except G4VError as err:
             if raw is None:
                 raise
@@ -97,11 +106,17 @@ def run_port_diff(image, prompt: str, model: str | None = None, max_new_tokens: 
                "num_image_tokens": ref["capture"].num_image_tokens, "num_text_tokens": ref["capture"].num_text_tokens,
                "vllm_error": None}
 
+    lora = find_vision_lora(source)
+    vllm_mode = probe.vision_mode if probe is not None else (check_mode(vllm_vision_lora) if lora else "off")
+    serving = probe.serving if probe is not None else (
+        lora_audit.recipe(lora, vllm_mode) if vllm_serving is None else vllm_serving)
+    summary["vision_lora"] = lora_audit.summary(lora, hf_engine.loaded.vision_mode, vllm_mode, serving)
     own_probe = probe is None
     try:
         if own_probe:
             try:
-                probe = VLLMProbe(source, dtype=str(dtype).removeprefix("torch."))
+                probe = VLLMProbe(source, dtype=str(dtype).removeprefix("torch."), vision_lora=vllm_mode,
+                                  serving=serving)
             except G4VError as err:
                 audit = audit_without_engine(raw, config)
                 summary.update(vllm_error=str(err), levels=[], trajectory=None, next_token=None,
@@ -118,8 +133,10 @@ def run_port_diff(image, prompt: str, model: str | None = None, max_new_tokens: 
 
     summary.update(levels=[row.to_dict() for row in level_rows], trajectory=trajectory, next_token=next_token,
                    config_audit=audit.to_dict())
-    summary["ok"] = all(row.ok for row in level_rows) and bool(trajectory.get("ok")) and audit.ok
-    summary["message"] = _verdict(level_rows, trajectory, next_token, audit)
+    summary["ok"] = (all(row.ok for row in level_rows) and bool(trajectory.get("ok")) and audit.ok
+                     and summary["vision_lora"]["ok"])
+    summary["message"] = "; ".join([*summary["vision_lora"]["findings"],
+                                    _verdict(level_rows, trajectory, next_token, audit)])
     return _finish(PortDiffResult(summary, level_rows, picture, tokens), draw)
 
 

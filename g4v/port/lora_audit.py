@@ -1,0 +1,132 @@
+"""The port inspector's vision LoRA audit: does each side run the model the checkpoint describes?
+
+A checkpoint in the real layout (:mod:`g4v.engines.vision_lora`) is the vision model only with its
+LoRA applied. The comparison runs transformers in one mode and vLLM with the LoRA arguments a user
+serves it with (``serving``: ``enable_lora``, ``max_lora_rank``, ``default_mm_loras``,
+``hf_overrides``...; by default g4v's own recipe for the mode). vLLM is given exactly those
+arguments, so what it serves is what that command line would serve, and :func:`findings` names,
+one line each (what is wrong, what to do), the settings under which the two sides are not the same
+model:
+
+* (a) one side applies the vision LoRA and the other does not (``vision-lora=off`` on one side, or
+  vLLM without ``enable_lora`` or without an image entry in ``default_mm_loras``): image requests
+  on that side get the base language model;
+* (b) ``hf_overrides`` with ``adapter_path``: vLLM 0.32's ``granite4_vision.py`` offers it in its
+  docstring as a full merge, but no code of that file reads it, so vLLM serves the base weights;
+* (c) ``max_lora_rank`` below the adapter's rank: vLLM refuses to load the LoRA and the requests
+  that carry it fail (the comparison then runs vLLM without it, and says so).
+"""
+
+import json
+from pathlib import Path
+
+from g4v.engines.vision_lora import VisionLora, lora_rank_slot
+from g4v.errors import G4VError
+
+#: The LoRA engine arguments a user may hand the vLLM side (vLLM's own names).
+SERVING_KEYS = {"enable_lora": bool, "max_lora_rank": int, "max_loras": int, "default_mm_loras": dict,
+                "hf_overrides": dict}
+
+_KINDS = {bool: "true or false", int: "a whole number", dict: "a JSON object"}
+
+
+def parse_serving(text: str | None) -> dict | None:
+    """``--vllm-serving``'s JSON object, checked: only :data:`SERVING_KEYS`, each of its type."""
+    if text is None:
+        return None
+    try:
+        serving = json.loads(text)
+    except ValueError:
+        raise G4VError("--vllm-serving must be a JSON object, e.g. '{\"enable_lora\": true, \"max_lora_rank\": 256}'") from None
+    if not isinstance(serving, dict):
+        raise G4VError("--vllm-serving must be a JSON object of vLLM's LoRA arguments")
+    for key, value in serving.items():
+        kind = SERVING_KEYS.get(key)
+        if kind is None:
+            raise G4VError(f"--vllm-serving: {key!r} is not one of {', '.join(SERVING_KEYS)}")
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            raise G4VError(f"--vllm-serving: {key} must be {_KINDS[kind]}")
+    return serving
+
+
+def recipe(lora: VisionLora | None, mode: str) -> dict:
+    """g4v's own LoRA arguments for the vLLM side: native serves the LoRA to image requests, as
+    vLLM's docstring recipe (``--enable-lora --max-lora-rank R --default-mm-loras``); merged and
+    off need none."""
+    if lora is None or mode != "native":
+        return {}
+    return {"enable_lora": True, "max_lora_rank": lora_rank_slot(lora.rank),
+            "default_mm_loras": {"image": str(lora.folder)}}
+
+
+def _image_lora(serving: dict, lora: VisionLora) -> bool:
+    path = (serving.get("default_mm_loras") or {}).get("image")
+    return path is not None and Path(path).expanduser().resolve() == lora.folder.resolve()
+
+
+def _rank_too_small(serving: dict, lora: VisionLora) -> bool:
+    return bool(serving.get("enable_lora")) and serving.get("max_lora_rank", 16) < lora.rank  # 16: vLLM's default
+
+
+def vllm_applies(lora: VisionLora | None, mode: str, serving: dict) -> tuple[bool, str]:
+    """Whether vLLM applies the vision LoRA to image requests under ``serving``, and if not, why."""
+    if lora is None:
+        return False, "the checkpoint has none"
+    if mode == "merged":
+        return True, ""
+    if mode == "off":
+        return False, "vision-lora=off"
+    if not serving.get("enable_lora"):
+        return False, "enable_lora is off"
+    if not _image_lora(serving, lora):
+        return False, "default_mm_loras has no image entry naming the checkpoint's folder"
+    if _rank_too_small(serving, lora):
+        return False, f"max_lora_rank {serving.get('max_lora_rank', 16)} is below its rank"
+    return True, ""
+
+
+def runnable(lora: VisionLora | None, serving: dict) -> dict:
+    """The arguments vLLM is started with: ``serving``, without an image LoRA vLLM would refuse
+    (finding (c)): its requests would fail, so the comparison runs without it."""
+    if lora is not None and _rank_too_small(serving, lora) and _image_lora(serving, lora):
+        return {**serving, "default_mm_loras": None}
+    return dict(serving)
+
+
+def findings(lora: VisionLora | None, transformers_mode: str, vllm_mode: str, serving: dict) -> list[str]:
+    """One line per setting that makes the two sides different models (see the module docstring)."""
+    lines = []
+    if (serving.get("hf_overrides") or {}).get("adapter_path") is not None:
+        lines.append("hf_overrides adapter_path is read by no code in vLLM 0.32's granite4_vision (only its docstring "
+                     "names it): vLLM serves the weights as they are, without the LoRA; serve a merged copy "
+                     "(python -m g4v merge-lora)" + (f" or {_native_flags(lora)}" if lora is not None else ""))
+    if lora is None:
+        return lines
+    if vllm_mode == "native" and _rank_too_small(serving, lora):
+        lines.append(f"max_lora_rank {serving.get('max_lora_rank', 16)} is below the vision LoRA's rank {lora.rank}: "
+                     f"vLLM refuses to load it and image requests fail (compared here without it); use "
+                     f"--max-lora-rank {lora_rank_slot(lora.rank)}")
+        return lines
+    on_vllm, why = vllm_applies(lora, vllm_mode, serving)
+    on_transformers = transformers_mode != "off"
+    if on_transformers and not on_vllm:
+        lines.append(f"vLLM does not apply the checkpoint's vision LoRA ({why}): its image requests get the base "
+                     f"language model; serve it with {_native_flags(lora)}, or a merged copy (python -m g4v merge-lora)")
+    elif on_vllm and not on_transformers:
+        lines.append("transformers does not apply the checkpoint's vision LoRA (vision-lora=off) while vLLM does: "
+                     "the sides are different models; use --vision-lora native or merged")
+    return lines
+
+
+def _native_flags(lora: VisionLora) -> str:
+    return (f"--enable-lora --max-lora-rank {lora_rank_slot(lora.rank)} "
+            f"--default-mm-loras '{{\"image\": \"{lora.folder}\"}}'")
+
+
+def summary(lora: VisionLora | None, transformers_mode: str, vllm_mode: str, serving: dict) -> dict:
+    """The ``vision_lora`` block of the port-diff summary."""
+    found = findings(lora, transformers_mode, vllm_mode, serving)
+    return {"checkpoint": None if lora is None else {"rank": lora.rank, "alpha": lora.alpha,
+                                                      "modules": len(lora.modules)},
+            "transformers": transformers_mode, "vllm": vllm_mode, "vllm_serving": serving,
+            "vllm_applies": vllm_applies(lora, vllm_mode, serving)[0], "findings": found, "ok": not found}

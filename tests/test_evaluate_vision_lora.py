@@ -1,0 +1,127 @@
+"""Evaluate arms with a vision LoRA mode: "what does the vision LoRA change" as a dataset run.
+
+On the layout checkpoint (base weights with the vision LoRA beside them), ``hf`` runs the vision
+model and ``hf:vision-lora=off`` the base language model alone: the run must show the accuracy drop
+with each arm's 95 % interval. The expected numbers are computed here independently: each arm's
+engine is loaded directly (no arm code), asked every row, its answers matched to the references
+with plain string code, and the Wilson intervals taken from scipy.
+"""
+
+import json
+
+import pytest
+from scipy.stats import binomtest
+
+from g4v.conversation import Message, SamplingSettings
+from g4v.errors import G4VError
+from g4v.evaluate import BUNDLED_DATASET, ArmSpec, Columns
+from g4v.evaluate.data import open_dataset
+from g4v.evaluate.run import row_order
+from g4v.paths import VLORA_MODEL_DIR
+from tests.cli import run_cli
+
+LAYOUT = str(VLORA_MODEL_DIR)
+ROWS, SEED, TOKENS = 24, 5, 8
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory) -> dict:
+    out = tmp_path_factory.mktemp("vision-lora-run")
+    done = run_cli("eval", "--a", f"hf:model={LAYOUT}", "--b", f"hf:model={LAYOUT},vision-lora=off",
+                   "--data", str(BUNDLED_DATASET), "--limit", str(ROWS), "--seed", str(SEED),
+                   "--max-new-tokens", str(TOKENS), "--out", str(out))
+    assert done.returncode == 0, done.stderr[-2000:]
+    return {"summary": json.loads((out / "summary.json").read_text()),
+            "settings": json.loads((out / "run.json").read_text()), "stdout": done.stdout}
+
+
+@pytest.fixture(scope="module")
+def engines():
+    from g4v.engines.hf import TransformersEngine
+
+    return {mode: TransformersEngine(LAYOUT, device="cpu", dtype="float32", vision_lora=mode)
+            for mode in ("native", "off")}
+
+
+def independent_accuracy(engine) -> tuple[int, int]:
+    """Right answers of ``engine`` over the run's rows, counted without the arms."""
+    dataset = open_dataset(str(BUNDLED_DATASET), Columns())
+    right = 0
+    for index in row_order(len(dataset), ROWS, SEED):
+        sample = dataset.sample(index)
+        answer = engine.generate([Message("user", sample.prompt, list(sample.images))],
+                                 SamplingSettings(max_new_tokens=TOKENS, temperature=0)).text
+        right += answer.strip().strip(".").lower() == sample.reference.strip().lower()
+    return right, ROWS
+
+
+def test_the_run_shows_the_vision_loras_accuracy_drop_with_intervals(run, engines):
+    arms = run["summary"]["arms"]
+    for side, mode in (("a", "native"), ("b", "off")):
+        right, n = independent_accuracy(engines[mode])
+        assert arms[side]["n_scored"] == n
+        assert arms[side]["accuracy"] == pytest.approx(right / n)
+        interval = binomtest(right, n).proportion_ci(method="wilson")
+        assert arms[side]["ci95"] == pytest.approx([interval.low, interval.high], abs=1e-6)
+    # the drop is real at this size: the intervals do not overlap
+    assert arms["a"]["accuracy"] >= 0.75 and arms["a"]["ci95"][0] > arms["b"]["ci95"][1]
+    assert run["summary"]["paired"]["a_only"] > run["summary"]["paired"]["b_only"]
+
+
+def test_the_run_records_each_arms_mode(run):
+    assert run["settings"]["a"]["vision_lora"] is None and run["settings"]["b"]["vision_lora"] == "off"
+    assert "[vision LoRA off]" in run["summary"]["arms"]["b"]["label"]
+    assert "[vision LoRA off]" in run["stdout"]
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("hf:vision-lora=off", ArmSpec("hf", vision_lora="off")),
+    ("vllm:vision-lora=merged", ArmSpec("vllm", vision_lora="merged")),
+    ("hf:model=M,vision-lora=native,adapter=x", ArmSpec("hf", model="M", adapter="x", vision_lora="native")),
+])
+def test_arms_take_the_mode(text, expected):
+    assert ArmSpec.parse(text) == expected
+    assert ArmSpec.parse(text).engine_key() != ArmSpec(expected.backend, expected.model)
+
+
+@pytest.mark.parametrize("text, words", [
+    ("hf:vision-lora=sometimes", "unknown vision LoRA mode"),
+    ("openai:http://127.0.0.1:9/v1,vision-lora=off", "the server's choice"),
+])
+def test_a_bad_mode_is_one_line(text, words):
+    with pytest.raises(G4VError, match=words) as caught:
+        ArmSpec.parse(text)
+    assert "\n" not in str(caught.value)
+
+
+def test_a_mode_on_a_checkpoint_without_a_vision_lora_is_refused_before_loading(tmp_path):
+    done = run_cli("eval", "--a", "hf", "--b", "hf:vision-lora=off", "--data", str(BUNDLED_DATASET),
+                   "--limit", "2", "--out", str(tmp_path / "out"))
+    assert done.returncode == 1
+    assert done.stderr.strip().count("\n") == 0 and "has none" in done.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_tab_offers_the_modes_of_a_layout_checkpoint(engines):
+    from webapp.evaluate_choices import arm_choices
+
+    keys = {choice.key: choice.spec for choice in arm_choices(engines["native"], LAYOUT)}
+    assert keys["app:vision-lora=off"] == ArmSpec("hf", LAYOUT, label="hf vision-lora=off", vision_lora="off")
+    assert "app:vision-lora=merged" in keys and "app:vision-lora=native" not in keys  # "app" is native
+
+
+def test_a_run_recorded_before_arms_had_a_mode_resumes_and_another_mode_is_another_run(tmp_path):
+    from dataclasses import asdict
+
+    import g4v.evaluate.store as store
+    from g4v.evaluate import EvalConfig
+
+    config = EvalConfig(a=ArmSpec("hf", LAYOUT), b=ArmSpec("hf", LAYOUT), data=str(BUNDLED_DATASET))
+    old = asdict(config)
+    for arm in ("a", "b"):
+        del old[arm]["vision_lora"]  # run.json as written before this field existed
+    store.prepare(tmp_path, old)
+    store.prepare(tmp_path, asdict(config))  # the same question: resumes
+    other = EvalConfig(a=config.a, b=ArmSpec("hf", LAYOUT, vision_lora="off"), data=str(BUNDLED_DATASET))
+    with pytest.raises(G4VError, match="differs in b"):
+        store.prepare(tmp_path, asdict(other))
