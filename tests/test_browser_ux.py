@@ -368,3 +368,52 @@ def test_one_preset_switch_gives_one_info_toast(app_url):
                                arg=UPLOAD_HINT)
         page.wait_for_timeout(3000)
         assert sum(f'"{UPLOAD}"' in body for body in steps) == 1, steps
+
+
+def test_a_refused_picture_leaves_the_chat_box_with_one_toast_and_the_text_kept(app_url, tmp_path, shots):
+    """An attachment that is not a readable picture (not an image, an SVG, truncated, more pixels
+    than the limit) is taken out of the Chat box at once with one toast naming it and what the box
+    takes; the typed text and the good picture stay, and the message then sends. A .txt the box
+    does not take is refused in one line that says what it takes."""
+    import struct
+    import zlib
+
+    from g4v.images import MAX_IMAGE_PIXELS
+    from webapp.documents import BOX_TAKES
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    side = int(MAX_IMAGE_PIXELS ** 0.5) + 1  # a header that says more pixels than the limit
+    good = (EXAMPLES_DIR / "shapes-tall.png").read_bytes()
+    bad = {"fake.png": b"not a picture at all", "drawing.svg": b'<svg xmlns="http://www.w3.org/2000/svg"/>',
+           "cut.png": good[:len(good) // 2],
+           "huge.png": b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", side, side, 8, 2, 0, 0, 0))
+           + chunk(b"IDAT", zlib.compress(b"\0" * 64)) + chunk(b"IEND", b"")}
+    (tmp_path / "notes.txt").write_text("hello")
+    for name, data in bad.items():
+        (tmp_path / name).write_bytes(data)
+    chips = "#chat-box .thumbnail-item"
+    with browser_page(height=1400) as page:
+        page.goto(app_url)
+        box = page.locator("#chat-box textarea")
+        box.fill("What shape is this?")
+        page.locator("#chat-box input[type=file]").set_input_files(EXAMPLE)
+        page.wait_for_function(f"() => document.querySelectorAll('{chips}').length == 1")
+        for name in [*bad, "notes.txt"]:
+            page.locator("#chat-box input[type=file]").set_input_files(str(tmp_path / name))
+            toast_says(page, name)
+            texts = page.locator("[data-testid='toast-body']").all_inner_texts()
+            assert len(texts) == 1 and name in texts[0], texts
+            if name != "notes.txt":  # the box's own check (Gradio refuses a .txt before the upload)
+                assert BOX_TAKES in texts[0], texts
+            else:
+                assert "image, .pdf" in texts[0], texts
+            page.wait_for_function(f"() => document.querySelectorAll('{chips}').length == 1")
+            assert box.input_value() == "What shape is this?"
+            close_toasts(page)
+        page.screenshot(path=str(shots / "ux-chat-refused-picture.png"), full_page=True)
+        box.focus()
+        page.keyboard.press("Enter")
+        page.wait_for_function("() => document.querySelectorAll(\"[data-testid='bot']\").length == 1", timeout=120_000)
+        assert not page.locator("[data-testid='toast-body']").count()

@@ -7,6 +7,7 @@ and hands their paths on: to a tab's image input (one page), or into the Chat bo
 sees an uploaded picture, through ``open_image``.
 """
 
+import functools
 import json
 import uuid
 from pathlib import Path
@@ -19,6 +20,7 @@ from g4v.documents.pdf import (DEFAULT_DPI, MAX_DPI, MIN_DPI, check_dpi, looks_l
 from g4v.documents.presets import PRESETS, build_prompt, get_preset, parse_schema
 from g4v.documents.structured import read_answer
 from g4v.errors import G4VError
+from g4v.images import open_image
 from webapp.common import QUIET_INPUT, shows_errors
 from webapp.tempdirs import own_folder
 
@@ -75,19 +77,57 @@ def show_thumbnails(pdf_path):
     return [(image, f"page {i}") for i, image in enumerate(thumbnails, start=1)], "1"
 
 
-def pdf_to_picker(current):
-    """The Chat box's value with its PDFs taken out, the first of them for the picker, and the picker
-    opened; nothing changes while no PDF is attached (every change of the box comes here: Gradio's
-    MultimodalTextbox has no upload event, and its input event does not fire for attachments)."""
+#: What the Chat box takes, said when it refuses an attachment.
+BOX_TAKES = "the box takes pictures and PDFs"
+
+
+@functools.lru_cache(maxsize=256)
+def picture_problem(path: str) -> str | None:
+    """Why ``open_image`` refuses this attachment (corrupt, not a picture, too many pixels), or None.
+    Cached by path: the box's change event comes with every keystroke, and an uploaded file's path
+    (in a folder named by its content's hash) always holds the same bytes."""
+    try:
+        open_image(path)
+    except G4VError as err:
+        return str(err)
+    return None
+
+
+def sorted_attachments(current) -> tuple[str, list[str], list[str], dict[str, str]]:
+    """The Chat box's value as (text, pictures kept, PDFs, refused attachments with why)."""
     current = current if isinstance(current, dict) else {}
     files = [f.get("path") if isinstance(f, dict) else f for f in current.get("files") or []]
     pdfs = [f for f in files if f and looks_like_pdf(f)]
-    if not pdfs:
-        return gr.skip(), gr.skip(), gr.skip()
+    refused = {f: problem for f in files if f and f not in pdfs and (problem := picture_problem(f))}
+    return current.get("text") or "", [f for f in files if f not in pdfs and f not in refused], pdfs, refused
+
+
+def pdf_to_picker(current):
+    """The Chat box's value with its PDFs taken out, the first of them for the picker, and the picker
+    opened; nothing changes while no PDF is attached (every change of the box comes here: Gradio's
+    MultimodalTextbox has no upload event, and its input event does not fire for attachments).
+    An attachment that is not a readable picture is taken out too: left in, it showed as a broken
+    chip until the message was refused at sending. The last output is the refusal to show (see
+    :func:`show_refusal`), with an id of its own so that the same refusal twice shows twice."""
+    text, kept, pdfs, refused = sorted_attachments(current)
+    if not pdfs and not refused:
+        return gr.skip(), gr.skip(), gr.skip(), gr.skip()
+    problems = [f"{'; '.join(refused.values())}: removed from the message ({BOX_TAKES})"] if refused else []
     if len(pdfs) > 1:
-        gr.Warning(f"one PDF at a time: {Path(pdfs[0]).name} is open in the picker below")
-    kept = {"text": current.get("text") or "", "files": [f for f in files if f not in pdfs]}
-    return kept, pdfs[0], gr.Accordion(open=True)
+        problems.append(f"one PDF at a time: {Path(pdfs[0]).name} is open in the picker below")
+    refusal = {"id": uuid.uuid4().hex, "text": "; ".join(problems)} if problems else gr.skip()
+    if not pdfs:
+        return {"text": text, "files": kept}, gr.skip(), gr.skip(), refusal
+    return {"text": text, "files": kept}, pdfs[0], gr.Accordion(open=True), refusal
+
+
+@shows_errors
+def show_refusal(refusal):
+    """A toast for what :func:`pdf_to_picker` took out of the box. A queued step of its own, run
+    only when there is something to say: Gradio shows no toast for an unqueued event (and the box's
+    change events stay unqueued: they come with the typing)."""
+    if refusal:
+        raise G4VError(refusal["text"])
 
 
 def pick_thumbnail(evt: gr.SelectData):
@@ -128,8 +168,11 @@ def document_picker(target, chat_box: bool = False, elem_id: str = "doc"):
                                 elem_id=f"{elem_id}-thumbnails")
     document.change(show_thumbnails, document, [thumbnails, pages], api_visibility="private")
     if chat_box:  # a PDF attached with the box's paperclip opens here, for its pages to be chosen
-        target.change(pdf_to_picker, target, [target, document, accordion], api_visibility="private", queue=False,
-                     show_progress="hidden", trigger_mode="always_last")
+        # Not a gr.State: a State's change event does not fire for an unqueued event's output.
+        refusal = gr.JSON(visible=False)
+        target.change(pdf_to_picker, target, [target, document, accordion, refusal], api_visibility="private",
+                      queue=False, show_progress="hidden", trigger_mode="always_last")
+        refusal.change(show_refusal, refusal, None, api_visibility="private", show_progress="hidden")
     thumbnails.select(pick_thumbnail, None, pages, api_visibility="private")
 
     @shows_errors
