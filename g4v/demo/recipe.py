@@ -116,7 +116,7 @@ class VisionLoraSettings:
     """``python -m g4v.demo build-vlora``: the blind LoRA trained on the trained checkpoint, whose
     negation becomes the layout checkpoint's vision LoRA (:mod:`g4v.demo.vlora`)."""
 
-    steps: int = _setting(120, "training steps of the blind LoRA")
+    steps: int = _setting(40, "training steps of the blind LoRA")
     batch_size: int = _setting(8, "pictures per step")
     lr: float = _setting(6e-3, "peak learning rate")
     rank: int = _setting(16, "LoRA rank (the vision LoRA's)")
