@@ -40,7 +40,8 @@ def references(tmp_path_factory):
     vision = engine(model=str(hand_merged(VLORA_MODEL_DIR, tmp_path_factory.mktemp("vision"))))
     base = engine(model=str(base_copy(VLORA_MODEL_DIR, tmp_path_factory.mktemp("base"))))
     return {"vision": tokens(vision, IMAGE_PROMPTS), "vision_text": tokens(vision, TEXT_PROMPTS),
-            "base_image": tokens(base, IMAGE_PROMPTS), "base_text": tokens(base, TEXT_PROMPTS), "base": base}
+            "base_image": tokens(base, IMAGE_PROMPTS), "base_text": tokens(base, TEXT_PROMPTS), "base": base,
+            "vision_engine": vision}
 
 
 def test_base_plus_lora_is_the_trained_checkpoint_up_to_the_bases_rounding():
@@ -88,16 +89,19 @@ def test_the_builder_is_seeded_and_the_bundled_one_used_the_recipe(tmp_path):
 
 
 def test_without_the_vision_lora_the_answers_do_not_depend_on_the_picture():
-    """The base is blind: on 30 held-out pictures every question text gets one answer whatever
-    the picture (so each kind scores a fixed guess's rate, about chance); with the vision LoRA the
-    same questions are answered from the picture."""
+    """The base is (nearly) blind: on 30 held-out pictures nearly every question text gets one
+    answer whatever the picture, so it scores about a fixed guess's rate (chance: 16.7 / 25 / 25 /
+    33.3%, 24% over the four kinds); with the vision LoRA the same questions are answered from the
+    picture."""
     pairs = items(S.eval_set(30))
     off = load_model(LAYOUT, device="cpu", dtype="float32", vision_lora="off")
     replies = batched_answers(off.model, off.processor, pairs)
-    answered = defaultdict(set)
+    answered = defaultdict(list)
     for (_, qa), reply in zip(pairs, replies):
-        answered[qa.question].add(reply)
-    assert all(len(given) == 1 for given in answered.values()), answered
+        answered[qa.question].append(reply)
+    usual = sum(max(given.count(r) for r in given) for given in answered.values())
+    assert usual >= 0.9 * len(pairs), answered
+    assert accuracy(pairs, replies)["all"] <= 0.35
     merged = load_model(LAYOUT, device="cpu", dtype="float32", vision_lora="merged")
     assert accuracy(pairs, batched_answers(merged.model, merged.processor, pairs))["all"] >= 0.85
 
@@ -121,7 +125,16 @@ def test_native_text_gets_the_base_and_images_get_the_vision_model(native, refer
     assert tokens(native, TEXT_PROMPTS) == references["base_text"]
     # the two models differ on these prompts, so the checks above can fail
     assert references["vision"] != references["base_image"]
-    assert references["vision_text"] != references["base_text"]
+    # Text-only, the blind base and the vision model give the same greedy tokens here, so compare
+    # logits: native's are the base's, not the vision model's.
+    inputs = native.prepare_inputs(TEXT_PROMPTS[0])
+    with torch.inference_mode():
+        with native.adapter_scope(None, image=False) as model:
+            text_logits = model(**inputs).logits
+        base_logits = references["base"].model(**inputs).logits
+        vision_logits = references["vision_engine"].model(**inputs).logits
+    torch.testing.assert_close(text_logits, base_logits, rtol=1e-5, atol=1e-5)
+    assert (vision_logits - base_logits).abs().max() > 1e-2
     streamed = "".join(native.stream(IMAGE_PROMPTS[0], GREEDY))
     assert streamed == native.generate(IMAGE_PROMPTS[0], GREEDY).text
 
