@@ -24,6 +24,31 @@ def base_copy(layout: Path, out: Path) -> Path:
     return out
 
 
+def hand_merged(layout: Path, out: Path) -> Path:
+    """The vision model computed from the files alone (safetensors, no g4v or PEFT code):
+    ``W0 + alpha / r * B @ A`` in float32 for every adapted projection, saved beside a copy of
+    the other files. The reference for what base + vision LoRA must answer."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    base_copy(layout, out)
+    weights = {k: v.float() for k, v in load_file(str(layout / "model.safetensors")).items()}
+    lora = load_file(str(layout / ADAPTER_WEIGHTS))
+    config = json.loads((layout / ADAPTER_CONFIG).read_text())
+    scaling = config["lora_alpha"] / config["r"]
+    for key in lora:
+        if key.endswith(".lora_A.weight"):
+            module = key[len("base_model.model."):-len(".lora_A.weight")]
+            delta = lora[key.replace("lora_A", "lora_B")].float() @ lora[key].float()
+            weights[module + ".weight"] = (weights[module + ".weight"] + scaling * delta).contiguous()
+    save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
+    settings = json.loads((out / "config.json").read_text())
+    settings["dtype"] = "float32"
+    (out / "config.json").write_text(json.dumps(settings, indent=2))
+    return out
+
+
 def tokens(engine, prompts, adapter=None) -> list[list[int]]:
     return [engine.generate(p, GREEDY, adapter=adapter).token_ids for p in prompts]
 

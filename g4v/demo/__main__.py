@@ -3,8 +3,9 @@
 ``python -m g4v.demo build-adapter [--out DIR]``: regenerate the demo LoRA adapter for it.
 
 ``python -m g4v.demo build-vlora [--out DIR]``: regenerate the layout checkpoint (base weights plus
-the vision LoRA beside them, :mod:`g4v.demo.vlora`); ``build-layout-adapters --out DIR``: a user's
-two kinds of adapter for it (:mod:`g4v.demo.layout_adapters`).
+the vision LoRA beside them, :mod:`g4v.demo.vlora`; a short LoRA training, flags: the fields of
+:class:`g4v.demo.recipe.VisionLoraSettings`); ``build-layout-adapters --out DIR``: a user's two
+kinds of adapter for it (:mod:`g4v.demo.layout_adapters`).
 
 ``python -m g4v.demo dataset [--out DIR]``: regenerate the bundled dataset for dataset runs.
 
@@ -30,8 +31,6 @@ def main(argv=None) -> int:
     build_cmd.add_argument("--out", type=Path, default=BUNDLED_MODEL_DIR, help="output folder")
     adapter_cmd = sub.add_parser("build-adapter", help="build the demo LoRA adapter for the bundled checkpoint")
     adapter_cmd.add_argument("--out", type=Path, default=None, help="output folder (default: assets/adapters/demo-lora)")
-    vlora_cmd = sub.add_parser("build-vlora", help="build the layout checkpoint: base weights and the vision LoRA")
-    vlora_cmd.add_argument("--out", type=Path, default=VLORA_MODEL_DIR, help="output folder")
     layout_cmd = sub.add_parser("build-layout-adapters",
                                 help="build a replacement and an on-the-vision-model adapter for the layout checkpoint")
     layout_cmd.add_argument("--out", type=Path, required=True, help="new output folder")
@@ -51,12 +50,6 @@ def main(argv=None) -> int:
 
         folders = build_layout_adapters(args.out)
         print(f"wrote {folders['adapters']} (use it as --adapters-dir) and {folders['vision-model']}")
-    elif args.command == "build-vlora":
-        from g4v.demo.vlora import build_vlora
-
-        info = build_vlora(args.out)
-        print(f"wrote {args.out} (base weights sha256 {info['weights_sha256']}, "
-              f"vision LoRA sha256 {info['adapter_sha256']})")
     elif args.command == "dataset":
         from g4v.demo.dataset import build_dataset
         from g4v.evaluate.data import BUNDLED_DATASET
@@ -73,7 +66,7 @@ def main(argv=None) -> int:
 
         for path in write_examples():
             print(f"wrote {path}")
-    elif args.command in ("train", "train-adapter", "train-documents", "eval"):
+    elif args.command in ("train", "train-adapter", "train-documents", "build-vlora", "eval"):
         with _loading_bars(not args.no_progress):
             return _run_training_command(args, argv)
     return 0
@@ -101,7 +94,7 @@ def _loading_bars(shown: bool):
 def _add_training_commands(sub) -> None:
     """The training commands' flags: one per settings field (:mod:`g4v.commands.settings_flags`)."""
     from g4v.commands.settings_flags import add_settings_flags
-    from g4v.demo.recipe import AdapterSettings, DocumentsSettings, TrainSettings
+    from g4v.demo.recipe import AdapterSettings, DocumentsSettings, TrainSettings, VisionLoraSettings
 
     train_cmd = sub.add_parser("train", help="train the tiny checkpoint from scratch on synthetic shapes (CPU)")
     train_cmd.add_argument("--out", type=Path, default=TRAINED_MODEL_DIR, help="output folder")
@@ -113,6 +106,12 @@ def _add_training_commands(sub) -> None:
     adapter_cmd.add_argument("--out", type=Path, default=FRENCH_ADAPTER_DIR, help="output folder")
     add_settings_flags(adapter_cmd, AdapterSettings)
     adapter_cmd.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+    vlora_cmd = sub.add_parser("build-vlora", help="build the layout checkpoint: base weights and the vision LoRA "
+                                                    "(trains a blind LoRA on the trained checkpoint)")
+    vlora_cmd.add_argument("--out", type=Path, default=VLORA_MODEL_DIR, help="output folder")
+    add_settings_flags(vlora_cmd, VisionLoraSettings)
+    vlora_cmd.add_argument("--no-progress", action="store_true", help="no progress bar")
 
     documents_cmd = sub.add_parser("train-documents",
                                    help="a document stage: charts to CSV and key-value extraction, from the trained "
@@ -164,6 +163,15 @@ def _run_training_command(args, argv) -> int:
         settings = settings_from_args(AdapterSettings, args)
         info = train_adapter(args.base, args.out, settings, command, progress=not args.no_progress)
         print(f"wrote {args.out} (adapter sha256 {info['weights_sha256']})")
+    elif args.command == "build-vlora":
+        from g4v.commands.settings_flags import settings_from_args
+        from g4v.demo.recipe import VisionLoraSettings
+        from g4v.demo.vlora import build_vlora
+
+        info = build_vlora(args.out, settings=settings_from_args(VisionLoraSettings, args), command=command,
+                           progress=not args.no_progress)
+        print(f"wrote {args.out} (base weights sha256 {info['weights_sha256']}, "
+              f"vision LoRA sha256 {info['adapter_sha256']})")
     elif args.command == "train-documents":
         from g4v.commands.settings_flags import settings_from_args
         from g4v.demo.documents_training import train_documents

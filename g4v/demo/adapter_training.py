@@ -35,6 +35,21 @@ def lora_config(rank: int, alpha: int):
 def train_adapter(base_dir: Path, out: Path, settings: AdapterSettings, command: str, progress: bool = True) -> dict:
     """Train the French-colours LoRA on the checkpoint in ``base_dir``; writes a PEFT folder ``out``
     and returns what its ``g4v_adapter.json`` records."""
+    started = time.time()
+    model, losses = train_lora(base_dir, settings, S.french_answer, "adapter", "train-adapter", progress)
+    return save_adapter(model, base_dir, Path(out), {
+        "builder": command,
+        "settings": asdict(settings),
+        "started": started,
+        "final_loss": round(sum(losses[-20:]) / max(1, len(losses[-20:])), 4),
+    })
+
+
+def train_lora(base_dir: Path, settings, answer, name: str, label: str, progress: bool = True):
+    """A LoRA (``settings.rank``, ``settings.alpha``, :data:`LORA_TARGET_REGEX`) trained on the frozen
+    checkpoint in ``base_dir`` to give ``answer(qa)`` to the shape conversations; pictures are seeded
+    ``NAME:SEED:INDEX``. Returns the PEFT model and the loss of every step. Shared by the French
+    adapter and the layout checkpoint's blind LoRA (:mod:`g4v.demo.vlora`)."""
     from peft import get_peft_model
     from transformers import AutoProcessor, Granite4VisionForConditionalGeneration
 
@@ -50,13 +65,13 @@ def train_adapter(base_dir: Path, out: Path, settings: AdapterSettings, command:
     optimizer = torch.optim.AdamW(params, lr=settings.lr, weight_decay=0.0)
     sched = TrainSettings(steps=settings.steps, lr=settings.lr, warmup_steps=settings.warmup_steps,
                           min_lr_ratio=settings.min_lr_ratio)
-    rng = random.Random(f"adapter-turns:{settings.seed}")
-    bar = progress_bar(settings.steps, "train-adapter") if progress else None
-    started, losses, index = time.time(), [], 0
+    rng = random.Random(f"{name}-turns:{settings.seed}")
+    bar = progress_bar(settings.steps, label) if progress else None
+    losses, index = [], 0
     for step in range(settings.steps):
-        pictures = [S.picture(f"adapter:{settings.seed}:{index + k}") for k in range(settings.batch_size)]
+        pictures = [S.picture(f"{name}:{settings.seed}:{index + k}") for k in range(settings.batch_size)]
         index += settings.batch_size
-        turns = [conversation_turns(p, rng, settings.max_turns, answer=S.french_answer) for p in pictures]
+        turns = [conversation_turns(p, rng, settings.max_turns, answer=answer) for p in pictures]
         batch = encode(processor, pictures, turns)
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, sched)
@@ -69,12 +84,7 @@ def train_adapter(base_dir: Path, out: Path, settings: AdapterSettings, command:
         tick(bar, step, every=5, name="loss", values=losses, window=20)
     if bar is not None:
         bar.close()
-    return save_adapter(model, base_dir, Path(out), {
-        "builder": command,
-        "settings": asdict(settings),
-        "started": started,
-        "final_loss": round(sum(losses[-20:]) / max(1, len(losses[-20:])), 4),
-    })
+    return model, losses
 
 
 def save_adapter(model, base_dir: Path, out: Path, run: dict) -> dict:

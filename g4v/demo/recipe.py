@@ -2,7 +2,8 @@
 
 :class:`TrainSettings` is ``python -m g4v.demo train`` (:mod:`g4v.demo.loop`), :class:`AdapterSettings`
 is ``python -m g4v.demo train-adapter`` (:mod:`g4v.demo.adapter_training`), :class:`DocumentsSettings`
-is ``python -m g4v.demo train-documents`` (:mod:`g4v.demo.documents_training`). Each field is one
+is ``python -m g4v.demo train-documents`` (:mod:`g4v.demo.documents_training`), :class:`VisionLoraSettings`
+is ``python -m g4v.demo build-vlora`` (:mod:`g4v.demo.vlora`). Each field is one
 command-line flag (``--kebab-case``, help from the field's metadata: see
 :mod:`g4v.commands.settings_flags`), so a setting's name, type, default and help are written here
 only. The defaults are the recipe of the bundled checkpoint and adapter: ``train`` with no options
@@ -105,6 +106,23 @@ class AdapterSettings:
     alpha: int = _setting(16, "LoRA alpha")
     seed: int = _setting(0, "seed of the LoRA initialisation, the pictures and the conversations")
     threads: int = _setting(1, "torch CPU threads")
+    warmup_steps: int = _setting(10, "linear learning-rate warm-up steps")
+    min_lr_ratio: float = _setting(0.1, "the cosine decay ends at lr times this")
+    max_turns: int = _setting(8, "questions per picture")
+
+
+@dataclass
+class VisionLoraSettings:
+    """``python -m g4v.demo build-vlora``: the blind LoRA trained on the trained checkpoint, whose
+    negation becomes the layout checkpoint's vision LoRA (:mod:`g4v.demo.vlora`)."""
+
+    steps: int = _setting(40, "training steps of the blind LoRA")
+    batch_size: int = _setting(8, "pictures per step")
+    lr: float = _setting(6e-3, "peak learning rate")
+    rank: int = _setting(16, "LoRA rank (the vision LoRA's)")
+    alpha: int = _setting(16, "LoRA alpha (= rank: scaling 1, as the real vision LoRA's)")
+    seed: int = _setting(35, "seed of the LoRA initialisation, the pictures, the conversations, the blind answers")
+    threads: int = _setting(2, "torch CPU threads")
     warmup_steps: int = _setting(10, "linear learning-rate warm-up steps")
     min_lr_ratio: float = _setting(0.1, "the cosine decay ends at lr times this")
     max_turns: int = _setting(8, "questions per picture")

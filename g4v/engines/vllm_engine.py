@@ -1,19 +1,22 @@
 """The in-process vLLM backend: vLLM's own ``granite4_vision`` model behind the sync engine interface.
 
 vLLM serves requests from an asyncio engine (``AsyncLLM``) whose model runs in worker processes.
-The workbench is synchronous (CLI loops, Gradio generators, tests), so this module runs one event
-loop on a background thread and hands each request's outputs to the caller through a queue: every
-request streams token by token, requests share vLLM's continuous batching, and a caller's cancel
-event aborts the request inside vLLM. Facts about vLLM that shape its use (``../shared/ENVIRONMENT.md``):
+The workbench is synchronous, so this module runs one event loop on a background thread and hands
+each request's outputs to the caller through a queue: requests stream token by token, share vLLM's
+continuous batching (a side-by-side view submits two together), and a cancel event aborts one.
+A failed start is one line naming the engine core's own exception (:mod:`g4v.engines.vllm_start`).
 
-* vLLM starts its processes with ``spawn`` (always, on the CPU): a script that builds a
+Facts about vLLM that shape how it must be used (see ``../shared/ENVIRONMENT.md``):
+
+* vLLM starts its engine-core and worker processes with ``spawn``: a script that builds a
   :class:`VLLMEngine` needs the ``if __name__ == "__main__":`` guard (``python -m g4v`` has it).
-* ``AsyncLLM`` ignores ``default_mm_loras`` (only ``LLM.generate`` and the OpenAI server apply it),
-  so this engine passes the checkpoint's vision LoRA (:mod:`g4v.engines.vision_lora`) as every image
-  request's ``lora_request``, and gives vLLM the folder without the adapter files (it would load
-  ``adapter_model.safetensors`` as a weight shard).
-* On the CPU, vLLM reserves its KV cache from RAM (``VLLM_CPU_KVCACHE_SPACE``, GiB, read at
-  start): :func:`cpu_defaults` sets a small default before the engine is built, unless set.
+* ``AsyncLLM`` ignores ``default_mm_loras`` (vLLM applies it in ``LLM.generate`` and its OpenAI
+  server only), so this engine passes the checkpoint's vision LoRA (:mod:`g4v.engines.vision_lora`)
+  as the ``lora_request`` of every image request itself, and gives vLLM a view of the folder
+  without the adapter files (vLLM would load ``adapter_model.safetensors`` as a weight shard).
+* On the CPU, vLLM reserves its KV cache from RAM, sized by the ``VLLM_CPU_KVCACHE_SPACE``
+  environment variable (GiB). It is read when the engine starts, so :func:`cpu_defaults` sets a
+  small default before the engine is built, unless the user set it.
 """
 
 import asyncio
@@ -29,6 +32,7 @@ from pathlib import Path
 from g4v.conversation import Message, SamplingSettings, to_template_messages, validate_conversation
 from g4v.engines.base import WITHOUT_VISION_LORA, Engine, EngineInfo, Generation, gpu_present
 from g4v.engines.vision_lora import check_base_available, lora_rank_slot, served_view
+from g4v.engines.vllm_start import StderrTail, start_error
 from g4v.errors import G4VError, PromptTooLong, first_line
 
 #: How often a waiting consumer looks at its cancel event (seconds).
@@ -248,10 +252,13 @@ class VLLMEngine(Engine):
         except ImportError:
             raise G4VError("the vllm backend needs vLLM: pip install -r requirements-vllm.txt "
                            "(GPU) or run scripts/setup_vllm_cpu_env.sh (CPU)") from None
+        tail = StderrTail()  # the engine core prints why it failed to its stderr only
         try:
             return AsyncLLM.from_engine_args(AsyncEngineArgs(**arguments))
         except Exception as err:  # vLLM reports bad settings and start-up failures in many types
-            raise G4VError(f"vLLM could not start: {first_line(err)}") from None
+            raise start_error(err, tail.restore().lines(wait=2.0)) from None
+        finally:
+            tail.restore()
 
     # ── prompts ──────────────────────────────────────────────────────────────────────────────
 
@@ -442,9 +449,8 @@ _CONTEXT_EXCEEDED = re.compile(r"maximum (model|context) length|longer than the 
 def _as_user_error(err: Exception) -> Exception:
     """vLLM's request validation errors (prompt too long, too many images) are the user's to fix;
     anything else is a bug and keeps its type."""
-    name = type(err).__name__
     if _CONTEXT_EXCEEDED.search(str(err)):
         return PromptTooLong(f"the prompt is too long for this model: {first_line(err)}")
-    if isinstance(err, ValueError) or name in ("VLLMValidationError", "VLLMClientError"):
+    if isinstance(err, ValueError) or type(err).__name__ in ("VLLMValidationError", "VLLMClientError"):
         return G4VError(f"vLLM refused the request: {first_line(err)}")
     return err

@@ -27,7 +27,8 @@ import tempfile
 
 import torch
 
-from g4v.errors import G4VError, first_line
+from g4v.engines.vllm_start import start_error
+from g4v.errors import G4VError
 
 _INSECURE = "VLLM_ALLOW_INSECURE_SERIALIZATION"
 #: vLLM's logger and torch's C++ side log errors only (a value the user set is kept).
@@ -83,8 +84,9 @@ class VLLMProbe:
 
             self.llm = LLM(**self.arguments)
         except Exception as err:  # vLLM reports load failures in many types; the caller reports it
+            lines = self._stderr.lines()
             self._restore_env()
-            raise G4VError(f"vLLM could not start: {first_line(err)}") from None
+            raise start_error(err, lines) from None
 
     def apply(self, func, **kwargs):
         """``func(model, **kwargs)`` in vLLM's worker; the first worker's answer."""
@@ -166,6 +168,14 @@ class _HeldStderr:
         self.file = tempfile.TemporaryFile()
         self.saved: int | None = os.dup(2)
         os.dup2(self.file.fileno(), 2)
+
+    def lines(self) -> list[str]:
+        """What was written so far (the engine core's traceback, when it failed to start)."""
+        sys.stderr.flush()
+        self.file.seek(0)
+        text = self.file.read().decode(errors="replace")
+        self.file.seek(0, os.SEEK_END)
+        return text.splitlines()
 
     def release(self) -> None:
         """Give fd 2 back, and write vLLM's ERROR lines to it, one line each. Safe to call twice."""
