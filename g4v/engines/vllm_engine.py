@@ -1,22 +1,19 @@
 """The in-process vLLM backend: vLLM's own ``granite4_vision`` model behind the sync engine interface.
 
 vLLM serves requests from an asyncio engine (``AsyncLLM``) whose model runs in worker processes.
-The workbench is synchronous, so this module runs one event loop on a background thread and hands
-each request's outputs to the caller through a queue: requests stream token by token, share vLLM's
-continuous batching (a side-by-side view submits two together), and a cancel event aborts one.
-A failed start is one line naming the engine core's own exception (:mod:`g4v.engines.vllm_start`).
+The workbench is synchronous (CLI loops, Gradio generators, tests), so this module runs one event
+loop on a background thread and hands each request's outputs to the caller through a queue: every
+request streams token by token, requests share vLLM's continuous batching, a cancel event aborts
+one, a failed start is one line (:mod:`g4v.engines.vllm_start`). Facts (``../shared/ENVIRONMENT.md``):
 
-Facts about vLLM that shape how it must be used (see ``../shared/ENVIRONMENT.md``):
-
-* vLLM starts its engine-core and worker processes with ``spawn``: a script that builds a
-  :class:`VLLMEngine` needs the ``if __name__ == "__main__":`` guard (``python -m g4v`` has it).
-* ``AsyncLLM`` ignores ``default_mm_loras`` (vLLM applies it in ``LLM.generate`` and its OpenAI
-  server only), so this engine passes the checkpoint's vision LoRA (:mod:`g4v.engines.vision_lora`)
-  as the ``lora_request`` of every image request itself, and gives vLLM a view of the folder
-  without the adapter files (vLLM would load ``adapter_model.safetensors`` as a weight shard).
-* On the CPU, vLLM reserves its KV cache from RAM, sized by the ``VLLM_CPU_KVCACHE_SPACE``
-  environment variable (GiB). It is read when the engine starts, so :func:`cpu_defaults` sets a
-  small default before the engine is built, unless the user set it.
+* vLLM starts its processes with ``spawn``: a script building a :class:`VLLMEngine` needs the
+  ``if __name__ == "__main__":`` guard (``python -m g4v`` has it).
+* ``AsyncLLM`` ignores ``default_mm_loras`` (only ``LLM.generate`` and the OpenAI server apply it),
+  so this engine passes the checkpoint's vision LoRA (:mod:`g4v.engines.vision_lora`) as every image
+  request's ``lora_request``, and gives vLLM the folder without the adapter files (it would load
+  ``adapter_model.safetensors`` as a weight shard).
+* On the CPU, vLLM reserves its KV cache from RAM (``VLLM_CPU_KVCACHE_SPACE``, GiB, read at
+  start): :func:`cpu_defaults` sets a small default before the engine is built, unless set.
 """
 
 import asyncio
@@ -32,6 +29,7 @@ from pathlib import Path
 from g4v.conversation import Message, SamplingSettings, to_template_messages, validate_conversation
 from g4v.engines.base import WITHOUT_VISION_LORA, Engine, EngineInfo, Generation, gpu_present
 from g4v.engines.vision_lora import check_base_available, lora_rank_slot, served_view
+from g4v.engines.event_loop import LoopThread
 from g4v.engines.vllm_start import StderrTail, start_error
 from g4v.errors import G4VError, PromptTooLong, first_line
 
@@ -151,25 +149,6 @@ def adapter_capacity(arguments: dict) -> int:
     return max(slots - 1 - bool(arguments.get("default_mm_loras")), 0)
 
 
-class _LoopThread:
-    """An asyncio event loop on a daemon thread, so synchronous code can drive ``AsyncLLM``."""
-
-    def __init__(self):
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, name="g4v-vllm-loop", daemon=True)
-        self.thread.start()
-
-    def submit(self, coroutine):
-        return asyncio.run_coroutine_threadsafe(coroutine, self.loop)
-
-    def run(self, coroutine, timeout: float | None = None):
-        return self.submit(coroutine).result(timeout)
-
-    def stop(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(timeout=10)
-
-
 class _Request:
     """One request in flight: a pump task on the loop fills ``outputs``; the caller drains it."""
 
@@ -202,7 +181,7 @@ class VLLMEngine(Engine):
         self._view = served_view(self.vision_lora, self.vision_mode)
         if self._view is not None:
             self.arguments["model"] = str(self._view.path)
-        self._loop = _LoopThread()
+        self._loop = LoopThread()
         try:
             self._llm = self._loop.run(self._start(self.arguments))
         except G4VError:
