@@ -10,8 +10,9 @@ import json
 import shutil
 
 import pytest
-from tests.vision_lora_cases import IMAGE_PROMPTS, TEXT_PROMPTS, tokens, vision_model_plus_french
+from tests.vision_lora_cases import IMAGE_PROMPTS, TEXT_PROMPTS, base_copy, tokens, vision_model_plus_french
 
+from g4v.conversation import SamplingSettings
 from g4v.demo.layout_adapters import ON_VISION_MODEL_NAME, REPLACEMENT_NAME, build_layout_adapters
 from g4v.engines.base import WITHOUT_VISION_LORA
 from g4v.engines.hf import TransformersEngine
@@ -63,19 +64,11 @@ def test_both_kinds_answer_as_the_vision_model_with_the_french_adapter(native, b
 def test_the_base_language_model_is_one_request_away(native, tmp_path):
     """adapter=WITHOUT_VISION_LORA: the base language model on image prompts too (a plain copy of
     the base without the adapter files is the reference)."""
-    from tests.vision_lora_cases import base_copy
-
     base = engine(model=str(base_copy(VLORA_MODEL_DIR, tmp_path / "base")))
     assert tokens(native, PROMPTS, adapter=WITHOUT_VISION_LORA) == tokens(base, PROMPTS)
     assert tokens(native, TEXT_PROMPTS, adapter=WITHOUT_VISION_LORA) == tokens(base, TEXT_PROMPTS)
     with pytest.raises(G4VError, match="merged into the weights"):
-        engine("merged").generate(PROMPTS[0], settings_for_one_token(), adapter=WITHOUT_VISION_LORA)
-
-
-def settings_for_one_token():
-    from g4v.conversation import SamplingSettings
-
-    return SamplingSettings(max_new_tokens=1)
+        engine("merged").generate(PROMPTS[0], SamplingSettings(max_new_tokens=1), adapter=WITHOUT_VISION_LORA)
 
 
 def test_merged_mode_runs_the_adapter_on_the_vision_model_and_refuses_a_replacement(built, expected):

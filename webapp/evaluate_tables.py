@@ -14,18 +14,23 @@ SAMPLE_HEADERS = ["row", "id", "category", "prompt", "reference", "answer A", "a
 
 #: Columns of free text (the sample table's prompt and answers), given room to read.
 TEXT_COLUMNS = {"prompt", "reference", "answer A", "answer B", "error"}
+#: Columns of short names (ids such as ``p000-count``, categories), wide enough for a name of
+#: ``NAME_CHARS`` characters: sized for the header alone, the bundled ids (`p000-position`) broke
+#: at their hyphen.
+NAME_COLUMNS, NAME_CHARS = {"id", "category"}, 16
 #: Pixels per character of a header's longest word (the table's bold monospace), and the cell's own
 #: padding and menu button.
 HEADER_CHAR_PX, HEADER_EXTRA_PX, TEXT_COLUMN_PX = 9.5, 44, 220
 
 
 def column_widths(headers: list[str]) -> list[str]:
-    """A width for each column wide enough for its header's longest word and for half the header,
-    so headers wrap between words only, on two lines or so (Gradio sizes the columns to the cells
+    """A width for each column wide enough for its header's longest word and for half the header
+    (and a name column for a short name), so headers wrap between words only, on two lines or so (Gradio sizes the columns to the cells
     and then breaks header words anywhere)."""
     widths = []
     for header in headers:
-        characters = max(max(len(word) for word in header.split()), len(header) / 2)
+        characters = max(max(len(word) for word in header.split()), len(header) / 2,
+                         NAME_CHARS if header in NAME_COLUMNS else 0)
         widths.append(round(HEADER_CHAR_PX * characters + HEADER_EXTRA_PX))
     return [f"{max(width, TEXT_COLUMN_PX if header in TEXT_COLUMNS else 0)}px" for width, header in zip(widths, headers)]
 

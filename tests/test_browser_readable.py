@@ -1,0 +1,109 @@
+"""What a new user reads in the page (issue 31's walk, hardening 2), measured in headless Chromium
+against one app on the bundled checkpoint: the Tiling tab's token budget shown once with every
+column in view, the picked token framed on the overlay, and tables whose words are never broken
+across lines. Screenshots in test-output/browser/."""
+
+import io
+
+import pytest
+
+from g4v.paths import EXAMPLES_DIR
+from tests.browser import browser_page
+from tests.test_browser_ux import PICTURE_SHOWN
+
+EXAMPLE = str(EXAMPLES_DIR / "shapes-wide.png")
+
+#: The words of at most ``SHORT_WORD`` characters of the element's text that the page draws on more
+#: than one line (each word's box, from a DOM Range over it, spans several line tops): a word broken
+#: inside. A longer token (a random model's 30-letter answer, a path) may break where it must.
+SHORT_WORD = 16
+SPLIT_WORDS = """([selector, longest]) => { const split = [];
+  for (const root of document.querySelectorAll(selector)) {
+    const walker = document.createTreeWalker(root, NodeFilter.SHOW_TEXT);
+    while (walker.nextNode()) {
+      const node = walker.currentNode, words = /\\S+/g; let word;
+      while ((word = words.exec(node.textContent))) {
+        const range = document.createRange();
+        range.setStart(node, word.index); range.setEnd(node, word.index + word[0].length);
+        const tops = new Set([...range.getClientRects()].filter(r => r.width > 0).map(r => Math.round(r.top)));
+        if (tops.size > 1 && word[0].length <= longest) split.push(word[0]);
+      } } }
+  return split; }"""
+
+#: Per column of the element's table: its header, whether each of its cells (header included)
+#: shows its whole text (nothing cut by the cell's own overflow), and whether the column lies
+#: inside the table's visible frame (not cut off at its right).
+COLUMNS_IN_VIEW = """(selector) => { const block = document.querySelector(selector);
+  const frame = block.querySelector('.table-wrap, table').getBoundingClientRect();
+  const headers = [...block.querySelectorAll('thead th')];
+  return headers.map((th, col) => {
+    const cells = [th, ...[...block.querySelectorAll('[data-testid^="cell-"]')].filter(
+        cell => cell.dataset.testid.endsWith(`-${col}`)).map(cell => cell.closest('td') || cell)];
+    const whole = cells.every(cell => [cell, ...cell.querySelectorAll('*')].every(
+        el => el.scrollWidth <= el.clientWidth + 1 || getComputedStyle(el).overflowX === 'visible'));
+    const box = th.getBoundingClientRect();
+    return {header: th.innerText.trim(), whole, inside: box.left >= frame.left - 1 && box.right <= frame.right + 1};
+  }); }"""
+
+
+@pytest.fixture(scope="module")
+def shots(output_dir):
+    folder = output_dir / "browser"
+    folder.mkdir(exist_ok=True)
+    return folder
+
+
+def test_the_token_budget_is_shown_once_in_view_and_the_picked_token_is_framed(app_url, shots):
+    """Tiling tab: the token budget beside the picture (the overlay no longer draws it a second
+    time: tests/test_tiling.py), each of its columns whole and inside its frame at the page's width (the tokens column was cut
+    off), its words unbroken; a click on a canvas cell brings back an overlay with that token framed
+    (around the clicked point the served picture changes on all four sides, not at the point)."""
+    import numpy as np
+    from PIL import Image
+
+    with browser_page(width=1280, height=1400) as page:
+        page.goto(app_url)
+        page.get_by_role("tab", name="Tiling").click()
+        page.locator("#tiling-image input[type=file]").set_input_files(EXAMPLE)
+        page.wait_for_function(PICTURE_SHOWN, arg="#tiling-overlay")
+        page.wait_for_function("() => (document.querySelector('#tiling-budget [data-testid=cell-3-0]') || {})"
+                               ".innerText?.trim() === 'total'")
+        columns = page.evaluate(COLUMNS_IN_VIEW, "#tiling-budget")
+        assert [c["header"] for c in columns] == ["part", "layout", "tokens"]
+        assert all(c["whole"] and c["inside"] for c in columns), columns
+        assert page.evaluate(SPLIT_WORDS, ["#tiling-budget", SHORT_WORD]) == []
+
+        overlay = page.locator("#tiling-overlay img")
+        before_src = overlay.get_attribute("src")
+        before = np.asarray(Image.open(io.BytesIO(page.request.get(before_src).body())).convert("RGB"), dtype=int)
+        box = overlay.bounding_box()  # the picture is drawn inside it with object-fit: contain
+        height, width = before.shape[:2]
+        scale = min(box["width"] / width, box["height"] / height)
+        x, y = 0.3 * width, 0.5 * height  # inside the canvas, which spans most of the picture's left
+        overlay.click(position={"x": (box["width"] - width * scale) / 2 + x * scale,
+                                "y": (box["height"] - height * scale) / 2 + y * scale})
+        page.wait_for_function("(src) => document.querySelector('#tiling-overlay img').src !== src", arg=before_src)
+        after = np.asarray(Image.open(io.BytesIO(page.request.get(overlay.get_attribute("src")).body())).convert("RGB"),
+                           dtype=int)
+        changed = np.argwhere(np.abs(after - before).max(axis=-1) > 0)  # (row, column) of each changed pixel
+        # The first token's frame went, the clicked one's came: near the click, a frame on all four sides.
+        near = changed[(np.abs(changed[:, 1] - x) < width / 10) & (np.abs(changed[:, 0] - y) < height / 6)]
+        assert len(near)
+        rows, cols = near[:, 0], near[:, 1]
+        assert (cols < x).any() and (cols > x).any() and (rows < y).any() and (rows > y).any()
+        assert not ((np.abs(rows - y) < 2) & (np.abs(cols - x) < 2)).any()  # the cell itself is left as drawn
+        page.screenshot(path=str(shots / "readable-1-tiling.png"), full_page=True)
+
+
+@pytest.mark.parametrize("width", [1280, 900])
+def test_evaluate_tables_break_no_word_inside(app_url, shots, width):
+    """Evaluate tab, after a run of 4 rows at a 1280- and a 900-pixel window: no header or cell word
+    of the aggregate and sample tables is drawn across two lines ("agreemen t" in the walk; the
+    bundled rows' ids, "p000-count", broke at their hyphen in a column sized for its header)."""
+    from tests.test_evaluate_app import run_in_browser
+
+    with browser_page(width=width, height=1400) as page:
+        run_in_browser(page, app_url, limit=4)
+        for table in ("#eval-aggregate", "#eval-samples"):
+            assert page.evaluate(SPLIT_WORDS, [table, SHORT_WORD]) == [], table
+        page.screenshot(path=str(shots / f"readable-2-evaluate-{width}.png"), full_page=True)
