@@ -27,6 +27,8 @@ from g4v.errors import G4VError
 SERVING_KEYS = {"enable_lora": bool, "max_lora_rank": int, "max_loras": int, "default_mm_loras": dict,
                 "hf_overrides": dict}
 
+#: vLLM's own ``max_lora_rank`` when the arguments leave it out (``LoRAConfig``).
+VLLM_MAX_LORA_RANK = 16
 _KINDS = {bool: "true or false", int: "a whole number", dict: "a JSON object"}
 
 
@@ -65,7 +67,7 @@ def _image_lora(serving: dict, lora: VisionLora) -> bool:
 
 
 def _rank_too_small(serving: dict, lora: VisionLora) -> bool:
-    return bool(serving.get("enable_lora")) and serving.get("max_lora_rank", 16) < lora.rank  # 16: vLLM's default
+    return bool(serving.get("enable_lora")) and serving.get("max_lora_rank", VLLM_MAX_LORA_RANK) < lora.rank
 
 
 def vllm_applies(lora: VisionLora | None, mode: str, serving: dict) -> tuple[bool, str]:
@@ -81,7 +83,7 @@ def vllm_applies(lora: VisionLora | None, mode: str, serving: dict) -> tuple[boo
     if not _image_lora(serving, lora):
         return False, "default_mm_loras has no image entry naming the checkpoint's folder"
     if _rank_too_small(serving, lora):
-        return False, f"max_lora_rank {serving.get('max_lora_rank', 16)} is below its rank"
+        return False, f"max_lora_rank {serving.get('max_lora_rank', VLLM_MAX_LORA_RANK)} is below its rank"
     return True, ""
 
 
@@ -103,7 +105,7 @@ def findings(lora: VisionLora | None, transformers_mode: str, vllm_mode: str, se
     if lora is None:
         return lines
     if vllm_mode == "native" and _rank_too_small(serving, lora):
-        lines.append(f"max_lora_rank {serving.get('max_lora_rank', 16)} is below the vision LoRA's rank {lora.rank}: "
+        lines.append(f"max_lora_rank {serving.get('max_lora_rank', VLLM_MAX_LORA_RANK)} is below the vision LoRA's rank {lora.rank}: "
                      f"vLLM refuses to load it and image requests fail (compared here without it); use "
                      f"--max-lora-rank {lora_rank_slot(lora.rank)}")
         return lines
