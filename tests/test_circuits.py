@@ -6,7 +6,12 @@ import pytest
 import torch
 
 from g4v.circuits.attention import image_attention
+from contextlib import contextmanager
+
 from g4v.circuits.common import CircuitSettings
+from g4v.circuits.knockout import attention_knockout, knockout_layers
+from g4v.images import open_image
+from g4v.paths import EXAMPLES_DIR, TRAINED_MODEL_DIR
 from g4v.conversation import Message
 from g4v.model.capture import language_model_of
 from g4v.model.levels import describe_levels
@@ -20,11 +25,16 @@ SIZES = [(300, 140), (100, 100), (140, 400)]
 
 def _reference_attentions(model, inputs):
     """The model's own attention weights: eager everywhere, ``output_attentions=True``."""
+    with eager_everywhere(model), torch.inference_mode():
+        return model(**inputs, output_attentions=True).attentions
+
+
+@contextmanager
+def eager_everywhere(model):
     previous = model.config._attn_implementation
     model.set_attn_implementation("eager")
     try:
-        with torch.inference_mode():
-            return model(**inputs, output_attentions=True).attentions
+        yield
     finally:
         model.set_attn_implementation(previous)
 
@@ -86,3 +96,118 @@ def test_attention_layer_range_and_token(hf_engine):
     summary = result.to_dict()
     levels = {int(k): v for k, v in summary["injection_layers"].items()}
     assert levels == {level.llm_layer: level.name for level in describe_levels(model.config)}
+
+
+# ── knockout ──────────────────────────────────────────────────────────────────────────────────
+
+
+@pytest.fixture(scope="module")
+def trained_engine():
+    """The trained demo checkpoint: its answers depend on the picture, so a knockout shows."""
+    from g4v.engines.hf import TransformersEngine
+
+    return TransformersEngine(str(TRAINED_MODEL_DIR), device="cpu", dtype="float32")
+
+
+@pytest.fixture(scope="module")
+def shapes():
+    return open_image(EXAMPLES_DIR / "shapes-square.png")
+
+
+SHAPES_PROMPT = "What colour is the circle?"
+STEPS = 4
+
+
+def _knockout_mask(length: int, image: torch.Tensor, answer: int) -> torch.Tensor:
+    """(1, 1, length, length) additive mask, built here: causal, and rows from ``answer`` on may not
+    see the ``image`` columns."""
+    low = torch.finfo(torch.float32).min
+    allowed = torch.ones(length, length, dtype=torch.bool).tril()
+    columns = torch.zeros(length, dtype=torch.bool)
+    columns[: image.numel()] = image
+    allowed[answer:] &= ~columns
+    return torch.zeros(1, 1, length, length).masked_fill(~allowed, low)
+
+
+def _greedy_reference(model, inputs, image, answer, steps, eos, masked=True):
+    """Log-probabilities of the first answer token and ``steps`` greedy tokens, one full forward per
+    token (no cache), each given the 4-D mask of :func:`_knockout_mask`."""
+    ids, first, new = inputs["input_ids"], None, []
+    for _ in range(steps):
+        extra = {"attention_mask": _knockout_mask(ids.shape[1], image, answer)} if masked else {}
+        with torch.inference_mode():
+            logits = model(input_ids=ids, pixel_values=inputs["pixel_values"], image_sizes=inputs["image_sizes"],
+                           use_cache=False, **extra).logits[0, -1].float()
+        first = torch.log_softmax(logits, -1) if first is None else first
+        token = int(logits.argmax())
+        if token == eos:
+            break
+        new.append(token)
+        ids = torch.cat([ids, torch.tensor([[token]])], dim=1)
+    return first, new
+
+
+def test_knockout_every_layer_equals_a_masked_forward(trained_engine, shapes):
+    model = trained_engine.model
+    result = attention_knockout(trained_engine, shapes, SHAPES_PROMPT,
+                                CircuitSettings(layers="all", max_new_tokens=STEPS))
+    inputs = trained_engine.prepare_inputs([Message("user", SHAPES_PROMPT, [shapes])])
+    image = inputs["input_ids"][0] == model.config.image_token_index
+    answer = inputs["input_ids"].shape[1] - 1
+    eos = trained_engine.tokenizer.eos_token_id
+    with eager_everywhere(model):
+        clean, clean_ids = _greedy_reference(model, inputs, image, answer, STEPS, eos, masked=False)
+        blocked, blocked_ids = _greedy_reference(model, inputs, image, answer, STEPS, eos)
+    token = int(clean.argmax())
+    assert result.answer_token_id == token and result.answer_position == answer
+    assert result.logprob_before == pytest.approx(float(clean[token]), abs=1e-5)
+    assert result.logprob_after == pytest.approx(float(blocked[token]), abs=1e-5)
+    assert result.continuation_ids_before == clean_ids
+    assert result.continuation_ids_after == blocked_ids
+    assert abs(result.logprob_after - result.logprob_before) > 0.1  # the picture mattered
+
+
+def test_knockout_at_some_layers_equals_an_attention_function_that_masks_them(trained_engine, shapes):
+    """At layers 5-9 only: the reference masks inside an attention function registered with
+    transformers (keyed by each module's layer index), not through the knockout's hooks."""
+    from transformers import AttentionInterface, AttentionMaskInterface
+    from transformers.masking_utils import eager_mask
+    from transformers.models.granite4_vision.modeling_granite4_vision import eager_attention_forward
+
+    model = trained_engine.model
+    layers = [5, 6, 7, 8, 9]
+    inputs = trained_engine.prepare_inputs([Message("user", SHAPES_PROMPT, [shapes])])
+    image = inputs["input_ids"][0] == model.config.image_token_index
+    answer = inputs["input_ids"].shape[1] - 1
+
+    def masked_attention(module, query, key, value, attention_mask, **kwargs):
+        if module.layer_idx in layers:
+            attention_mask = attention_mask.clone()
+            attention_mask[:, :, answer:, torch.nonzero(image).flatten()] = torch.finfo(attention_mask.dtype).min
+        return eager_attention_forward(module, query, key, value, attention_mask, **kwargs)
+
+    AttentionInterface.register("g4v_test_knockout", masked_attention)
+    AttentionMaskInterface.register("g4v_test_knockout", eager_mask)
+    language_model = language_model_of(model)
+    previous = language_model.config._attn_implementation
+    language_model.set_attn_implementation("g4v_test_knockout")
+    try:
+        with torch.inference_mode():
+            logits = model(**inputs, use_cache=False).logits[0, -1].float()
+    finally:
+        language_model.set_attn_implementation(previous)
+    expected = torch.log_softmax(logits, -1)
+
+    result = attention_knockout(trained_engine, shapes, SHAPES_PROMPT, CircuitSettings(layers="5-9", max_new_tokens=0))
+    assert result.layers == layers
+    assert result.logprob_after == pytest.approx(float(expected[result.answer_token_id]), abs=1e-5)
+    assert result.continuation_ids_after == []
+
+
+def test_knockout_window_around_injection_layers(trained_engine):
+    config = trained_engine.model.config
+    targets = [level.llm_layer for level in describe_levels(config)]
+    last = config.text_config.num_hidden_layers - 1
+    assert knockout_layers(config, CircuitSettings(window=0)) == sorted(targets)
+    expected = sorted({t + d for t in targets for d in (-1, 0, 1) if 0 <= t + d <= last})
+    assert knockout_layers(config, CircuitSettings(window=1)) == expected
