@@ -57,6 +57,13 @@ def window_layers(levels: list[Level], window: int, num_layers: int) -> list[int
                    if 0 <= layer < num_layers})
 
 
+def check_new_tokens(tokens) -> int:
+    """The checked greedy continuation length of a knockout."""
+    if not isinstance(tokens, int) or isinstance(tokens, bool) or tokens < 0:
+        raise G4VError(f"max_new_tokens must be a whole number >= 0, got {tokens!r}")
+    return tokens
+
+
 def query_position(token: int | None, seq_len: int) -> int:
     """The checked sequence position of the query token (None: the last prompt token)."""
     if token is None:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from g4v.circuits.common import CircuitSettings, eager_attention, image_positions, parse_layers, window_layers
+from g4v.circuits.common import CircuitSettings, check_new_tokens, eager_attention, image_positions, parse_layers, window_layers
 from g4v.conversation import Message
 from g4v.engines import transformers_engine
 from g4v.errors import G4VError
@@ -75,9 +75,7 @@ def attention_knockout(engine, image, prompt: str, settings: CircuitSettings | N
     engine = transformers_engine(engine, "the circuits views")
     config, tokenizer = engine.model.config, engine.tokenizer
     layers = knockout_layers(config, settings)
-    tokens = settings.max_new_tokens
-    if not isinstance(tokens, int) or tokens < 0:
-        raise G4VError(f"max_new_tokens must be a whole number >= 0, got {tokens!r}")
+    tokens = check_new_tokens(settings.max_new_tokens)
     if image is None:
         raise G4VError("the circuits views need an image")
     picture = open_image(image)
