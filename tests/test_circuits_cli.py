@@ -62,3 +62,20 @@ def test_bad_input_is_one_line(flags, words):
     assert lines[-1].startswith("error:") and words in lines[-1], result.stderr
     assert all(line.startswith("Loading weights") for line in lines[:-1]), result.stderr  # the only other line
     assert "Traceback" not in result.stderr and "/work" not in result.stderr
+
+
+def test_attention_out_writes_json_and_pictures(tmp_path):
+    from PIL import Image
+
+    from g4v.commands.circuits import ATTENTION_FILES
+    from viz.figures import MAX_PICTURE_SIDE
+
+    result = run_cli("circuits", "attention", *BASE, "--prompt", PROMPT, "--out", tmp_path / "att")
+    assert result.returncode == 0, result.stderr
+    assert sorted(p.name for p in (tmp_path / "att").iterdir()) == sorted(ATTENTION_FILES)
+    summary = json.loads((tmp_path / "att" / "attention.json").read_text())
+    assert len(summary["mean_attention"]) == len(summary["layers"]) == 10
+    for name in ATTENTION_FILES:
+        if name.endswith(".png"):
+            with Image.open(tmp_path / "att" / name) as picture:
+                assert max(picture.size) <= MAX_PICTURE_SIDE

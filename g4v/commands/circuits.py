@@ -39,6 +39,9 @@ def add_parser(subparsers):
         sub.add_argument("--prompt", required=True, help="the question")
         add_settings_flags(sub, CircuitSettings, exclude=excluded)
         sub.add_argument("--json", action="store_true", help="print the whole result as JSON instead of a table")
+        if verb == "attention":
+            sub.add_argument("--out", default=None, metavar="DIR",
+                             help="also write attention.json and the PNGs (share by layer, maps on the picture)")
     return parser
 
 
@@ -51,6 +54,9 @@ def run(args) -> int:
         raise G4VError("the prompt is empty")
     if args.verb == "knockout" and settings.window is not None and settings.layers != CircuitSettings.layers:
         raise G4VError("give --layers or --window, not both")
+    out = Path(args.out) if getattr(args, "out", None) else None
+    if out is not None and out.exists() and not out.is_dir():
+        raise G4VError(f"--out is a file, not a folder: {out.name}")
     _check_layers_early(args.model, args.verb, settings)
 
     from g4v.circuits.attention import image_attention
@@ -65,6 +71,8 @@ def run(args) -> int:
     finally:
         engine.close()
     summary = result.to_dict()
+    if out is not None:
+        _write_attention(out, image, summary)
     if args.json:
         print(json.dumps(summary))
     elif args.verb == "attention":
@@ -72,6 +80,21 @@ def run(args) -> int:
     else:
         _print_knockout(summary)
     return 0
+
+
+#: What ``attention --out`` writes: file name -> what it shows.
+ATTENTION_FILES = {"attention.json": "the result", "image_share.png": "share by layer",
+                   "attention_tiles.png": "tile-token maps", "attention_base.png": "base-view maps"}
+
+
+def _write_attention(folder: Path, image, summary: dict) -> None:
+    from viz.circuits import attention_map_figure, image_share_figure
+
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "attention.json").write_text(json.dumps(summary, indent=2) + "\n")
+    image_share_figure(summary).save(folder / "image_share.png")
+    attention_map_figure(image, summary, "tile").save(folder / "attention_tiles.png")
+    attention_map_figure(image, summary, "base").save(folder / "attention_base.png")
 
 
 def _check_layers_early(model: str | None, verb: str, settings) -> None:
