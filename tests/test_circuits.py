@@ -211,3 +211,32 @@ def test_knockout_window_around_injection_layers(trained_engine):
     assert knockout_layers(config, CircuitSettings(window=0)) == sorted(targets)
     expected = sorted({t + d for t in targets for d in (-1, 0, 1) if 0 <= t + d <= last})
     assert knockout_layers(config, CircuitSettings(window=1)) == expected
+
+
+def test_a_failed_pass_leaves_no_eager_attention_and_no_hook(hf_engine):
+    """The pass fails half-way (a hook of the test's raises in layer 2): eager attention is switched
+    back and the circuits hooks are gone all the same."""
+    from g4v.circuits.attention import attention_rows
+    from g4v.circuits.common import eager_attention
+    from g4v.circuits.knockout import knocked_out
+    from g4v.model.hooks import Hooks
+
+    model = hf_engine.model
+    language_model = language_model_of(model)
+    inputs = hf_engine.prepare_inputs([Message("user", PROMPT, [make_image(100, 100)])])
+    _reference_attentions(model, inputs)  # transformers' own capture hooks, installed once
+    implementation, hooks = language_model.config._attn_implementation, _hook_count(model)
+
+    def fail(module, args):
+        raise ValueError("stop here")
+
+    with Hooks() as failing:
+        failing.before(language_model.layers[2], fail)
+        with pytest.raises(ValueError, match="stop here"):
+            attention_rows(model, inputs, [0, 1, 2, 3], 5)
+        image = inputs["input_ids"][0] == model.config.image_token_index
+        with pytest.raises(ValueError, match="stop here"), eager_attention(model), \
+                knocked_out(model, [0, 1], image, 5), torch.inference_mode():
+            model(**inputs)
+    assert language_model.config._attn_implementation == implementation
+    assert _hook_count(model) == hooks
