@@ -1,0 +1,97 @@
+"""What both circuits views share: their settings, the checked layer selection and query position,
+the image-token positions of a prompt, and eager attention for one pass.
+
+Only eager attention materialises the attention weights (SDPA and flash attention never form them),
+so a circuits pass switches the language model to eager and back in ``finally``: a chat answer
+served later by the same model never runs slower, or differently, because of an inspection.
+"""
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+
+from g4v.errors import G4VError
+from g4v.model.capture import language_model_of
+from g4v.model.levels import Level
+
+
+@dataclass
+class CircuitSettings:
+    """The one place for the circuits views' defaults; the command's flags are derived from it."""
+
+    layers: str = field(default="all", metadata={"help": "decoder layers: all, N, or A-B (inclusive)"})
+    window: int | None = field(default=None, metadata={
+        "help": "knockout: the layers within W of every injection layer (instead of --layers)"})
+    token: int | None = field(default=None, metadata={
+        "help": "sequence position of the query token (default: the last prompt token, which "
+                "produces the first answer token; negative counts from the end)"})
+    max_new_tokens: int = field(default=12, metadata={"help": "knockout: greedy continuation length (0: none)"})
+
+
+def parse_layers(spec: str, num_layers: int) -> list[int]:
+    """``"all"``, ``"5"`` or ``"2-7"`` (inclusive) -> the checked decoder layers, in order."""
+    text = str(spec).strip().lower()
+    if text == "all":
+        return list(range(num_layers))
+    first, sep, last = text.partition("-")
+    if not first.isdigit() or (sep and not last.isdigit()):
+        raise G4VError(f"layers are written all, N or A-B (e.g. 2-5), got {spec!r}")
+    start, end = int(first), int(last) if sep else int(first)
+    if start > end:
+        raise G4VError(f"the layer range {spec} is empty: its start is after its end")
+    if end >= num_layers:
+        raise G4VError(f"layer {end} is out of range: this model's language model has layers 0-{num_layers - 1}")
+    return list(range(start, end + 1))
+
+
+def window_layers(levels: list[Level], window: int, num_layers: int) -> list[int]:
+    """The layers within ``window`` of any injection layer, clipped to the model's layers."""
+    if not isinstance(window, int) or window < 0:
+        raise G4VError(f"the window must be a whole number >= 0, got {window!r}")
+    if window >= num_layers:
+        raise G4VError(f"a window of {window} layers is larger than this model's {num_layers} layers: "
+                       "use --layers all to cover every layer")
+    return sorted({layer for level in levels for layer in range(level.llm_layer - window, level.llm_layer + window + 1)
+                   if 0 <= layer < num_layers})
+
+
+def check_new_tokens(tokens) -> int:
+    """The checked greedy continuation length of a knockout."""
+    if not isinstance(tokens, int) or isinstance(tokens, bool) or tokens < 0:
+        raise G4VError(f"max_new_tokens must be a whole number >= 0, got {tokens!r}")
+    return tokens
+
+
+def query_position(token: int | None, seq_len: int) -> int:
+    """The checked sequence position of the query token (None: the last prompt token)."""
+    if token is None:
+        return seq_len - 1
+    if not isinstance(token, int) or not -seq_len <= token < seq_len:
+        raise G4VError(f"token position {token} is past the prompt: it has {seq_len} tokens "
+                       f"(positions 0-{seq_len - 1}, or -1 to -{seq_len} from the end)")
+    return token % seq_len
+
+
+def image_positions(inputs: dict, config, expected: int) -> torch.Tensor:
+    """(num_image_tokens,) sequence positions of the image tokens, which must number ``expected``
+    (the tiling plan's count): the model packs one image's features in the plan's order."""
+    positions = torch.nonzero(inputs["input_ids"][0] == config.image_token_index).flatten().cpu()
+    if positions.numel() == 0:
+        raise G4VError("the circuits views need an image in the prompt")
+    if positions.numel() != expected:
+        raise RuntimeError(f"the tiling plan has {expected} image tokens, the prompt {positions.numel()}")
+    return positions
+
+
+@contextmanager
+def eager_attention(model) -> Iterator[None]:
+    """The language model on eager attention for the ``with`` block, its own implementation after."""
+    language_model = language_model_of(model)
+    previous = language_model.config._attn_implementation
+    language_model.set_attn_implementation("eager")
+    try:
+        yield
+    finally:
+        language_model.set_attn_implementation(previous)

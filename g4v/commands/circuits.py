@@ -1,0 +1,134 @@
+"""``python -m g4v circuits attention|knockout --image IMG --prompt P ...``: where the language model
+reads the picture, and what blocking that reading changes.
+
+* ``attention``: the share of the query token's attention (default: the last prompt token, which
+  produces the first answer token) that goes to the image tokens at each layer, injection layers
+  marked; ``--json`` prints the whole result (per head, per image token, with the tiling plan's boxes).
+* ``knockout``: the answer positions may not attend to the image tokens at ``--layers`` or within
+  ``--window`` of every injection layer; the first answer token's log-probability and the greedy
+  continuation, before and after.
+
+The flags come from :class:`g4v.circuits.common.CircuitSettings`; layers and the window are checked
+against the model's config before the weights load.
+"""
+
+import json
+from pathlib import Path
+
+from g4v.commands.common import add_model_flags
+from g4v.commands.inputs import add_page_flags, open_single
+from g4v.commands.settings_flags import add_settings_flags, settings_from_args
+from g4v.errors import G4VError
+
+#: Settings fields each verb leaves out (the others become its flags).
+EXCLUDED = {"attention": ("window", "max_new_tokens"), "knockout": ("token",)}
+
+
+def add_parser(subparsers):
+    from g4v.circuits.common import CircuitSettings
+
+    parser = subparsers.add_parser("circuits", help="attention over image tokens, attention knockout")
+    verbs = parser.add_subparsers(dest="verb", required=True, parser_class=type(parser))
+    helps = {"attention": "attention from a text token to every image token, per layer and head",
+             "knockout": "block the answer's attention to the image at chosen layers"}
+    for verb, excluded in EXCLUDED.items():
+        sub = verbs.add_parser(verb, help=helps[verb])
+        add_model_flags(sub)
+        sub.add_argument("--image", required=True, metavar="PATH", help="the image, or a PDF (one page: --pages)")
+        add_page_flags(sub)
+        sub.add_argument("--prompt", required=True, help="the question")
+        add_settings_flags(sub, CircuitSettings, exclude=excluded)
+        sub.add_argument("--json", action="store_true", help="print the whole result as JSON instead of a table")
+        if verb == "attention":
+            sub.add_argument("--out", default=None, metavar="DIR",
+                             help="also write attention.json and the PNGs (share by layer, maps on the picture)")
+    return parser
+
+
+def run(args) -> int:
+    from g4v.circuits.common import CircuitSettings
+
+    settings = settings_from_args(CircuitSettings, args, exclude=EXCLUDED[args.verb])
+    image = open_single(args.image, args.pages, args.dpi)
+    if not args.prompt.strip():
+        raise G4VError("the prompt is empty")
+    if args.verb == "knockout" and settings.window is not None and settings.layers != CircuitSettings.layers:
+        raise G4VError("give --layers or --window, not both")
+    out = Path(args.out) if getattr(args, "out", None) else None
+    if out is not None and out.exists() and not out.is_dir():
+        raise G4VError(f"--out is a file, not a folder: {out.name}")
+    _check_layers_early(args.model, args.verb, settings)
+
+    from g4v.circuits.attention import image_attention
+    from g4v.circuits.knockout import attention_knockout
+    from g4v.engines.hf import TransformersEngine
+    from g4v.paths import default_model
+
+    engine = TransformersEngine(args.model or default_model(), device=args.device, dtype=args.dtype)
+    try:
+        work = image_attention if args.verb == "attention" else attention_knockout
+        result = work(engine, image, args.prompt, settings)
+    finally:
+        engine.close()
+    summary = result.to_dict()
+    if out is not None:
+        _write_attention(out, image, summary)
+    if args.json:
+        print(json.dumps(summary))
+    elif args.verb == "attention":
+        _print_attention(summary)
+    else:
+        _print_knockout(summary)
+    return 0
+
+
+#: What ``attention --out`` writes: file name -> what it shows.
+ATTENTION_FILES = {"attention.json": "the result", "image_share.png": "share by layer",
+                   "attention_tiles.png": "tile-token maps", "attention_base.png": "base-view maps"}
+
+
+def _write_attention(folder: Path, image, summary: dict) -> None:
+    from viz.circuits import attention_map_figure, image_share_figure
+
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "attention.json").write_text(json.dumps(summary, indent=2) + "\n")
+    image_share_figure(summary).save(folder / "image_share.png")
+    attention_map_figure(image, summary, "tile").save(folder / "attention_tiles.png")
+    attention_map_figure(image, summary, "base").save(folder / "attention_base.png")
+
+
+def _check_layers_early(model: str | None, verb: str, settings) -> None:
+    """Layers and windows come from the config; a local model folder lets us check them without weights."""
+    from g4v.circuits.common import check_new_tokens, parse_layers
+    from g4v.circuits.knockout import knockout_layers
+    from g4v.loading import load_config
+    from g4v.paths import default_model
+
+    source = Path(model or default_model()).expanduser()
+    if source.is_dir():
+        config = load_config(source)
+        if verb == "knockout":
+            knockout_layers(config, settings)
+            check_new_tokens(settings.max_new_tokens)
+        else:
+            parse_layers(settings.layers, config.text_config.num_hidden_layers)
+
+
+def _print_attention(summary: dict) -> None:
+    print(f"query: position {summary['query_position']} {summary['query_token']!r}; "
+          f"{summary['num_image_tokens']} image tokens, {summary['num_heads']} heads")
+    print(f"{'layer':>5} {'image share':>11} {'base':>6} {'tiles':>6} {'newline':>7}  injected here")
+    kinds = summary["image_share_by_kind"]
+    for i, layer in enumerate(summary["layers"]):
+        level = summary["injection_layers"].get(str(layer), "")
+        print(f"{layer:>5} {summary['image_share'][i]:>11.3f} {kinds['base'][i]:>6.3f} {kinds['tile'][i]:>6.3f} "
+              f"{kinds['newline'][i]:>7.3f}  {level}")
+
+
+def _print_knockout(summary: dict) -> None:
+    print(f"knocked out at layers {summary['layers']} (from position {summary['answer_position']} on)")
+    print(f"first answer token {summary['answer_token']!r}: log-probability {summary['logprob_before']:.4f} -> "
+          f"{summary['logprob_after']:.4f} ({summary['logprob_change']:+.4f}); "
+          f"top token after: {summary['top_token_after']!r}")
+    print(f"  before: {summary['continuation_before']!r}")
+    print(f"  after:  {summary['continuation_after']!r}")

@@ -1,0 +1,242 @@
+"""Circuits views against the model's own computation (bundled checkpoint): attention over image
+tokens against ``output_attentions=True`` on an eager forward, knockout against a forward whose
+attention mask the test builds itself."""
+
+import pytest
+import torch
+
+from g4v.circuits.attention import image_attention
+from contextlib import contextmanager
+
+from g4v.circuits.common import CircuitSettings
+from g4v.circuits.knockout import attention_knockout, knockout_layers
+from g4v.images import open_image
+from g4v.paths import EXAMPLES_DIR, TRAINED_MODEL_DIR
+from g4v.conversation import Message
+from g4v.model.capture import language_model_of
+from g4v.model.levels import describe_levels
+from g4v.tiling import plan_tiling
+from tests.conftest import make_image
+
+PROMPT = "What colour is the shape?"
+#: (width, height): three pictures that the bundled checkpoint tiles differently.
+SIZES = [(300, 140), (100, 100), (140, 400)]
+
+
+def _reference_attentions(model, inputs):
+    """The model's own attention weights: eager everywhere, ``output_attentions=True``."""
+    with eager_everywhere(model), torch.inference_mode():
+        return model(**inputs, output_attentions=True).attentions
+
+
+@contextmanager
+def eager_everywhere(model):
+    previous = model.config._attn_implementation
+    model.set_attn_implementation("eager")
+    try:
+        yield
+    finally:
+        model.set_attn_implementation(previous)
+
+
+def _hook_count(model) -> int:
+    return sum(len(m._forward_pre_hooks) + len(m._forward_hooks) for m in model.modules())
+
+
+def test_three_tilings_differ(hf_engine):
+    grids = {plan_tiling((h, w), hf_engine.model.config).grid for w, h in SIZES}
+    assert len(grids) == 3
+
+
+@pytest.mark.parametrize("width,height", SIZES)
+def test_attention_equals_output_attentions(hf_engine, width, height):
+    model = hf_engine.model
+    picture = make_image(width, height, seed=width)
+    inputs = hf_engine.prepare_inputs([Message("user", PROMPT, [picture])])
+    reference = _reference_attentions(model, inputs)  # installs transformers' own capture hooks first
+    implementation = language_model_of(model).config._attn_implementation
+    hooks = _hook_count(model)
+    result = image_attention(hf_engine, picture, PROMPT)
+    ids = inputs["input_ids"][0]
+    positions = torch.nonzero(ids == model.config.image_token_index).flatten()
+    last = ids.shape[0] - 1
+    assert result.query_position == last
+    assert result.image_positions == positions.tolist()
+    assert result.layers == list(range(model.config.text_config.num_hidden_layers))
+    for row, layer in enumerate(result.layers):
+        expected = reference[layer][0, :, last].float()  # (heads, seq)
+        torch.testing.assert_close(result.per_head[row], expected[:, positions], rtol=0, atol=1e-6)
+        torch.testing.assert_close(result.image_share[row], expected[:, positions].sum(-1).mean(), rtol=0, atol=1e-6)
+        text = torch.ones_like(ids, dtype=torch.bool)
+        text[positions] = False
+        torch.testing.assert_close(result.text_per_head[row], expected[:, text].sum(-1), rtol=0, atol=1e-6)
+
+    # The token boxes are the tiling plan's, one per image position, in the plan's order.
+    plan = plan_tiling((height, width), model.config)
+    tokens = result.to_dict()["image_tokens"]
+    assert len(tokens) == plan.num_image_tokens == positions.numel()
+    assert [(t["kind"], tuple(t["box"])) for t in tokens] == [(t.kind, tuple(t.box)) for t in plan.tokens]
+    # Eager was for that pass only; no hook stays behind.
+    assert language_model_of(model).config._attn_implementation == implementation
+    assert _hook_count(model) == hooks
+
+
+def test_attention_layer_range_and_token(hf_engine):
+    model = hf_engine.model
+    picture = make_image(300, 140, seed=1)
+    result = image_attention(hf_engine, picture, PROMPT, CircuitSettings(layers="3-5", token=-4))
+    inputs = hf_engine.prepare_inputs([Message("user", PROMPT, [picture])])
+    reference = _reference_attentions(model, inputs)
+    position = inputs["input_ids"].shape[1] - 4
+    assert result.layers == [3, 4, 5] and result.query_position == position
+    positions = torch.tensor(result.image_positions)
+    for row, layer in enumerate(result.layers):
+        torch.testing.assert_close(result.per_head[row], reference[layer][0, :, position, positions].float(),
+                                   rtol=0, atol=1e-6)
+    summary = result.to_dict()
+    levels = {int(k): v for k, v in summary["injection_layers"].items()}
+    assert levels == {level.llm_layer: level.name for level in describe_levels(model.config)}
+
+
+# ── knockout ──────────────────────────────────────────────────────────────────────────────────
+
+
+@pytest.fixture(scope="module")
+def trained_engine():
+    """The trained demo checkpoint: its answers depend on the picture, so a knockout shows."""
+    from g4v.engines.hf import TransformersEngine
+
+    return TransformersEngine(str(TRAINED_MODEL_DIR), device="cpu", dtype="float32")
+
+
+@pytest.fixture(scope="module")
+def shapes():
+    return open_image(EXAMPLES_DIR / "shapes-square.png")
+
+
+SHAPES_PROMPT = "What colour is the circle?"
+STEPS = 4
+
+
+def _knockout_mask(length: int, image: torch.Tensor, answer: int) -> torch.Tensor:
+    """(1, 1, length, length) additive mask, built here: causal, and rows from ``answer`` on may not
+    see the ``image`` columns."""
+    low = torch.finfo(torch.float32).min
+    allowed = torch.ones(length, length, dtype=torch.bool).tril()
+    columns = torch.zeros(length, dtype=torch.bool)
+    columns[: image.numel()] = image
+    allowed[answer:] &= ~columns
+    return torch.zeros(1, 1, length, length).masked_fill(~allowed, low)
+
+
+def _greedy_reference(model, inputs, image, answer, steps, eos, masked=True):
+    """Log-probabilities of the first answer token and ``steps`` greedy tokens, one full forward per
+    token (no cache), each given the 4-D mask of :func:`_knockout_mask`."""
+    ids, first, new = inputs["input_ids"], None, []
+    for _ in range(steps):
+        extra = {"attention_mask": _knockout_mask(ids.shape[1], image, answer)} if masked else {}
+        with torch.inference_mode():
+            logits = model(input_ids=ids, pixel_values=inputs["pixel_values"], image_sizes=inputs["image_sizes"],
+                           use_cache=False, **extra).logits[0, -1].float()
+        first = torch.log_softmax(logits, -1) if first is None else first
+        token = int(logits.argmax())
+        if token == eos:
+            break
+        new.append(token)
+        ids = torch.cat([ids, torch.tensor([[token]])], dim=1)
+    return first, new
+
+
+def test_knockout_every_layer_equals_a_masked_forward(trained_engine, shapes):
+    model = trained_engine.model
+    result = attention_knockout(trained_engine, shapes, SHAPES_PROMPT,
+                                CircuitSettings(layers="all", max_new_tokens=STEPS))
+    inputs = trained_engine.prepare_inputs([Message("user", SHAPES_PROMPT, [shapes])])
+    image = inputs["input_ids"][0] == model.config.image_token_index
+    answer = inputs["input_ids"].shape[1] - 1
+    eos = trained_engine.tokenizer.eos_token_id
+    with eager_everywhere(model):
+        clean, clean_ids = _greedy_reference(model, inputs, image, answer, STEPS, eos, masked=False)
+        blocked, blocked_ids = _greedy_reference(model, inputs, image, answer, STEPS, eos)
+    token = int(clean.argmax())
+    assert result.answer_token_id == token and result.answer_position == answer
+    assert result.logprob_before == pytest.approx(float(clean[token]), abs=1e-5)
+    assert result.logprob_after == pytest.approx(float(blocked[token]), abs=1e-5)
+    assert result.continuation_ids_before == clean_ids
+    assert result.continuation_ids_after == blocked_ids
+    assert abs(result.logprob_after - result.logprob_before) > 0.1  # the picture mattered
+
+
+def test_knockout_at_some_layers_equals_an_attention_function_that_masks_them(trained_engine, shapes):
+    """At layers 5-9 only: the reference masks inside an attention function registered with
+    transformers (keyed by each module's layer index), not through the knockout's hooks."""
+    from transformers import AttentionInterface, AttentionMaskInterface
+    from transformers.masking_utils import eager_mask
+    from transformers.models.granite4_vision.modeling_granite4_vision import eager_attention_forward
+
+    model = trained_engine.model
+    layers = [5, 6, 7, 8, 9]
+    inputs = trained_engine.prepare_inputs([Message("user", SHAPES_PROMPT, [shapes])])
+    image = inputs["input_ids"][0] == model.config.image_token_index
+    answer = inputs["input_ids"].shape[1] - 1
+
+    def masked_attention(module, query, key, value, attention_mask, **kwargs):
+        if module.layer_idx in layers:
+            attention_mask = attention_mask.clone()
+            attention_mask[:, :, answer:, torch.nonzero(image).flatten()] = torch.finfo(attention_mask.dtype).min
+        return eager_attention_forward(module, query, key, value, attention_mask, **kwargs)
+
+    AttentionInterface.register("g4v_test_knockout", masked_attention)
+    AttentionMaskInterface.register("g4v_test_knockout", eager_mask)
+    language_model = language_model_of(model)
+    previous = language_model.config._attn_implementation
+    language_model.set_attn_implementation("g4v_test_knockout")
+    try:
+        with torch.inference_mode():
+            logits = model(**inputs, use_cache=False).logits[0, -1].float()
+    finally:
+        language_model.set_attn_implementation(previous)
+    expected = torch.log_softmax(logits, -1)
+
+    result = attention_knockout(trained_engine, shapes, SHAPES_PROMPT, CircuitSettings(layers="5-9", max_new_tokens=0))
+    assert result.layers == layers
+    assert result.logprob_after == pytest.approx(float(expected[result.answer_token_id]), abs=1e-5)
+    assert result.continuation_ids_after == []
+
+
+def test_knockout_window_around_injection_layers(trained_engine):
+    config = trained_engine.model.config
+    targets = [level.llm_layer for level in describe_levels(config)]
+    last = config.text_config.num_hidden_layers - 1
+    assert knockout_layers(config, CircuitSettings(window=0)) == sorted(targets)
+    expected = sorted({t + d for t in targets for d in (-1, 0, 1) if 0 <= t + d <= last})
+    assert knockout_layers(config, CircuitSettings(window=1)) == expected
+
+
+def test_a_failed_pass_leaves_no_eager_attention_and_no_hook(hf_engine):
+    """The pass fails half-way (a hook of the test's raises in layer 2): eager attention is switched
+    back and the circuits hooks are gone all the same."""
+    from g4v.circuits.attention import attention_rows
+    from g4v.circuits.common import eager_attention
+    from g4v.circuits.knockout import knocked_out
+    from g4v.model.hooks import Hooks
+
+    model = hf_engine.model
+    language_model = language_model_of(model)
+    inputs = hf_engine.prepare_inputs([Message("user", PROMPT, [make_image(100, 100)])])
+    _reference_attentions(model, inputs)  # transformers' own capture hooks, installed once
+    implementation, hooks = language_model.config._attn_implementation, _hook_count(model)
+
+    def fail(module, args):
+        raise ValueError("stop here")
+
+    with Hooks() as failing:
+        failing.before(language_model.layers[2], fail)
+        with pytest.raises(ValueError, match="stop here"):
+            attention_rows(model, inputs, [0, 1, 2, 3], 5)
+        image = inputs["input_ids"][0] == model.config.image_token_index
+        with pytest.raises(ValueError, match="stop here"), eager_attention(model), \
+                knocked_out(model, [0, 1], image, 5), torch.inference_mode():
+            model(**inputs)
+    assert language_model.config._attn_implementation == implementation
+    assert _hook_count(model) == hooks

@@ -1,0 +1,81 @@
+"""``python -m g4v circuits attention|knockout``, in process: JSON output and one clear line for
+each bad input."""
+
+import json
+
+import pytest
+
+from g4v.circuits.attention import image_attention
+from g4v.circuits.common import CircuitSettings
+from g4v.paths import EXAMPLES_DIR, TRAINED_MODEL_DIR
+from tests.cli import run_cli
+
+IMAGE = str(EXAMPLES_DIR / "shapes-square.png")
+PROMPT = "What colour is the circle?"
+BASE = ["--model", str(TRAINED_MODEL_DIR), "--device", "cpu", "--dtype", "float32", "--image", IMAGE]
+
+
+def test_attention_json_is_the_library_result():
+    from g4v.engines.hf import TransformersEngine
+
+    result = run_cli("circuits", "attention", *BASE, "--prompt", PROMPT, "--layers", "1-3", "--json")
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout)
+    engine = TransformersEngine(str(TRAINED_MODEL_DIR), device="cpu", dtype="float32")
+    try:
+        expected = image_attention(engine, IMAGE, PROMPT, CircuitSettings(layers="1-3")).to_dict()
+    finally:
+        engine.close()
+    assert summary["layers"] == [1, 2, 3]
+    assert summary["image_share"] == pytest.approx(expected["image_share"], abs=1e-6)
+    assert summary["image_tokens"] == expected["image_tokens"]
+
+
+def test_knockout_table():
+    result = run_cli("circuits", "knockout", *BASE, "--prompt", PROMPT, "--window", "0", "--max-new-tokens", "3")
+    assert result.returncode == 0, result.stderr
+    assert "first answer token" in result.stdout and "log-probability" in result.stdout
+
+
+BAD = [
+    (["attention", "--layers", "5-2"], "empty"),
+    (["attention", "--layers", "0-10"], "out of range"),
+    (["knockout", "--layers", "0-99999999999999999999"], "out of range"),
+    (["attention", "--layers", "two"], "layers are written"),
+    (["attention", "--layers", "-3"], "layers are written"),
+    (["attention", "--token", "100000"], "past the prompt"),
+    (["attention", "--token", "-100000"], "past the prompt"),
+    (["knockout", "--window", "1000"], "larger than"),
+    (["knockout", "--window", "-1"], "whole number"),
+    (["knockout", "--window", "1", "--layers", "2-3"], "not both"),
+    (["knockout", "--max-new-tokens", "-1"], "max_new_tokens"),
+    (["knockout", "--max-new-tokens", "1000000000"], "too long"),
+]
+
+
+@pytest.mark.parametrize("flags,words", BAD, ids=[" ".join(flags) for flags, _ in BAD])
+def test_bad_input_is_one_line(flags, words):
+    verb, *rest = flags
+    result = run_cli("circuits", verb, *BASE, "--prompt", PROMPT, *rest)
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert result.returncode == 1, result.stderr
+    assert lines[-1].startswith("error:") and words in lines[-1], result.stderr
+    assert all(line.startswith("Loading weights") for line in lines[:-1]), result.stderr  # the only other line
+    assert "Traceback" not in result.stderr and "/work" not in result.stderr
+
+
+def test_attention_out_writes_json_and_pictures(tmp_path):
+    from PIL import Image
+
+    from g4v.commands.circuits import ATTENTION_FILES
+    from viz.figures import MAX_PICTURE_SIDE
+
+    result = run_cli("circuits", "attention", *BASE, "--prompt", PROMPT, "--out", tmp_path / "att")
+    assert result.returncode == 0, result.stderr
+    assert sorted(p.name for p in (tmp_path / "att").iterdir()) == sorted(ATTENTION_FILES)
+    summary = json.loads((tmp_path / "att" / "attention.json").read_text())
+    assert len(summary["mean_attention"]) == len(summary["layers"]) == 10
+    for name in ATTENTION_FILES:
+        if name.endswith(".png"):
+            with Image.open(tmp_path / "att" / name) as picture:
+                assert max(picture.size) <= MAX_PICTURE_SIDE
