@@ -150,3 +150,21 @@ def test_collate_pads_on_the_left_and_keeps_each_picture(hf_engine):
         tiles = inputs["pixel_values"].shape[1]
         assert torch.equal(batch["pixel_values"][i, :tiles], inputs["pixel_values"][0])
         assert not batch["pixel_values"][i, tiles:].any()
+
+
+def test_batched_scoring_equals_each_row_scored_alone(hf_engine):
+    """Teacher-forced logits of many answers at once (different prompt and answer lengths, text-only
+    rows among them) against :func:`answer_logits` row by row: a batch of one is the same pass,
+    a larger batch differs only by float32 rounding."""
+    from g4v.lora.token_diff import answer_logits, answer_logits_batch
+
+    answers = [hf_engine.generate(messages, GREEDY) for messages in MIXED]
+    token_lists = [g.token_ids[: 3 + i] + [hf_engine.tokenizer.eos_token_id] for i, g in enumerate(answers)]
+    alone = [answer_logits(hf_engine, messages, tokens, None) for messages, tokens in zip(MIXED, token_lists)]
+    one = answer_logits_batch(hf_engine, MIXED[:1], token_lists[:1], None)
+    assert torch.equal(one[0], alone[0])
+    together = answer_logits_batch(hf_engine, [hf_engine.prepare(m) for m in MIXED], token_lists, None, batch_size=4)
+    for tokens, batched, reference in zip(token_lists, together, alone):
+        assert batched.shape == reference.shape == (len(tokens), reference.shape[1])
+        assert torch.allclose(batched, reference, atol=1e-4, rtol=0)
+        assert torch.equal(batched.argmax(dim=1), reference.argmax(dim=1))
