@@ -63,6 +63,15 @@ class TransformersEngine(Engine):
         if self.loaded.vision_lora is not None:  # said at start by the commands; absent for merged checkpoints
             self.info.details["vision_lora"] = describe(self.loaded.vision_mode, self.loaded.vision_lora)
 
+    @classmethod
+    def around(cls, model, processor) -> "TransformersEngine":
+        """An engine over a model already in memory (a trainer's, mid-training), so its
+        evaluations answer through the same prompts and batches as a loaded checkpoint's."""
+        parameter = next(model.parameters())
+        loaded = LoadedModel(model=model, processor=processor, source="(in memory)", device=parameter.device,
+                             dtype=parameter.dtype)
+        return cls("(in memory)", loaded=loaded)
+
     # ── prompts ──────────────────────────────────────────────────────────────────────────────
 
     def context_window(self) -> int:

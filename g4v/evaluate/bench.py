@@ -6,6 +6,9 @@ continuous batching schedules them), ``openai`` from a bounded pool. Start-up (m
 start) and picture decoding are outside the timing, and each backend gets one untimed warm-up
 request first. Backends run one after the other and are closed in between, so none is timed while
 another holds the machine. The greedy answers of all backends are compared token for token too.
+
+``--whole-run`` times a whole dataset run instead (two ``hf`` arms and scoring, optionally against an
+older checkout) and an ``hf`` arm batched vs one by one: :mod:`g4v.evaluate.bench_run`.
 """
 
 import sys
@@ -40,6 +43,13 @@ def add_arguments(parser) -> None:
     parser.add_argument("--max-new-tokens", type=int, default=EvalConfig.max_new_tokens)
     parser.add_argument("--concurrency", type=int, default=EvalConfig.concurrency, help="openai arms' pool size")
     parser.add_argument("--markdown", default=None, metavar="PATH", help="also write the table to PATH")
+    parser.add_argument("--whole-run", action="store_true",
+                        help="time a whole dataset run (arms --a and --b, scoring on) and an hf arm batched vs one by one")
+    parser.add_argument("--a", default="hf", help="--whole-run: first arm (default hf)")
+    parser.add_argument("--b", default="hf:adapter=tiny-trained-french", help="--whole-run: second arm (default: the adapter)")
+    parser.add_argument("--baseline-checkout", default=None, metavar="DIR",
+                        help="--whole-run: also time the same run in this checkout of an older commit (git worktree add DIR COMMIT)")
+    parser.add_argument("--timeout", type=float, default=1800, help="--whole-run: longest a timed whole run may take, in s")
 
 
 def run(args) -> int:
@@ -52,6 +62,11 @@ def run(args) -> int:
     dataset = open_dataset(config.data, config.columns)
     samples = [dataset.sample(i) for i in row_order(len(dataset), config.limit, None)]
     samples = [sample for sample in samples if sample.error is None]
+    if args.whole_run:
+        from g4v.evaluate import bench_run
+
+        report = bench_run.run(args, config, samples)
+        return _print(report, args.markdown)
     timings = []
     with tqdm(total=len(samples) * len(specs), unit="sample", file=sys.stderr) as bar:
         for spec in specs:
@@ -62,10 +77,13 @@ def run(args) -> int:
                 bar.update()
 
             timings.append(time_arm(spec, samples, config, done))
-    report = table(timings, len(samples), config.max_new_tokens)
+    return _print(table(timings, len(samples), config.max_new_tokens), args.markdown)
+
+
+def _print(report: str, markdown: str | None) -> int:
     print(report)
-    if args.markdown:
-        with open(args.markdown, "w") as handle:
+    if markdown:
+        with open(markdown, "w") as handle:
             handle.write(report + "\n")
     return 0
 

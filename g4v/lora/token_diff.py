@@ -78,16 +78,23 @@ class LoraDiff:
 
 
 def lora_diff(engine, messages: list[Message], adapter: str, settings: SamplingSettings | None = None) -> LoraDiff:
-    """Generate with and without ``adapter`` on a transformers engine, then score both answers."""
+    """Generate with and without ``adapter`` on a transformers engine, then score both answers:
+    the conversation prepared once, both answers teacher-forced together (one batch per model)."""
     transformers_engine(engine, "the token-level LoRA comparison")
     settings = (settings or SamplingSettings(max_new_tokens=48)).validated()
-    base = engine.generate(messages, settings)
-    tuned = engine.generate(messages, settings, adapter=adapter)
-    return LoraDiff(
-        adapter=adapter,
-        base=score_answer(engine, messages, adapter, "base", base.text, _answer_tokens(engine, base)),
-        tuned=score_answer(engine, messages, adapter, "adapter", tuned.text, _answer_tokens(engine, tuned)),
-    )
+    request = engine.prepare(messages)
+    base = engine.generate(request, settings)
+    tuned = engine.generate(request, settings, adapter=adapter)
+    answers = [("base", base), ("adapter", tuned)]
+    token_lists = [_answer_tokens(engine, generation) for _, generation in answers]
+    scored = [i for i, tokens in enumerate(token_lists) if tokens]  # an empty answer has nothing to score
+    under = {model: dict(zip(scored, answer_logits_batch(engine, [request] * len(scored),
+                                                           [token_lists[i] for i in scored], model_adapter)))
+             for model, model_adapter in (("base", None), ("adapter", adapter))}
+    scores = [ScoredAnswer(source=source, text=generation.text) for source, generation in answers]
+    for i in scored:
+        scores[i].tokens = compare_positions(engine.tokenizer, token_lists[i], under["base"][i], under["adapter"][i])
+    return LoraDiff(adapter=adapter, base=scores[0], tuned=scores[1])
 
 
 @dataclass
@@ -118,15 +125,6 @@ def _answer_tokens(engine, generation) -> list[int]:
     if generation.finish_reason == "stop":
         return [*generation.token_ids, engine.tokenizer.eos_token_id]
     return list(generation.token_ids)
-
-
-def score_answer(engine, messages: list[Message], adapter: str, source: str, text: str, tokens: list[int]) -> ScoredAnswer:
-    """Teacher-force ``tokens`` after the prompt through the base model and the adapter."""
-    if not tokens:
-        return ScoredAnswer(source=source, text=text)
-    base_logits = answer_logits(engine, messages, tokens, None)
-    adapter_logits = answer_logits(engine, messages, tokens, adapter)
-    return ScoredAnswer(source=source, text=text, tokens=compare_positions(engine.tokenizer, tokens, base_logits, adapter_logits))
 
 
 def answer_logits(engine, messages: list[Message], tokens: list[int], adapter: str | None) -> torch.Tensor:
