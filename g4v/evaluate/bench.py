@@ -1,7 +1,7 @@
 """``python -m g4v bench eval``: samples per second of each arm backend over a dataset, in one run.
 
 Each backend answers the same rows (default: the whole bundled dataset) the way a dataset run has
-it answer them: ``hf`` one sample after another, ``vllm`` every sample in flight at once (vLLM's
+it answer them: ``hf`` in left-padded batches, ``vllm`` every sample in flight at once (vLLM's
 continuous batching schedules them), ``openai`` from a bounded pool. Start-up (model load, server
 start) and picture decoding are outside the timing, and each backend gets one untimed warm-up
 request first. Backends run one after the other and are closed in between, so none is timed while

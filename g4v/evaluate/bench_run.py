@@ -45,11 +45,17 @@ print(json.dumps({"rows": len(result.rows), "wall_s": wall, "errors": sum(bool(r
 """
 
 
-def time_whole_run(checkout: Path, asked: dict, timeout_s: float) -> dict:
-    """:data:`RUN_SCRIPT` in a fresh interpreter inside ``checkout``: ``{"rows", "wall_s", "errors"}``."""
-    checkout = Path(checkout).resolve()
+def checked_checkout(folder) -> Path:
+    """``folder`` resolved, or one line when it holds no checkout of this project."""
+    checkout = Path(folder).expanduser().resolve()
     if not (checkout / "g4v" / "evaluate" / "run.py").is_file():
         raise G4VError(f"{checkout.name or checkout}: not a checkout of this project (no g4v/evaluate/run.py)")
+    return checkout
+
+
+def time_whole_run(checkout: Path, asked: dict, timeout_s: float) -> dict:
+    """:data:`RUN_SCRIPT` in a fresh interpreter inside ``checkout``: ``{"rows", "wall_s", "errors"}``."""
+    checkout = checked_checkout(checkout)
     env = {**os.environ, "PYTHONPATH": str(checkout)}
     try:
         done = subprocess.run([sys.executable, "-c", RUN_SCRIPT, json.dumps(asked)], cwd=checkout, env=env,
@@ -110,6 +116,8 @@ def run(args, config, samples) -> str:
     from g4v.evaluate.arms import ArmSpec
 
     ArmSpec.parse(args.a), ArmSpec.parse(args.b)  # a typo is one line before anything loads
+    if args.baseline_checkout:
+        checked_checkout(args.baseline_checkout)
     asked = {"a": args.a, "b": args.b, "data": config.data, "limit": config.limit,
              "max_new_tokens": config.max_new_tokens}
     print("timing a whole run in this checkout...", file=sys.stderr)
