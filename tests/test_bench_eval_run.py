@@ -30,10 +30,11 @@ def test_the_report_gives_rows_per_second_and_both_ratios():
     asked = {"a": "hf", "b": "hf:adapter=x", "max_new_tokens": EvalConfig.max_new_tokens}
     alone = [answer([1]), answer([2]), answer([3]), answer([4])]
     batched = [answer([1]), answer([2]), answer([9]), answer([4])]
-    text = report(asked, {"rows": 30, "wall_s": 10.0, "errors": 0}, {"rows": 30, "wall_s": 40.0, "errors": 1},
+    text = report(asked, {"rows": 30, "wall_s": 10.0, "cpu_s": 15.0, "errors": 0},
+                  {"rows": 30, "wall_s": 40.0, "cpu_s": 60.0, "errors": 1},
                   [(1, 8.0, alone), (8, 2.0, batched)], "old")
     lines = text.splitlines()
-    assert "| this checkout | 30 | 0 | 10.0 | 3.00 | 4.00x |" in lines  # 30/10 rows/s vs 30/40
-    assert "| baseline (old) | 30 | 1 | 40.0 | 0.75 | 1.00x |" in lines
+    assert "| this checkout | 30 | 0 | 10.0 | 3.00 | 4.00x | 15.0 | 0.25x |" in lines  # 30/10 rows/s vs 30/40
+    assert "| baseline (old) | 30 | 1 | 40.0 | 0.75 | 1.00x | 60.0 | 1.00x |" in lines
     assert "| 1 | 8.0 | 0.50 | 1.00x | 4/4 |" in lines
     assert "| 8 | 2.0 | 2.00 | 4.00x | 3/4 |" in lines  # one answer differs

@@ -38,10 +38,10 @@ engine.generate([Message("user", "Warm up.")], SamplingSettings(max_new_tokens=2
 config = EvalConfig(a=ArmSpec.parse(asked["a"]), b=ArmSpec.parse(asked["b"]), data=asked["data"],
                     limit=asked["limit"], max_new_tokens=asked["max_new_tokens"])
 with tempfile.TemporaryDirectory() as out:
-    began = time.perf_counter()
+    began, cpu = time.perf_counter(), time.process_time()
     result = run_eval(config, out, reuse={ArmSpec("hf"): engine})
-    wall = time.perf_counter() - began
-print(json.dumps({"rows": len(result.rows), "wall_s": wall, "errors": sum(bool(r.error) for r in result.rows)}))
+    wall, cpu = time.perf_counter() - began, time.process_time() - cpu
+print(json.dumps({"rows": len(result.rows), "wall_s": wall, "cpu_s": cpu, "errors": sum(bool(r.error) for r in result.rows)}))
 """
 
 
@@ -96,11 +96,14 @@ def report(asked: dict, current: dict, baseline: dict | None, batching: list, ba
 
     lines = [f"whole run: arms {asked['a']} vs {asked['b']}, scoring on, {current['rows']} rows, greedy, "
              f"at most {asked['max_new_tokens']} new tokens", "",
-             "| checkout | rows | errors | wall s | rows/s | vs baseline |", "|---|---:|---:|---:|---:|---:|"]
+             "| checkout | rows | errors | wall s | rows/s | vs baseline | CPU s (all threads) | CPU s vs baseline |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
     runs = [("this checkout", current)] + ([(f"baseline ({baseline_name})", baseline)] if baseline else [])
     for name, timing in runs:
         ratio = f"{rate(timing) / rate(baseline):.2f}x" if baseline and rate(baseline) else "-"
-        lines.append(f"| {name} | {timing['rows']} | {timing['errors']} | {timing['wall_s']:.1f} | {rate(timing):.2f} | {ratio} |")
+        cpu = f"{timing['cpu_s'] / baseline['cpu_s']:.2f}x" if baseline and baseline.get("cpu_s") else "-"
+        lines.append(f"| {name} | {timing['rows']} | {timing['errors']} | {timing['wall_s']:.1f} | {rate(timing):.2f} | "
+                     f"{ratio} | {timing.get('cpu_s', 0):.1f} | {cpu} |")
     (_, alone_s, alone), *batched_runs = batching
     lines += ["", f"one hf arm ({asked['a']}), {len(alone)} rows: batched vs one by one", "",
               "| batch size | wall s | samples/s | vs one by one | same greedy tokens as one by one |",
