@@ -1,5 +1,5 @@
 """How the demo's evaluations ask their questions: one engine request per question, or many at once
-through ``model.generate`` (left-padded batches, optionally with injection levels ablated), and
+through the engine's left-padded batches (optionally with injection levels ablated), and
 exact-match accuracy per question type. Shared by ``eval`` (:mod:`g4v.demo.evaluate`), its
 document rows (:mod:`g4v.demo.documents_eval`) and the trainers' validation
 (:func:`g4v.demo.loop.validation_accuracy`), which import it rather than each other."""
@@ -44,36 +44,24 @@ def phase(bar, name: str) -> None:
 
 
 def batched_answers(model, processor, pairs, batch_size: int = 16, max_new_tokens: int = 6, bar=None) -> list[str]:
-    """Greedy answers for many questions at once: the same prompts as the engines (chat template,
-    processor), left-padded into batches for ``model.generate``. Rotary position embeddings make a
-    left-padded row compute what it computes alone (up to float rounding); the transformers
-    engine's answers are the reference, and ``eval`` reports how often the two agree."""
-    import torch
+    """Greedy answers for many questions at once, for a model in memory (a trainer's): through
+    a transformers engine around it (:func:`engine_batched_answers`)."""
+    from g4v.engines.hf import TransformersEngine
 
-    tokenizer = processor.tokenizer
-    eos = tokenizer.eos_token_id
+    return engine_batched_answers(TransformersEngine.around(model, processor), pairs, batch_size, max_new_tokens, bar)
+
+
+def engine_batched_answers(engine, pairs, batch_size: int = 16, max_new_tokens: int = 6, bar=None) -> list[str]:
+    """Greedy answers for many questions at once: the engine's left-padded batches
+    (``TransformersEngine.generate_batch``), whose greedy answers equal its one-by-one ones;
+    ``bar`` counts them batch by batch."""
+    settings = SamplingSettings(max_new_tokens=max_new_tokens, temperature=0)
     replies = []
     for start in range(0, len(pairs), batch_size):
         chunk = pairs[start : start + batch_size]
-        texts = [
-            processor.apply_chat_template(
-                [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": qa.question}]}],
-                add_generation_prompt=True, tokenize=False)
-            for _, qa in chunk
-        ]
-        old_side = tokenizer.padding_side
-        tokenizer.padding_side = "left"
-        try:
-            inputs = processor(text=texts, images=[p.image for p, _ in chunk], return_tensors="pt", padding=True)
-        finally:
-            tokenizer.padding_side = old_side
-        inputs = inputs.to(model.device)
-        with torch.inference_mode():
-            out = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False, temperature=None,
-                                 top_p=None, top_k=None, pad_token_id=tokenizer.pad_token_id, eos_token_id=eos)
-        for row in out[:, inputs["input_ids"].shape[1] :].tolist():
-            row = row[: row.index(eos)] if eos in row else row
-            replies.append(tokenizer.decode(row, skip_special_tokens=True).strip())
+        answers = engine.generate_batch([[Message("user", qa.question, [p.image])] for p, qa in chunk], settings,
+                                        batch_size=batch_size)
+        replies.extend(answer.text.strip() for answer in answers)
         if bar is not None:
             bar.update(len(chunk))
     return replies

@@ -24,7 +24,8 @@ import time
 from pathlib import Path
 
 from g4v.demo import shapes as S
-from g4v.demo.answering import ablated_answers, ablation_scales, accuracy, answers, batched_answers, items, level_names, phase
+from g4v.demo.answering import (ablated_answers, ablation_scales, accuracy, answers, batched_answers, engine_batched_answers,
+                                items, level_names, phase)
 from g4v.demo.progress import progress_bar
 from g4v.paths import FRENCH_ADAPTER_DIR, TRAINED_MODEL_DIR, names_folder
 
@@ -126,8 +127,7 @@ def _evaluate(args, pictures, pairs, rows, results, bar) -> None:
             rows["hf"] = accuracy(pairs, replies)
             results["replies"] = replies
             phase(bar, "hf batched")
-            with engine.adapter_scope(None, image=True):  # a layout checkpoint's vision LoRA on (native)
-                batched = batched_answers(model, processor, pairs, bar=bar)
+            batched = engine_batched_answers(engine, pairs, bar=bar)  # a layout checkpoint's vision LoRA as one by one
             rows["hf batched"] = accuracy(pairs, batched)
             results["batched_agrees_with_engine"] = sum(a == b for a, b in zip(batched, replies)) / len(pairs)
             if not args.no_ablations:

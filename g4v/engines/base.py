@@ -18,6 +18,10 @@ from g4v.conversation import Message, SamplingSettings
 #: and off modes have that model; with the LoRA merged (or none in the checkpoint) it is refused.
 WITHOUT_VISION_LORA = "<base language model>"
 
+#: Requests the transformers engine runs as one padded batch (``generate_batch``, batched
+#: scoring): where a 2-core CPU stops gaining from larger batches on the bundled checkpoints.
+BATCH_SIZE = 8
+
 
 def gpu_present() -> bool:
     """Whether torch sees a CUDA GPU (``auto``'s choice, vLLM's settings). Here, below the engines,
@@ -40,6 +44,31 @@ class Generation:
 
 
 @dataclass
+class PreparedRequest:
+    """A conversation made ready for one engine once, and reused by every pass over it (generate,
+    stream, teacher-forced scoring, capture), so a picture is processed once however many passes
+    read it. Made by :meth:`Engine.prepare`; only the engine that made it may take it."""
+
+    messages: list[Message]
+    #: The rendered prompt text, ``<image>`` placeholders not yet expanded (transformers engine).
+    prompt: str = ""
+    #: The processed tensors on the model's device (transformers engine; None for engines that
+    #: send the conversation elsewhere).
+    inputs: dict | None = None
+    #: Prompt length in tokens, image tokens expanded (0 where the engine does not tokenise here).
+    prompt_tokens: int = 0
+
+    @property
+    def has_image(self) -> bool:
+        return any(message.images for message in self.messages)
+
+
+def messages_of(request: "list[Message] | PreparedRequest") -> list[Message]:
+    """The conversation of a request given either way, for engines that validate and send it."""
+    return request.messages if isinstance(request, PreparedRequest) else request
+
+
+@dataclass
 class EngineInfo:
     backend: str
     model: str
@@ -56,6 +85,11 @@ class Engine(ABC):
     #: weights are the vision model, or the backend cannot tell) and its mode.
     vision_lora = None
     vision_mode = "off"
+
+    def prepare(self, request: "list[Message] | PreparedRequest", max_new_tokens: int = 0) -> PreparedRequest:
+        """``request`` made ready once for this engine (already prepared: returned as it is). The
+        engines that send conversations elsewhere check them when they send them."""
+        return request if isinstance(request, PreparedRequest) else PreparedRequest(list(request))
 
     @abstractmethod
     def generate(self, messages: list[Message], settings: SamplingSettings, adapter: str | None = None) -> Generation:

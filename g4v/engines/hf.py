@@ -25,7 +25,7 @@ import torch
 from transformers import StoppingCriteria, StoppingCriteriaList, TextIteratorStreamer, set_seed
 
 from g4v.conversation import Message, SamplingSettings, to_template_messages, validate_conversation
-from g4v.engines.base import WITHOUT_VISION_LORA, Engine, EngineInfo, Generation
+from g4v.engines.base import BATCH_SIZE, WITHOUT_VISION_LORA, Engine, EngineInfo, Generation, PreparedRequest
 from g4v.errors import G4VError, PromptTooLong
 from g4v.engines.vision_lora import check_base_available, describe
 from g4v.loading import VISION_ADAPTER, LoadedModel, load_model
@@ -74,6 +74,14 @@ class TransformersEngine(Engine):
     @property
     def vision_mode(self) -> str:
         return self.loaded.vision_mode
+    @classmethod
+    def around(cls, model, processor) -> "TransformersEngine":
+        """An engine over a model already in memory (a trainer's, mid-training), so its
+        evaluations answer through the same prompts and batches as a loaded checkpoint's."""
+        parameter = next(model.parameters())
+        loaded = LoadedModel(model=model, processor=processor, source="(in memory)", device=parameter.device,
+                             dtype=parameter.dtype)
+        return cls("(in memory)", loaded=loaded)
 
     # ── prompts ──────────────────────────────────────────────────────────────────────────────
 
@@ -82,25 +90,57 @@ class TransformersEngine(Engine):
 
     def render_prompt(self, messages: list[Message]) -> str:
         """The prompt text, with one ``<image>`` placeholder per image (before expansion)."""
-        template_messages, _ = to_template_messages(messages)
+        return self._template(to_template_messages(messages)[0])
+
+    def _template(self, template_messages: list[dict]) -> str:
         return self.processor.apply_chat_template(template_messages, add_generation_prompt=True, tokenize=False)
 
-    def prepare_inputs(self, messages: list[Message], max_new_tokens: int = 0) -> dict:
-        """Tokenised prompt with expanded image placeholders, pixel values and image sizes."""
-        validate_conversation(messages, context_window=self.context_window())  # text cut before tokenizing
-        _, images = to_template_messages(messages)
-        prompt = self.render_prompt(messages)
-        inputs = self.processor(text=[prompt], images=images or None, return_tensors="pt")
-        prompt_tokens = inputs["input_ids"].shape[1]
-        if prompt_tokens + max_new_tokens > self.context_window():
+    def prepare(self, request: list[Message] | PreparedRequest, max_new_tokens: int = 0) -> PreparedRequest:
+        """The conversation validated, rendered and run through the processor once (a request
+        already prepared is only checked), and checked to leave room for ``max_new_tokens``."""
+        if not isinstance(request, PreparedRequest):
+            messages = list(request)
+            validate_conversation(messages, context_window=self.context_window())  # text cut before tokenizing
+            template_messages, images = to_template_messages(messages)
+            prompt = self._template(template_messages)
+            inputs = self.processor(text=[prompt], images=images or None, return_tensors="pt").to(self.loaded.device)
+            if "pixel_values" in inputs:
+                inputs["pixel_values"] = inputs["pixel_values"].to(self.loaded.dtype)
+            request = PreparedRequest(messages, prompt, dict(inputs), int(inputs["input_ids"].shape[1]))
+        if request.prompt_tokens + max_new_tokens > self.context_window():
             raise PromptTooLong(
-                f"the prompt is too long: {prompt_tokens} tokens plus {max_new_tokens} new tokens exceed "
+                f"the prompt is too long: {request.prompt_tokens} tokens plus {max_new_tokens} new tokens exceed "
                 f"the context window of {self.context_window()}"
             )
-        inputs = inputs.to(self.loaded.device)
-        if "pixel_values" in inputs:
-            inputs["pixel_values"] = inputs["pixel_values"].to(self.loaded.dtype)
-        return dict(inputs)
+        return request
+
+    def prepare_inputs(self, messages: list[Message] | PreparedRequest, max_new_tokens: int = 0) -> dict:
+        """Tokenised prompt with expanded image placeholders, pixel values and image sizes."""
+        return self.prepare(messages, max_new_tokens).inputs
+
+    def collate(self, requests: list[PreparedRequest]) -> dict:
+        """One batch of prepared requests for ``model(...)`` / ``model.generate``: prompts padded on
+        the left (masked out), pictures' tile stacks padded with zero tiles that the model drops
+        (it counts each picture's tiles from its size). A single request is its own inputs, so a
+        batch of one computes exactly what an unbatched request does."""
+        if len(requests) == 1:
+            return requests[0].inputs
+        width = max(request.prompt_tokens for request in requests)
+        first = requests[0].inputs["input_ids"]
+        input_ids = torch.full((len(requests), width), self.tokenizer.pad_token_id, dtype=first.dtype, device=first.device)
+        attention_mask = torch.zeros_like(input_ids)
+        for row, request in enumerate(requests):
+            input_ids[row, width - request.prompt_tokens:] = request.inputs["input_ids"][0]
+            attention_mask[row, width - request.prompt_tokens:] = request.inputs["attention_mask"][0]
+        batch = {"input_ids": input_ids, "attention_mask": attention_mask}
+        pictures = [request.inputs for request in requests if "pixel_values" in request.inputs]
+        if pictures:
+            tiles = max(inputs["pixel_values"].shape[1] for inputs in pictures)
+            batch["pixel_values"] = torch.cat([
+                torch.nn.functional.pad(inputs["pixel_values"], (0, 0, 0, 0, 0, 0, 0, tiles - inputs["pixel_values"].shape[1]))
+                for inputs in pictures])
+            batch["image_sizes"] = torch.cat([inputs["image_sizes"] for inputs in pictures])
+        return batch
 
     def _generate_kwargs(self, settings: SamplingSettings) -> dict:
         kwargs = {
@@ -122,16 +162,46 @@ class TransformersEngine(Engine):
 
     # ── generation ───────────────────────────────────────────────────────────────────────────
 
-    def generate(self, messages: list[Message], settings: SamplingSettings, adapter: str | None = None) -> Generation:
+    def generate(self, messages: list[Message] | PreparedRequest, settings: SamplingSettings,
+                 adapter: str | None = None) -> Generation:
         settings = settings.validated()
         self._check_adapter(adapter)
-        inputs = self.prepare_inputs(messages, settings.max_new_tokens)
-        prompt_tokens = inputs["input_ids"].shape[1]
-        with self._lock, self._adapter_enabled(adapter, "pixel_values" in inputs), torch.inference_mode():
+        request = self.prepare(messages, settings.max_new_tokens)
+        return self._generate_together([request], settings, adapter)[0]
+
+    def generate_batch(self, requests: list[list[Message] | PreparedRequest], settings: SamplingSettings,
+                       adapter: str | None = None, batch_size: int = BATCH_SIZE) -> list[Generation]:
+        """Answers to many requests, in their order, ``batch_size`` at a time as left-padded batches.
+        Greedy answers equal :meth:`generate`'s one by one. Each batch holds requests that run with
+        the same adapter (:meth:`active_adapter`): in native vision-LoRA mode the image requests go
+        together with the LoRA on and the text-only ones without it, as they would one by one."""
+        settings = settings.validated()
+        self._check_adapter(adapter)
+        if not isinstance(batch_size, int) or batch_size < 1:
+            raise G4VError(f"batch size must be a whole number >= 1, got {batch_size!r}")
+        prepared = [self.prepare(request, settings.max_new_tokens) for request in requests]
+        groups: dict[str | None, list[int]] = {}
+        for position, request in enumerate(prepared):
+            groups.setdefault(self.active_adapter(adapter, request.has_image), []).append(position)
+        answers: list[Generation | None] = [None] * len(prepared)
+        for positions in groups.values():
+            positions.sort(key=lambda position: prepared[position].prompt_tokens)  # like lengths pad least
+            for start in range(0, len(positions), batch_size):
+                chunk = positions[start:start + batch_size]
+                for position, answer in zip(chunk, self._generate_together([prepared[p] for p in chunk], settings, adapter)):
+                    answers[position] = answer
+        return answers
+
+    def _generate_together(self, requests: list[PreparedRequest], settings: SamplingSettings,
+                           adapter: str | None) -> list[Generation]:
+        """One ``model.generate`` over ``requests`` (all with the same active adapter)."""
+        inputs = self.collate(requests)
+        width = inputs["input_ids"].shape[1]
+        with self._lock, self._adapter_enabled(adapter, requests[0].has_image), torch.inference_mode():
             self._seed(settings)
             output = self.model.generate(**inputs, **self._generate_kwargs(settings))
-        new_tokens = output[0, prompt_tokens:].tolist()
-        return self._finish(new_tokens, prompt_tokens, settings)
+        return [self._finish(output[row, width:].tolist(), request.prompt_tokens, settings)
+                for row, request in enumerate(requests)]
 
     def _finish(self, new_tokens: list[int], prompt_tokens: int, settings: SamplingSettings, cancelled=False) -> Generation:
         eos = self.tokenizer.eos_token_id
@@ -142,7 +212,7 @@ class TransformersEngine(Engine):
         text = self.tokenizer.decode(new_tokens, **_DECODE)
         return Generation(text=text, token_ids=new_tokens, finish_reason=finish_reason, prompt_tokens=prompt_tokens)
 
-    def stream(self, messages: list[Message], settings: SamplingSettings, cancel: threading.Event | None = None,
+    def stream(self, messages: list[Message] | PreparedRequest, settings: SamplingSettings, cancel: threading.Event | None = None,
                adapter: str | None = None) -> Iterator[str]:
         # Validate and tokenise before the first yield, so bad input fails at the call site.
         settings = settings.validated()

@@ -24,7 +24,7 @@ from collections.abc import Iterator
 import httpx
 
 from g4v.conversation import Message, SamplingSettings, validate_conversation
-from g4v.engines.base import Engine, EngineInfo, Generation
+from g4v.engines.base import Engine, EngineInfo, Generation, messages_of
 from g4v.errors import G4VError
 
 #: Seconds to wait for the connection, and between two pieces of an answer (a long prefill on a
@@ -142,6 +142,7 @@ class RemoteEngine(Engine):
                 yield text
 
     def _body(self, messages: list[Message], settings: SamplingSettings, adapter: str | None) -> dict:
+        messages = messages_of(messages)  # a prepared request carries its conversation
         validate_conversation(messages, context_window=self.context_window())
         settings = settings.validated()
         if adapter is not None and adapter not in self.adapters():

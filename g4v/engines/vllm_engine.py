@@ -27,9 +27,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from g4v.conversation import Message, SamplingSettings, to_template_messages, validate_conversation
-from g4v.engines.base import WITHOUT_VISION_LORA, Engine, EngineInfo, Generation, gpu_present
-from g4v.engines.vision_lora import check_base_available, lora_rank_slot, served_view
+from g4v.engines.base import WITHOUT_VISION_LORA, Engine, EngineInfo, Generation, gpu_present, messages_of
 from g4v.engines.event_loop import LoopThread
+from g4v.engines.vision_lora import check_base_available, lora_rank_slot, served_view
 from g4v.engines.vllm_start import StderrTail, start_error
 from g4v.errors import G4VError, PromptTooLong, first_line
 
@@ -251,6 +251,7 @@ class VLLMEngine(Engine):
 
     def build_prompt(self, messages: list[Message]) -> dict:
         """vLLM's prompt: text plus the images, which vLLM's processor expands into feature tokens."""
+        messages = messages_of(messages)  # a prepared request carries its conversation
         validate_conversation(messages, max_images=self.settings.max_images, context_window=self.context_window())
         _, images = to_template_messages(messages)
         prompt = {"prompt": self.render_prompt(messages)}

@@ -6,9 +6,12 @@ Typed as text on the command line (``--a hf --b hf:adapter=tiny-trained-french``
 an :class:`ArmSpec`; :func:`open_arms` turns two specs into :class:`Arm` objects that answer a
 list of samples in the way that suits their backend:
 
-* ``hf`` answers one sample after another (transformers in this process: the reference, and the
-  only arm that can score tokens, because its logits are here). Two ``hf`` arms on the same model
-  share one engine: base vs adapter is one model with the adapter switched per request.
+* ``hf`` answers ``batch_size`` samples at a time as one left-padded batch (transformers in this
+  process: the reference, and the only arm that can score tokens, because its logits are here;
+  greedy answers are the same as one by one). Two ``hf`` arms on the same model share one engine:
+  base vs adapter is one model with the adapter switched per batch. Each sample is prepared
+  (validated, its pictures processed) once per engine, in a :class:`Requests` that the scoring
+  and capture passes of the same rows reuse.
 * ``vllm`` submits every sample at once and lets continuous batching schedule them: in process
   where vLLM imports here, else through a local OpenAI-compatible server started from the vLLM
   environment (``g4v.engines.vllm_python()``), stopped again on close.
@@ -25,7 +28,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from g4v.conversation import Message, SamplingSettings
-from g4v.engines.base import Engine, Generation
+from g4v.engines.base import BATCH_SIZE, Engine, Generation, PreparedRequest
 from g4v.engines.vision_lora import check_mode
 from g4v.errors import G4VError, quoted
 
@@ -112,6 +115,29 @@ class Failed(Generation):
     error: str = ""
 
 
+class Requests:
+    """Samples prepared for engines, each (engine, sample) once: what the answers, the blank
+    probes, teacher-forced scoring and per-level norms of the same rows share. Keyed by object
+    identity (a blanked copy is a sample of its own) and kept for one chunk of rows."""
+
+    def __init__(self):
+        self._made: dict[tuple[int, int], tuple[object, PreparedRequest | G4VError]] = {}
+
+    def get(self, engine: Engine, sample, max_new_tokens: int = 0) -> PreparedRequest:
+        """The prepared request (a G4VError for a sample the engine refuses, raised each time)."""
+        key = (id(engine), id(sample))
+        if key not in self._made:
+            try:
+                made = engine.prepare([Message("user", sample.prompt, list(sample.images))])
+            except G4VError as err:
+                made = err
+            self._made[key] = (sample, made)  # the sample is kept so that its id stays its own
+        made = self._made[key][1]
+        if isinstance(made, G4VError):
+            raise made
+        return engine.prepare(made, max_new_tokens)  # a prepared request: only the room is checked
+
+
 @dataclass
 class Arm:
     """An opened arm: the engine it runs on and the adapter name the engine knows."""
@@ -121,16 +147,21 @@ class Arm:
     adapter: str | None = None  # registered name, passed as ``adapter=``
     model_path: str | None = None  # local checkpoint folder (hf, vllm): its config gives image tokens
     concurrency: int = 8
+    batch_size: int = BATCH_SIZE  # hf: samples answered as one batch
     _closers: list = field(default_factory=list, repr=False)
 
     def answer(self, samples: list, settings: SamplingSettings, cancel: threading.Event | None = None,
-               on_done=None) -> list[Generation | None]:
+               on_done=None, requests: Requests | None = None) -> list[Generation | None]:
         """Greedy (or ``settings``) answers to ``samples`` (each with images and prompt), in their
-        order: hf one by one, vllm all in flight, openai ``concurrency`` at a time. A request that
-        fails gives a :class:`Failed`; one not started because of ``cancel`` gives None.
-        ``on_done(position, generation)`` is called as each finishes."""
+        order: hf ``batch_size`` at a time, vllm all in flight, openai ``concurrency`` at a time. A
+        request that fails gives a :class:`Failed`; one not started because of ``cancel`` gives
+        None. ``on_done(position, generation)`` is called as each finishes. ``requests``: where
+        an hf arm finds (and leaves) the samples it prepared."""
         cancel = cancel or threading.Event()
         results: list[Generation | None] = [None] * len(samples)
+        if self.spec.backend == "hf":
+            self._answer_batches(samples, settings, cancel, on_done, requests or Requests(), results)
+            return results
 
         def one(position: int) -> None:
             if cancel.is_set():
@@ -144,14 +175,36 @@ class Arm:
             if on_done is not None:
                 on_done(position, results[position])
 
-        workers = {"hf": 1, "vllm": VLLM_IN_FLIGHT, "openai": self.concurrency}[self.spec.backend]
-        if workers == 1:
-            for position in range(len(samples)):
-                one(position)
-        else:
-            with ThreadPoolExecutor(max(1, min(workers, len(samples)))) as pool:
-                list(pool.map(one, range(len(samples))))
+        workers = {"vllm": VLLM_IN_FLIGHT, "openai": self.concurrency}[self.spec.backend]
+        with ThreadPoolExecutor(max(1, min(workers, len(samples)))) as pool:
+            list(pool.map(one, range(len(samples))))
         return results
+
+    def _answer_batches(self, samples, settings, cancel, on_done, requests: Requests, results) -> None:
+        """The hf way: each sample prepared once, refused ones answered with a :class:`Failed`,
+        the rest through ``generate_batch`` one batch at a time (a cancel stops between batches)."""
+        settings = settings.validated()
+        ready = []
+        for position, sample in enumerate(samples):
+            try:
+                ready.append((position, requests.get(self.engine, sample, settings.max_new_tokens)))
+            except G4VError as err:
+                results[position] = Failed(text="", token_ids=[], finish_reason="error", error=str(err))
+                if on_done is not None:
+                    on_done(position, results[position])
+        for start in range(0, len(ready), self.batch_size):
+            if cancel.is_set():
+                return
+            batch = ready[start:start + self.batch_size]
+            try:
+                answers = self.engine.generate_batch([request for _, request in batch], settings,
+                                                     adapter=self.adapter, batch_size=self.batch_size)
+            except G4VError as err:  # the batch failed as a whole: each of its rows says why
+                answers = [Failed(text="", token_ids=[], finish_reason="error", error=str(err)) for _ in batch]
+            for (position, _), answer in zip(batch, answers):
+                results[position] = answer
+                if on_done is not None:
+                    on_done(position, answer)
 
     def close(self) -> None:
         """Stop what this arm started (an engine, a server); never a reused engine."""
@@ -167,7 +220,7 @@ class Arm:
 
 
 def open_arms(a: ArmSpec, b: ArmSpec, *, adapters_dir=None, reuse: dict | None = None,
-              concurrency: int = 8) -> tuple[Arm, Arm]:
+              concurrency: int = 8, batch_size: int = BATCH_SIZE) -> tuple[Arm, Arm]:
     """Open both arms, sharing an engine where they run the same backend and model. Adapters are
     resolved first, so a bad name is refused before any model loads. Close both arms after use
     (the second closes the shared engine's owner)."""
@@ -183,7 +236,7 @@ def open_arms(a: ArmSpec, b: ArmSpec, *, adapters_dir=None, reuse: dict | None =
                 engines[key] = _start_engine(spec, adapters, adapters_dir, reuse or {})
             engine, model_path, closers = engines[key]
             adapter = _activate(engine, spec, adapters_dir) if spec.adapter else None
-            arms.append(Arm(spec, engine, adapter, model_path, concurrency))
+            arms.append(Arm(spec, engine, adapter, model_path, concurrency, batch_size))
         for engine, _, closers in engines.values():  # the last arm on an engine owns its shutdown
             [arm for arm in arms if arm.engine is engine][-1]._closers.extend(closers)
     except BaseException:
@@ -216,7 +269,8 @@ def check_arms(specs: list[ArmSpec], adapters_dir=None) -> None:
             _resolve_adapter_folder(spec.adapter, adapters_dir)
 
 
-def open_arm(spec: ArmSpec, *, adapters_dir=None, reuse: dict | None = None, concurrency: int = 8) -> Arm:
+def open_arm(spec: ArmSpec, *, adapters_dir=None, reuse: dict | None = None, concurrency: int = 8,
+             batch_size: int = BATCH_SIZE) -> Arm:
     """One arm on its own (the benchmark times arms one at a time)."""
     check_arms([spec], adapters_dir)
     engine, model_path, closers = _start_engine(spec, [spec.adapter] if spec.adapter else [], adapters_dir, reuse or {})
@@ -226,7 +280,7 @@ def open_arm(spec: ArmSpec, *, adapters_dir=None, reuse: dict | None = None, con
         for close in reversed(closers):
             close()
         raise
-    arm = Arm(spec, engine, adapter, model_path, concurrency)
+    arm = Arm(spec, engine, adapter, model_path, concurrency, batch_size)
     arm._closers.extend(closers)
     return arm
 

@@ -1,7 +1,7 @@
 """``python -m g4v bench eval``: samples per second of each arm backend over a dataset, in one run.
 
 Each backend answers the same rows (default: the whole bundled dataset) the way a dataset run has
-it answer them: ``hf`` one sample after another, ``vllm`` every sample in flight at once (vLLM's
+it answer them: ``hf`` in left-padded batches, ``vllm`` every sample in flight at once (vLLM's
 continuous batching schedules them), ``openai`` from a bounded pool. Start-up (model load, server
 start) and picture decoding are outside the timing, and each backend gets one untimed warm-up
 request first. Backends run one after the other and are closed in between, so none is timed while
@@ -10,6 +10,8 @@ another holds the machine. The greedy answers of all backends are compared token
 ``--vision-lora-modes native,merged,off`` runs each arm once per mode of the checkpoint's vision
 LoRA. Decode tokens/s is measured as (tokens beyond each answer's first) / (the answers' wall time
 minus the wall time of the same rows answered with one new token), so prefill is left out.
+``--whole-run`` times a whole dataset run instead (two ``hf`` arms and scoring, optionally against an
+older checkout) and an ``hf`` arm batched vs one by one: :mod:`g4v.evaluate.bench_run`.
 """
 
 import sys
@@ -62,6 +64,13 @@ def add_arguments(parser) -> None:
                         help="run each hf/vllm arm once per vision LoRA mode, e.g. native,merged,off "
                              "(the arms' model must carry a vision LoRA)")
     parser.add_argument("--markdown", default=None, metavar="PATH", help="also write the table to PATH")
+    parser.add_argument("--whole-run", action="store_true",
+                        help="time a whole dataset run (arms --a and --b, scoring on) and an hf arm batched vs one by one")
+    parser.add_argument("--a", default="hf", help="--whole-run: first arm (default hf)")
+    parser.add_argument("--b", default="hf:adapter=tiny-trained-french", help="--whole-run: second arm (default: the adapter)")
+    parser.add_argument("--baseline-checkout", default=None, metavar="DIR",
+                        help="--whole-run: also time the same run in this checkout of an older commit (git worktree add DIR COMMIT)")
+    parser.add_argument("--timeout", type=float, default=1800, help="--whole-run: longest a timed whole run may take, in s")
 
 
 def run(args) -> int:
@@ -75,6 +84,11 @@ def run(args) -> int:
     dataset = open_dataset(config.data, config.columns)
     samples = [dataset.sample(i) for i in row_order(len(dataset), config.limit, None)]
     samples = [sample for sample in samples if sample.error is None]
+    if args.whole_run:
+        from g4v.evaluate import bench_run
+
+        report = bench_run.run(args, config, samples)
+        return _print(report, args.markdown)
     timings = []
     with tqdm(total=len(samples) * len(specs), unit="sample", file=sys.stderr) as bar:
         for spec in specs:
@@ -85,10 +99,13 @@ def run(args) -> int:
                 bar.update()
 
             timings.append(time_arm(spec, samples, config, done))
-    report = table(timings, len(samples), config.max_new_tokens)
+    return _print(table(timings, len(samples), config.max_new_tokens), args.markdown)
+
+
+def _print(report: str, markdown: str | None) -> int:
     print(report)
-    if args.markdown:
-        with open(args.markdown, "w") as handle:
+    if markdown:
+        with open(markdown, "w") as handle:
             handle.write(report + "\n")
     return 0
 

@@ -25,13 +25,14 @@ from pathlib import Path
 from g4v.conversation import MAX_NEW_TOKENS, SamplingSettings
 from g4v.errors import G4VError
 import g4v.evaluate.store as store
-from g4v.evaluate.arms import VLLM_IN_FLIGHT, Arm, ArmSpec, check_arms, open_arms
+from g4v.engines.base import BATCH_SIZE
+from g4v.evaluate.arms import VLLM_IN_FLIGHT, Arm, ArmSpec, Requests, check_arms, open_arms
 from g4v.evaluate.data import Columns, EvalSample, open_dataset
-from g4v.evaluate.scoring import agreement, blanked, image_tokens, level_norms, score_pair
+from g4v.evaluate.scoring import PairScores, agreement, blanked, image_tokens, level_norms, score_pairs
 from g4v.evaluate.stats import matches, summarise
 
-#: Rows per chunk when both arms are local transformers (they answer one by one anyway); a
-#: batching arm gets chunks as large as the requests it keeps in flight.
+#: Fewest rows per chunk when both arms are local transformers (a chunk holds at least one batch);
+#: a batching arm gets chunks as large as the requests it keeps in flight.
 HF_CHUNK = 4
 
 
@@ -47,6 +48,8 @@ class EvalConfig:
     seed: int | None = field(default=None, metadata={"help": "shuffle the rows with this seed before --limit"})
     max_new_tokens: int = field(default=32, metadata={"help": "longest answer, in tokens (greedy decoding)"})
     concurrency: int = field(default=8, metadata={"help": "requests in flight for an openai arm"})
+    batch_size: int = field(default=BATCH_SIZE, metadata={
+        "help": "rows an hf arm answers and scores as one batch (1: one by one; the same greedy answers)"})
     blank_probe: bool = field(default=False, metadata={
         "help": "also answer with every picture blanked: flags arms whose answer ignores the image"})
     levels: bool = field(default=False, metadata={"help": "per-level injected norms (Deepstack capture), hf arms"})
@@ -62,6 +65,8 @@ class EvalConfig:
             raise G4VError(f"limit must be a whole number >= 1, got {self.limit!r}")
         if not isinstance(self.concurrency, int) or not 1 <= self.concurrency <= 256:
             raise G4VError(f"concurrency must be a whole number from 1 to 256, got {self.concurrency!r}")
+        if not isinstance(self.batch_size, int) or not 1 <= self.batch_size <= 256:
+            raise G4VError(f"batch size must be a whole number from 1 to 256, got {self.batch_size!r}")
         if self.seed is not None and (not isinstance(self.seed, int) or self.seed < 0):
             raise G4VError(f"seed must be a whole number >= 0, got {self.seed!r}")
 
@@ -125,11 +130,11 @@ def row_order(size: int, limit: int | None, seed: int | None) -> list[int]:
 
 def chunk_size(config: EvalConfig) -> int:
     """Rows answered between two writes: a vLLM arm gets all it keeps in flight, an openai arm
-    its pool, two hf arms (one by one anyway) a small chunk, so a kill loses little."""
+    its pool, two hf arms one batch (at least :data:`HF_CHUNK`), so a kill loses little."""
     backends = {config.a.backend, config.b.backend}
     if "vllm" in backends:
         return VLLM_IN_FLIGHT
-    return max(HF_CHUNK, config.concurrency) if "openai" in backends else HF_CHUNK
+    return max(HF_CHUNK, config.concurrency) if "openai" in backends else max(HF_CHUNK, config.batch_size)
 
 
 def run_eval(config: EvalConfig, out_dir: Path, *, adapters_dir=None, reuse=None, data_dirs=None,
@@ -152,7 +157,7 @@ def run_eval(config: EvalConfig, out_dir: Path, *, adapters_dir=None, reuse=None
     report = progress or (lambda finished, total: None)
     if todo and not cancel.is_set():
         arm_a, arm_b = open_arms(config.a, config.b, adapters_dir=adapters_dir, reuse=reuse,
-                                 concurrency=config.concurrency)
+                                 concurrency=config.concurrency, batch_size=config.batch_size)
         report(len(done), len(order))
         writer = store.RowWriter(out_dir)
         try:
@@ -215,39 +220,55 @@ def compare_chunk(arm_a: Arm, arm_b: Arm, samples: list[EvalSample], config: Eva
                   cancel: threading.Event, on_answer=None) -> list[SampleResult]:
     """Answer ``samples`` on both arms and compare them. Rows the cancel left unanswered are
     not returned (they are not done); bad rows come back with their error. ``on_answer(position,
-    generation)`` is called as each answer arrives."""
+    generation)`` is called as each answer arrives. Each (engine, picture, prompt) is prepared
+    once for all the passes over it (:class:`~g4v.evaluate.arms.Requests`)."""
     settings = config.settings()
+    requests = Requests()
     good = [sample for sample in samples if sample.error is None]
-    answers_a = arm_a.answer(good, settings, cancel, on_answer)
-    answers_b = arm_b.answer(good, settings, cancel, on_answer)
+    answers_a = arm_a.answer(good, settings, cancel, on_answer, requests)
+    answers_b = arm_b.answer(good, settings, cancel, on_answer, requests)
     blank_a = blank_b = [None] * len(good)
     if config.blank_probe:
         probes = [blanked(sample) for sample in good]
-        blank_a, blank_b = arm_a.answer(probes, settings, cancel, on_answer), arm_b.answer(probes, settings, cancel, on_answer)
+        blank_a = arm_a.answer(probes, settings, cancel, on_answer, requests)
+        blank_b = arm_b.answer(probes, settings, cancel, on_answer, requests)
     by_index = {sample.index: i for i, sample in enumerate(good)}
-    rows = []
+    answered = []  # (sample, position in good) of the rows done, in order
     for sample in samples:
         if sample.error is not None:
-            rows.append(error_row(sample, sample.error))
+            answered.append((sample, None))
             continue
         i = by_index[sample.index]
-        answered = [answers_a[i], answers_b[i]] + ([blank_a[i], blank_b[i]] if config.blank_probe else [])
-        if any(answer is None for answer in answered):
+        if any(answer is None for answer in [answers_a[i], answers_b[i]] + ([blank_a[i], blank_b[i]] if config.blank_probe else [])):
             break  # cancelled here: this row and the rest are not done
+        answered.append((sample, i))
+    scored = [i for sample, i in answered if i is not None and not _failed(answers_a[i], answers_b[i])]
+    scores = dict(zip(scored, score_pairs(arm_a, arm_b, [good[i] for i in scored], [answers_a[i] for i in scored],
+                                          [answers_b[i] for i in scored], requests, config.batch_size)))
+    rows = []
+    for sample, i in answered:
+        if i is None:
+            rows.append(error_row(sample, sample.error))
+            continue
         rows.append(compare_sample(arm_a, arm_b, sample, answers_a[i], answers_b[i], blank_a[i], blank_b[i],
-                                   config, model_config))
+                                   config, model_config, scores.get(i), requests))
     return rows
 
 
-def compare_sample(arm_a, arm_b, sample, gen_a, gen_b, blank_a, blank_b, config, model_config) -> SampleResult:
-    """Every per-sample number for one row (see :class:`SampleResult`)."""
+def _failed(*answers) -> bool:
+    return any(getattr(answer, "error", None) for answer in answers)
+
+
+def compare_sample(arm_a, arm_b, sample, gen_a, gen_b, blank_a, blank_b, config, model_config,
+                   scores: PairScores, requests: Requests) -> SampleResult:
+    """Every per-sample number for one row (see :class:`SampleResult`); ``scores`` as
+    :func:`~g4v.evaluate.scoring.score_pairs` gave them for this row."""
     failed = [f"{side}: {gen.error}" for side, gen in (("a", gen_a), ("b", gen_b)) if getattr(gen, "error", None)]
     if failed:
         return error_row(sample, "; ".join(failed))
     correct_a, exact_a = matches(gen_a.text, sample.reference)
     correct_b, exact_b = matches(gen_b.text, sample.reference)
     agree, divergence = agreement(gen_a, gen_b)
-    scores = score_pair(arm_a, arm_b, sample, gen_a, gen_b)
     return SampleResult(
         index=sample.index, sample_id=sample.sample_id, category=sample.category, prompt=sample.prompt,
         reference=sample.reference, answer_a=gen_a.text, answer_b=gen_b.text,
@@ -255,8 +276,8 @@ def compare_sample(arm_a, arm_b, sample, gen_a, gen_b, blank_a, blank_b, config,
         agree=agree, first_divergence=divergence, **asdict(scores),
         image_tokens=image_tokens(model_config, sample.images) if model_config is not None else None,
         blank_same_a=_same(gen_a, blank_a), blank_same_b=_same(gen_b, blank_b),
-        level_norms_a=level_norms(arm_a, sample) if config.levels and arm_a.spec.backend == "hf" else None,
-        level_norms_b=level_norms(arm_b, sample) if config.levels and arm_b.spec.backend == "hf" else None,
+        level_norms_a=level_norms(arm_a, sample, requests) if config.levels and arm_a.spec.backend == "hf" else None,
+        level_norms_b=level_norms(arm_b, sample, requests) if config.levels and arm_b.spec.backend == "hf" else None,
         error=None,
     )
 

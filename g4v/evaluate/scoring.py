@@ -2,9 +2,11 @@
 numbers read from the model without generating (image tokens, per-level injected norms).
 
 Scoring teacher-forces one arm's answer through a model whose logits are in this process (an
-``hf`` arm), with :func:`g4v.model.scoring.answer_logits`: the same two passes ``generate``
-runs, so the log-probability of a greedy answer under its own arm is that of its greedy choices.
-Numbers are float64 from the logits.
+``hf`` arm), with :func:`g4v.model.scoring.answer_logits_batch`: the same two passes
+``generate`` runs (prompt, then answer on its KV cache), for a batch of rows at once, each from
+the request the row's answers were generated from (no picture processed again). So the
+log-probability of a greedy answer under its own arm is that of its greedy choices. Numbers are
+float64 from the logits.
 """
 
 import json
@@ -13,8 +15,7 @@ from dataclasses import dataclass
 import torch
 from PIL import Image
 
-from g4v.conversation import Message
-from g4v.engines.base import Generation
+from g4v.engines.base import BATCH_SIZE, Generation
 from g4v.evaluate.stats import kl_stats
 
 #: Stands for "the model chose to stop" when comparing token lists (stopping is a decision too).
@@ -63,32 +64,43 @@ def scoring_tokens(engine, generation: Generation) -> list[int]:
     return ids + ([tokenizer.eos_token_id] if generation.finish_reason == "stop" else [])
 
 
-def score_pair(arm_a, arm_b, sample, gen_a: Generation, gen_b: Generation) -> PairScores:
-    """Each answer under the other arm where that arm can score, and full-vocabulary KL(a||b)
-    along a's answer when both can (and share a vocabulary)."""
-    from g4v.model.scoring import answer_logits
-
-    messages = [Message("user", sample.prompt, list(sample.images))]
-    scores = PairScores()
-    logits_a = logits_b = tokens_a = None
+def score_pairs(arm_a, arm_b, samples, gens_a: list[Generation], gens_b: list[Generation], requests,
+                batch_size: int = BATCH_SIZE) -> list[PairScores]:
+    """For each row: each answer under the other arm where that arm can score, and
+    full-vocabulary KL(a||b) along a's answer when both can (and share a vocabulary). Rows are
+    teacher-forced ``batch_size`` at a time; a row whose two answers are the same needs one pass
+    per arm, else a's answer goes through a too (for the KL)."""
+    scores = [PairScores() for _ in samples]
+    tokens_a = logits_b = [None] * len(samples)
     if arm_b.spec.can_score():
-        tokens_a = scoring_tokens(arm_b.engine, gen_a)
-        logits_b = answer_logits(arm_b.engine, messages, tokens_a, arm_b.adapter)
-        scores.logprob_a_under_b = sum_logprob(logits_b, tokens_a)
-    if arm_a.spec.can_score():
-        tokens_b = scoring_tokens(arm_a.engine, gen_b)
-        if tokens_a is not None and tokens_b == tokens_a:  # same answer: one pass serves both
-            logits_a = answer_logits(arm_a.engine, messages, tokens_a, arm_a.adapter)
-            scores.logprob_b_under_a = sum_logprob(logits_a, tokens_b)
-        else:
-            scores.logprob_b_under_a = sum_logprob(answer_logits(arm_a.engine, messages, tokens_b, arm_a.adapter), tokens_b)
-    if logits_b is not None and arm_a.spec.can_score():
-        if logits_a is None:
-            logits_a = answer_logits(arm_a.engine, messages, tokens_a, arm_a.adapter)
-        if logits_a.shape == logits_b.shape:
-            stats = kl_stats(kl_per_position(logits_a, logits_b).tolist())
-            scores.kl_mean, scores.kl_q90, scores.kl_q99, scores.kl_max = (stats[k] for k in ("mean", "q90", "q99", "max"))
+        tokens_a = [scoring_tokens(arm_b.engine, gen) for gen in gens_a]
+        logits_b = _teacher_forced(arm_b, samples, tokens_a, requests, batch_size)
+        for score, logits, tokens in zip(scores, logits_b, tokens_a):
+            score.logprob_a_under_b = sum_logprob(logits, tokens)
+    if not arm_a.spec.can_score():
+        return scores
+    tokens_b = [scoring_tokens(arm_a.engine, gen) for gen in gens_b]
+    on_b = _teacher_forced(arm_a, samples, tokens_b, requests, batch_size)
+    logits_a = [logits if tokens_a[i] == tokens_b[i] else None for i, logits in enumerate(on_b)]
+    for score, logits, tokens in zip(scores, on_b, tokens_b):
+        score.logprob_b_under_a = sum_logprob(logits, tokens)
+    missing = [i for i in range(len(samples)) if logits_b[i] is not None and logits_a[i] is None]
+    for i, logits in zip(missing, _teacher_forced(arm_a, [samples[i] for i in missing], [tokens_a[i] for i in missing],
+                                                  requests, batch_size)):
+        logits_a[i] = logits
+    for score, logits_p, logits_q in zip(scores, logits_a, logits_b):
+        if logits_q is not None and logits_p.shape == logits_q.shape:
+            stats = kl_stats(kl_per_position(logits_p, logits_q).tolist())
+            score.kl_mean, score.kl_q90, score.kl_q99, score.kl_max = (stats[k] for k in ("mean", "q90", "q99", "max"))
     return scores
+
+
+def _teacher_forced(arm, samples, token_lists, requests, batch_size) -> list[torch.Tensor]:
+    """Logits along each token list, from the requests the rows were answered from."""
+    from g4v.model.scoring import answer_logits_batch
+
+    prepared = [requests.get(arm.engine, sample) for sample in samples]
+    return answer_logits_batch(arm.engine, prepared, token_lists, arm.adapter, batch_size)
 
 
 def sum_logprob(logits: torch.Tensor, tokens: list[int]) -> float:
@@ -111,15 +123,16 @@ def image_tokens(config, images: list[Image.Image]) -> int:
     return sum(plan_tiling((image.height, image.width), config).num_image_tokens for image in images)
 
 
-def level_norms(arm, sample) -> str:
+def level_norms(arm, sample, requests) -> str:
     """JSON ``{level name: mean injected norm}`` from one instrumented forward pass of the arm's
-    model (adapter as the arm runs it): what each injection carries on this sample."""
+    model (adapter as the arm runs it): what each injection carries on this sample, from the
+    request its answers came from (``requests``)."""
     from g4v.engines import transformers_engine
     from g4v.model.capture import capture_forward
     from g4v.model.levels import describe_levels
 
     engine = transformers_engine(arm.engine, "per-level norms")
-    inputs = engine.prepare_inputs([Message("user", sample.prompt, list(sample.images))])
+    inputs = requests.get(engine, sample).inputs
     with engine.adapter_scope(arm.adapter) as model:
         capture, _ = capture_forward(model, inputs, levels=describe_levels(model.config), logits_to_keep=1)
     return json.dumps({cap.level.name: round(cap.injected_norm_mean, 6) for cap in capture.levels})

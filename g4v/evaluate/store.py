@@ -35,10 +35,11 @@ SUMMARY_FILE = "summary.json"
 RUN_FILES = (RUN_FILE, ROWS_FILE, PARQUET_FILE, CSV_FILE, SUMMARY_FILE)
 #: First characters that make a spreadsheet read a cell as a formula (OWASP's CSV injection list).
 FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
-#: Settings a resumed run may change: how fast it goes (``concurrency``) and how many rows it covers
-#: (``limit``: the rows are the first N of one fixed order, so a larger limit only adds rows). An
-#: arm's ``label`` is only its shown name.
-MAY_CHANGE = ("concurrency", "limit")
+#: Settings a resumed run may change: how fast it goes (``concurrency``, ``batch_size``: greedy
+#: answers are the same batched or not) and how many rows it covers (``limit``: the rows are the
+#: first N of one fixed order, so a larger limit only adds rows). An arm's ``label`` is only its
+#: shown name.
+MAY_CHANGE = ("concurrency", "batch_size", "limit")
 
 
 def _question(settings: dict) -> dict:

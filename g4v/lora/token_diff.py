@@ -21,7 +21,7 @@ from g4v.conversation import Message, SamplingSettings
 from g4v.engines import transformers_engine
 from g4v.lora.models import ADAPTER, DEFAULT_LEFT, DEFAULT_RIGHT, VISION, model_label, resolve_sides
 from g4v.lora.side_by_side import chat_input
-from g4v.model.scoring import answer_logits, kl_divergence
+from g4v.model.scoring import answer_logits_batch, kl_divergence
 
 #: Greedy tokens each model answers with in a token diff, unless told (``lora-diff``, the LoRA tab).
 DIFF_TOKENS = 48
@@ -86,19 +86,26 @@ class LoraDiff:
 def lora_diff(engine, messages: list[Message], adapter: str | None, settings: SamplingSettings | None = None,
               left: str | None = None, labels: tuple[str, str] | None = None) -> LoraDiff:
     """Generate with the requests' ``adapter=`` values ``left`` (the "base" side) and ``adapter``
-    (the "adapter" side) on a transformers engine, then score both answers under both.
+    (the "adapter" side) on a transformers engine, then score both answers under both models: the
+    conversation prepared once, both answers teacher-forced together (one batch per model).
     ``labels`` name the two models (:func:`~g4v.lora.models.resolve_sides` gives them; the default
     names the model Chat runs and that model + the adapter)."""
     transformers_engine(engine, "the token-level LoRA comparison")
     labels = labels or (model_label(VISION, engine), model_label(ADAPTER, engine, adapter))
     settings = (settings or SamplingSettings(max_new_tokens=DIFF_TOKENS)).validated()
-    base = engine.generate(messages, settings, adapter=left)
-    tuned = engine.generate(messages, settings, adapter=adapter)
-    return LoraDiff(
-        adapter=adapter, labels=labels,
-        base=score_answer(engine, messages, adapter, "base", base.text, _answer_tokens(engine, base), left),
-        tuned=score_answer(engine, messages, adapter, "adapter", tuned.text, _answer_tokens(engine, tuned), left),
-    )
+    request = engine.prepare(messages)
+    base = engine.generate(request, settings, adapter=left)
+    tuned = engine.generate(request, settings, adapter=adapter)
+    answers = [("base", base), ("adapter", tuned)]
+    token_lists = [_answer_tokens(engine, generation) for _, generation in answers]
+    scored = [i for i, tokens in enumerate(token_lists) if tokens]  # an empty answer has nothing to score
+    under = {model: dict(zip(scored, answer_logits_batch(engine, [request] * len(scored),
+                                                           [token_lists[i] for i in scored], model_adapter)))
+             for model, model_adapter in (("base", left), ("adapter", adapter))}
+    scores = [ScoredAnswer(source=source, text=generation.text) for source, generation in answers]
+    for i in scored:
+        scores[i].tokens = compare_positions(engine.tokenizer, token_lists[i], under["base"][i], under["adapter"][i])
+    return LoraDiff(adapter=adapter, labels=labels, base=scores[0], tuned=scores[1])
 
 
 @dataclass
@@ -133,15 +140,6 @@ def _answer_tokens(engine, generation) -> list[int]:
     return list(generation.token_ids)
 
 
-def score_answer(engine, messages: list[Message], adapter: str | None, source: str, text: str, tokens: list[int],
-                 base: str | None = None) -> ScoredAnswer:
-    """Teacher-force ``tokens`` after the prompt through both models (``adapter=`` values ``base``
-    and ``adapter``)."""
-    if not tokens:
-        return ScoredAnswer(source=source, text=text)
-    base_logits = answer_logits(engine, messages, tokens, base)
-    adapter_logits = answer_logits(engine, messages, tokens, adapter)
-    return ScoredAnswer(source=source, text=text, tokens=compare_positions(engine.tokenizer, tokens, base_logits, adapter_logits))
 
 
 def compare_positions(tokenizer, tokens: list[int], base_logits: torch.Tensor, adapter_logits: torch.Tensor) -> list[TokenScore]:

@@ -12,6 +12,7 @@ import torch
 from transformers import DynamicCache
 
 from g4v.conversation import Message
+from g4v.engines.base import BATCH_SIZE
 from g4v.model.capture import instrument
 from g4v.model.levels import Level
 
@@ -72,3 +73,52 @@ def answer_logits(engine, messages: list[Message], tokens: list[int], adapter: s
             answer_pass = model(input_ids=answer, attention_mask=mask, past_key_values=cache, use_cache=True)
             logits.append(answer_pass.logits[0])
     return torch.cat(logits).double().cpu()
+
+
+def answer_logits_batch(engine, requests: list, token_lists: list[list[int]], adapter: str | None,
+                        batch_size: int = BATCH_SIZE) -> list[torch.Tensor]:
+    """:func:`answer_logits` for many (request, answer tokens) pairs, ``batch_size`` rows per pass:
+    the prompts left-padded (``engine.collate``), the answers right-padded after them, positions
+    counted from each row's own first token, so each row computes what it computes alone (up to
+    float rounding). ``requests``: prepared requests (``engine.prepare``) or conversations. Rows
+    with and without a picture go in separate batches: in native vision-LoRA mode they run with
+    different adapters."""
+    prepared = [engine.prepare(request, max_new_tokens=len(tokens)) for request, tokens in zip(requests, token_lists)]
+    groups: dict[bool, list[int]] = {}
+    for row, request in enumerate(prepared):
+        groups.setdefault(request.has_image, []).append(row)
+    found: list[torch.Tensor | None] = [None] * len(prepared)
+    for image, rows in groups.items():
+        for start in range(0, len(rows), batch_size):
+            chunk = rows[start:start + batch_size]
+            logits = _forced_batch(engine, [prepared[row] for row in chunk], [token_lists[row] for row in chunk], adapter, image)
+            for row, row_logits in zip(chunk, logits):
+                found[row] = row_logits
+    return found
+
+
+def _forced_batch(engine, requests, token_lists, adapter, image: bool) -> list[torch.Tensor]:
+    """One batch of :func:`answer_logits_batch`: the prompt pass (last position's logits only),
+    then every answer on top of its prompt's KV cache."""
+    inputs = engine.collate(requests)
+    mask = inputs["attention_mask"]
+    lengths = mask.sum(dim=1, keepdim=True)
+    answers = [list(tokens[:-1]) for tokens in token_lists]
+    longest = max(len(answer) for answer in answers)
+    answer_ids = torch.full((len(answers), longest), engine.tokenizer.pad_token_id, dtype=mask.dtype, device=mask.device)
+    answer_mask = torch.zeros_like(answer_ids)
+    for row, answer in enumerate(answers):
+        answer_ids[row, :len(answer)] = torch.tensor(answer, dtype=mask.dtype)
+        answer_mask[row, :len(answer)] = 1
+    with engine.adapter_scope(adapter, image) as model, torch.inference_mode():
+        cache = DynamicCache(config=model.config.text_config)
+        prompt_pass = model(**inputs, position_ids=(mask.cumsum(dim=1) - 1).clamp_min(0), past_key_values=cache,
+                            use_cache=True)
+        logits = [[prompt_pass.logits[row, -1:]] for row in range(len(answers))]
+        if longest:
+            positions = lengths + torch.arange(longest, device=mask.device)
+            answer_pass = model(input_ids=answer_ids, attention_mask=torch.cat([mask, answer_mask], dim=1),
+                                position_ids=positions, past_key_values=cache, use_cache=True)
+            for row, answer in enumerate(answers):
+                logits[row].append(answer_pass.logits[row, :len(answer)])
+    return [torch.cat(row_logits).double().cpu() for row_logits in logits]
