@@ -8,7 +8,7 @@ import pytest
 
 from g4v.documents.examples import REPORT_PDF
 from g4v.paths import EXAMPLES_DIR
-from tests.browser import browser_page
+from tests.browser import browser_page, pick_pdf_pages
 from tests.conftest import TEST_OUTPUT
 
 EXAMPLE = str(EXAMPLES_DIR / "shapes-tall.png")
@@ -77,11 +77,7 @@ def test_refusals_leave_no_error_badge_over_the_image_box(app_url, shots):
 
         # A page the PDF picker refuses (the document has 2): one line, the box keeps its picture.
         page.get_by_role("tab", name="Deepstack").click()
-        page.locator("#deepstack-doc-picker").click()
-        page.locator("#deepstack-doc-pdf input[type=file]").set_input_files(str(REPORT_PDF))
-        page.wait_for_function("() => document.querySelectorAll('#deepstack-doc-thumbnails img').length == 2")
-        page.locator("#deepstack-doc-pages textarea, #deepstack-doc-pages input").first.fill("9")
-        page.locator("#deepstack-doc-use").click()
+        pick_pdf_pages(page, "deepstack", REPORT_PDF, thumbnails=2, pages="9")
         toast_says(page, "outside the document's pages 1-2")
         assert not page.evaluate(BADGE_SHOWN, "#deepstack-image")
         assert page.evaluate(PICTURE_SHOWN, "#deepstack-image")

@@ -156,7 +156,7 @@ def test_thumbnails_show_at_about_their_own_size_and_whole(picker, tmp_path, pag
     """A 2-page PDF gave two 580-px squares (each 160x227 thumbnail blown up 2.5 times, cut off by
     the 220-px strip). Now every thumbnail of the first row is drawn within 1.5x of its natural size,
     never cropped by its box (object-fit keeps it whole) nor by the strip."""
-    from tests.browser import browser_page
+    from tests.browser import browser_page, pick_pdf_pages
     from tests.test_documents_pdf import BLACK_BOX, minimal_pdf, page
 
     path = REPORT_PDF if pages == 2 else tmp_path / "letters.pdf"
@@ -165,10 +165,7 @@ def test_thumbnails_show_at_about_their_own_size_and_whole(picker, tmp_path, pag
         path.write_bytes(minimal_pdf([page(*size, content_object=99)] * pages, {99: BLACK_BOX}))
     with browser_page() as tab:
         tab.goto(picker.url)
-        tab.locator("#t-doc-picker").click()
-        tab.locator("#t-doc-pdf input[type=file]").set_input_files(str(path))
-        tab.wait_for_function(f"() => {{ const i = [...document.querySelectorAll('#t-doc-thumbnails img')];"
-                              f" return i.length == {pages} && i.every(x => x.complete && x.naturalWidth > 0) }}")
+        pick_pdf_pages(tab, "t", path, thumbnails=pages, use=False)
         thumbnails = tab.evaluate(THUMBNAIL_GEOMETRY)
     first_row = thumbnails[:6]
     for thumbnail in first_row:
@@ -202,16 +199,12 @@ def tabs_url():
 
 
 def test_the_attribution_tab_takes_a_pdf_page_like_the_other_image_tabs(tabs_url):
-    from tests.browser import browser_page
+    from tests.browser import browser_page, pick_pdf_pages
 
     with browser_page(height=1400) as tab:
         tab.goto(tabs_url)
         tab.get_by_role("tab", name="Attribution").click()
-        tab.locator("#attribution-doc-picker").click()
-        tab.locator("#attribution-doc-pdf input[type=file]").set_input_files(str(REPORT_PDF))
-        tab.wait_for_function("() => document.querySelectorAll('#attribution-doc-thumbnails img').length == 2")
-        tab.locator("#attribution-doc-pages textarea, #attribution-doc-pages input").first.fill("2")
-        tab.locator("#attribution-doc-use").click()
+        pick_pdf_pages(tab, "attribution", REPORT_PDF, thumbnails=2, pages="2")
         tab.wait_for_function("() => { const i = document.querySelector('#attribution-image img');"
                               " return i && i.complete && i.naturalWidth > 0 }")
         width = tab.evaluate("() => document.querySelector('#attribution-image img').naturalWidth")
