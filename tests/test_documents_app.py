@@ -301,3 +301,25 @@ def test_a_csv_answer_is_shown_once_in_the_grid():
     assert table["value"] == [["red", "1"], ["blue", "5"]] and notes == "Read as CSV."
     html, table, _ = documents.structured_view("chart2csv", "", history_with("no table here"))
     assert "no table here" in html and not table["visible"]  # a malformed answer is still shown as-is
+
+
+def test_the_chat_box_takes_out_what_open_image_refuses_and_says_why(tmp_path):
+    """An attachment that is not a picture leaves the box (text, good pictures and the PDF handling
+    as before); the refusal to show is open_image's own line, with a fresh id each time."""
+    from g4v.images import open_image
+    from tests.conftest import make_image
+
+    good, fake = tmp_path / "good.png", tmp_path / "fake.png"
+    make_image(32, 24).save(good)
+    fake.write_bytes(b"not a picture")
+    with pytest.raises(G4VError) as refused:
+        open_image(fake)
+    box = {"text": "What is this?", "files": [{"path": str(good)}, {"path": str(fake)}, str(REPORT_PDF)]}
+    kept, pdf, _, refusal = documents.pdf_to_picker(box)
+    assert kept == {"text": "What is this?", "files": [str(good)]} and pdf == str(REPORT_PDF)
+    assert refusal["text"] == f"{refused.value}: removed from the message ({documents.BOX_TAKES})"
+    assert documents.pdf_to_picker(box)[3]["id"] != refusal["id"]
+    with pytest.raises(gr.Error, match="fake.png is not an image"):
+        documents.show_refusal(refusal)
+    documents.show_refusal(None)  # nothing to say: no toast
+    assert all(out is gr.skip() or out == gr.skip() for out in documents.pdf_to_picker(kept))
