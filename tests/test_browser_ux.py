@@ -413,3 +413,28 @@ def test_a_refused_picture_leaves_the_chat_box_with_one_toast_and_the_text_kept(
         page.keyboard.press("Enter")
         page.wait_for_function("() => document.querySelectorAll(\"[data-testid='bot']\").length == 1", timeout=120_000)
         assert not page.locator("[data-testid='toast-body']").count()
+
+
+def test_a_refused_tiling_upload_leaves_no_badge_and_no_old_result(app_url, tmp_path, shots):
+    """A file that is not a picture, uploaded in Tiling after a good one: one toast; no "Error" badge
+    over the outputs, no broken picture in the box, no previous result; a good picture then works."""
+    fake = tmp_path / "fake.png"
+    fake.write_bytes(b"not a picture at all")
+    with browser_page(height=1400) as page:
+        page.goto(app_url)
+        page.get_by_role("tab", name="Tiling").click()
+        upload = page.locator("#tiling-image input[type=file]")
+        upload.set_input_files(EXAMPLE)
+        page.wait_for_function(PICTURE_SHOWN, arg="#tiling-overlay")
+        page.locator("#tiling-image input[type=file]").set_input_files(str(fake))
+        toast_says(page, "fake.png is not an image")
+        page.wait_for_function("() => !document.querySelector('#tiling-overlay img')"
+                               " && !document.querySelector('#tiling-image img')")
+        page.wait_for_timeout(500)
+        page.screenshot(path=str(shots / "ux-tiling-refused-upload.png"), full_page=True)
+        for box in ("#tiling-image", "#tiling-overlay", "#tiling-token-view", "#tiling-token-index", "#tiling-token-info"):
+            assert not page.evaluate(BADGE_SHOWN, box), box
+        assert page.inner_text("#tiling-token-info").strip() == ""
+        close_toasts(page)
+        page.locator("#tiling-image input[type=file]").set_input_files(EXAMPLE)
+        page.wait_for_function(PICTURE_SHOWN, arg="#tiling-overlay")
