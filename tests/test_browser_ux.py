@@ -440,15 +440,20 @@ def test_a_refused_tiling_upload_leaves_no_badge_and_no_old_result(app_url, tmp_
         page.wait_for_function(PICTURE_SHOWN, arg="#tiling-overlay")
 
 
-def test_a_refused_deepstack_run_leaves_no_badge_over_its_outputs(app_url, tmp_path):
-    """Inspect on a file that is not a picture: one toast, and no "Error" badge over the outputs."""
+@pytest.mark.parametrize("tab, prefix, button, output", [
+    ("Deepstack", "deepstack", "#deepstack-run", "#deepstack-norms"),
+    ("LoRA", "lora", "text=Run side by side", "#lora-base-answer"),
+    ("Attribution", "attribution", "#attribution-run", "#attribution-report"),
+])
+def test_a_refused_run_leaves_no_badge_over_its_outputs(app_url, tmp_path, tab, prefix, button, output):
+    """A run on a file that is not a picture: one toast, and no "Error" badge over the outputs."""
     fake = tmp_path / "fake.png"
     fake.write_bytes(b"not a picture at all")
     with browser_page(height=1400) as page:
         page.goto(app_url)
-        page.get_by_role("tab", name="Deepstack").click()
-        page.locator("#deepstack-image input[type=file]").set_input_files(str(fake))
-        page.locator("#deepstack-run").click()
+        page.get_by_role("tab", name=tab).click()
+        page.locator(f"#{prefix}-image input[type=file]").set_input_files(str(fake))
+        page.locator(button).click()
         toast_says(page, "fake.png is not an image")
         page.wait_for_timeout(1000)
-        assert not page.evaluate(BADGE_SHOWN, "#deepstack-norms")
+        assert not page.evaluate(BADGE_SHOWN, output)

@@ -5,7 +5,7 @@ import gradio as gr
 
 from g4v.inspect.levels import describe_levels, parse_scale_specs
 from g4v.inspect.run import run_inspection
-from webapp.common import MODEL_QUEUE, QUIET_INPUT, image_input, shows_errors, use_last_chat_image
+from webapp.common import MODEL_QUEUE, image_input, shows_errors, use_last_chat_image, without_error_badges
 from webapp.documents import document_picker
 from webapp.sessions import SessionStores, session_key
 
@@ -78,9 +78,7 @@ def deepstack_tab(engine, config, last_chat_image: gr.State, sessions: SessionSt
 
     use_last_chat_image(from_chat, last_chat_image, image)
     outputs = [table, norms, trajectory, heat_tiles, heat_base, report, export]
-    # A refused Inspect (a file that is not a picture) is its toast only: this quick step after it
-    # takes the "Error" badge off each output (what they showed stays).
-    run.click(make_inspect(engine, sessions, gpu_task), [image, prompt, ablate, scales, full], outputs,
-              api_name="inspect", concurrency_id=MODEL_QUEUE, concurrency_limit=concurrency).failure(
-        lambda: [gr.skip()] * len(outputs), None, outputs, api_visibility="private", queue=False, **QUIET_INPUT)
+    without_error_badges(run.click(make_inspect(engine, sessions, gpu_task), [image, prompt, ablate, scales, full],
+                                   outputs, api_name="inspect", concurrency_id=MODEL_QUEUE,
+                                   concurrency_limit=concurrency), outputs)
     return image, prompt

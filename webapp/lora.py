@@ -7,7 +7,8 @@ import gradio as gr
 from g4v.lora.side_by_side import (adapter_folder_help, base_warning, describe_adapters, lora_side_by_side,
                                    preselected_adapter)
 from g4v.lora.token_diff import lora_token_diff
-from webapp.common import MODEL_QUEUE, image_input, sampling_settings, shows_errors, use_last_chat_image
+from webapp.common import (MODEL_QUEUE, image_input, sampling_settings, shows_errors, use_last_chat_image,
+                            without_error_badges)
 from webapp.documents import document_picker
 
 
@@ -57,7 +58,7 @@ def lora_tab(engine, model: str, adapters_dir, last_chat_image: gr.State, concur
         diff_run = gr.Button("Token-level difference")
         stop = gr.Button("Stop")
     with gr.Row():
-        base_answer = gr.Textbox(label="Base model", lines=4, interactive=False)
+        base_answer = gr.Textbox(label="Base model", lines=4, interactive=False, elem_id="lora-base-answer")
         adapter_answer = gr.Textbox(label="With adapter", lines=4, interactive=False)
     diff_html = gr.HTML()
     diff_plot = gr.Plot(label="Log-probabilities and KL per token")
@@ -72,5 +73,7 @@ def lora_tab(engine, model: str, adapters_dir, last_chat_image: gr.State, concur
                         [base_answer, adapter_answer], api_name="lora_side_by_side", **model_bound)
     diffing = diff_run.click(token_diff, [adapter, image, prompt, max_new_tokens], [diff_html, diff_plot, diff_json],
                              api_name="lora_diff", **model_bound)
+    without_error_badges(running, [base_answer, adapter_answer])
+    without_error_badges(diffing, [diff_html, diff_plot, diff_json])
     stop.click(None, cancels=[running, diffing], api_visibility="private")
     return adapter, image, prompt
