@@ -22,3 +22,18 @@ def browser_page(width=1280, height=900):
             yield page
         finally:
             browser.close()
+
+
+def pick_pdf_pages(page, prefix: str, pdf, thumbnails: int, pages: str | None = None, use: bool = True) -> None:
+    """Drive a "From a PDF" picker (element ids ``{prefix}-doc-*``, webapp.documents): open it, upload
+    ``pdf``, wait until its ``thumbnails`` page thumbnails are drawn, type ``pages`` (None: keep the
+    picker's page 1) and, with ``use``, press its button."""
+    page.locator(f"#{prefix}-doc-picker").click()
+    page.locator(f"#{prefix}-doc-pdf input[type=file]").set_input_files(str(pdf))
+    page.wait_for_function("([strip, n]) => { const i = [...document.querySelectorAll(strip + ' img')];"
+                           " return i.length == n && i.every(x => x.complete && x.naturalWidth > 0) }",
+                           arg=[f"#{prefix}-doc-thumbnails", thumbnails])
+    if pages is not None:
+        page.locator(f"#{prefix}-doc-pages textarea, #{prefix}-doc-pages input").first.fill(pages)
+    if use:
+        page.locator(f"#{prefix}-doc-use").click()

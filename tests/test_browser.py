@@ -4,7 +4,7 @@ then the Tiling and Deepstack tabs. Screenshots land in test-output/browser/."""
 import pytest
 
 from g4v.paths import EXAMPLES_DIR
-from tests.browser import CHROMIUM, browser_page
+from tests.browser import CHROMIUM, browser_page, pick_pdf_pages
 
 EXAMPLE = str(EXAMPLES_DIR / "shapes-tall.png")
 
@@ -138,11 +138,7 @@ def test_a_pdf_page_a_task_preset_and_the_structured_panel_in_a_browser(app_url,
 
     with browser_page(height=1400) as page:
         page.goto(app_url)
-        page.locator("#chat-doc-picker").click()
-        page.locator("#chat-doc-pdf input[type=file]").set_input_files(str(REPORT_PDF))
-        page.wait_for_function("() => document.querySelectorAll('#chat-doc-thumbnails img').length == 2")
-        page.locator("#chat-doc-pages textarea, #chat-doc-pages input").first.fill("2")
-        page.locator("#chat-doc-use").click()
+        pick_pdf_pages(page, "chat", REPORT_PDF, thumbnails=2, pages="2")
         page.wait_for_function("() => document.querySelectorAll('#chat-box img').length >= 1")
         page.locator("#chat-task input").click()
         page.get_by_role("option", name="Table to HTML").click()
@@ -160,10 +156,7 @@ def test_a_pdf_page_a_task_preset_and_the_structured_panel_in_a_browser(app_url,
         page.screenshot(path=str(shots / "6-documents.png"), full_page=True)
 
         page.get_by_role("tab", name="Tiling").click()
-        page.locator("#tiling-doc-picker").click()
-        page.locator("#tiling-doc-pdf input[type=file]").set_input_files(str(REPORT_PDF))
-        page.wait_for_function("() => document.querySelectorAll('#tiling-doc-thumbnails img').length == 2")
-        page.locator("#tiling-doc-use").click()
+        pick_pdf_pages(page, "tiling", REPORT_PDF, thumbnails=2)
         page.wait_for_function("() => { const i = document.querySelector('#tiling-overlay img');"
                                " return i && i.naturalWidth > 0 }")
         assert "total" in page.inner_text("body")

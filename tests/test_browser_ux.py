@@ -8,7 +8,7 @@ import pytest
 
 from g4v.documents.examples import REPORT_PDF
 from g4v.paths import EXAMPLES_DIR
-from tests.browser import browser_page
+from tests.browser import browser_page, pick_pdf_pages
 from tests.conftest import TEST_OUTPUT
 
 EXAMPLE = str(EXAMPLES_DIR / "shapes-tall.png")
@@ -77,11 +77,7 @@ def test_refusals_leave_no_error_badge_over_the_image_box(app_url, shots):
 
         # A page the PDF picker refuses (the document has 2): one line, the box keeps its picture.
         page.get_by_role("tab", name="Deepstack").click()
-        page.locator("#deepstack-doc-picker").click()
-        page.locator("#deepstack-doc-pdf input[type=file]").set_input_files(str(REPORT_PDF))
-        page.wait_for_function("() => document.querySelectorAll('#deepstack-doc-thumbnails img').length == 2")
-        page.locator("#deepstack-doc-pages textarea, #deepstack-doc-pages input").first.fill("9")
-        page.locator("#deepstack-doc-use").click()
+        pick_pdf_pages(page, "deepstack", REPORT_PDF, thumbnails=2, pages="9")
         toast_says(page, "outside the document's pages 1-2")
         assert not page.evaluate(BADGE_SHOWN, "#deepstack-image")
         assert page.evaluate(PICTURE_SHOWN, "#deepstack-image")
@@ -417,3 +413,47 @@ def test_a_refused_picture_leaves_the_chat_box_with_one_toast_and_the_text_kept(
         page.keyboard.press("Enter")
         page.wait_for_function("() => document.querySelectorAll(\"[data-testid='bot']\").length == 1", timeout=120_000)
         assert not page.locator("[data-testid='toast-body']").count()
+
+
+def test_a_refused_tiling_upload_leaves_no_badge_and_no_old_result(app_url, tmp_path, shots):
+    """A file that is not a picture, uploaded in Tiling after a good one: one toast; no "Error" badge
+    over the outputs, no broken picture in the box, no previous result; a good picture then works."""
+    fake = tmp_path / "fake.png"
+    fake.write_bytes(b"not a picture at all")
+    with browser_page(height=1400) as page:
+        page.goto(app_url)
+        page.get_by_role("tab", name="Tiling").click()
+        upload = page.locator("#tiling-image input[type=file]")
+        upload.set_input_files(EXAMPLE)
+        page.wait_for_function(PICTURE_SHOWN, arg="#tiling-overlay")
+        page.locator("#tiling-image input[type=file]").set_input_files(str(fake))
+        toast_says(page, "fake.png is not an image")
+        page.wait_for_function("() => !document.querySelector('#tiling-overlay img')"
+                               " && !document.querySelector('#tiling-image img')")
+        page.wait_for_timeout(500)
+        page.screenshot(path=str(shots / "ux-tiling-refused-upload.png"), full_page=True)
+        for box in ("#tiling-image", "#tiling-overlay", "#tiling-token-view", "#tiling-token-index", "#tiling-token-info"):
+            assert not page.evaluate(BADGE_SHOWN, box), box
+        assert page.inner_text("#tiling-token-info").strip() == ""
+        close_toasts(page)
+        page.locator("#tiling-image input[type=file]").set_input_files(EXAMPLE)
+        page.wait_for_function(PICTURE_SHOWN, arg="#tiling-overlay")
+
+
+@pytest.mark.parametrize("tab, prefix, button, output", [
+    ("Deepstack", "deepstack", "#deepstack-run", "#deepstack-norms"),
+    ("LoRA", "lora", "text=Run side by side", "#lora-left-answer"),
+    ("Attribution", "attribution", "#attribution-run", "#attribution-report"),
+])
+def test_a_refused_run_leaves_no_badge_over_its_outputs(app_url, tmp_path, tab, prefix, button, output):
+    """A run on a file that is not a picture: one toast, and no "Error" badge over the outputs."""
+    fake = tmp_path / "fake.png"
+    fake.write_bytes(b"not a picture at all")
+    with browser_page(height=1400) as page:
+        page.goto(app_url)
+        page.get_by_role("tab", name=tab).click()
+        page.locator(f"#{prefix}-image input[type=file]").set_input_files(str(fake))
+        page.locator(button).click()
+        toast_says(page, "fake.png is not an image")
+        page.wait_for_timeout(1000)
+        assert not page.evaluate(BADGE_SHOWN, output)

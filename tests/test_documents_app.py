@@ -156,7 +156,7 @@ def test_thumbnails_show_at_about_their_own_size_and_whole(picker, tmp_path, pag
     """A 2-page PDF gave two 580-px squares (each 160x227 thumbnail blown up 2.5 times, cut off by
     the 220-px strip). Now every thumbnail of the first row is drawn within 1.5x of its natural size,
     never cropped by its box (object-fit keeps it whole) nor by the strip."""
-    from tests.browser import browser_page
+    from tests.browser import browser_page, pick_pdf_pages
     from tests.test_documents_pdf import BLACK_BOX, minimal_pdf, page
 
     path = REPORT_PDF if pages == 2 else tmp_path / "letters.pdf"
@@ -165,10 +165,7 @@ def test_thumbnails_show_at_about_their_own_size_and_whole(picker, tmp_path, pag
         path.write_bytes(minimal_pdf([page(*size, content_object=99)] * pages, {99: BLACK_BOX}))
     with browser_page() as tab:
         tab.goto(picker.url)
-        tab.locator("#t-doc-picker").click()
-        tab.locator("#t-doc-pdf input[type=file]").set_input_files(str(path))
-        tab.wait_for_function(f"() => {{ const i = [...document.querySelectorAll('#t-doc-thumbnails img')];"
-                              f" return i.length == {pages} && i.every(x => x.complete && x.naturalWidth > 0) }}")
+        pick_pdf_pages(tab, "t", path, thumbnails=pages, use=False)
         thumbnails = tab.evaluate(THUMBNAIL_GEOMETRY)
     first_row = thumbnails[:6]
     for thumbnail in first_row:
@@ -202,16 +199,12 @@ def tabs_url():
 
 
 def test_the_attribution_tab_takes_a_pdf_page_like_the_other_image_tabs(tabs_url):
-    from tests.browser import browser_page
+    from tests.browser import browser_page, pick_pdf_pages
 
     with browser_page(height=1400) as tab:
         tab.goto(tabs_url)
         tab.get_by_role("tab", name="Attribution").click()
-        tab.locator("#attribution-doc-picker").click()
-        tab.locator("#attribution-doc-pdf input[type=file]").set_input_files(str(REPORT_PDF))
-        tab.wait_for_function("() => document.querySelectorAll('#attribution-doc-thumbnails img').length == 2")
-        tab.locator("#attribution-doc-pages textarea, #attribution-doc-pages input").first.fill("2")
-        tab.locator("#attribution-doc-use").click()
+        pick_pdf_pages(tab, "attribution", REPORT_PDF, thumbnails=2, pages="2")
         tab.wait_for_function("() => { const i = document.querySelector('#attribution-image img');"
                               " return i && i.complete && i.naturalWidth > 0 }")
         width = tab.evaluate("() => document.querySelector('#attribution-image img').naturalWidth")
@@ -308,3 +301,25 @@ def test_a_csv_answer_is_shown_once_in_the_grid():
     assert table["value"] == [["red", "1"], ["blue", "5"]] and notes == "Read as CSV."
     html, table, _ = documents.structured_view("chart2csv", "", history_with("no table here"))
     assert "no table here" in html and not table["visible"]  # a malformed answer is still shown as-is
+
+
+def test_the_chat_box_takes_out_what_open_image_refuses_and_says_why(tmp_path):
+    """An attachment that is not a picture leaves the box (text, good pictures and the PDF handling
+    as before); the refusal to show is open_image's own line, with a fresh id each time."""
+    from g4v.images import open_image
+    from tests.conftest import make_image
+
+    good, fake = tmp_path / "good.png", tmp_path / "fake.png"
+    make_image(32, 24).save(good)
+    fake.write_bytes(b"not a picture")
+    with pytest.raises(G4VError) as refused:
+        open_image(fake)
+    box = {"text": "What is this?", "files": [{"path": str(good)}, {"path": str(fake)}, str(REPORT_PDF)]}
+    kept, pdf, _, refusal = documents.pdf_to_picker(box)
+    assert kept == {"text": "What is this?", "files": [str(good)]} and pdf == str(REPORT_PDF)
+    assert refusal["text"] == f"{refused.value}: removed from the message ({documents.BOX_TAKES})"
+    assert documents.pdf_to_picker(box)[3]["id"] != refusal["id"]
+    with pytest.raises(gr.Error, match="fake.png is not an image"):
+        documents.show_refusal(refusal)
+    documents.show_refusal(None)  # nothing to say: no toast
+    assert all(out is gr.skip() or out == gr.skip() for out in documents.pdf_to_picker(kept))

@@ -10,7 +10,7 @@ from g4v.attribution.gradients import METHODS
 from g4v.attribution.run import AttributionSettings, run_attribution
 from g4v.errors import G4VError
 from g4v.model.levels import describe_levels
-from webapp.common import MODEL_QUEUE, image_input, shows_errors, time_left, use_last_chat_image
+from webapp.common import MODEL_QUEUE, image_input, shows_errors, time_left, use_last_chat_image, without_error_badges
 from webapp.documents import document_picker
 from webapp.sessions import SessionStores, session_key
 
@@ -106,7 +106,9 @@ def attribution_tab(engine, config, last_chat_image: gr.State, sessions: Session
     export = gr.File(label="Export (summary.json, PNGs, attribution.safetensors)", file_count="multiple")
 
     use_last_chat_image(from_chat, last_chat_image, image)
-    run.click(make_explain(engine, sessions, gpu_task), [image, prompt, target, token, method, deletion_level, against],
-              [token, report, tiles, base, deletion, lens, lens_levels, export],
-              api_name="attribute", concurrency_id=MODEL_QUEUE, concurrency_limit=concurrency,
-              show_progress_on=report)  # one progress bar, not one in each of the outputs
+    explained = run.click(make_explain(engine, sessions, gpu_task),
+                          [image, prompt, target, token, method, deletion_level, against],
+                          [token, report, tiles, base, deletion, lens, lens_levels, export],
+                          api_name="attribute", concurrency_id=MODEL_QUEUE, concurrency_limit=concurrency,
+                          show_progress_on=report)  # one progress bar, not one in each of the outputs
+    without_error_badges(explained, [report])

@@ -136,6 +136,13 @@ def _whole(value, name: str) -> int:
 QUIET_INPUT = {"show_progress": "hidden"}
 
 
+def without_error_badges(event, outputs: list) -> None:
+    """After ``event`` is refused, a quick step that takes Gradio's "Error" badge off each of its
+    ``outputs`` (what they showed stays): the refusal's toast is message enough."""
+    event.failure(lambda: [gr.skip()] * len(outputs), None, outputs, api_visibility="private", queue=False,
+                  **QUIET_INPUT)
+
+
 def use_last_chat_image(button: gr.Button, last_chat_image: gr.State, image: gr.Image):
     """Wire a "Use the last chat image" button: it copies the newest chat image into ``image``.
     Returns the event, so a tab can chain its own step after it (``.success``: not after a refusal).

@@ -5,7 +5,7 @@ import gradio as gr
 
 from g4v.model.levels import describe_levels, parse_scale_specs
 from g4v.inspect.run import run_inspection
-from webapp.common import MODEL_QUEUE, image_input, shows_errors, use_last_chat_image
+from webapp.common import MODEL_QUEUE, image_input, shows_errors, use_last_chat_image, without_error_badges
 from webapp.documents import document_picker
 from webapp.sessions import SessionStores, session_key
 
@@ -77,7 +77,8 @@ def deepstack_tab(engine, config, last_chat_image: gr.State, sessions: SessionSt
     export = gr.File(label="Export (summary.json, PNGs, capture.safetensors)")
 
     use_last_chat_image(from_chat, last_chat_image, image)
-    run.click(make_inspect(engine, sessions, gpu_task), [image, prompt, ablate, scales, full],
-              [table, norms, trajectory, heat_tiles, heat_base, report, export],
-              api_name="inspect", concurrency_id=MODEL_QUEUE, concurrency_limit=concurrency)
+    outputs = [table, norms, trajectory, heat_tiles, heat_base, report, export]
+    without_error_badges(run.click(make_inspect(engine, sessions, gpu_task), [image, prompt, ablate, scales, full],
+                                   outputs, api_name="inspect", concurrency_id=MODEL_QUEUE,
+                                   concurrency_limit=concurrency), outputs)
     return image, prompt

@@ -8,7 +8,8 @@ from g4v.lora.choices import adapter_folder_help, base_warning, describe_adapter
 from g4v.lora.models import DEFAULT_LEFT, DEFAULT_RIGHT, model_choices
 from g4v.lora.side_by_side import lora_side_by_side
 from g4v.lora.token_diff import DIFF_TOKENS, lora_token_diff
-from webapp.common import MODEL_QUEUE, image_input, sampling_settings, shows_errors, use_last_chat_image
+from webapp.common import (MODEL_QUEUE, image_input, sampling_settings, shows_errors, use_last_chat_image,
+                            without_error_badges)
 from webapp.documents import document_picker
 
 
@@ -98,5 +99,7 @@ def lora_tab(engine, model: str, adapters_dir, last_chat_image: gr.State, concur
                         [base_answer, adapter_answer], api_name="lora_side_by_side", **model_bound)
     diffing = diff_run.click(token_diff, [adapter, image, prompt, max_new_tokens, left, right],
                              [diff_html, diff_plot, diff_json], api_name="lora_diff", **model_bound)
+    without_error_badges(running, [base_answer, adapter_answer])
+    without_error_badges(diffing, [diff_html, diff_plot, diff_json])
     stop.click(None, cancels=[running, diffing], api_visibility="private")
     return adapter, image, prompt

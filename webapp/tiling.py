@@ -8,7 +8,7 @@ from g4v.errors import G4VError
 from g4v.tiling import first_token_to_show, token_at
 from g4v.tiling_view import highlight_token, mark_token, tiling_report, token_at_overlay
 from viz.figures import original_point
-from webapp.common import image_input, shows_errors, use_last_chat_image
+from webapp.common import QUIET_INPUT, image_input, shows_errors, use_last_chat_image
 from webapp.documents import document_picker
 
 
@@ -115,7 +115,11 @@ def tiling_tab(config, last_chat_image: gr.State) -> None:
     analyse, select_index, select_click, select_on_overlay = make_handlers(config)
     outputs = [overlay, table, plan, regions, token_index, token_view, token_info, analysed, unmarked]
     picking = [image, plan, analysed, regions, unmarked]
-    image.upload(analyse, image, outputs, api_name="tiling")
+    # A refused upload (not a picture, too many pixels) leaves nothing behind: not the broken picture,
+    # the previous picture's results, nor an "Error" badge over each output; the toast says why.
+    image.upload(analyse, image, outputs, api_name="tiling").failure(
+        lambda: (None, None, None, None, None, 0, None, "", None, None), None, [image, *outputs],
+        api_visibility="private", queue=False, **QUIET_INPUT)
     use_last_chat_image(from_chat, last_chat_image, image).success(
         analyse, image, outputs, api_visibility="private")
     from_pdf.success(analyse, image, outputs, api_visibility="private")
