@@ -22,6 +22,8 @@ _EXCEPTION = re.compile(r"\b((?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception)):
 #: Lines kept (the traceback's end is what is read).
 _KEPT_LINES = 400
 _MAX_CAUSE = 300
+#: Bytes kept of each line (vLLM's "no parameter named ..." line lists every parameter after it).
+_LINE_BYTES = 4096
 
 
 class StderrTail:
@@ -51,8 +53,8 @@ class StderrTail:
                     pass
                 pending += chunk
                 *done, pending = pending.split(b"\n")
-                self._lines.extend(line.decode(errors="replace") for line in done)
-                pending = pending[-65536:]  # a line without an end stays bounded
+                self._lines.extend(line[:_LINE_BYTES].decode(errors="replace") for line in done)
+                pending = pending[:_LINE_BYTES]  # a long line keeps its start (the exception's name)
         finally:
             os.close(read_end)
             os.close(self._out)
