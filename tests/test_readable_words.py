@@ -77,3 +77,15 @@ def test_the_trained_checkpoints_banners_are_plain_sentences():
     assert ("It answers questions about the colour, kind, position and number of simple shapes. Its document "
             "stages taught it two more tasks: it reads synthetic bar charts into CSV (the Chart to CSV task) and "
             "fills a JSON schema about the shapes (the key-value extraction task). It does little else. ") in documents
+
+
+def test_another_models_banner_names_its_folder_not_the_servers_path(tmp_path):
+    """A model outside the bundled ones is named by its folder (as exports name it), a hub id as it is:
+    the page never shows where the server keeps its files."""
+    from webapp.layout import banner
+
+    folder = tmp_path / "private" / "my-granite"
+    folder.mkdir(parents=True)
+    assert banner(str(folder)) == "Model: `my-granite`"
+    assert str(tmp_path) not in banner(str(folder))
+    assert banner("ibm-granite/granite-vision-4.1-4b") == "Model: `ibm-granite/granite-vision-4.1-4b`"

@@ -6,7 +6,7 @@ import gradio as gr
 
 from g4v.engines import Engine
 from g4v.errors import G4VError
-from g4v.loading import engine_config
+from g4v.loading import engine_config, model_name
 from g4v.paths import (ASSETS_DIR, DOCUMENTS_MODEL_DIR, EXAMPLES_DIR, REAL_MODEL_ID, TRAINED_MODEL_DIR, is_bundled,
                        names_folder)
 from webapp.attribution import attribution_tab
@@ -41,7 +41,7 @@ def banner(model: str) -> str:
     if is_bundled(model):
         return ("**Demo checkpoint in use**: a tiny Granite 4 Vision with the real architecture and random "
                 "weights, bundled so the workbench runs offline. Its answers are not meaningful. " + switch)
-    return f"Model: `{model}`"
+    return f"Model: `{model_name(model)}`"  # a local folder by its name: the page never shows a server path
 
 
 def example_rows(model: str) -> list[list]:
