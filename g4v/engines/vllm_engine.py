@@ -30,7 +30,7 @@ from g4v.conversation import Message, SamplingSettings, to_template_messages, va
 from g4v.engines.base import WITHOUT_VISION_LORA, Engine, EngineInfo, Generation, gpu_present, messages_of
 from g4v.engines.event_loop import LoopThread
 from g4v.engines.vision_lora import check_base_available, lora_rank_slot, served_view
-from g4v.engines.vllm_start import StderrTail, start_error
+from g4v.engines.vllm_start import OutputTail, start_error
 from g4v.errors import G4VError, PromptTooLong, first_line
 
 #: How often a waiting consumer looks at its cancel event (seconds).
@@ -231,7 +231,7 @@ class VLLMEngine(Engine):
         except ImportError:
             raise G4VError("the vllm backend needs vLLM: pip install -r requirements-vllm.txt "
                            "(GPU) or run scripts/setup_vllm_cpu_env.sh (CPU)") from None
-        tail = StderrTail()  # the engine core prints why it failed to its stderr only
+        tail = OutputTail()  # the engine core prints why it failed, nowhere else
         try:
             return AsyncLLM.from_engine_args(AsyncEngineArgs(**arguments))
         except Exception as err:  # vLLM reports bad settings and start-up failures in many types

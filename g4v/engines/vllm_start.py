@@ -3,9 +3,9 @@
 vLLM (v1) builds its model in an engine-core *process*; when that fails, the exception in g4v's
 process only says "Engine core initialization failed. See root cause above.": the cause (a weight
 file it could not map, a LoRA rank it cannot hold, memory) is in the traceback the core printed
-to its stderr, which it inherits from this process. :class:`StderrTail` passes file descriptor 2
-through a pipe while vLLM starts, keeping the last lines, and :func:`start_error` reads the
-cause from them.
+to its standard output (vLLM's log handler writes there) and error, which it inherits from this
+process. :class:`OutputTail` passes file descriptors 1 and 2 through pipes while vLLM starts,
+keeping the last lines, and :func:`start_error` reads the cause from them.
 """
 
 import os
@@ -26,21 +26,38 @@ _MAX_CAUSE = 300
 _LINE_BYTES = 4096
 
 
-class StderrTail:
-    """File descriptor 2 through a pipe from now until :meth:`restore`: a thread passes every byte
-    on to the real stderr (nothing is hidden) and keeps the last lines. Processes started in
-    between (vLLM's engine core) keep writing to the pipe after :meth:`restore`; the thread passes
-    their output on until the last of them exits, then ends."""
+class OutputTail:
+    """Standard output and error (``fds``) through pipes from now until :meth:`restore`."""
 
-    def __init__(self):
+    def __init__(self, fds=(1, 2)):
+        self._tails = [_FdTail(fd) for fd in fds]
+
+    def restore(self) -> "OutputTail":
+        for tail in self._tails:
+            tail.restore()
+        return self
+
+    def lines(self, wait: float = 0.0) -> list[str]:
+        return [line for tail in self._tails for line in tail.lines(wait)]
+
+
+class _FdTail:
+    """File descriptor ``fd`` through a pipe from now until :meth:`restore`: a thread passes every
+    byte on to where it went before (nothing is hidden) and keeps the last lines. Processes
+    started in between (vLLM's engine core) keep writing to the pipe after :meth:`restore`; the
+    thread passes their output on until the last of them exits, then ends."""
+
+    def __init__(self, fd: int):
+        sys.stdout.flush()
         sys.stderr.flush()
-        self._out = os.dup(2)
+        self._fd = fd
+        self._out = os.dup(fd)
         read_end, write_end = os.pipe()
-        os.dup2(write_end, 2)
+        os.dup2(write_end, fd)
         os.close(write_end)
         self._lines: deque[str] = deque(maxlen=_KEPT_LINES)
         self._restored = False
-        self._thread = threading.Thread(target=self._pump, args=(read_end,), daemon=True, name="g4v-stderr-tail")
+        self._thread = threading.Thread(target=self._pump, args=(read_end,), daemon=True, name=f"g4v-fd{fd}-tail")
         self._thread.start()
 
     def _pump(self, read_end: int) -> None:
@@ -59,13 +76,13 @@ class StderrTail:
             os.close(read_end)
             os.close(self._out)
 
-    def restore(self) -> "StderrTail":
-        """Give fd 2 back to this process (safe to call twice); returns self."""
+    def restore(self) -> None:
+        """Give the fd back to this process (safe to call twice)."""
         if not self._restored:
+            sys.stdout.flush()
             sys.stderr.flush()
-            os.dup2(self._out, 2)
+            os.dup2(self._out, self._fd)
             self._restored = True
-        return self
 
     def lines(self, wait: float = 0.0) -> list[str]:
         """The lines kept so far; ``wait`` seconds at most for the writers to exit first (a failed
