@@ -446,14 +446,34 @@ def test_a_refused_tiling_upload_leaves_no_badge_and_no_old_result(app_url, tmp_
     ("Attribution", "attribution", "#attribution-run", "#attribution-report"),
 ])
 def test_a_refused_run_leaves_no_badge_over_its_outputs(app_url, tmp_path, tab, prefix, button, output):
-    """A run on a file that is not a picture: one toast, and no "Error" badge over the outputs."""
+    """A file that is not a picture is taken out of the box at upload, with one toast (no broken
+    picture left there); a Run after it leaves no "Error" badge over the outputs."""
     fake = tmp_path / "fake.png"
     fake.write_bytes(b"not a picture at all")
     with browser_page(height=1400) as page:
         page.goto(app_url)
         page.get_by_role("tab", name=tab).click()
         page.locator(f"#{prefix}-image input[type=file]").set_input_files(str(fake))
-        page.locator(button).click()
         toast_says(page, "fake.png is not an image")
-        page.wait_for_timeout(1000)
+        page.wait_for_function(f"() => !document.querySelector('#{prefix}-image img')")
+        assert not page.evaluate(BADGE_SHOWN, f"#{prefix}-image")
+        close_toasts(page)
+        page.locator(button).click()
+        page.wait_for_timeout(1500)
         assert not page.evaluate(BADGE_SHOWN, output)
+
+
+def test_the_port_box_takes_out_a_file_that_is_not_a_picture(app_url, tmp_path):
+    """The vLLM port tab's box too (its Compare needs vLLM, so only the upload is checked here)."""
+    fake = tmp_path / "fake.png"
+    fake.write_bytes(b"not a picture at all")
+    with browser_page(height=1400) as page:
+        page.goto(app_url)
+        page.get_by_role("tab", name="vLLM port").click()
+        page.locator("#port-image input[type=file]").set_input_files(str(fake))
+        toast_says(page, "fake.png is not an image")
+        page.wait_for_function("() => !document.querySelector('#port-image img')")
+        assert not page.evaluate(BADGE_SHOWN, "#port-image")
+        close_toasts(page)
+        page.locator("#port-image input[type=file]").set_input_files(EXAMPLE)
+        page.wait_for_function(PICTURE_SHOWN, arg="#port-image")

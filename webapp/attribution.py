@@ -10,7 +10,8 @@ from g4v.attribution.gradients import METHODS
 from g4v.attribution.run import AttributionSettings, run_attribution
 from g4v.errors import G4VError
 from g4v.model.levels import describe_levels
-from webapp.common import MODEL_QUEUE, image_input, shows_errors, time_left, use_last_chat_image, without_error_badges
+from webapp.common import (MODEL_QUEUE, image_input, refuse_non_pictures, shows_errors, time_left,
+                            use_last_chat_image, without_error_badges)
 from webapp.documents import document_picker
 from webapp.sessions import SessionStores, session_key
 
@@ -80,6 +81,7 @@ def attribution_tab(engine, config, last_chat_image: gr.State, sessions: Session
     level_names = [level.name for level in describe_levels(config)] if config is not None else []
     with gr.Row():
         image = image_input(label="Image", height=240, elem_id="attribution-image")
+        refuse_non_pictures(image)
         with gr.Column():
             from_chat = gr.Button("Use the last chat image", elem_id="attribution-from-chat")
             document_picker(image, elem_id="attribution-doc")

@@ -143,6 +143,23 @@ def without_error_badges(event, outputs: list) -> None:
                   **QUIET_INPUT)
 
 
+def refuse_non_pictures(image: gr.Image) -> None:
+    """A file ``image`` cannot show (not a picture, truncated, too many pixels) is taken out of the
+    box as soon as it is uploaded, with one toast saying why, so no broken picture waits there for
+    a Run to refuse it (the Tiling tab's own upload step does this for its box)."""
+
+    @shows_errors
+    def check(path):
+        if path:
+            from g4v.images import open_image
+
+            open_image(path)
+        return gr.skip()
+
+    image.upload(check, image, image, api_visibility="private", **QUIET_INPUT).failure(
+        lambda: None, None, image, api_visibility="private", queue=False, **QUIET_INPUT)
+
+
 def use_last_chat_image(button: gr.Button, last_chat_image: gr.State, image: gr.Image):
     """Wire a "Use the last chat image" button: it copies the newest chat image into ``image``.
     Returns the event, so a tab can chain its own step after it (``.success``: not after a refusal).

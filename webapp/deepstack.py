@@ -5,7 +5,8 @@ import gradio as gr
 
 from g4v.model.levels import describe_levels, parse_scale_specs
 from g4v.inspect.run import run_inspection
-from webapp.common import MODEL_QUEUE, image_input, shows_errors, use_last_chat_image, without_error_badges
+from webapp.common import (MODEL_QUEUE, image_input, refuse_non_pictures, shows_errors, use_last_chat_image,
+                            without_error_badges)
 from webapp.documents import document_picker
 from webapp.sessions import SessionStores, session_key
 
@@ -59,6 +60,7 @@ def deepstack_tab(engine, config, last_chat_image: gr.State, sessions: SessionSt
     level_names = [level.name for level in describe_levels(config)] if config is not None else []
     with gr.Row():
         image = image_input(label="Image", height=240, elem_id="deepstack-image")
+        refuse_non_pictures(image)
         with gr.Column():
             from_chat = gr.Button("Use the last chat image", elem_id="deepstack-from-chat")
             document_picker(image, elem_id="deepstack-doc")

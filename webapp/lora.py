@@ -8,8 +8,8 @@ from g4v.lora.choices import adapter_folder_help, base_warning, describe_adapter
 from g4v.lora.models import DEFAULT_LEFT, DEFAULT_RIGHT, model_choices
 from g4v.lora.side_by_side import lora_side_by_side
 from g4v.lora.token_diff import DIFF_TOKENS, lora_token_diff
-from webapp.common import (MODEL_QUEUE, image_input, sampling_settings, shows_errors, use_last_chat_image,
-                            without_error_badges)
+from webapp.common import (MODEL_QUEUE, image_input, refuse_non_pictures, sampling_settings, shows_errors,
+                            use_last_chat_image, without_error_badges)
 from webapp.documents import document_picker
 
 
@@ -60,6 +60,7 @@ def lora_tab(engine, model: str, adapters_dir, last_chat_image: gr.State, concur
                               value=preselected_adapter(adapters_dir, model), label="Adapter",
                               allow_custom_value=True, elem_id="lora-adapter")
         image = image_input(label="Image (optional)", height=200, elem_id="lora-image")
+        refuse_non_pictures(image)
         with gr.Column():
             from_chat = gr.Button("Use the last chat image", elem_id="lora-from-chat")
             document_picker(image, elem_id="lora-doc")

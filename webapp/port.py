@@ -6,7 +6,7 @@ import gradio as gr
 from g4v.engines import vllm_python
 from g4v.port.in_vllm_env import run_port_diff_in_vllm_env
 from g4v.port.table import LEVEL_COLUMNS, level_rows, without_model_path
-from webapp.common import image_input, shows_errors, use_last_chat_image
+from webapp.common import image_input, refuse_non_pictures, shows_errors, use_last_chat_image
 from webapp.documents import document_picker
 
 SETUP_HINT = ("The vLLM environment was not found, so this tab cannot run here. Build it with "
@@ -43,6 +43,7 @@ def port_tab(model: str, last_chat_image: gr.State) -> None:
         gr.Markdown(SETUP_HINT, elem_id="port-setup-hint")
     with gr.Row():
         image = image_input(label="Image", height=200, elem_id="port-image")
+        refuse_non_pictures(image)
         with gr.Column():
             from_chat = gr.Button("Use the last chat image", elem_id="port-from-chat")
             document_picker(image, elem_id="port-doc")
