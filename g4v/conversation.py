@@ -64,7 +64,7 @@ class SamplingSettings:
         if not _is_number(self.top_p) or not 0 < self.top_p <= 1:
             raise G4VError(f"top_p must be in (0, 1], got {self.top_p!r}")
         if self.seed is not None and (not isinstance(self.seed, int) or not 0 <= self.seed < 2**32):
-            raise G4VError(f"seed must be an integer in [0, 2**32), got {self.seed!r}")
+            raise G4VError(f"seed must be a whole number from 0 to {2**32 - 1}, got {self.seed!r}")
         return self
 
 

@@ -477,3 +477,41 @@ def test_the_port_box_takes_out_a_file_that_is_not_a_picture(app_url, tmp_path):
         close_toasts(page)
         page.locator("#port-image input[type=file]").set_input_files(EXAMPLE)
         page.wait_for_function(PICTURE_SHOWN, arg="#port-image")
+
+
+def test_refused_picks_and_settings_leave_no_badge_and_the_results_in_place(app_url):
+    """Found by a fresh-eyed walk: a token index out of range (Tiling), an answer token past the
+    answer (Attribution) and a seed past its range (Chat) are each one toast; the pictures, report
+    and chat stay as they were, with no "Error" badge over them."""
+    with browser_page(height=1400) as page:
+        page.goto(app_url)
+        page.get_by_role("tab", name="Tiling").click()
+        page.locator("#tiling-image input[type=file]").set_input_files(EXAMPLE)
+        page.wait_for_function(PICTURE_SHOWN, arg="#tiling-overlay")
+        page.locator("#tiling-token-index input").fill("99999999")
+        page.locator("#tiling-token-index input").press("Enter")
+        toast_says(page, "token index 99999999 is out of range")
+        page.wait_for_timeout(1000)
+        for box in ("#tiling-overlay", "#tiling-token-view", "#tiling-token-info"):
+            assert not page.evaluate(BADGE_SHOWN, box), box
+        page.wait_for_function(PICTURE_SHOWN, arg="#tiling-overlay")
+        close_toasts(page)
+
+        page.get_by_role("tab", name="Attribution").click()
+        page.locator("#attribution-image input[type=file]").set_input_files(EXAMPLE)
+        page.locator("#attribution-token input").fill("99999999")
+        page.locator("#attribution-run").click()
+        toast_says(page, "answer token 99999999 does not exist")
+        page.wait_for_timeout(1000)
+        assert not page.evaluate(BADGE_SHOWN, "#attribution-report")
+        close_toasts(page)
+
+        page.get_by_role("tab", name="Chat").click()
+        page.get_by_text("Sampling").click()
+        page.get_by_label("Seed (-1 = random)").fill("99999999999")
+        page.locator("#chat-box textarea").fill("What shape is green?")
+        page.locator("#chat-box textarea").press("Enter")
+        toast_says(page, "seed must be a whole number from 0 to 4294967295")
+        page.wait_for_timeout(1500)
+        assert not page.evaluate(BADGE_SHOWN, "#chatbot")
+        assert page.locator("#chat-box textarea").input_value() == "What shape is green?"

@@ -115,7 +115,7 @@ def test_bad_messages_get_one_line(value, words):
     ((8, 0.0, 1.0, math.nan), "seed must be a finite number"),
     ((10**6, 0.0, 1.0, 0), "the limit is"),
     ((8, 10**330, 1.0, 0), "temperature must be a finite number"),  # too large for a float
-    ((8, 0.0, 1.0, 10**330), "seed must be an integer in"),
+    ((8, 0.0, 1.0, 10**330), "seed must be a whole number from 0 to 4294967295"),
 ])
 def test_bad_sampling_values_get_one_line(settings, words):
     with pytest.raises(G4VError, match=words):

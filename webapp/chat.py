@@ -24,7 +24,7 @@ from g4v.conversation import (MAX_IMAGES_PER_CONVERSATION, MAX_IMAGES_PER_MESSAG
                               SamplingSettings, validate_conversation)
 from g4v.errors import G4VError, PromptTooLong
 from g4v.images import open_image
-from webapp.common import MODEL_QUEUE, sampling_settings, shows_errors
+from webapp.common import MODEL_QUEUE, sampling_settings, shows_errors, without_error_badges
 from webapp.documents import chat_documents, chat_examples
 
 
@@ -266,6 +266,7 @@ def chat_tab(engine, last_chat_image: gr.State, examples: list[list], concurrenc
         respond, [sending, checked, before, max_new_tokens, temperature, top_p, seed], [chatbot, last_chat_image, box],
         api_visibility="private", concurrency_id=MODEL_QUEUE, concurrency_limit=concurrency, show_progress="minimal")
     follow_answers(answered, started=shown)
+    without_error_badges(answered, [chatbot])  # a refused answer is its toast; the message is back in the box
     stop.click(lambda: gr.MultimodalTextbox(interactive=True), None, box, cancels=[answered], api_visibility="private")
     follow_answers(clear.click(lambda: ([], gr.MultimodalTextbox(interactive=True)), None, [chatbot, box],
                                cancels=[answered], api_visibility="private"))  # and empties the structured panel

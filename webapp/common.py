@@ -139,8 +139,9 @@ QUIET_INPUT = {"show_progress": "hidden"}
 def without_error_badges(event, outputs: list) -> None:
     """After ``event`` is refused, a quick step that takes Gradio's "Error" badge off each of its
     ``outputs`` (what they showed stays): the refusal's toast is message enough."""
-    event.failure(lambda: [gr.skip()] * len(outputs), None, outputs, api_visibility="private", queue=False,
-                  **QUIET_INPUT)
+    skips = tuple(gr.skip() for _ in outputs)  # one output takes a value, not a one-item list
+    event.failure(lambda: skips[0] if len(skips) == 1 else skips, None, outputs, api_visibility="private",
+                  queue=False, **QUIET_INPUT)
 
 
 def refuse_non_pictures(image: gr.Image) -> None:

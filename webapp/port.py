@@ -6,7 +6,7 @@ import gradio as gr
 from g4v.engines import vllm_python
 from g4v.port.in_vllm_env import run_port_diff_in_vllm_env
 from g4v.port.table import LEVEL_COLUMNS, level_rows, without_model_path
-from webapp.common import image_input, refuse_non_pictures, shows_errors, use_last_chat_image
+from webapp.common import image_input, refuse_non_pictures, shows_errors, use_last_chat_image, without_error_badges
 from webapp.documents import document_picker
 
 SETUP_HINT = ("The vLLM environment was not found, so this tab cannot run here. Build it with "
@@ -54,4 +54,5 @@ def port_tab(model: str, last_chat_image: gr.State) -> None:
     picture = gr.Image(label="Per-token differences and trajectories", format="png")
     details = gr.JSON(label="Everything (trajectory, next token, config audit)")
     use_last_chat_image(from_chat, last_chat_image, image)
-    run.click(make_port_diff(model), [image, prompt], [verdict, table, picture, details], api_name="port_diff")
+    without_error_badges(run.click(make_port_diff(model), [image, prompt], [verdict, table, picture, details],
+                                   api_name="port_diff"), [verdict, table, picture, details])

@@ -8,7 +8,7 @@ from g4v.errors import G4VError
 from g4v.tiling import first_token_to_show, token_at
 from g4v.tiling_view import highlight_token, mark_token, tiling_report, token_at_overlay
 from viz.figures import original_point
-from webapp.common import QUIET_INPUT, image_input, shows_errors, use_last_chat_image
+from webapp.common import QUIET_INPUT, image_input, shows_errors, use_last_chat_image, without_error_badges
 from webapp.documents import document_picker
 
 
@@ -123,6 +123,9 @@ def tiling_tab(config, last_chat_image: gr.State) -> None:
     use_last_chat_image(from_chat, last_chat_image, image).success(
         analyse, image, outputs, api_visibility="private")
     from_pdf.success(analyse, image, outputs, api_visibility="private")
-    token_index.submit(select_index, [*picking, token_index], [token_view, token_info, overlay], api_name="tiling_token")
-    token_view.select(select_click, picking, [token_index, token_view, token_info, overlay], api_visibility="private")
-    overlay.select(select_on_overlay, picking, [token_index, token_view, token_info, overlay], api_visibility="private")
+    # A refused pick (an index out of range, no picture analysed) is its toast: the pictures stay.
+    picked = [token_index, token_view, token_info, overlay]
+    without_error_badges(token_index.submit(select_index, [*picking, token_index], picked[1:], api_name="tiling_token"),
+                         picked[1:])
+    without_error_badges(token_view.select(select_click, picking, picked, api_visibility="private"), picked)
+    without_error_badges(overlay.select(select_on_overlay, picking, picked, api_visibility="private"), picked)
