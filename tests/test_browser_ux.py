@@ -276,7 +276,7 @@ def test_a_refused_upload_leaves_the_box_and_a_failed_run_marks_the_old_results(
     import shutil
     import zipfile
 
-    from webapp.evaluate import PREVIOUS_RUN, UPLOAD_HINT
+    from webapp.evaluate import PREVIOUS_RUN
 
     bad = tmp_path / "bad.zip"
     with zipfile.ZipFile(bad, "w") as zipped:
@@ -296,7 +296,9 @@ def test_a_refused_upload_leaves_the_box_and_a_failed_run_marks_the_old_results(
         upload.set_input_files(str(bad))
         page.wait_for_selector("[data-testid='toast-body']", timeout=60_000)
         page.wait_for_function(f"() => !document.querySelector('{UPLOAD_ROWS}')")
-        assert page.inner_text("#eval-dataset-info").strip() == UPLOAD_HINT  # not the previous dataset's rows
+        # the dataset chosen before the upload is back, described again (a Run now runs it)
+        page.wait_for_function("() => /rows in bundled/.test(document.querySelector('#eval-dataset-info').innerText)")
+        assert page.locator("#eval-dataset input").input_value().startswith("bundled")
         close_toasts(page)
         upload = page.locator("#eval-upload input[type=file]")
         upload.set_input_files([str(table), *pictures])

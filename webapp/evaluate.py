@@ -379,8 +379,9 @@ def wire_dataset_info(workspace: EvalWorkspace, dataset, files, columns, describ
             mapping = guessed_columns(key, uploaded, workspace, visitor, strict=True)
         return (*[mapping[role] or "" for role in COLUMN_ROLES], f"{mapping['rows']:,} rows in {dataset_label(key)}.")
 
-    def uploaded(upload):
-        return gr.Dropdown(value=UPLOAD) if upload else gr.skip()
+    def uploaded(upload, chosen):
+        """The dropdown on the upload, and what it showed before (a refused upload goes back to it)."""
+        return (gr.Dropdown(value=UPLOAD), chosen) if upload else (gr.skip(), gr.skip())
 
     # .select (a visitor's pick), not .change: the upload's own step below sets the dropdown too,
     # and .change would describe the upload (and show its refusal) a second time; nor .input, which
@@ -388,9 +389,11 @@ def wire_dataset_info(workspace: EvalWorkspace, dataset, files, columns, describ
     # A refused upload leaves the box (uploading a table and its pictures next must not add them to
     # it); the refusal's toast is message enough, no badge over the boxes (QUIET_INPUT).
     dataset.select(describe, [dataset, files], [*columns, described], api_visibility="private", **QUIET_INPUT)
-    files.upload(uploaded, files, dataset, api_visibility="private", queue=False).then(
+    before_upload = gr.State(BUNDLED)
+    files.upload(uploaded, [files, dataset], [dataset, before_upload], api_visibility="private", queue=False).then(
         describe, [dataset, files], [*columns, described], api_visibility="private", **QUIET_INPUT).failure(
-        lambda: (None, UPLOAD_HINT), None, [files, described], api_visibility="private", queue=False, **QUIET_INPUT)
+        lambda chosen: (None, chosen), before_upload, [files, dataset], api_visibility="private", queue=False,
+        **QUIET_INPUT).then(describe, [dataset, files], [*columns, described], api_visibility="private", **QUIET_INPUT)
 
 
 def guessed_columns(key, uploaded, workspace: EvalWorkspace, visitor: Session | None = None,
