@@ -133,6 +133,29 @@ def chat_handler(engine, name):
     return next(block.fn for block in page.fns.values() if getattr(block.fn, "__name__", "") == name)
 
 
+def test_the_box_refuses_bad_sampling_settings_before_the_model_queue(hf_engine):
+    """A seed or temperature out of range is refused by the box's first check (not queued behind
+    other visitors' answers), in the words SamplingSettings uses; good settings reach the answer step
+    as SamplingSettings checked once."""
+    import gradio as gr
+
+    from g4v.conversation import SamplingSettings
+
+    accept = chat_handler(hf_engine, "accept")
+    message = {"text": "What shape is green?", "files": []}
+    for bad, words in [({"seed": 2**32}, f"seed must be a whole number from 0 to {2**32 - 1}"),
+                       ({"temperature": 9.0}, "temperature must be between 0 and 5"),
+                       ({"max_new_tokens": 0.5}, "max_new_tokens")]:
+        with pytest.raises(gr.Error) as refused:
+            accept(message, [], **bad)
+        assert words in refused.value.message, refused.value.message
+        with pytest.raises(G4VError) as direct:  # the same words as the settings' own check
+            SamplingSettings(**{"max_new_tokens": 8, **bad}).validated()
+        assert words in str(direct.value)
+    *_, settings = accept(message, [], 7, 0.5, 0.9, 3)
+    assert settings == SamplingSettings(max_new_tokens=7, temperature=0.5, top_p=0.9, seed=3)
+
+
 def test_the_chat_box_refuses_long_text_at_the_engines_own_limit(hf_engine):
     """A message longer than the engine's context window allows is refused by the box's first
     check, naming that limit (the one the engine itself would name), whatever else it carries."""

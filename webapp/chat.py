@@ -202,23 +202,25 @@ def chat_tab(engine, last_chat_image: gr.State, examples: list[list], concurrenc
     tabs fill (the Evaluate tab's "Open in Chat")."""
 
     @shows_errors
-    def accept(message, history):
-        """Check the message (its pictures opened once, here); only then clear the box (disabled
-        while the answer streams)."""
+    def accept(message, history, max_new_tokens=SamplingSettings.max_new_tokens, temperature=0.0, top_p=1.0, seed=0):
+        """Check the message (its pictures opened once, here) and the sampling settings; only then
+        clear the box (disabled while the answer streams). Both checks run here, outside the model's
+        queue, so a refusal shows at once even while other visitors' answers hold the model."""
+        settings = sampling_settings(max_new_tokens, temperature, top_p, seed)
         user = read_message(message, engine.context_window())
-        return gr.MultimodalTextbox(value=None, interactive=False), message, user, history
+        return gr.MultimodalTextbox(value=None, interactive=False), message, user, history, settings
 
     @gpu_task
     @shows_errors
-    def respond(message, user, history, max_new_tokens, temperature, top_p, seed):
-        """Stream the answer into the chat; the box comes back enabled at the end. If the answer
-        fails, the message goes back into the box and the history is as it was, then the error
-        shows: the updates are sent before the error, so no later event has to run for them."""
+    def respond(message, user, history, settings):
+        """Stream the answer into the chat (``user`` and ``settings`` as :func:`accept` checked them);
+        the box comes back enabled at the end. If the answer fails, the message goes back into the box
+        and the history is as it was, then the error shows: the updates are sent before the error, so
+        no later event has to run for them."""
         shown = [*history, user_entry(message)]
         image = newest_image(message, history)
         text = ""
         try:
-            settings = sampling_settings(max_new_tokens, temperature, top_p, seed)
             for text in answer(engine, user, history, settings, threading.Event()):
                 yield [*shown, {"role": "assistant", "content": text}], image, gr.skip()
         except Exception:
@@ -253,17 +255,19 @@ def chat_tab(engine, last_chat_image: gr.State, examples: list[list], concurrenc
     chat_examples(examples, box, task, schema)  # a document example also picks its task preset
     sending = gr.State(None)  # the message being answered, put back in the box if the answer fails
     checked = gr.State(None)  # the same message as accept() read it: text and opened pictures
+    checked_settings = gr.State(None)  # the sampling settings as accept() checked them
     before = gr.State([])  # the history before it
     api_history = gr.State([])  # the /chat endpoint's conversation, per client session
 
     # A refusal shows as a toast only: Gradio's error panel would cover the chat and the box
     # (show_progress="hidden"), and the check writes nothing but the box, so only the box is its output.
-    accepted = box.submit(accept, [box, chatbot], [box, sending, checked, before], api_visibility="private",
+    accepted = box.submit(accept, [box, chatbot, max_new_tokens, temperature, top_p, seed],
+                          [box, sending, checked, before, checked_settings], api_visibility="private",
                           show_progress="hidden")
     shown = accepted.success(lambda message, history: [*history, user_entry(message)], [sending, before], chatbot,
                              api_visibility="private", queue=False, show_progress="hidden")
     answered = shown.success(
-        respond, [sending, checked, before, max_new_tokens, temperature, top_p, seed], [chatbot, last_chat_image, box],
+        respond, [sending, checked, before, checked_settings], [chatbot, last_chat_image, box],
         api_visibility="private", concurrency_id=MODEL_QUEUE, concurrency_limit=concurrency, show_progress="minimal")
     follow_answers(answered, started=shown)
     without_error_badges(answered, [chatbot])  # a refused answer is its toast; the message is back in the box
