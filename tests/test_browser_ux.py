@@ -510,7 +510,10 @@ def test_refused_picks_and_settings_leave_no_badge_and_the_results_in_place(app_
 
         page.get_by_role("tab", name="Chat").click()
         page.get_by_text("Sampling").click()
-        page.get_by_label("Seed (-1 = random)").fill("99999999999")
+        seed = page.get_by_label("Seed (-1 = random)")
+        seed.fill("99999999999")
+        seed.press("Tab")  # the number is committed before the message goes
+        assert seed.input_value() == "99999999999"
         page.locator("#chat-box textarea").fill("What shape is green?")
         page.locator("#chat-box textarea").press("Enter")
         toast_says(page, "seed must be a whole number from 0 to 4294967295")
