@@ -8,6 +8,7 @@ See ``docs/evaluate.md``.
 """
 
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from g4v.commands.common import add_adapters_dir_flag
@@ -17,6 +18,8 @@ from g4v.commands.settings_flags import add_settings_flags, settings_from_args
 PLOT_FILES = {"accuracy": "accuracy.png", "paired": "paired.png", "kl": "kl.png", "divergence": "divergence.png"}
 #: EvalConfig fields typed as their own flags (the rest come from add_settings_flags).
 _OWN_FLAGS = ("a", "b", "data", "columns")
+#: ``--b same``: arm B is arm A again (a noise-floor run).
+SAME = "same"
 
 
 def add_parser(subparsers):
@@ -24,7 +27,9 @@ def add_parser(subparsers):
 
     parser = subparsers.add_parser("eval", help="compare two arms (backend, model, adapter) over a dataset")
     parser.add_argument("--a", required=True, metavar="ARM", help="first arm, e.g. hf")
-    parser.add_argument("--b", required=True, metavar="ARM", help="second arm, e.g. hf:adapter=tiny-trained-french or hf:model=DIR,vision-lora=off")
+    parser.add_argument("--b", required=True, metavar="ARM",
+                        help="second arm, e.g. hf:adapter=tiny-trained-french or hf:model=DIR,vision-lora=off; "
+                             "'same': arm A again (a noise-floor run)")
     parser.add_argument("--data", required=True, metavar="D",
                         help="dataset: imagefolder with metadata.jsonl/csv, .jsonl/.csv/.parquet, saved dataset, "
                              "or Hub id (assets/datasets/shapes-heldout is bundled)")
@@ -41,8 +46,10 @@ def run(args) -> int:
 
     from g4v.evaluate import ArmSpec, Columns, EvalConfig, run_eval
 
-    config = settings_from_args(EvalConfig, args, exclude=_OWN_FLAGS, a=ArmSpec.parse(args.a),
-                                b=ArmSpec.parse(args.b), data=args.data, columns=Columns.parse(args.columns))
+    arm_a = ArmSpec.parse(args.a)
+    arm_b = replace(arm_a, label=f"{arm_a.display} again") if args.b.strip() == SAME else ArmSpec.parse(args.b)
+    config = settings_from_args(EvalConfig, args, exclude=_OWN_FLAGS, a=arm_a, b=arm_b, data=args.data,
+                                columns=Columns.parse(args.columns))
     bars = []  # started at the first report, once the dataset and the arms are ready
 
     def progress(done: int, total: int) -> None:
@@ -53,7 +60,8 @@ def run(args) -> int:
         bars[0].refresh()
 
     try:
-        result = run_eval(config, args.out, adapters_dir=args.adapters_dir, progress=progress)
+        result = run_eval(config, args.out, adapters_dir=args.adapters_dir, progress=progress,
+                          plan=lambda planned: print(plan_line(planned), file=sys.stderr, flush=True))
     except KeyboardInterrupt:
         for bar in bars:
             bar.close()
@@ -96,10 +104,49 @@ def summary_table(summary: dict) -> str:
         agreement = "-" if block["agreement"] is None else f"{100 * block['agreement']:.1f}%"
         lines.append(f"{name:<12}{block['n']:>5}  {_accuracy(block['arms']['a']):>16}  {_accuracy(block['arms']['b']):>16}"
                      f"  {agreement:>6}  {paired['a_only']:>6}  {paired['b_only']:>6}  {paired['mcnemar_p']:>9.3g}")
+    lines += equivalence_lines(summary)
     if summary.get("kl"):
         kl = summary["kl"]
         lines.append(f"KL(a||b) per row: mean {kl['mean']:.4g}, q90 {kl['q90']:.4g}, q99 {kl['q99']:.4g}, max {kl['max']:.4g}")
     return "\n".join(lines)
+
+
+def plan_line(planned: dict) -> str:
+    """Before the run: the smallest accuracy difference its rows can detect."""
+    points = planned["at_assumed"]
+    found = (f"{100 * points:.1f} points" if points is not None
+             else "none (too few rows for any difference)")
+    return (f"detectable difference at {100 * planned['power']:.0f}% power (McNemar, alpha {planned['alpha']:g}) on "
+            f"{planned['rows']} rows, assuming {100 * planned['discordance_assumed']:g}% of rows right in one arm only: "
+            f"{found}")
+
+
+def equivalence_lines(summary: dict) -> list[str]:
+    """The TOST verdict, the detectable difference at the observed discordance, the noise floor
+    and the fields that moved."""
+    lines = []
+    test = summary["paired"].get("equivalence")
+    if test and test["n"]:
+        low, high = test["ci"]
+        lines.append(f"equivalence (TOST, margin ±{100 * test['margin']:g} points): {test['verdict']}; "
+                     f"difference A-B {100 * test['difference']:+.1f} points, {100 * (1 - 2 * test['alpha']):.0f}% CI "
+                     f"[{100 * low:+.1f}, {100 * high:+.1f}], p {test['p_value']:.3g}")
+    planned = summary.get("detectable") or {}
+    if planned.get("discordance_observed") is not None:
+        at = planned["at_observed"]
+        lines.append(f"detectable difference at the observed {100 * planned['discordance_observed']:.1f}% discordant rows: "
+                     + (f"{100 * at:.1f} points" if at is not None else "none (too few rows)"))
+    floor = summary.get("noise_floor")
+    if floor:
+        lines.append(f"noise floor (A run twice): {floor['disagree']} of {floor['rows']} rows disagree, "
+                     f"{floor['text_differs']} answer texts differ, {floor['discordant']} right in one run only")
+    fields = summary.get("fields")
+    if fields:
+        lines.append(f"fields ({fields['rows']} structured rows): right / wrong / missing / extra, A then B")
+        for name, score in fields["fields"].items():
+            a, b = ("/".join(str(score[side][k]) for k in ("right", "wrong", "missing", "extra")) for side in "ab")
+            lines.append(f"  {name:<24} A {a:<14} B {b:<14} moved in {score['moved']} rows")
+    return lines
 
 
 def _accuracy(arm: dict) -> str:
