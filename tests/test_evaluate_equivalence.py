@@ -162,7 +162,7 @@ def test_summary_carries_equivalence_detectable_and_fields():
     rows = [sample(i, "x", "x", "x", correct_a=True, correct_b=True) for i in range(40)]
     rows += [sample(40, "x", "y", "x", correct_a=True, correct_b=False)]
     summary = summarise(rows, "a", "b", margin=0.1, discordance=0.2)
-    test = summary["paired"]["equivalence"]
+    test = summary["equivalence"]
     assert test["n"] == 41 and test["margin"] == 0.1
     assert test["p_value"] == pytest.approx(tost_paired(1, 0, 41, 0.1).p_value)
     assert summary["detectable"]["at_assumed"] == pytest.approx(scipy_detectable(41, 0.2), abs=1e-9)
@@ -206,4 +206,4 @@ def test_cli_b_same_prints_the_plan_and_the_noise_floor(tmp_path):
     assert "margin ±5 points" in done.stdout
     summary = json.loads((out / "summary.json").read_text())
     assert summary["arms"]["b"]["label"] == f"{summary['arms']['a']['label']} again"
-    assert summary["noise_floor"]["disagree"] == 0 and summary["paired"]["equivalence"]["margin"] == 0.05
+    assert summary["noise_floor"]["disagree"] == 0 and summary["equivalence"]["margin"] == 0.05

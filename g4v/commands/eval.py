@@ -125,7 +125,7 @@ def equivalence_lines(summary: dict) -> list[str]:
     """The TOST verdict, the detectable difference at the observed discordance, the noise floor
     and the fields that moved."""
     lines = []
-    test = summary["paired"].get("equivalence")
+    test = summary.get("equivalence")
     if test and test["n"]:
         low, high = test["ci"]
         lines.append(f"equivalence (TOST, margin ±{100 * test['margin']:g} points): {test['verdict']}; "

@@ -88,7 +88,7 @@ def summarise(rows: list, label_a: str, label_b: str, complete: bool = True, *, 
     summary["by_category"] = {name: _block([r for r in rows if r.category == name], label_a, label_b, margin)
                               for name in categories}
     summary["worst"] = worst_rows(rows)
-    paired = summary["paired"]
+    paired = summary["equivalence"]  # its n: the rows both arms answered, with a reference
     summary["detectable"] = detectable(paired["n"], discordance, paired["a_only"] + paired["b_only"])
     summary["noise_floor"] = noise_floor(rows).to_dict() if same_arm else None
     summary["fields"] = field_scores(rows)
@@ -117,14 +117,13 @@ def _block(rows: list, label_a: str, label_b: str, margin: float = MARGIN) -> di
         "both_wrong": sum(not r.correct_a and not r.correct_b for r in scored),
     }
     paired["mcnemar_p"] = mcnemar_exact(paired["a_only"], paired["b_only"])
-    paired["n"] = len(scored)
-    paired["equivalence"] = tost_paired(paired["a_only"], paired["b_only"], len(scored), margin).to_dict()
     row_kl = [row.kl_mean for row in ok if row.kl_mean is not None]
     return {
         "n": len(rows),
         "n_errors": len(rows) - len(ok),
         "arms": {"a": _arm(label_a, [r.correct_a for r in ok]), "b": _arm(label_b, [r.correct_b for r in ok])},
         "paired": paired,
+        "equivalence": tost_paired(paired["a_only"], paired["b_only"], len(scored), margin).to_dict(),
         "agreement": sum(r.agree for r in ok) / len(ok) if ok else None,
         "kl": _kl_over_rows(ok) if row_kl else None,
         "blank_same": {"a": _rate([r.blank_same_a for r in ok]), "b": _rate([r.blank_same_b for r in ok])},
