@@ -30,8 +30,11 @@ from g4v.evaluate.store import CSV_FILE, PARQUET_FILE, ROWS_FILE, RUN_FILE, SUMM
 from g4v.evaluate.uploads import UPLOAD_SUFFIXES, extract_upload
 from viz.evaluate import run_figures
 from webapp.common import MODEL_QUEUE, QUIET_INPUT, sampling_settings, shows_errors, time_left
-from webapp.evaluate_choices import (BUNDLED, UPLOAD, ArmChoice, arm_choices, dataset_choices, dataset_label,
-                                     pick_arm)
+from g4v.evaluate.equivalence import plan_line, summary_lines
+from g4v.evaluate.fields import FIELD_HEADERS, field_rows
+from g4v.evaluate.stats import detectable
+from webapp.evaluate_choices import (BUNDLED, SAME_AS_A, SAME_AS_A_LABEL, UPLOAD, ArmChoice, arm_choices,
+                                     dataset_choices, dataset_label, pick_arms)
 from webapp.evaluate_tables import (AGGREGATE_HEADERS, SAMPLE_HEADERS, aggregate_rows, column_widths, run_status,
                                     sample_rows, whole_or_none)
 from webapp.sessions import Session, SessionStores, session_key
@@ -196,8 +199,9 @@ class OpenTargets:
 def make_run(engine, workspace: EvalWorkspace, choices: list[ArmChoice], adapters_dir, gpu_task):
     reuse = {choices[0].spec.engine_key(): engine}
 
-    def config_from(visitor, arm_a, arm_b, dataset, files, columns, limit, seed, max_new_tokens, blank_probe, levels):
-        a, b = pick_arm(arm_a, choices, "A"), pick_arm(arm_b, choices, "B")
+    def config_from(visitor, arm_a, arm_b, dataset, files, columns, limit, seed, max_new_tokens, blank_probe, levels,
+                    margin, discordance):
+        a, b = pick_arms(arm_a, arm_b, choices)
         tokens = sampling_settings(max_new_tokens).max_new_tokens
         mapping = Columns(**{role: (str(value).strip() or None) if value is not None else None
                              for role, value in zip(COLUMN_ROLES, columns)})
@@ -206,18 +210,19 @@ def make_run(engine, workspace: EvalWorkspace, choices: list[ArmChoice], adapter
         return EvalConfig(a=a, b=b, data=str(source), columns=mapping,
                           limit=whole_or_none(limit, "limit", smallest=1, means_none=0),
                           seed=whole_or_none(seed, "seed", smallest=0, means_none=-1), max_new_tokens=tokens,
-                          blank_probe=bool(blank_probe), levels=bool(levels))
+                          blank_probe=bool(blank_probe), levels=bool(levels), margin=margin, discordance=discordance)
 
     @gpu_task
     @shows_errors
     def evaluate(arm_a, arm_b, dataset, files, image_col, prompt_col, reference_col, category_col, id_col,
-                 limit, seed, max_new_tokens, blank_probe, levels, request: gr.Request, progress=gr.Progress()):
+                 limit, seed, max_new_tokens, blank_probe, levels, margin=EvalConfig.margin,
+                 discordance=EvalConfig.discordance, request: gr.Request = None, progress=gr.Progress()):
         """Run (or resume) the comparison; yields the status while it works, then every result. The
         visitor's dataset and run folder are leased meanwhile: no other upload prunes them."""
         with workspace.sessions.using(session_key(request)) as visitor:
             config = config_from(visitor, arm_a, arm_b, dataset, files,
                                  (image_col, prompt_col, reference_col, category_col, id_col),
-                                 limit, seed, max_new_tokens, blank_probe, levels)
+                                 limit, seed, max_new_tokens, blank_probe, levels, margin, discordance)
             out_dir = workspace.run_dir(config, visitor)
             try:
                 with visitor.stores["uploads"].lease(config.data), visitor.stores["runs"].lease(out_dir):
@@ -284,8 +289,26 @@ def show_result(result, config: EvalConfig, export: Path) -> tuple:
     run = {"source": config.data, "columns": asdict(config.columns),
            "adapters": [config.a.adapter, config.b.adapter], "out_dir": str(result.out_dir)}
     return (run_status(result.summary, config.a.display, config.b.display), aggregate_rows(result.summary),
-            pictures["accuracy"], pictures["paired"], pictures["kl"], pictures["divergence"],
+            equivalence_text(result.summary), field_rows(result.summary.get("fields")), pictures["accuracy"], pictures["paired"], pictures["kl"], pictures["divergence"],
             sample_rows(result.summary, rows), str(export), result.summary, run)
+
+
+def equivalence_text(summary: dict) -> str:
+    """The Equivalence block: the TOST verdict, the detectable difference, the noise floor."""
+    lines = summary_lines(summary)
+    return "\n".join(["**Equivalence**", "", *(f"- {line}" for line in lines)]) if lines else ""
+
+
+def plan_text(rows, limit, discordance) -> str:
+    """Before a run: the detectable difference for the rows it will cover (the dataset's, cut to
+    the limit); empty while the boxes hold no valid numbers (Run names the problem)."""
+    try:
+        cut = whole_or_none(limit, "limit", smallest=1, means_none=0)
+        if not rows or isinstance(discordance, bool) or not 0 < float(discordance) < 1:
+            return ""
+    except (G4VError, TypeError, ValueError):
+        return ""
+    return "Before the run: " + plan_line(detectable(min(rows, cut or rows), float(discordance))) + "."
 
 
 def evaluate_tab(engine, model: str, adapters_dir, workspace: EvalWorkspace, targets: OpenTargets | None = None,
@@ -297,8 +320,8 @@ def evaluate_tab(engine, model: str, adapters_dir, workspace: EvalWorkspace, tar
                 "them; all per category. Select a row of the sample table to open it in another tab.")
     with gr.Row():
         arm_a = gr.Dropdown([(c.label, c.key) for c in choices], value=choices[0].key, label="Arm A", elem_id="eval-arm-a")
-        arm_b = gr.Dropdown([(c.label, c.key) for c in choices], value=choices[min(1, len(choices) - 1)].key,
-                            label="Arm B", elem_id="eval-arm-b")
+        arm_b = gr.Dropdown([(c.label, c.key) for c in choices] + [(SAME_AS_A_LABEL, SAME_AS_A)],
+                            value=choices[min(1, len(choices) - 1)].key, label="Arm B", elem_id="eval-arm-b")
         datasets = [*dataset_choices(workspace.data_dirs), UPLOAD]
         dataset = gr.Dropdown([(dataset_label(key), key) for key in datasets], value=BUNDLED, label="Dataset",
                               elem_id="eval-dataset")
@@ -315,7 +338,14 @@ def evaluate_tab(engine, model: str, adapters_dir, workspace: EvalWorkspace, tar
         max_new_tokens = gr.Slider(1, 256, value=EvalConfig.max_new_tokens, step=1, label="Max new tokens")
         blank_probe = gr.Checkbox(label="Blank-image probe (is the picture ignored?)")
         levels = gr.Checkbox(label="Per-level injected norms (transformers arms)")
+    with gr.Row():
+        margin = gr.Number(value=EvalConfig.margin, label="Equivalence margin (0.02 = ±2 points of accuracy)",
+                           elem_id="eval-margin")
+        discordance = gr.Number(value=EvalConfig.discordance, elem_id="eval-discordance",
+                                label="Assumed share of rows right in one arm only (for the detectable difference)")
     described = gr.Markdown(elem_id="eval-dataset-info")
+    row_count = gr.State(guessed.get("rows"))
+    planned = gr.Markdown(plan_text(guessed.get("rows"), DEFAULT_LIMIT, EvalConfig.discordance), elem_id="eval-plan")
     with gr.Row():
         run = gr.Button("Run", variant="primary", elem_id="eval-run")
         stop = gr.Button("Stop", elem_id="eval-stop")
@@ -323,6 +353,10 @@ def evaluate_tab(engine, model: str, adapters_dir, workspace: EvalWorkspace, tar
     aggregate = gr.Dataframe(headers=AGGREGATE_HEADERS, label="Aggregates (all, then per category)",
                              interactive=False, elem_id="eval-aggregate", wrap=True,
                              column_widths=column_widths(AGGREGATE_HEADERS))
+    equivalence = gr.Markdown(elem_id="eval-equivalence")
+    field_table = gr.Dataframe(headers=FIELD_HEADERS, label="Per-field scores (key-value and table answers), most moved first",
+                               interactive=False, elem_id="eval-fields", wrap=True, max_height=320,
+                               column_widths=column_widths(FIELD_HEADERS))
     with gr.Row():  # the figures carry their own titles
         accuracy_plot = gr.Image(show_label=False, format="png", elem_id="eval-accuracy-plot")
         paired_plot = gr.Image(show_label=False, format="png")
@@ -341,15 +375,19 @@ def evaluate_tab(engine, model: str, adapters_dir, workspace: EvalWorkspace, tar
         summary = gr.JSON()
     run_state, row_state = gr.State(None), gr.State(None)
 
-    wire_dataset_info(workspace, dataset, files, columns, described)
+    wire_dataset_info(workspace, dataset, files, columns, described, row_count)
+    for box in (limit, discordance):
+        box.change(plan_text, [row_count, limit, discordance], planned, api_visibility="private", queue=False)
+    row_count.change(plan_text, [row_count, limit, discordance], planned, api_visibility="private", queue=False)
     evaluate = make_run(engine, workspace, choices, adapters_dir, gpu_task)
     # The results on show are marked as the previous run's while a new one starts and after it is
     # refused; the mark is a quick step of its own, which also clears the refusal's "Error" badge.
     mark = {"fn": previous_run, "inputs": status, "outputs": status, "api_visibility": "private", "queue": False,
             **QUIET_INPUT}
     run.click(**mark)
-    run.click(evaluate, [arm_a, arm_b, dataset, files, *columns, limit, seed, max_new_tokens, blank_probe, levels],
-              [status, aggregate, accuracy_plot, paired_plot, kl_plot, divergence_plot, samples, export, summary,
+    run.click(evaluate, [arm_a, arm_b, dataset, files, *columns, limit, seed, max_new_tokens, blank_probe, levels,
+                         margin, discordance],
+              [status, aggregate, equivalence, field_table, accuracy_plot, paired_plot, kl_plot, divergence_plot, samples, export, summary,
                run_state], api_name="evaluate", concurrency_id=MODEL_QUEUE, concurrency_limit=concurrency,
               show_progress_on=status).failure(**mark)  # one progress bar, not one in each of the outputs
 
@@ -368,16 +406,18 @@ def evaluate_tab(engine, model: str, adapters_dir, workspace: EvalWorkspace, tar
         wire_open_buttons(workspace, targets, run_state, row_state, to_chat, to_deepstack, to_lora)
 
 
-def wire_dataset_info(workspace: EvalWorkspace, dataset, files, columns, described) -> None:
-    """Choosing a dataset (or uploading one) fills the column boxes with the guessed mapping."""
+def wire_dataset_info(workspace: EvalWorkspace, dataset, files, columns, described, row_count) -> None:
+    """Choosing a dataset (or uploading one) fills the column boxes with the guessed mapping and
+    ``row_count`` with its rows (the detectable difference follows it)."""
 
     @shows_errors
     def describe(key, uploaded, request: gr.Request):
         if key == UPLOAD and not uploaded:
-            return (*[gr.skip()] * len(columns), UPLOAD_HINT)
+            return (*[gr.skip()] * len(columns), UPLOAD_HINT, gr.skip())
         with workspace.sessions.using(session_key(request)) as visitor:
             mapping = guessed_columns(key, uploaded, workspace, visitor, strict=True)
-        return (*[mapping[role] or "" for role in COLUMN_ROLES], f"{mapping['rows']:,} rows in {dataset_label(key)}.")
+        return (*[mapping[role] or "" for role in COLUMN_ROLES], f"{mapping['rows']:,} rows in {dataset_label(key)}.",
+                mapping["rows"])
 
     def uploaded(upload, chosen):
         """The dropdown on the upload, and what it showed before (a refused upload goes back to it)."""
@@ -388,12 +428,12 @@ def wire_dataset_info(workspace: EvalWorkspace, dataset, files, columns, describ
     # Gradio 6's Dropdown fires twice per pick.
     # A refused upload leaves the box (uploading a table and its pictures next must not add them to
     # it); the refusal's toast is message enough, no badge over the boxes (QUIET_INPUT).
-    dataset.select(describe, [dataset, files], [*columns, described], api_visibility="private", **QUIET_INPUT)
+    dataset.select(describe, [dataset, files], [*columns, described, row_count], api_visibility="private", **QUIET_INPUT)
     before_upload = gr.State(BUNDLED)
     files.upload(uploaded, [files, dataset], [dataset, before_upload], api_visibility="private", queue=False).then(
-        describe, [dataset, files], [*columns, described], api_visibility="private", **QUIET_INPUT).failure(
+        describe, [dataset, files], [*columns, described, row_count], api_visibility="private", **QUIET_INPUT).failure(
         lambda chosen: (None, chosen), before_upload, [files, dataset], api_visibility="private", queue=False,
-        **QUIET_INPUT).then(describe, [dataset, files], [*columns, described], api_visibility="private", **QUIET_INPUT)
+        **QUIET_INPUT).then(describe, [dataset, files], [*columns, described, row_count], api_visibility="private", **QUIET_INPUT)
 
 
 def guessed_columns(key, uploaded, workspace: EvalWorkspace, visitor: Session | None = None,

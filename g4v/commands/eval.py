@@ -13,6 +13,8 @@ from pathlib import Path
 
 from g4v.commands.common import add_adapters_dir_flag
 from g4v.commands.settings_flags import add_settings_flags, settings_from_args
+from g4v.evaluate.equivalence import plan_line, summary_lines
+from g4v.evaluate.fields import field_rows
 
 #: The Evaluate tab's pictures (:func:`viz.evaluate.run_figures`, by name) and the PNG each becomes.
 PLOT_FILES = {"accuracy": "accuracy.png", "paired": "paired.png", "kl": "kl.png", "divergence": "divergence.png"}
@@ -20,6 +22,8 @@ PLOT_FILES = {"accuracy": "accuracy.png", "paired": "paired.png", "kl": "kl.png"
 _OWN_FLAGS = ("a", "b", "data", "columns")
 #: ``--b same``: arm B is arm A again (a noise-floor run).
 SAME = "same"
+#: Fields listed in the printed table (all are in summary.json).
+FIELD_LINES = 20
 
 
 def add_parser(subparsers):
@@ -111,41 +115,16 @@ def summary_table(summary: dict) -> str:
     return "\n".join(lines)
 
 
-def plan_line(planned: dict) -> str:
-    """Before the run: the smallest accuracy difference its rows can detect."""
-    points = planned["at_assumed"]
-    found = (f"{100 * points:.1f} points" if points is not None
-             else "none (too few rows for any difference)")
-    return (f"detectable difference at {100 * planned['power']:.0f}% power (McNemar, alpha {planned['alpha']:g}) on "
-            f"{planned['rows']} rows, assuming {100 * planned['discordance_assumed']:g}% of rows right in one arm only: "
-            f"{found}")
-
-
 def equivalence_lines(summary: dict) -> list[str]:
-    """The TOST verdict, the detectable difference at the observed discordance, the noise floor
-    and the fields that moved."""
-    lines = []
-    test = summary.get("equivalence")
-    if test and test["n"]:
-        low, high = test["ci"]
-        lines.append(f"equivalence (TOST, margin ±{100 * test['margin']:g} points): {test['verdict']}; "
-                     f"difference A-B {100 * test['difference']:+.1f} points, {100 * (1 - 2 * test['alpha']):.0f}% CI "
-                     f"[{100 * low:+.1f}, {100 * high:+.1f}], p {test['p_value']:.3g}")
-    planned = summary.get("detectable") or {}
-    if planned.get("discordance_observed") is not None:
-        at = planned["at_observed"]
-        lines.append(f"detectable difference at the observed {100 * planned['discordance_observed']:.1f}% discordant rows: "
-                     + (f"{100 * at:.1f} points" if at is not None else "none (too few rows)"))
-    floor = summary.get("noise_floor")
-    if floor:
-        lines.append(f"noise floor (A run twice): {floor['disagree']} of {floor['rows']} rows disagree, "
-                     f"{floor['text_differs']} answer texts differ, {floor['discordant']} right in one run only")
+    """The TOST verdict, the detectable difference, the noise floor, then the fields (most moved first)."""
+    lines = summary_lines(summary)
     fields = summary.get("fields")
     if fields:
-        lines.append(f"fields ({fields['rows']} structured rows): right / wrong / missing / extra, A then B")
-        for name, score in fields["fields"].items():
-            a, b = ("/".join(str(score[side][k]) for k in ("right", "wrong", "missing", "extra")) for side in "ab")
-            lines.append(f"  {name:<24} A {a:<14} B {b:<14} moved in {score['moved']} rows")
+        lines.append(f"fields of {fields['rows']} structured rows (right/wrong/missing/extra), most moved first:")
+        for name, rows, a, b, moved, change in field_rows(fields)[:FIELD_LINES]:
+            lines.append(f"  {name:<24} A {a:<14} B {b:<14} moved in {moved} rows, right B-A {change:+d}")
+        if len(fields["fields"]) > FIELD_LINES:
+            lines.append(f"  ... {len(fields['fields']) - FIELD_LINES} more in summary.json")
     return lines
 
 

@@ -157,3 +157,38 @@ def noise_floor(rows: list) -> NoiseFloor:
                      for row in ok)
     return NoiseFloor(len(ok), disagree, sum(row.answer_a != row.answer_b for row in ok), discordant,
                       disagree / len(ok) if ok else None)
+
+
+def plan_line(planned: dict) -> str:
+    """Before a run: the smallest accuracy difference its rows can detect (``planned`` as
+    :func:`g4v.evaluate.stats.detectable` gives it)."""
+    points = planned["at_assumed"]
+    found = f"{100 * points:.1f} points" if points is not None else "none (too few rows for any difference)"
+    return (f"detectable difference at {100 * planned['power']:.0f}% power (McNemar, alpha {planned['alpha']:g}) on "
+            f"{planned['rows']} rows, assuming {100 * planned['discordance_assumed']:g}% of rows right in one arm "
+            f"only: {found}")
+
+
+def summary_lines(summary: dict) -> list[str]:
+    """After a run, in words: the TOST verdict, the detectable difference at the observed
+    discordance, and the noise floor (the CLI prints them, the Evaluate tab shows them)."""
+    lines = []
+    test = summary.get("equivalence") or {}
+    if test.get("n"):
+        low, high = test["ci"]
+        lines.append(f"equivalence (TOST, margin ±{100 * test['margin']:g} points): {test['verdict']}; difference "
+                     f"A-B {100 * test['difference']:+.1f} points, {100 * (1 - 2 * test['alpha']):.0f}% CI "
+                     f"[{100 * low:+.1f}, {100 * high:+.1f}], p {test['p_value']:.3g}")
+    planned = summary.get("detectable") or {}
+    observed = planned.get("discordance_observed")
+    if observed == 0:
+        lines.append("no row was right in one arm only: the observed discordance gives no detectable difference")
+    elif observed is not None:
+        at = planned["at_observed"]
+        lines.append(f"detectable difference at the observed {100 * observed:.1f}% of rows right in one arm only: "
+                     + (f"{100 * at:.1f} points" if at is not None else "none (too few rows)"))
+    floor = summary.get("noise_floor")
+    if floor:
+        lines.append(f"noise floor (A run twice): {floor['disagree']} of {floor['rows']} rows disagree, "
+                     f"{floor['text_differs']} answer texts differ, {floor['discordant']} right in one run only")
+    return lines

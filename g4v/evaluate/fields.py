@@ -28,6 +28,9 @@ from g4v.documents import metrics, tables
 
 #: The outcomes a field can have in one answer.
 OUTCOMES = ("right", "wrong", "missing", "extra")
+#: The columns of :func:`field_rows` (the Evaluate tab's per-field table).
+FIELD_HEADERS = ["field", "rows", "A right / wrong / missing / extra", "B right / wrong / missing / extra",
+                 "moved (rows)", "right: B - A"]
 _INDEX = re.compile(r"\[\d+\]")
 
 
@@ -171,3 +174,12 @@ def field_scores(rows: list) -> dict | None:
     ordered = sorted(scores.values(), key=lambda s: (-s.moved, s.name))
     return {"rows": scored, "fields": {s.name: s.to_dict() for s in ordered},
             "moved": [s.name for s in ordered if s.moved]}
+
+
+def field_rows(block: dict | None) -> list[list]:
+    """The summary's per-field block as table rows (:data:`FIELD_HEADERS`), most moved first."""
+    if not block:
+        return []
+    return [[name, score["rows"], " / ".join(str(score["a"][k]) for k in OUTCOMES),
+             " / ".join(str(score["b"][k]) for k in OUTCOMES), score["moved"], score["right_change"]]
+            for name, score in block["fields"].items()]
