@@ -207,3 +207,40 @@ def test_cli_b_same_prints_the_plan_and_the_noise_floor(tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["arms"]["b"]["label"] == f"{summary['arms']['a']['label']} again"
     assert summary["noise_floor"]["disagree"] == 0 and summary["equivalence"]["margin"] == 0.05
+
+
+def test_a_document_dataset_says_which_fields_moved(tmp_path):
+    """The documents checkpoint (reads charts and extracts key-value JSON) against the shapes
+    checkpoint (answers in a word) on two held-out charts and two key-value pictures: every field
+    moved, and the counts agree with the documents metrics computed on the same answers."""
+    from g4v.demo.documents_data import held_out_items
+    from g4v.documents import metrics
+    from g4v.paths import REPO_ROOT
+
+    lines = []
+    for i, item in enumerate(held_out_items(2)):
+        item.image.save(tmp_path / f"{i}.png")
+        lines.append(json.dumps({"image": f"{i}.png", "prompt": item.qa.question, "answer": item.qa.answer,
+                                 "category": item.qa.kind}))
+    (tmp_path / "docs.jsonl").write_text("\n".join(lines) + "\n")
+    config = EvalConfig(a=ArmSpec("hf", model=str(REPO_ROOT / "assets/granite4-vision-tiny-documents")),
+                        b=ArmSpec("hf", model=str(REPO_ROOT / "assets/granite4-vision-tiny-trained")),
+                        data=str(tmp_path / "docs.jsonl"), max_new_tokens=96)
+    result = run_eval(config, tmp_path / "run")
+    block = result.summary["fields"]
+    assert block["rows"] == 4
+    kvp = [row for row in result.rows if row.category == "kvp"]
+    leaves = sum(len(metrics.leaf_values(json.loads(row.reference))) for row in kvp)
+    for side in "ab":
+        counted = [score[side] for name, score in block["fields"].items() if name.startswith("$.")]
+        right = sum(sum(metrics.key_value_match(getattr(row, f"answer_{side}"), json.loads(row.reference)).fields.values())
+                    for row in kvp)
+        assert sum(c["right"] for c in counted) == right
+        assert sum(c["right"] + c["wrong"] + c["missing"] for c in counted) == leaves
+    # the one-word answers have no field at all; the documents model gets some right, so all moved
+    assert all(score["b"]["right"] == 0 for score in block["fields"].values())
+    assert set(block["moved"]) == {name for name, s in block["fields"].items() if s["a"] != s["b"]}
+    assert {"label", "value", "$.count"} <= set(block["fields"])
+    bars = sum(row.reference.strip().count("\n") for row in result.rows if row.category == "chart")
+    for column in ("label", "value"):  # each chart's body cells, counted once per arm
+        assert sum(block["fields"][column]["b"].values()) == bars
