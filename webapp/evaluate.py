@@ -30,11 +30,9 @@ from g4v.evaluate.store import CSV_FILE, PARQUET_FILE, ROWS_FILE, RUN_FILE, SUMM
 from g4v.evaluate.uploads import UPLOAD_SUFFIXES, extract_upload
 from viz.evaluate import run_figures
 from webapp.common import MODEL_QUEUE, QUIET_INPUT, sampling_settings, shows_errors, time_left
-from g4v.evaluate.equivalence import plan_line, summary_lines
-from g4v.evaluate.fields import FIELD_HEADERS, field_rows
-from g4v.evaluate.stats import detectable
 from webapp.evaluate_choices import (BUNDLED, SAME_AS_A, SAME_AS_A_LABEL, UPLOAD, ArmChoice, arm_choices,
                                      dataset_choices, dataset_label, pick_arms)
+from webapp.evaluate_equivalence import equivalence_boxes, plan_view, result_values, result_views, wire_plan
 from webapp.evaluate_tables import (AGGREGATE_HEADERS, SAMPLE_HEADERS, aggregate_rows, column_widths, run_status,
                                     sample_rows, whole_or_none)
 from webapp.sessions import Session, SessionStores, session_key
@@ -199,8 +197,8 @@ class OpenTargets:
 def make_run(engine, workspace: EvalWorkspace, choices: list[ArmChoice], adapters_dir, gpu_task):
     reuse = {choices[0].spec.engine_key(): engine}
 
-    def config_from(visitor, arm_a, arm_b, dataset, files, columns, limit, seed, max_new_tokens, blank_probe, levels,
-                    margin, discordance):
+    def config_from(visitor, arm_a, arm_b, dataset, files, columns, limit, seed, max_new_tokens, *probes_and_stats):
+        blank_probe, levels, margin, discordance = probes_and_stats
         a, b = pick_arms(arm_a, arm_b, choices)
         tokens = sampling_settings(max_new_tokens).max_new_tokens
         mapping = Columns(**{role: (str(value).strip() or None) if value is not None else None
@@ -289,26 +287,8 @@ def show_result(result, config: EvalConfig, export: Path) -> tuple:
     run = {"source": config.data, "columns": asdict(config.columns),
            "adapters": [config.a.adapter, config.b.adapter], "out_dir": str(result.out_dir)}
     return (run_status(result.summary, config.a.display, config.b.display), aggregate_rows(result.summary),
-            equivalence_text(result.summary), field_rows(result.summary.get("fields")), pictures["accuracy"], pictures["paired"], pictures["kl"], pictures["divergence"],
+            *result_values(result.summary), pictures["accuracy"], pictures["paired"], pictures["kl"], pictures["divergence"],
             sample_rows(result.summary, rows), str(export), result.summary, run)
-
-
-def equivalence_text(summary: dict) -> str:
-    """The Equivalence block: the TOST verdict, the detectable difference, the noise floor."""
-    lines = summary_lines(summary)
-    return "\n".join(["**Equivalence**", "", *(f"- {line}" for line in lines)]) if lines else ""
-
-
-def plan_text(rows, limit, discordance) -> str:
-    """Before a run: the detectable difference for the rows it will cover (the dataset's, cut to
-    the limit); empty while the boxes hold no valid numbers (Run names the problem)."""
-    try:
-        cut = whole_or_none(limit, "limit", smallest=1, means_none=0)
-        if not rows or isinstance(discordance, bool) or not 0 < float(discordance) < 1:
-            return ""
-    except (G4VError, TypeError, ValueError):
-        return ""
-    return "Before the run: " + plan_line(detectable(min(rows, cut or rows), float(discordance))) + "."
 
 
 def evaluate_tab(engine, model: str, adapters_dir, workspace: EvalWorkspace, targets: OpenTargets | None = None,
@@ -338,14 +318,9 @@ def evaluate_tab(engine, model: str, adapters_dir, workspace: EvalWorkspace, tar
         max_new_tokens = gr.Slider(1, 256, value=EvalConfig.max_new_tokens, step=1, label="Max new tokens")
         blank_probe = gr.Checkbox(label="Blank-image probe (is the picture ignored?)")
         levels = gr.Checkbox(label="Per-level injected norms (transformers arms)")
-    with gr.Row():
-        margin = gr.Number(value=EvalConfig.margin, label="Equivalence margin (0.02 = ±2 points of accuracy)",
-                           elem_id="eval-margin")
-        discordance = gr.Number(value=EvalConfig.discordance, elem_id="eval-discordance",
-                                label="Assumed share of rows right in one arm only (for the detectable difference)")
+    margin, discordance = equivalence_boxes()
     described = gr.Markdown(elem_id="eval-dataset-info")
-    row_count = gr.State(guessed.get("rows"))
-    planned = gr.Markdown(plan_text(guessed.get("rows"), DEFAULT_LIMIT, EvalConfig.discordance), elem_id="eval-plan")
+    row_count, planned = plan_view(guessed.get("rows"), DEFAULT_LIMIT)
     with gr.Row():
         run = gr.Button("Run", variant="primary", elem_id="eval-run")
         stop = gr.Button("Stop", elem_id="eval-stop")
@@ -353,10 +328,7 @@ def evaluate_tab(engine, model: str, adapters_dir, workspace: EvalWorkspace, tar
     aggregate = gr.Dataframe(headers=AGGREGATE_HEADERS, label="Aggregates (all, then per category)",
                              interactive=False, elem_id="eval-aggregate", wrap=True,
                              column_widths=column_widths(AGGREGATE_HEADERS))
-    equivalence = gr.Markdown(elem_id="eval-equivalence")
-    field_table = gr.Dataframe(headers=FIELD_HEADERS, label="Per-field scores (key-value and table answers), most moved first",
-                               interactive=False, elem_id="eval-fields", wrap=True, max_height=320,
-                               column_widths=column_widths(FIELD_HEADERS))
+    equivalence, field_table = result_views()
     with gr.Row():  # the figures carry their own titles
         accuracy_plot = gr.Image(show_label=False, format="png", elem_id="eval-accuracy-plot")
         paired_plot = gr.Image(show_label=False, format="png")
@@ -376,9 +348,7 @@ def evaluate_tab(engine, model: str, adapters_dir, workspace: EvalWorkspace, tar
     run_state, row_state = gr.State(None), gr.State(None)
 
     wire_dataset_info(workspace, dataset, files, columns, described, row_count)
-    for box in (limit, discordance):
-        box.change(plan_text, [row_count, limit, discordance], planned, api_visibility="private", queue=False)
-    row_count.change(plan_text, [row_count, limit, discordance], planned, api_visibility="private", queue=False)
+    wire_plan(row_count, limit, discordance, planned)
     evaluate = make_run(engine, workspace, choices, adapters_dir, gpu_task)
     # The results on show are marked as the previous run's while a new one starts and after it is
     # refused; the mark is a quick step of its own, which also clears the refusal's "Error" badge.
@@ -387,8 +357,8 @@ def evaluate_tab(engine, model: str, adapters_dir, workspace: EvalWorkspace, tar
     run.click(**mark)
     run.click(evaluate, [arm_a, arm_b, dataset, files, *columns, limit, seed, max_new_tokens, blank_probe, levels,
                          margin, discordance],
-              [status, aggregate, equivalence, field_table, accuracy_plot, paired_plot, kl_plot, divergence_plot, samples, export, summary,
-               run_state], api_name="evaluate", concurrency_id=MODEL_QUEUE, concurrency_limit=concurrency,
+              [status, aggregate, equivalence, field_table, accuracy_plot, paired_plot, kl_plot, divergence_plot, samples,
+               export, summary, run_state], api_name="evaluate", concurrency_id=MODEL_QUEUE, concurrency_limit=concurrency,
               show_progress_on=status).failure(**mark)  # one progress bar, not one in each of the outputs
 
     def stop_run(request: gr.Request):
@@ -407,8 +377,7 @@ def evaluate_tab(engine, model: str, adapters_dir, workspace: EvalWorkspace, tar
 
 
 def wire_dataset_info(workspace: EvalWorkspace, dataset, files, columns, described, row_count) -> None:
-    """Choosing a dataset (or uploading one) fills the column boxes with the guessed mapping and
-    ``row_count`` with its rows (the detectable difference follows it)."""
+    """Choosing (or uploading) a dataset fills the column boxes with the guessed mapping, and ``row_count``."""
 
     @shows_errors
     def describe(key, uploaded, request: gr.Request):

@@ -24,7 +24,8 @@ import re
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 
-from g4v.documents import metrics, tables
+import g4v.documents.metrics as metrics
+import g4v.documents.tables as tables
 
 #: The outcomes a field can have in one answer.
 OUTCOMES = ("right", "wrong", "missing", "extra")
