@@ -39,3 +39,4 @@ def test_the_plan_follows_the_limit_and_a_noise_floor_run_shows_zero(app_url, ou
         assert "Equivalence" in block and "noise floor (A run twice): 0 of 4 rows disagree" in block, block
         assert "margin ±2 points" in block
         page.locator("#eval-equivalence").screenshot(path=str(output_dir / "evaluate-equivalence.png"))
+        page.screenshot(path=str(output_dir / "evaluate-equivalence-page.png"), full_page=True)

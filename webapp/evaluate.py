@@ -295,9 +295,9 @@ def evaluate_tab(engine, model: str, adapters_dir, workspace: EvalWorkspace, tar
                  servers=(), concurrency: int = 1, gpu_task=lambda fn: fn) -> None:
     """Render the Evaluate tab into the current ``gr.Blocks``."""
     choices = arm_choices(engine, model, adapters_dir, servers)
-    gr.Markdown("Two arms over a whole dataset: accuracy with 95% intervals, paired wins and losses with an exact "
-                "McNemar test, agreement of the greedy answers and, for two local transformers arms, the KL between "
-                "them; all per category. Select a row of the sample table to open it in another tab.")
+    gr.Markdown("Two arms over a whole dataset: accuracy with 95% intervals, paired wins and losses (exact McNemar test), "
+                "agreement, KL for two transformers arms, all per category; equivalence within a margin (TOST) and "
+                "per-field scores of key-value and table answers. Select a sample row to open it in another tab.")
     with gr.Row():
         arm_a = gr.Dropdown([(c.label, c.key) for c in choices], value=choices[0].key, label="Arm A", elem_id="eval-arm-a")
         arm_b = gr.Dropdown([(c.label, c.key) for c in choices] + [(SAME_AS_A_LABEL, SAME_AS_A)],

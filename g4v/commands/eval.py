@@ -1,9 +1,11 @@
 """``python -m g4v eval --a ARM --b ARM --data D [--columns ...] --out DIR``: two arms over a dataset.
 
 Arms: ``hf``, ``hf:adapter=NAME``, ``hf:model=DIR``, ``vllm[:adapter=NAME]``,
-``openai:URL[,model=NAME][,adapter=NAME]``; ``vision-lora=MODE`` on an hf or vllm arm. Writes ``samples.jsonl`` as rows finish (run the same
+``openai:URL[,model=NAME][,adapter=NAME]``; ``vision-lora=MODE`` on an hf or vllm arm; ``--b same`` runs
+arm A twice (the noise floor). Writes ``samples.jsonl`` as rows finish (run the same
 command again to resume), then ``samples.parquet``, ``samples.csv`` and ``summary.json``, and the
-Evaluate tab's pictures as PNG (:data:`PLOT_FILES`); prints a short summary table and the files.
+Evaluate tab's pictures as PNG (:data:`PLOT_FILES`); prints the detectable difference before the run
+(stderr), then a short summary table with the equivalence test, the noise floor and the fields that moved.
 See ``docs/evaluate.md``.
 """
 

@@ -31,7 +31,7 @@ import g4v.documents.tables as tables
 OUTCOMES = ("right", "wrong", "missing", "extra")
 #: The columns of :func:`field_rows` (the Evaluate tab's per-field table).
 FIELD_HEADERS = ["field", "rows", "A right / wrong / missing / extra", "B right / wrong / missing / extra",
-                 "moved (rows)", "right: B - A"]
+                 "moved (rows)", "B right minus A right"]
 _INDEX = re.compile(r"\[\d+\]")
 
 
