@@ -148,6 +148,10 @@ def data_dir(tmp_path_factory) -> Path:
     for i in range(2):
         (root / "tiny" / "images" / f"{i}.png").write_bytes(picture_bytes(i))
     (root / "broken.jsonl").write_text(json.dumps(BUNDLED_ROWS[0]) + "\n{not json\n")
+    (root / "docs").mkdir()  # a key-value dataset: the reference is JSON, scored per field
+    (root / "docs" / "0.png").write_bytes(picture_bytes(0))
+    (root / "docs" / "metadata.jsonl").write_bytes(metadata([{"file_name": "0.png", "prompt": "Fields as JSON?",
+                                                              "answer": json.dumps(DOC_FIELDS)}]))
     return root
 
 
@@ -225,6 +229,20 @@ def exported_rows(export_path: str) -> list[SampleResult]:
     rows = [SampleResult(**{k: (None if pd.isna(v) else v) if not isinstance(v, (list, dict)) else v
                             for k, v in record.items()}) for record in table.to_dict("records")]
     return rows, summary
+
+
+DOC_FIELDS = {"count": 1, "shapes": [{"shape": "star", "colour": "red"}]}
+
+
+def test_the_api_scores_a_key_value_dataset_per_field(client):
+    """A JSON reference gets the per-field table: each leaf path a row, both arms the same model
+    (noise floor), so nothing moved; the random-weight model's answer is no JSON: all missing."""
+    *_, equivalence, fields, _, _, _, _, _, _, summary = evaluate(client, dataset="data1:docs", arm_b="same", limit=None,
+                                                                  max_new_tokens=4)
+    names = ["$.count", "$.shapes[*].colour", "$.shapes[*].shape"]
+    assert [row[0] for row in fields["data"]] == names  # none moved: by name
+    assert all(row[1:] == [1, "0 / 0 / 1 / 0", "0 / 0 / 1 / 0", 0, 0] for row in fields["data"])
+    assert summary["fields"]["rows"] == 1 and summary["fields"]["moved"] == []
 
 
 def test_the_api_runs_a_noise_floor(client):
