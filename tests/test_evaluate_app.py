@@ -251,6 +251,9 @@ def test_the_api_runs_a_noise_floor(client):
     assert summary["noise_floor"] == {"rows": 4, "disagree": 0, "text_differs": 0, "discordant": 0, "rate": 0.0}
     assert summary["arms"]["b"]["label"] == summary["arms"]["a"]["label"] + " again"
     assert summary["equivalence"]["margin"] == 0.05 and "noise floor (A run twice): 0 of 4 rows disagree" in equivalence
+    wider = evaluate(client, arm_b="same", limit=4, margin=0.5)[-1]  # the same rows, summed up with another margin
+    assert wider["equivalence"]["margin"] == 0.5 and wider["noise_floor"] == summary["noise_floor"]
+    assert wider["equivalence"]["p_value"] < summary["equivalence"]["p_value"]
 
 
 def test_the_api_runs_base_against_the_adapter_and_resumes(client):

@@ -109,9 +109,9 @@ class EvalWorkspace:
         return source
 
     def run_dir(self, config: EvalConfig, visitor: Session) -> Path:
-        """The folder of the run with these settings (the same one again resumes it); a run with
-        the same settings that is still going elsewhere is refused."""
-        key = repr(asdict(config))
+        """The folder of the run with these settings (the same one again resumes it, or sums it up
+        again with another margin); a run with the same settings still going elsewhere is refused."""
+        key = repr({k: v for k, v in asdict(config).items() if k not in ("margin", "discordance")})
         run_dirs, busy = visitor.notes.setdefault("run_dirs", {}), visitor.notes.setdefault("busy", set())
         with self._lock:
             folder = run_dirs.get(key)
