@@ -21,8 +21,11 @@ FRONTS = ("g4v.commands", "g4v.cli", "g4v.__main__", "g4v.demo", "webapp", "app"
 #: What more than one panel needs, which panels import instead of each other: the shared layer
 #: (``g4v.model``: levels, hooks, capture, scoring and KL, bench helpers, the export store) and the
 #: LoRA package's adapter handling (finding, checking, activating and listing adapters), which
-#: every engine user of an adapter comes through (Chat, LoRA, Evaluate).
-SHARED = ("g4v.model", "g4v.lora.folders", "g4v.lora.checks", "g4v.lora.activation", "g4v.lora.choices")
+#: every engine user of an adapter comes through (Chat, LoRA, Evaluate); and the documents
+#: package's answer parsing and scores (pure functions of answer text: tables, key-value leaves),
+#: which Evaluate's per-field scores of document datasets use.
+SHARED = ("g4v.model", "g4v.lora.folders", "g4v.lora.checks", "g4v.lora.activation", "g4v.lora.choices",
+          "g4v.documents.tables", "g4v.documents.metrics")
 #: Each panel's fronts (its tab and its command): they import their own panel, the shared layer
 #: and the base, never another panel.
 PANEL_FRONTS = {

@@ -148,6 +148,10 @@ def data_dir(tmp_path_factory) -> Path:
     for i in range(2):
         (root / "tiny" / "images" / f"{i}.png").write_bytes(picture_bytes(i))
     (root / "broken.jsonl").write_text(json.dumps(BUNDLED_ROWS[0]) + "\n{not json\n")
+    (root / "docs").mkdir()  # a key-value dataset: the reference is JSON, scored per field
+    (root / "docs" / "0.png").write_bytes(picture_bytes(0))
+    (root / "docs" / "metadata.jsonl").write_bytes(metadata([{"file_name": "0.png", "prompt": "Fields as JSON?",
+                                                              "answer": json.dumps(DOC_FIELDS)}]))
     return root
 
 
@@ -164,10 +168,10 @@ def client(app):
 
 
 def evaluate(client, arm_a="app", arm_b="app+tiny-trained-french", dataset="bundled", files=None, columns=("",) * 5,
-             limit=LIMIT, seed=None, max_new_tokens=16, blank_probe=False, levels=False):
+             limit=LIMIT, seed=None, max_new_tokens=16, blank_probe=False, levels=False, margin=0.02, discordance=0.1):
     sent = [handle_file(str(f)) for f in files] if files else None
     return client.predict(arm_a, arm_b, dataset, sent, *columns, limit, seed, max_new_tokens, blank_probe, levels,
-                          api_name="/evaluate")
+                          margin, discordance, api_name="/evaluate")
 
 
 def refusal(client, **kwargs) -> str:
@@ -198,6 +202,8 @@ BAD_INPUT = [
     ("too many files", {"dataset": "upload", "files": ["many.zip"]}, f"{APP_MAX_FILES + 1} files"),
     ("unknown column", {"columns": ("", "question_text", "", "", "")}, "column 'question_text' (for prompt)"),
     ("broken JSON line", {"dataset": "data1:broken.jsonl"}, "line 2 of broken.jsonl is not valid JSON"),
+    ("margin past 1", {"margin": 2}, "margin must be a number between 0 and 1"),
+    ("no discordance", {"discordance": 0}, "discordance must be a number between 0 and 1"),
     ("negative limit", {"limit": -3}, "limit must be a whole number"),
     ("fractional limit", {"limit": 2.5}, "limit must be a whole number"),
     ("no new tokens", {"max_new_tokens": 0}, "less than minimum value 1"),  # the slider's own check
@@ -225,11 +231,36 @@ def exported_rows(export_path: str) -> list[SampleResult]:
     return rows, summary
 
 
+DOC_FIELDS = {"count": 1, "shapes": [{"shape": "star", "colour": "red"}]}
+
+
+def test_the_api_scores_a_key_value_dataset_per_field(client):
+    """A JSON reference gets the per-field table: each leaf path a row, both arms the same model
+    (noise floor), so nothing moved; the random-weight model's answer is no JSON: all missing."""
+    *_, equivalence, fields, _, _, _, _, _, _, summary = evaluate(client, dataset="data1:docs", arm_b="same", limit=None,
+                                                                  max_new_tokens=4)
+    names = ["$.count", "$.shapes[*].colour", "$.shapes[*].shape"]
+    assert [row[0] for row in fields["data"]] == names  # none moved: by name
+    assert all(row[1:] == [1, "0 / 0 / 1 / 0", "0 / 0 / 1 / 0", 0, 0] for row in fields["data"])
+    assert summary["fields"]["rows"] == 1 and summary["fields"]["moved"] == []
+
+
+def test_the_api_runs_a_noise_floor(client):
+    """Arm B "same": the app's engine answers the rows twice; greedy, so not one row differs."""
+    status, aggregate, equivalence, fields, *_, summary = evaluate(client, arm_b="same", limit=4, margin=0.05)
+    assert summary["noise_floor"] == {"rows": 4, "disagree": 0, "text_differs": 0, "discordant": 0, "rate": 0.0}
+    assert summary["arms"]["b"]["label"] == summary["arms"]["a"]["label"] + " again"
+    assert summary["equivalence"]["margin"] == 0.05 and "noise floor (A run twice): 0 of 4 rows disagree" in equivalence
+    wider = evaluate(client, arm_b="same", limit=4, margin=0.5)[-1]  # the same rows, summed up with another margin
+    assert wider["equivalence"]["margin"] == 0.5 and wider["noise_floor"] == summary["noise_floor"]
+    assert wider["equivalence"]["p_value"] < summary["equivalence"]["p_value"]
+
+
 def test_the_api_runs_base_against_the_adapter_and_resumes(client):
     """After all the refusals the app still runs: 8 rows of the bundled dataset, base vs the French
     adapter. The returned summary equals summarise() of the exported rows; accuracy and agreement
     recounted here by hand; a second identical call is answered from the kept run folder."""
-    status, aggregate, *pictures, samples, export, summary = evaluate(client)
+    status, aggregate, equivalence, fields, *pictures, samples, export, summary = evaluate(client)
     assert summary["n"] == LIMIT and summary["complete"] and summary["n_errors"] == 0
     rows, saved = exported_rows(export)
     assert saved == summary
@@ -245,6 +276,9 @@ def test_the_api_runs_base_against_the_adapter_and_resumes(client):
     assert len(samples["data"]) == LIMIT and samples["data"][0][2] == "colour"  # disagreements first
     assert all(Path(p).is_file() for p in pictures)
     assert "Finished" in status
+    test = summary["equivalence"]  # the French adapter changes colour answers: not equivalent
+    assert not test["equivalent"] and test["verdict"] in equivalence
+    assert fields["headers"][0] == "field" and fields["data"] == []  # no structured reference: no fields
 
     again = evaluate(client)
     assert again[-1] == summary  # the kept folder: nothing recomputed, nothing different

@@ -30,8 +30,9 @@ from g4v.evaluate.store import CSV_FILE, PARQUET_FILE, ROWS_FILE, RUN_FILE, SUMM
 from g4v.evaluate.uploads import UPLOAD_SUFFIXES, extract_upload
 from viz.evaluate import run_figures
 from webapp.common import MODEL_QUEUE, QUIET_INPUT, sampling_settings, shows_errors, time_left
-from webapp.evaluate_choices import (BUNDLED, UPLOAD, ArmChoice, arm_choices, dataset_choices, dataset_label,
-                                     pick_arm)
+from webapp.evaluate_choices import (BUNDLED, SAME_AS_A, SAME_AS_A_LABEL, UPLOAD, ArmChoice, arm_choices,
+                                     dataset_choices, dataset_label, pick_arms)
+from webapp.evaluate_equivalence import equivalence_boxes, plan_view, result_values, result_views, wire_plan
 from webapp.evaluate_tables import (AGGREGATE_HEADERS, SAMPLE_HEADERS, aggregate_rows, column_widths, run_status,
                                     sample_rows, whole_or_none)
 from webapp.sessions import Session, SessionStores, session_key
@@ -108,9 +109,9 @@ class EvalWorkspace:
         return source
 
     def run_dir(self, config: EvalConfig, visitor: Session) -> Path:
-        """The folder of the run with these settings (the same one again resumes it); a run with
-        the same settings that is still going elsewhere is refused."""
-        key = repr(asdict(config))
+        """The folder of the run with these settings (the same one again resumes it, or sums it up
+        again with another margin); a run with the same settings still going elsewhere is refused."""
+        key = repr({k: v for k, v in asdict(config).items() if k not in ("margin", "discordance")})
         run_dirs, busy = visitor.notes.setdefault("run_dirs", {}), visitor.notes.setdefault("busy", set())
         with self._lock:
             folder = run_dirs.get(key)
@@ -196,8 +197,9 @@ class OpenTargets:
 def make_run(engine, workspace: EvalWorkspace, choices: list[ArmChoice], adapters_dir, gpu_task):
     reuse = {choices[0].spec.engine_key(): engine}
 
-    def config_from(visitor, arm_a, arm_b, dataset, files, columns, limit, seed, max_new_tokens, blank_probe, levels):
-        a, b = pick_arm(arm_a, choices, "A"), pick_arm(arm_b, choices, "B")
+    def config_from(visitor, arm_a, arm_b, dataset, files, columns, limit, seed, max_new_tokens, *probes_and_stats):
+        blank_probe, levels, margin, discordance = probes_and_stats
+        a, b = pick_arms(arm_a, arm_b, choices)
         tokens = sampling_settings(max_new_tokens).max_new_tokens
         mapping = Columns(**{role: (str(value).strip() or None) if value is not None else None
                              for role, value in zip(COLUMN_ROLES, columns)})
@@ -206,18 +208,19 @@ def make_run(engine, workspace: EvalWorkspace, choices: list[ArmChoice], adapter
         return EvalConfig(a=a, b=b, data=str(source), columns=mapping,
                           limit=whole_or_none(limit, "limit", smallest=1, means_none=0),
                           seed=whole_or_none(seed, "seed", smallest=0, means_none=-1), max_new_tokens=tokens,
-                          blank_probe=bool(blank_probe), levels=bool(levels))
+                          blank_probe=bool(blank_probe), levels=bool(levels), margin=margin, discordance=discordance)
 
     @gpu_task
     @shows_errors
     def evaluate(arm_a, arm_b, dataset, files, image_col, prompt_col, reference_col, category_col, id_col,
-                 limit, seed, max_new_tokens, blank_probe, levels, request: gr.Request, progress=gr.Progress()):
+                 limit, seed, max_new_tokens, blank_probe, levels, margin=EvalConfig.margin,
+                 discordance=EvalConfig.discordance, request: gr.Request = None, progress=gr.Progress()):
         """Run (or resume) the comparison; yields the status while it works, then every result. The
         visitor's dataset and run folder are leased meanwhile: no other upload prunes them."""
         with workspace.sessions.using(session_key(request)) as visitor:
             config = config_from(visitor, arm_a, arm_b, dataset, files,
                                  (image_col, prompt_col, reference_col, category_col, id_col),
-                                 limit, seed, max_new_tokens, blank_probe, levels)
+                                 limit, seed, max_new_tokens, blank_probe, levels, margin, discordance)
             out_dir = workspace.run_dir(config, visitor)
             try:
                 with visitor.stores["uploads"].lease(config.data), visitor.stores["runs"].lease(out_dir):
@@ -284,7 +287,7 @@ def show_result(result, config: EvalConfig, export: Path) -> tuple:
     run = {"source": config.data, "columns": asdict(config.columns),
            "adapters": [config.a.adapter, config.b.adapter], "out_dir": str(result.out_dir)}
     return (run_status(result.summary, config.a.display, config.b.display), aggregate_rows(result.summary),
-            pictures["accuracy"], pictures["paired"], pictures["kl"], pictures["divergence"],
+            *result_values(result.summary), pictures["accuracy"], pictures["paired"], pictures["kl"], pictures["divergence"],
             sample_rows(result.summary, rows), str(export), result.summary, run)
 
 
@@ -292,13 +295,13 @@ def evaluate_tab(engine, model: str, adapters_dir, workspace: EvalWorkspace, tar
                  servers=(), concurrency: int = 1, gpu_task=lambda fn: fn) -> None:
     """Render the Evaluate tab into the current ``gr.Blocks``."""
     choices = arm_choices(engine, model, adapters_dir, servers)
-    gr.Markdown("Two arms over a whole dataset: accuracy with 95% intervals, paired wins and losses with an exact "
-                "McNemar test, agreement of the greedy answers and, for two local transformers arms, the KL between "
-                "them; all per category. Select a row of the sample table to open it in another tab.")
+    gr.Markdown("Two arms over a whole dataset: accuracy with 95% intervals, paired wins and losses (exact McNemar test), "
+                "agreement, KL for two transformers arms, all per category; equivalence within a margin (TOST) and "
+                "per-field scores of key-value and table answers. Select a sample row to open it in another tab.")
     with gr.Row():
         arm_a = gr.Dropdown([(c.label, c.key) for c in choices], value=choices[0].key, label="Arm A", elem_id="eval-arm-a")
-        arm_b = gr.Dropdown([(c.label, c.key) for c in choices], value=choices[min(1, len(choices) - 1)].key,
-                            label="Arm B", elem_id="eval-arm-b")
+        arm_b = gr.Dropdown([(c.label, c.key) for c in choices] + [(SAME_AS_A_LABEL, SAME_AS_A)],
+                            value=choices[min(1, len(choices) - 1)].key, label="Arm B", elem_id="eval-arm-b")
         datasets = [*dataset_choices(workspace.data_dirs), UPLOAD]
         dataset = gr.Dropdown([(dataset_label(key), key) for key in datasets], value=BUNDLED, label="Dataset",
                               elem_id="eval-dataset")
@@ -315,7 +318,9 @@ def evaluate_tab(engine, model: str, adapters_dir, workspace: EvalWorkspace, tar
         max_new_tokens = gr.Slider(1, 256, value=EvalConfig.max_new_tokens, step=1, label="Max new tokens")
         blank_probe = gr.Checkbox(label="Blank-image probe (is the picture ignored?)")
         levels = gr.Checkbox(label="Per-level injected norms (transformers arms)")
+    margin, discordance = equivalence_boxes()
     described = gr.Markdown(elem_id="eval-dataset-info")
+    row_count, planned = plan_view(guessed.get("rows"), DEFAULT_LIMIT)
     with gr.Row():
         run = gr.Button("Run", variant="primary", elem_id="eval-run")
         stop = gr.Button("Stop", elem_id="eval-stop")
@@ -323,6 +328,7 @@ def evaluate_tab(engine, model: str, adapters_dir, workspace: EvalWorkspace, tar
     aggregate = gr.Dataframe(headers=AGGREGATE_HEADERS, label="Aggregates (all, then per category)",
                              interactive=False, elem_id="eval-aggregate", wrap=True,
                              column_widths=column_widths(AGGREGATE_HEADERS))
+    equivalence, field_table = result_views()
     with gr.Row():  # the figures carry their own titles
         accuracy_plot = gr.Image(show_label=False, format="png", elem_id="eval-accuracy-plot")
         paired_plot = gr.Image(show_label=False, format="png")
@@ -341,16 +347,18 @@ def evaluate_tab(engine, model: str, adapters_dir, workspace: EvalWorkspace, tar
         summary = gr.JSON()
     run_state, row_state = gr.State(None), gr.State(None)
 
-    wire_dataset_info(workspace, dataset, files, columns, described)
+    wire_dataset_info(workspace, dataset, files, columns, described, row_count)
+    wire_plan(row_count, limit, discordance, planned)
     evaluate = make_run(engine, workspace, choices, adapters_dir, gpu_task)
     # The results on show are marked as the previous run's while a new one starts and after it is
     # refused; the mark is a quick step of its own, which also clears the refusal's "Error" badge.
     mark = {"fn": previous_run, "inputs": status, "outputs": status, "api_visibility": "private", "queue": False,
             **QUIET_INPUT}
     run.click(**mark)
-    run.click(evaluate, [arm_a, arm_b, dataset, files, *columns, limit, seed, max_new_tokens, blank_probe, levels],
-              [status, aggregate, accuracy_plot, paired_plot, kl_plot, divergence_plot, samples, export, summary,
-               run_state], api_name="evaluate", concurrency_id=MODEL_QUEUE, concurrency_limit=concurrency,
+    run.click(evaluate, [arm_a, arm_b, dataset, files, *columns, limit, seed, max_new_tokens, blank_probe, levels,
+                         margin, discordance],
+              [status, aggregate, equivalence, field_table, accuracy_plot, paired_plot, kl_plot, divergence_plot, samples,
+               export, summary, run_state], api_name="evaluate", concurrency_id=MODEL_QUEUE, concurrency_limit=concurrency,
               show_progress_on=status).failure(**mark)  # one progress bar, not one in each of the outputs
 
     def stop_run(request: gr.Request):
@@ -368,16 +376,17 @@ def evaluate_tab(engine, model: str, adapters_dir, workspace: EvalWorkspace, tar
         wire_open_buttons(workspace, targets, run_state, row_state, to_chat, to_deepstack, to_lora)
 
 
-def wire_dataset_info(workspace: EvalWorkspace, dataset, files, columns, described) -> None:
-    """Choosing a dataset (or uploading one) fills the column boxes with the guessed mapping."""
+def wire_dataset_info(workspace: EvalWorkspace, dataset, files, columns, described, row_count) -> None:
+    """Choosing (or uploading) a dataset fills the column boxes with the guessed mapping, and ``row_count``."""
 
     @shows_errors
     def describe(key, uploaded, request: gr.Request):
         if key == UPLOAD and not uploaded:
-            return (*[gr.skip()] * len(columns), UPLOAD_HINT)
+            return (*[gr.skip()] * len(columns), UPLOAD_HINT, gr.skip())
         with workspace.sessions.using(session_key(request)) as visitor:
             mapping = guessed_columns(key, uploaded, workspace, visitor, strict=True)
-        return (*[mapping[role] or "" for role in COLUMN_ROLES], f"{mapping['rows']:,} rows in {dataset_label(key)}.")
+        return (*[mapping[role] or "" for role in COLUMN_ROLES], f"{mapping['rows']:,} rows in {dataset_label(key)}.",
+                mapping["rows"])
 
     def uploaded(upload, chosen):
         """The dropdown on the upload, and what it showed before (a refused upload goes back to it)."""
@@ -388,12 +397,12 @@ def wire_dataset_info(workspace: EvalWorkspace, dataset, files, columns, describ
     # Gradio 6's Dropdown fires twice per pick.
     # A refused upload leaves the box (uploading a table and its pictures next must not add them to
     # it); the refusal's toast is message enough, no badge over the boxes (QUIET_INPUT).
-    dataset.select(describe, [dataset, files], [*columns, described], api_visibility="private", **QUIET_INPUT)
+    dataset.select(describe, [dataset, files], [*columns, described, row_count], api_visibility="private", **QUIET_INPUT)
     before_upload = gr.State(BUNDLED)
     files.upload(uploaded, [files, dataset], [dataset, before_upload], api_visibility="private", queue=False).then(
-        describe, [dataset, files], [*columns, described], api_visibility="private", **QUIET_INPUT).failure(
+        describe, [dataset, files], [*columns, described, row_count], api_visibility="private", **QUIET_INPUT).failure(
         lambda chosen: (None, chosen), before_upload, [files, dataset], api_visibility="private", queue=False,
-        **QUIET_INPUT).then(describe, [dataset, files], [*columns, described], api_visibility="private", **QUIET_INPUT)
+        **QUIET_INPUT).then(describe, [dataset, files], [*columns, described, row_count], api_visibility="private", **QUIET_INPUT)
 
 
 def guessed_columns(key, uploaded, workspace: EvalWorkspace, visitor: Session | None = None,

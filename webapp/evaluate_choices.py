@@ -4,7 +4,7 @@ Keys, not paths or URLs, cross from the browser (or the API) to the server; each
 the list the server offers, so a visitor can never name a file or an address of their own.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from g4v.engines.vision_lora import DEFAULT_MODE
@@ -12,6 +12,8 @@ from g4v.errors import G4VError, quoted
 from g4v.evaluate import BUNDLED_DATASET, ArmSpec
 
 BUNDLED, UPLOAD = "bundled", "upload"
+#: Arm B's choice that runs arm A again (a noise-floor run), and how the dropdown shows it.
+SAME_AS_A, SAME_AS_A_LABEL = "same", "same as arm A (noise floor: A run twice)"
 
 
 
@@ -66,12 +68,21 @@ def _vision_lora_modes(model: str) -> list[str]:
 
 
 def pick_arm(key, choices: list[ArmChoice], side: str) -> ArmSpec:
+    """The arm behind a dropdown key (for B, :data:`SAME_AS_A` is resolved by :func:`pick_arms`)."""
     found = next((choice.spec for choice in choices if choice.key == key), None)
     if found is None:
         if key in (None, ""):
             raise G4VError(f"choose arm {side}")
         raise G4VError(f"unknown arm {quoted(key)} for {side}: choose one of {', '.join(c.key for c in choices)}")
     return found
+
+
+def pick_arms(key_a, key_b, choices: list[ArmChoice]) -> tuple[ArmSpec, ArmSpec]:
+    """Arms A and B; B :data:`SAME_AS_A` is A again under its own name (a noise-floor run)."""
+    a = pick_arm(key_a, choices, "A")
+    if key_b == SAME_AS_A:
+        return a, replace(a, label=f"{a.display} again")
+    return a, pick_arm(key_b, choices, "B")
 
 
 def dataset_choices(data_dirs: list[Path]) -> dict[str, Path]:

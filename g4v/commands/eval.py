@@ -1,22 +1,31 @@
 """``python -m g4v eval --a ARM --b ARM --data D [--columns ...] --out DIR``: two arms over a dataset.
 
 Arms: ``hf``, ``hf:adapter=NAME``, ``hf:model=DIR``, ``vllm[:adapter=NAME]``,
-``openai:URL[,model=NAME][,adapter=NAME]``; ``vision-lora=MODE`` on an hf or vllm arm. Writes ``samples.jsonl`` as rows finish (run the same
+``openai:URL[,model=NAME][,adapter=NAME]``; ``vision-lora=MODE`` on an hf or vllm arm; ``--b same`` runs
+arm A twice (the noise floor). Writes ``samples.jsonl`` as rows finish (run the same
 command again to resume), then ``samples.parquet``, ``samples.csv`` and ``summary.json``, and the
-Evaluate tab's pictures as PNG (:data:`PLOT_FILES`); prints a short summary table and the files.
+Evaluate tab's pictures as PNG (:data:`PLOT_FILES`); prints the detectable difference before the run
+(stderr), then a short summary table with the equivalence test, the noise floor and the fields that moved.
 See ``docs/evaluate.md``.
 """
 
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from g4v.commands.common import add_adapters_dir_flag
 from g4v.commands.settings_flags import add_settings_flags, settings_from_args
+from g4v.evaluate.equivalence import plan_line, summary_lines
+from g4v.evaluate.fields import field_rows
 
 #: The Evaluate tab's pictures (:func:`viz.evaluate.run_figures`, by name) and the PNG each becomes.
 PLOT_FILES = {"accuracy": "accuracy.png", "paired": "paired.png", "kl": "kl.png", "divergence": "divergence.png"}
 #: EvalConfig fields typed as their own flags (the rest come from add_settings_flags).
 _OWN_FLAGS = ("a", "b", "data", "columns")
+#: ``--b same``: arm B is arm A again (a noise-floor run).
+SAME = "same"
+#: Fields listed in the printed table (all are in summary.json).
+FIELD_LINES = 20
 
 
 def add_parser(subparsers):
@@ -24,7 +33,9 @@ def add_parser(subparsers):
 
     parser = subparsers.add_parser("eval", help="compare two arms (backend, model, adapter) over a dataset")
     parser.add_argument("--a", required=True, metavar="ARM", help="first arm, e.g. hf")
-    parser.add_argument("--b", required=True, metavar="ARM", help="second arm, e.g. hf:adapter=tiny-trained-french or hf:model=DIR,vision-lora=off")
+    parser.add_argument("--b", required=True, metavar="ARM",
+                        help="second arm, e.g. hf:adapter=tiny-trained-french or hf:model=DIR,vision-lora=off; "
+                             "'same': arm A again (a noise-floor run)")
     parser.add_argument("--data", required=True, metavar="D",
                         help="dataset: imagefolder with metadata.jsonl/csv, .jsonl/.csv/.parquet, saved dataset, "
                              "or Hub id (assets/datasets/shapes-heldout is bundled)")
@@ -41,8 +52,10 @@ def run(args) -> int:
 
     from g4v.evaluate import ArmSpec, Columns, EvalConfig, run_eval
 
-    config = settings_from_args(EvalConfig, args, exclude=_OWN_FLAGS, a=ArmSpec.parse(args.a),
-                                b=ArmSpec.parse(args.b), data=args.data, columns=Columns.parse(args.columns))
+    arm_a = ArmSpec.parse(args.a)
+    arm_b = replace(arm_a, label=f"{arm_a.display} again") if args.b.strip() == SAME else ArmSpec.parse(args.b)
+    config = settings_from_args(EvalConfig, args, exclude=_OWN_FLAGS, a=arm_a, b=arm_b, data=args.data,
+                                columns=Columns.parse(args.columns))
     bars = []  # started at the first report, once the dataset and the arms are ready
 
     def progress(done: int, total: int) -> None:
@@ -53,7 +66,8 @@ def run(args) -> int:
         bars[0].refresh()
 
     try:
-        result = run_eval(config, args.out, adapters_dir=args.adapters_dir, progress=progress)
+        result = run_eval(config, args.out, adapters_dir=args.adapters_dir, progress=progress,
+                          plan=lambda planned: print(plan_line(planned), file=sys.stderr, flush=True))
     except KeyboardInterrupt:
         for bar in bars:
             bar.close()
@@ -96,10 +110,24 @@ def summary_table(summary: dict) -> str:
         agreement = "-" if block["agreement"] is None else f"{100 * block['agreement']:.1f}%"
         lines.append(f"{name:<12}{block['n']:>5}  {_accuracy(block['arms']['a']):>16}  {_accuracy(block['arms']['b']):>16}"
                      f"  {agreement:>6}  {paired['a_only']:>6}  {paired['b_only']:>6}  {paired['mcnemar_p']:>9.3g}")
+    lines += equivalence_lines(summary)
     if summary.get("kl"):
         kl = summary["kl"]
         lines.append(f"KL(a||b) per row: mean {kl['mean']:.4g}, q90 {kl['q90']:.4g}, q99 {kl['q99']:.4g}, max {kl['max']:.4g}")
     return "\n".join(lines)
+
+
+def equivalence_lines(summary: dict) -> list[str]:
+    """The TOST verdict, the detectable difference, the noise floor, then the fields (most moved first)."""
+    lines = summary_lines(summary)
+    fields = summary.get("fields")
+    if fields:
+        lines.append(f"fields of {fields['rows']} structured rows (right/wrong/missing/extra), most moved first:")
+        for name, rows, a, b, moved, change in field_rows(fields)[:FIELD_LINES]:
+            lines.append(f"  {name:<24} A {a:<14} B {b:<14} moved in {moved} rows, right B-A {change:+d}")
+        if len(fields["fields"]) > FIELD_LINES:
+            lines.append(f"  ... {len(fields['fields']) - FIELD_LINES} more in summary.json")
+    return lines
 
 
 def _accuracy(arm: dict) -> str:

@@ -147,12 +147,13 @@ def key_value_match(predicted_json: str, truth) -> KeyValueScore:
         error = None
     except (json.JSONDecodeError, RecursionError) as err:
         prediction, error = {}, f"not JSON: {' '.join(str(err).split())[:200]}"
-    fields = {path: path in prediction and _same(prediction[path], value) for path, value in true_fields.items()}
+    fields = {path: path in prediction and same_value(prediction[path], value) for path, value in true_fields.items()}
     accuracy = sum(fields.values()) / len(fields) if fields else float(not prediction)
     return KeyValueScore(fields, accuracy, error)
 
 
-def _same(a, b) -> bool:
+def same_value(a, b) -> bool:
+    """Two JSON leaves are the same answer: strings equal after trimming, others of one type and equal."""
     if isinstance(a, str) and isinstance(b, str):
         return a.strip() == b.strip()
     return type(a) is type(b) and a == b

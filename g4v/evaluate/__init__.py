@@ -8,6 +8,8 @@ call the same functions.
 * :mod:`g4v.evaluate.readers`: each kind of dataset read safely (its own files only, nothing cached).
 * :mod:`g4v.evaluate.scoring`: per-sample comparisons (token agreement, log-probabilities, KL).
 * :mod:`g4v.evaluate.stats`: accuracy with Wilson intervals, exact McNemar, the summary.
+* :mod:`g4v.evaluate.equivalence`: the paired TOST, the detectable difference, the noise floor.
+* :mod:`g4v.evaluate.fields`: per-field scores of key-value and table answers.
 * :mod:`g4v.evaluate.store`: the run's folder, appended row by row, resumable, refused when tampered.
 * :mod:`g4v.evaluate.run`: the run itself.
 """

@@ -19,7 +19,7 @@ import contextlib
 import random
 import threading
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from g4v.conversation import MAX_NEW_TOKENS, SamplingSettings
@@ -29,7 +29,8 @@ from g4v.engines.base import BATCH_SIZE
 from g4v.evaluate.arms import VLLM_IN_FLIGHT, Arm, ArmSpec, Requests, check_arms, open_arms
 from g4v.evaluate.data import Columns, EvalSample, open_dataset
 from g4v.evaluate.scoring import PairScores, agreement, blanked, image_tokens, level_norms, score_pairs
-from g4v.evaluate.stats import matches, summarise
+from g4v.evaluate.equivalence import DISCORDANCE, MARGIN
+from g4v.evaluate.stats import detectable, matches, summarise
 
 #: Fewest rows per chunk when both arms are local transformers (a chunk holds at least one batch);
 #: a batching arm gets chunks as large as the requests it keeps in flight.
@@ -53,6 +54,11 @@ class EvalConfig:
     blank_probe: bool = field(default=False, metadata={
         "help": "also answer with every picture blanked: flags arms whose answer ignores the image"})
     levels: bool = field(default=False, metadata={"help": "per-level injected norms (Deepstack capture), hf arms"})
+    margin: float = field(default=MARGIN, metadata={
+        "help": "equivalence margin: the TOST asks whether |accuracy A - accuracy B| < this (0.02 = 2 points)"})
+    discordance: float = field(default=DISCORDANCE, metadata={
+        "help": "share of rows assumed right in one arm only, for the detectable difference shown before the run "
+                "(a pilot's value; the summary adds the observed one)"})
 
     def settings(self) -> SamplingSettings:
         """Greedy decoding, so "the same answer" is a property of the model, not of a draw."""
@@ -69,6 +75,20 @@ class EvalConfig:
             raise G4VError(f"batch size must be a whole number from 1 to 256, got {self.batch_size!r}")
         if self.seed is not None and (not isinstance(self.seed, int) or self.seed < 0):
             raise G4VError(f"seed must be a whole number >= 0, got {self.seed!r}")
+        for name in ("margin", "discordance"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1:
+                raise G4VError(f"{name} must be a number between 0 and 1 (0.02 = 2 points), got {value!r}")
+
+    @property
+    def same_arm(self) -> bool:
+        """B is A again (their labels aside): a noise-floor run."""
+        return replace(self.a, label="") == replace(self.b, label="")
+
+    def summarise(self, rows: list, complete: bool) -> dict:
+        """The summary of ``rows`` with this run's labels, margin and discordance."""
+        return summarise(rows, self.a.display, self.b.display, complete, margin=self.margin,
+                         discordance=self.discordance, same_arm=self.same_arm)
 
     @classmethod
     def from_json(cls, values: dict) -> "EvalConfig":
@@ -139,13 +159,17 @@ def chunk_size(config: EvalConfig) -> int:
 
 def run_eval(config: EvalConfig, out_dir: Path, *, adapters_dir=None, reuse=None, data_dirs=None,
              progress: Callable[[int, int], None] | None = None,
-             cancel: threading.Event | None = None) -> RunResult:
-    """Run (or resume) ``config`` into ``out_dir``; see the module docstring for the order of work."""
+             cancel: threading.Event | None = None, plan: Callable[[dict], None] | None = None) -> RunResult:
+    """Run (or resume) ``config`` into ``out_dir``; see the module docstring for the order of work.
+    ``plan`` gets the detectable difference for the rows to run (:func:`~g4v.evaluate.stats.detectable`)
+    once the dataset is read, before any model loads."""
     config.check()
     cancel = cancel or threading.Event()
     dataset = open_dataset(config.data, config.columns, data_dirs)
     check_arms([config.a, config.b], adapters_dir)
     order = row_order(len(dataset), config.limit, config.seed)
+    if plan is not None:
+        plan(detectable(len(order), config.discordance))
     out_dir = Path(out_dir)
     store.prepare(out_dir, asdict(config))
     wanted = set(order)
@@ -200,7 +224,7 @@ def run_eval(config: EvalConfig, out_dir: Path, *, adapters_dir=None, reuse=None
 def _write_results(out_dir: Path, config: EvalConfig, order: list[int], done: dict) -> RunResult:
     """Sum up the finished rows (in run order) and write the tables and ``summary.json``."""
     rows = [done[index] for index in order if index in done]
-    summary = summarise(rows, config.a.display, config.b.display, complete=len(rows) == len(order))
+    summary = config.summarise(rows, complete=len(rows) == len(order))
     store.write_tables(out_dir, rows, SampleResult, summary)
     return RunResult(out_dir, rows, summary)
 
@@ -212,7 +236,7 @@ def read_results(out_dir: Path) -> RunResult:
     done = store.read_rows(out_dir, SampleResult)
     summary = store.read_summary(out_dir)
     if summary is None or summary.get("n") != len(done):
-        summary = summarise(list(done.values()), config.a.display, config.b.display, complete=False)
+        summary = config.summarise(list(done.values()), complete=False)
     return RunResult(out_dir, list(done.values()), summary)
 
 

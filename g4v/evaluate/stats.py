@@ -8,11 +8,17 @@
   discordant pairs (one arm right, the other wrong) carry information about which arm is better,
   and under "no difference" each of them is a fair coin, so the p-value is a two-sided binomial
   test on them. Exact, because discordant counts in a category are often small.
+* Whether the arms are the same within a margin (TOST), the smallest difference the rows can
+  detect, the noise floor of an arm run twice: :mod:`g4v.evaluate.equivalence`; per-field scores
+  of key-value and table answers: :mod:`g4v.evaluate.fields`.
 """
 
 import math
 import re
 import string
+
+from g4v.evaluate.equivalence import ALPHA, DISCORDANCE, MARGIN, POWER, detectable_difference, noise_floor, tost_paired
+from g4v.evaluate.fields import field_scores
 
 #: z for a two-sided 95 % interval.
 Z95 = 1.959963984540054
@@ -71,18 +77,36 @@ def kl_stats(values: list[float]) -> dict | None:
             "max": max(values)}
 
 
-def summarise(rows: list, label_a: str, label_b: str, complete: bool = True) -> dict:
-    """The summary of a run (``summary.json``, what the app draws); ``rows`` are SampleResults."""
-    summary = _block(rows, label_a, label_b)
+def summarise(rows: list, label_a: str, label_b: str, complete: bool = True, *, margin: float = MARGIN,
+              discordance: float = DISCORDANCE, same_arm: bool = False) -> dict:
+    """The summary of a run (``summary.json``, what the app draws); ``rows`` are SampleResults.
+    ``margin`` is the equivalence margin, ``discordance`` the share of discordant rows assumed
+    for the detectable difference; ``same_arm``: B is A again (a noise-floor run)."""
+    summary = _block(rows, label_a, label_b, margin)
     summary["complete"] = complete
     categories = sorted({row.category for row in rows if row.category is not None})
-    summary["by_category"] = {name: _block([r for r in rows if r.category == name], label_a, label_b)
+    summary["by_category"] = {name: _block([r for r in rows if r.category == name], label_a, label_b, margin)
                               for name in categories}
     summary["worst"] = worst_rows(rows)
+    paired = summary["equivalence"]  # its n: the rows both arms answered, with a reference
+    summary["detectable"] = detectable(paired["n"], discordance, paired["a_only"] + paired["b_only"])
+    summary["noise_floor"] = noise_floor(rows).to_dict() if same_arm else None
+    summary["fields"] = field_scores(rows)
     return summary
 
 
-def _block(rows: list, label_a: str, label_b: str) -> dict:
+def detectable(rows: int, discordance: float = DISCORDANCE, discordant: int | None = None) -> dict:
+    """The smallest accuracy difference ``rows`` paired rows detect (McNemar, two-sided ``ALPHA``,
+    power ``POWER``) at the assumed share of discordant rows, and at the observed one when
+    ``discordant`` is given: what the CLI prints before a run and the summary keeps."""
+    observed = discordant / rows if discordant is not None and rows else None
+    return {"rows": rows, "alpha": ALPHA, "power": POWER, "discordance_assumed": discordance,
+            "at_assumed": detectable_difference(rows, discordance),
+            "discordance_observed": observed,
+            "at_observed": detectable_difference(rows, observed) if observed else None}
+
+
+def _block(rows: list, label_a: str, label_b: str, margin: float = MARGIN) -> dict:
     """Every number of the summary for one group of rows (the whole run, or one category)."""
     ok = [row for row in rows if row.error is None]
     scored = [row for row in ok if row.correct_a is not None and row.correct_b is not None]
@@ -99,6 +123,7 @@ def _block(rows: list, label_a: str, label_b: str) -> dict:
         "n_errors": len(rows) - len(ok),
         "arms": {"a": _arm(label_a, [r.correct_a for r in ok]), "b": _arm(label_b, [r.correct_b for r in ok])},
         "paired": paired,
+        "equivalence": tost_paired(paired["a_only"], paired["b_only"], len(scored), margin).to_dict(),
         "agreement": sum(r.agree for r in ok) / len(ok) if ok else None,
         "kl": _kl_over_rows(ok) if row_kl else None,
         "blank_same": {"a": _rate([r.blank_same_a for r in ok]), "b": _rate([r.blank_same_b for r in ok])},

@@ -38,8 +38,8 @@ FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
 #: Settings a resumed run may change: how fast it goes (``concurrency``, ``batch_size``: greedy
 #: answers are the same batched or not) and how many rows it covers (``limit``: the rows are the
 #: first N of one fixed order, so a larger limit only adds rows). An arm's ``label`` is only its
-#: shown name.
-MAY_CHANGE = ("concurrency", "batch_size", "limit")
+#: shown name. ``margin`` and ``discordance`` only change how the rows are summed up.
+MAY_CHANGE = ("concurrency", "batch_size", "limit", "margin", "discordance")
 
 
 def _question(settings: dict) -> dict:

@@ -1,0 +1,66 @@
+"""The Evaluate tab's "can it say no change" parts: the margin and discordance boxes, the
+detectable difference shown before a run, and after it the Equivalence block and the per-field
+table (the numbers come from :mod:`g4v.evaluate.equivalence` and :mod:`g4v.evaluate.fields`)."""
+
+import gradio as gr
+
+from g4v.errors import G4VError
+from g4v.evaluate import EvalConfig
+from g4v.evaluate.equivalence import plan_line, summary_lines
+from g4v.evaluate.fields import FIELD_HEADERS, field_rows
+from g4v.evaluate.stats import detectable
+from webapp.evaluate_tables import column_widths, whole_or_none
+
+
+def equivalence_boxes() -> tuple[gr.Number, gr.Number]:
+    """The equivalence margin and the share of discordant rows assumed before a run."""
+    with gr.Row():
+        margin = gr.Number(value=EvalConfig.margin, label="Equivalence margin (0.02 = ±2 points of accuracy)",
+                           elem_id="eval-margin")
+        discordance = gr.Number(value=EvalConfig.discordance, elem_id="eval-discordance",
+                                label="Assumed share of rows right in one arm only (for the detectable difference)")
+    return margin, discordance
+
+
+def plan_view(rows: int | None, limit: int) -> tuple[gr.State, gr.Markdown]:
+    """The dataset's row count (set as a dataset is chosen) and the line that shows the
+    detectable difference for the rows a run will cover."""
+    return gr.State(rows), gr.Markdown(plan_text(rows, limit, EvalConfig.discordance), elem_id="eval-plan")
+
+
+def wire_plan(row_count, limit, discordance, planned) -> None:
+    """The line follows the dataset, the rows box and the discordance box."""
+    for source in (row_count, limit, discordance):
+        source.change(plan_text, [row_count, limit, discordance], planned, api_visibility="private", queue=False)
+
+
+def plan_text(rows, limit, discordance) -> str:
+    """Before a run: the detectable difference for the rows it will cover (the dataset's, cut to
+    the limit); empty while the boxes hold no valid numbers (Run names the problem)."""
+    try:
+        cut = whole_or_none(limit, "limit", smallest=1, means_none=0)
+        if not rows or isinstance(discordance, bool) or not 0 < float(discordance) < 1:
+            return ""
+    except (G4VError, TypeError, ValueError):
+        return ""
+    return "Before the run: " + plan_line(detectable(min(rows, cut or rows), float(discordance))) + "."
+
+
+def result_views() -> tuple[gr.Markdown, gr.Dataframe]:
+    """The Equivalence block and the per-field table, filled after a run."""
+    block = gr.Markdown(elem_id="eval-equivalence")
+    table = gr.Dataframe(headers=FIELD_HEADERS, label="Per-field scores (key-value and table answers), most moved first",
+                         interactive=False, elem_id="eval-fields", wrap=True, max_height=320,
+                         column_widths=column_widths(FIELD_HEADERS))
+    return block, table
+
+
+def result_values(summary: dict) -> tuple[str, list[list]]:
+    """What :func:`result_views` show for a run."""
+    return equivalence_text(summary), field_rows(summary.get("fields"))
+
+
+def equivalence_text(summary: dict) -> str:
+    """The Equivalence block: the TOST verdict, the detectable difference, the noise floor."""
+    lines = summary_lines(summary)
+    return "\n".join(["**Equivalence**", "", *(f"- {line}" for line in lines)]) if lines else ""
