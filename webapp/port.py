@@ -50,7 +50,7 @@ def port_tab(model: str, last_chat_image: gr.State) -> None:
             prompt = gr.Textbox(label="Prompt", value="What colour is the shape?")
             run = gr.Button("Compare", variant="primary", interactive=available)
     verdict = gr.Markdown()
-    table = gr.Dataframe(headers=list(LEVEL_COLUMNS), label="Levels", interactive=False)
+    table = gr.Dataframe(headers=list(LEVEL_COLUMNS), label="Levels", interactive=False, elem_id="port-levels")
     picture = gr.Image(label="Per-token differences and trajectories", format="png")
     details = gr.JSON(label="Everything (trajectory, next token, config audit)")
     use_last_chat_image(from_chat, last_chat_image, image)
