@@ -173,10 +173,23 @@ def test_lora_answers_follow_the_picture_and_its_entries_and_diff_read_whole(app
 @pytest.mark.parametrize("width", [1280, 900])
 def test_port_table_breaks_no_word_inside(app_url, shots, width):
     """vLLM port tab at a 1280- and a 900-pixel window: no word of the level table's headers
-    ("share of tolerance used", "max relative diff") is drawn across two lines."""
+    ("share of tolerance used", "max relative diff") is drawn across two lines (its rows need the
+    vLLM environment: tests/test_app_tabs.py). The vision LoRA options' audit note follows the
+    typed LoRA arguments: a finding, or the one line that refuses them."""
     with browser_page(width=width, height=1200) as page:
         page.goto(app_url)
         page.get_by_role("tab", name="vLLM port").click()
         page.wait_for_selector("#port-levels th")
         assert page.evaluate(SPLIT_WORDS, ["#port-levels", SHORT_WORD]) == []
+        if width == 1280:  # the vision LoRA options' audit follows what is typed, before anything runs
+            note = "() => document.querySelector('#port-lora-audit').innerText"
+            page.get_by_text("Vision LoRA and vLLM serving").click()  # closed on a checkpoint without one
+            page.wait_for_selector("#port-lora-audit")
+            assert "has no vision LoRA" in page.evaluate(note)  # the bundled checkpoint: merged weights
+            box = page.locator("#port-vllm-serving textarea, #port-vllm-serving input").first
+            box.fill('{"hf_overrides": {"adapter_path": "granite4-vision-tiny"}}')
+            page.wait_for_function(f"() => ({note})().includes('hf_overrides adapter_path is read by no code')")
+            box.fill('{"default_mm_loras": {"image": "/etc"}}')
+            page.wait_for_function(f"() => ({note})().includes('Not usable')")
+            assert "may only name this checkpoint's folder" in page.evaluate(note)
         page.screenshot(path=str(shots / f"readable-4-port-{width}.png"), full_page=True)
