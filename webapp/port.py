@@ -97,9 +97,10 @@ def make_port_diff(model: str, checkpoint: PortCheckpoint | None = None):
     checkpoint = checkpoint or PortCheckpoint.of(model)
 
     @shows_errors
-    def port_diff(image_path, prompt, vision_lora=DEFAULT_MODE, vllm_vision_lora=DEFAULT_MODE, vllm_serving=""):
+    def port_diff(image_path, prompt, vision_lora=DEFAULT_MODE, vllm_vision_lora=DEFAULT_MODE, vllm_serving=None):
         """vLLM's granite4_vision against transformers for one image (runs in the vLLM environment),
-        with the vision LoRA options checked before vLLM starts."""
+        with the vision LoRA options checked before vLLM starts (every option has a default, so an
+        API client that sends only the image and prompt still runs: ``vllm_serving`` None, not "")."""
         settings = lora_settings(checkpoint, vision_lora, vllm_vision_lora, vllm_serving)
         report = run_port_diff_in_vllm_env(image_path, prompt, model, vision_lora=settings.transformers,
                                            vllm_vision_lora=settings.vllm, vllm_serving=settings.serving)
