@@ -121,8 +121,8 @@ def test_lora_answers_follow_the_picture_and_its_entries_and_diff_read_whole(app
     """LoRA tab at a 1280-pixel window: every adapter entry (which names its base) fits its box; a
     side-by-side run's answers go when another picture comes, and a token diff on it fills both
     boxes with its own greedy answers (the left one equal to the model's own greedy answer on the new
-    picture, computed here on the same checkpoint), never the old picture's; the diff's words are
-    unbroken."""
+    picture, computed here on the same checkpoint), never the old picture's; the diff's answers wrap
+    inside the page, their words unbroken."""
     from g4v.conversation import Message, SamplingSettings
     from g4v.images import open_image
     from g4v.lora.token_diff import DIFF_TOKENS
@@ -167,6 +167,8 @@ def test_lora_answers_follow_the_picture_and_its_entries_and_diff_read_whole(app
         assert page.locator("#lora-left-answer textarea").input_value().strip() == greedy[tall]
         assert page.locator("#lora-right-answer textarea").input_value().strip()
         assert page.evaluate(SPLIT_WORDS, ["#lora-diff", SHORT_WORD]) == []
+        # both answers wrap inside the page (spans kept whole with white-space: pre ran off its right)
+        assert page.evaluate(FITS, "#lora-diff .g4v-lora-diff")
         page.screenshot(path=str(shots / "readable-3-lora.png"), full_page=True)
 
 
