@@ -81,3 +81,10 @@ def to_rgb(image: Image.Image) -> Image.Image:
     if image.mode != "RGB":
         return image.convert("RGB")
     return image
+
+
+def named_size(width: int, height: int) -> dict:
+    """A size for JSON with its sides named, ``{"width": W, "height": H}`` (``image_size`` in the
+    tiling, inspect, attribution and port-diff JSON): a bare pair was [height, width] there, as in
+    transformers' ``image_sizes``, while every text says width x height; names cannot be misread."""
+    return {"width": int(width), "height": int(height)}

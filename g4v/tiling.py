@@ -18,8 +18,9 @@ token counts, the CLI, the overlay, heatmaps and ablations all read :attr:`Tilin
 Coordinates: sizes are ``(height, width)`` like transformers' ``image_sizes``; boxes are
 ``(left, top, right, bottom)`` in pixels like PIL, as floats because resizing makes them fractional.
 What people read says width first, in words (:func:`across`, :func:`pixels`): "512 x 600 px (width x
-height)", "2 wide x 3 tall"; the JSON keeps ``image_size`` as [height, width] and adds
-``image_width`` / ``image_height``.
+height)", "2 wide x 3 tall"; the JSON names the sides of ``image_size`` (``{"width": W, "height": H}``,
+:func:`~g4v.images.named_size`) and keeps transformers' [height, width] for the other pairs
+(``best_resolution``, ``grid``...).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from dataclasses import asdict, dataclass
 from fractions import Fraction
 
 from g4v.errors import G4VError, quoted
+from g4v.images import named_size
 
 Box = tuple[float, float, float, float]  # (left, top, right, bottom) in pixels
 Size = tuple[int, int]  # (height, width)
@@ -162,9 +164,7 @@ class TilingPlan:
     def to_dict(self) -> dict:
         """Plain JSON-ready data (lists, numbers, strings); boxes rounded to 1/100 pixel."""
         return {
-            "image_size": list(self.image_size),  # [height, width], as transformers' image_sizes
-            "image_width": self.image_size[1],
-            "image_height": self.image_size[0],
+            "image_size": named_size(width=self.image_size[1], height=self.image_size[0]),
             "tile_size": self.tile_size,
             "patch_size": self.patch_size,
             "downsample_rate": self.downsample_rate,

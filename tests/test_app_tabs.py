@@ -59,13 +59,14 @@ def test_lora_diff_endpoint_equals_the_library_run(client, hf_engine):
     from g4v.lora.token_diff import lora_diff
     from tests.test_golden_cli import assert_same
 
-    html, plot, data = client.predict("demo-lora", handle_file(str(EXAMPLE)), "What colour is it?", 8,
-                                      api_name="/lora_diff")
+    html, plot, data, left, right = client.predict("demo-lora", handle_file(str(EXAMPLE)), "What colour is it?", 8,
+                                                   api_name="/lora_diff")
     messages = [Message("user", "What colour is it?", [Image.open(EXAMPLE).convert("RGB")])]
     name = activate_adapter(hf_engine, "demo-lora").name
     expected = lora_diff(hf_engine, messages, name, SamplingSettings(max_new_tokens=8)).to_dict()
     assert_same(data, expected)
     assert data["base_text"] != data["adapter_text"] and plot is not None
+    assert (left, right) == (expected["base_text"], expected["adapter_text"])  # the answer boxes show the diff's answers
     assert all(token["text"] in html for token in data["base_tokens"] if token["text"].strip().isalnum())
 
 

@@ -99,11 +99,99 @@ def test_the_token_budget_is_shown_once_in_view_and_the_picked_token_is_framed(a
 def test_evaluate_tables_break_no_word_inside(app_url, shots, width):
     """Evaluate tab, after a run of 4 rows at a 1280- and a 900-pixel window: no header or cell word
     of the aggregate and sample tables is drawn across two lines ("agreemen t" in the walk; the
-    bundled rows' ids, "p000-count", broke at their hyphen in a column sized for its header)."""
+    bundled rows' ids, "p000-count", broke at their hyphen in a column sized for its header); at
+    1280 pixels every aggregate column is whole and inside the table's frame."""
     from tests.test_evaluate_app import run_in_browser
 
     with browser_page(width=width, height=1400) as page:
         run_in_browser(page, app_url, limit=4)
         for table in ("#eval-aggregate", "#eval-samples"):
             assert page.evaluate(SPLIT_WORDS, [table, SHORT_WORD]) == [], table
+        if width == 1280:  # all 11 aggregate columns in view at a common width (the last one was cut off)
+            columns = page.evaluate(COLUMNS_IN_VIEW, "#eval-aggregate")
+            assert len(columns) == 11 and all(c["whole"] and c["inside"] for c in columns), columns
         page.screenshot(path=str(shots / f"readable-2-evaluate-{width}.png"), full_page=True)
+
+
+#: Whether the element's text is drawn whole (nothing scrolled or cut by its own width).
+FITS = "(selector) => { const e = document.querySelector(selector); return e.scrollWidth <= e.clientWidth + 1; }"
+
+
+def test_lora_answers_follow_the_picture_and_its_entries_and_diff_read_whole(app_url, hf_engine, shots):
+    """LoRA tab at a 1280-pixel window: every adapter entry (which names its base) fits its box; a
+    side-by-side run's answers go when another picture comes, and a token diff on it fills both
+    boxes with its own greedy answers (the left one equal to the model's own greedy answer on the new
+    picture, computed here on the same checkpoint), never the old picture's; the diff's answers wrap
+    inside the page, their words unbroken."""
+    from g4v.conversation import Message, SamplingSettings
+    from g4v.images import open_image
+    from g4v.lora.token_diff import DIFF_TOKENS
+    from tests.test_lora_browser import run_side_by_side
+
+    prompt = "What colour is the shape?"
+    tall = str(EXAMPLES_DIR / "shapes-tall.png")
+    greedy = {path: hf_engine.generate([Message("user", prompt, [open_image(path)])],
+                                       SamplingSettings(max_new_tokens=DIFF_TOKENS)).text.strip()
+              for path in (EXAMPLE, tall)}
+    assert greedy[EXAMPLE] != greedy[tall]  # the fixture this test relies on: the pictures get other answers
+    with browser_page(width=1280, height=1600) as page:
+        page.goto(app_url)
+        page.get_by_role("tab", name="LoRA").click()
+        first = page.locator("#lora-adapter input").input_value()  # preselected: made for this model
+        assert first.startswith("demo-lora ") and page.evaluate(FITS, "#lora-adapter input"), first
+        page.locator("#lora-adapter input").click()
+        entries = [o.strip().splitlines()[-1] for o in page.locator("#lora-adapter [role=option]").all_inner_texts()]
+        assert len(entries) >= 2, entries
+        for entry in [*(e for e in entries if e != first), first]:  # each with the list open
+            page.get_by_role("option", name=entry, exact=True).click()
+            page.wait_for_function("(entry) => document.querySelector('#lora-adapter input').value === entry", arg=entry)
+            page.wait_for_timeout(300)
+            assert page.evaluate(FITS, "#lora-adapter input"), entry
+            page.locator("#lora-adapter input").click()
+        page.keyboard.press("Escape")
+
+        page.locator("#lora-image input[type=file]").set_input_files(EXAMPLE)
+        page.wait_for_function(PICTURE_SHOWN, arg="#lora-image")
+        page.locator("#lora-prompt textarea").fill(prompt)
+        left, _ = run_side_by_side(page)
+        assert left.strip() == greedy[EXAMPLE]
+
+        page.locator("#lora-image input[type=file]").set_input_files(tall)  # in place of the first
+        page.wait_for_function(PICTURE_SHOWN, arg="#lora-image")
+        page.wait_for_function("() => ['#lora-left-answer', '#lora-right-answer'].every(b => "
+                               "document.querySelector(`${b} textarea`).value === '')")
+        page.get_by_role("button", name="Token-level difference").click()
+        page.wait_for_function("() => /first differ|never differ/.test(document.querySelector('#lora-diff').innerText)"
+                               " && document.querySelector('#lora-left-answer textarea').value.trim()",
+                               timeout=180_000)
+        assert page.locator("#lora-left-answer textarea").input_value().strip() == greedy[tall]
+        assert page.locator("#lora-right-answer textarea").input_value().strip()
+        assert page.evaluate(SPLIT_WORDS, ["#lora-diff", SHORT_WORD]) == []
+        # both answers wrap inside the page (spans kept whole with white-space: pre ran off its right)
+        assert page.evaluate(FITS, "#lora-diff .g4v-lora-diff")
+        page.screenshot(path=str(shots / "readable-3-lora.png"), full_page=True)
+
+
+@pytest.mark.parametrize("width", [1280, 900])
+def test_port_table_breaks_no_word_inside(app_url, shots, width):
+    """vLLM port tab at a 1280- and a 900-pixel window: no word of the level table's headers
+    ("share of tolerance used", "max relative diff") is drawn across two lines (its rows need the
+    vLLM environment: tests/test_app_tabs.py). The vision LoRA options' audit note follows the
+    typed LoRA arguments: a finding, or the one line that refuses them."""
+    with browser_page(width=width, height=1200) as page:
+        page.goto(app_url)
+        page.get_by_role("tab", name="vLLM port").click()
+        page.wait_for_selector("#port-levels th")
+        assert page.evaluate(SPLIT_WORDS, ["#port-levels", SHORT_WORD]) == []
+        if width == 1280:  # the vision LoRA options' audit follows what is typed, before anything runs
+            note = "() => document.querySelector('#port-lora-audit').innerText"
+            page.get_by_text("Vision LoRA and vLLM serving").click()  # closed on a checkpoint without one
+            page.wait_for_selector("#port-lora-audit")
+            assert "has no vision LoRA" in page.evaluate(note)  # the bundled checkpoint: merged weights
+            box = page.locator("#port-vllm-serving textarea, #port-vllm-serving input").first
+            box.fill('{"hf_overrides": {"adapter_path": "granite4-vision-tiny"}}')
+            page.wait_for_function(f"() => ({note})().includes('hf_overrides adapter_path is read by no code')")
+            box.fill('{"default_mm_loras": {"image": "/etc"}}')
+            page.wait_for_function(f"() => ({note})().includes('Not usable')")
+            assert "may only name this checkpoint's folder" in page.evaluate(note)
+        page.screenshot(path=str(shots / f"readable-4-port-{width}.png"), full_page=True)

@@ -26,7 +26,8 @@ def test_tiling_of_a_pdf_page_is_the_tiling_of_that_page_as_a_picture(tmp_path):
     from_png = g4v("tiling", str(pdfium_page_png(tmp_path, 2, 100)), "--json")
     assert from_pdf.returncode == 0, from_pdf.stderr
     assert json.loads(from_pdf.stdout) == json.loads(from_png.stdout)
-    height, width = json.loads(from_pdf.stdout)["image_size"]
+    size = json.loads(from_pdf.stdout)["image_size"]
+    height, width = size["height"], size["width"]
     assert abs(height - 11.69 * 100) < 1 and abs(width - 8.27 * 100) < 1.01  # A4 at 100 dpi
 
 

@@ -59,3 +59,91 @@ def test_adapter_path_is_flagged_on_a_merged_checkpoint_too():
 def test_bad_serving_text_is_one_line(text, words):
     with pytest.raises(G4VError, match=words):
         lora_audit.parse_serving(text)
+
+
+# ── The vLLM port tab's vision LoRA options (issue 32): checked and audited before vLLM starts ──
+
+FOLDER = VLORA_MODEL_DIR.name  # how the tab names the checkpoint's folder (never its server path)
+
+
+@pytest.fixture(scope="module")
+def checkpoint():
+    from webapp.port import PortCheckpoint
+
+    return PortCheckpoint.of(str(VLORA_MODEL_DIR))
+
+
+@pytest.mark.parametrize("transformers, vllm, serving, start", [
+    ("native", "off", "", "vLLM does not apply the checkpoint's vision LoRA (vision-lora=off)"),
+    ("native", "native", '{"enable_lora": true, "max_lora_rank": 16}',
+     "vLLM does not apply the checkpoint's vision LoRA (default_mm_loras has no image entry"),
+    ("native", "native", f'{{"hf_overrides": {{"adapter_path": "{FOLDER}"}}}}',
+     "hf_overrides adapter_path is read by no code in vLLM 0.32's granite4_vision"),
+    ("native", "native", f'{{"enable_lora": true, "max_lora_rank": 8, "default_mm_loras": {{"image": "{FOLDER}"}}}}',
+     "max_lora_rank 8 is below the vision LoRA's rank 16"),
+])
+def test_the_port_tab_lists_each_misconfiguration_as_a_line(checkpoint, transformers, vllm, serving, start):
+    """The tab's audit, from the config alone: each of the three misconfigurations (and the LoRA
+    off on one side) is a line of its own, as the audit of the same settings written with the
+    server's folder says (the folder's name in place of its path); the defaults have no finding."""
+    from webapp.port import audit_note
+
+    note = audit_note(checkpoint, transformers, vllm, serving)
+    lines = [line.removeprefix("- ") for line in note.splitlines() if line.startswith("- ")]
+    assert any(line.startswith(start) for line in lines), note
+    used = lora_audit.parse_serving(serving.replace(f'"{FOLDER}"', f'"{LORA.folder}"') or None) \
+        or lora_audit.recipe(LORA, vllm)
+    assert lines == [line.replace(str(LORA.folder), FOLDER) for line in lora_audit.findings(LORA, transformers, vllm, used)]
+    assert str(VLORA_MODEL_DIR.parent) not in note  # no server path in the page
+    default = audit_note(checkpoint, "native", "native", "")
+    assert default.startswith("Vision LoRA: rank 16, 70 modules") and "- no finding" in default
+
+
+@pytest.mark.parametrize("serving, words", [
+    ('{"default_mm_loras": {"image": "/etc"}}', f"may only name this checkpoint's folder, '{FOLDER}'"),
+    ('{"default_mm_loras": {"image": "../granite4-vision-tiny"}}', "may only name this checkpoint's folder"),
+    ('{"hf_overrides": {"num_hidden_layers": 1}}', "hf_overrides takes only adapter_path here"),
+    ('{"lora": 1}', "vLLM LoRA arguments: 'lora' is not one of"),
+    ("{", "vLLM LoRA arguments must be a JSON object"),
+])
+def test_the_port_tab_refuses_outside_folders_and_bad_json_in_one_line(checkpoint, serving, words):
+    """A visitor's LoRA arguments name no folder but the checkpoint's (vLLM would load it) and no
+    config override; the refusal names the box, not a CLI flag, in one line, before vLLM starts."""
+    import gradio as gr
+
+    from webapp.port import audit_note, make_port_diff
+
+    assert audit_note(checkpoint, "native", "native", serving).startswith("**Not usable**: ")
+    with pytest.raises(gr.Error) as err:
+        make_port_diff(str(VLORA_MODEL_DIR), checkpoint)("x.png", "Hi", "native", "native", serving)
+    assert words in err.value.message and "\n" not in err.value.message and "--vllm" not in err.value.message
+
+
+def test_the_port_tab_runs_port_diff_with_its_options(checkpoint, tmp_path):
+    """The options reach ``port-diff`` as its own flags (read back by the CLI's own parser), the
+    checkpoint's folder name given to vLLM as the folder; the endpoint takes the three options."""
+    import argparse
+    import json
+
+    import gradio as gr
+
+    from g4v.commands.port_diff import add_parser
+    from g4v.port.in_vllm_env import port_diff_command
+    from webapp.port import lora_settings, port_tab
+
+    text = f'{{"enable_lora": true, "max_lora_rank": 8, "default_mm_loras": {{"image": "{FOLDER}"}}}}'
+    settings = lora_settings(checkpoint, "merged", "native", text)
+    command = port_diff_command("python", "x.png", "Hi", str(VLORA_MODEL_DIR), tmp_path / "p.png", 4,
+                                settings.transformers, settings.vllm, settings.serving)
+    parser = argparse.ArgumentParser()
+    add_parser(parser.add_subparsers())
+    args = parser.parse_args(command[3:])
+    assert (args.vision_lora, args.vllm_vision_lora) == ("merged", "native")
+    assert lora_audit.parse_serving(args.vllm_serving) == {**json.loads(text), "default_mm_loras": {"image": str(LORA.folder)}}
+    assert port_diff_command("python", "x.png", "Hi", "m", tmp_path / "p.png")[-1] == str(tmp_path / "p.png")  # CLI defaults
+
+    with gr.Blocks() as demo:
+        port_tab(str(VLORA_MODEL_DIR), gr.State())
+    ids = {block._id: getattr(block, "elem_id", None) for block in demo.blocks.values()}
+    [endpoint] = [d for d in demo.config["dependencies"] if d.get("api_name") == "port_diff"]
+    assert [ids[i] for i in endpoint["inputs"]][2:] == ["port-vision-lora", "port-vllm-vision-lora", "port-vllm-serving"]

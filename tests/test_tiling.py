@@ -455,7 +455,7 @@ def test_cli_json_and_png(tmp_path, processors, configs):
     assert result.returncode == 0, result.stderr
     data = json.loads(result.stdout)
 
-    assert data["image_size"] == [300, 500]
+    assert data["image_size"] == {"width": 500, "height": 300}
     grid = get_anyres_image_grid_shape([300, 500], configs["bundled"].image_grid_pinpoints, 128)
     assert data["grid"] == list(grid)
     assert data["best_resolution"] == [grid[0] * 128, grid[1] * 128]
@@ -507,8 +507,8 @@ def test_sizes_read_width_first_and_grids_in_words(tmp_path, capsys):
 
     assert main(["tiling", "--config", str(REAL_CONFIG_DIR), "--json", str(path)]) == 0
     data = json.loads(capsys.readouterr().out)
-    assert (data["image_width"], data["image_height"]) == picture.size
-    assert data["image_size"] == [picture.height, picture.width]  # [height, width], as transformers' image_sizes
+    assert (data["image_size"]["width"], data["image_size"]["height"]) == picture.size  # sides named, as in port-diff
+    assert "image_width" not in data and "image_height" not in data  # said once
     title = overlay_title(data)
     assert title.startswith(f"image {picture.width} x {picture.height} px (width x height)")
     assert f"tiles {cols} wide x {rows} tall" in title

@@ -69,7 +69,9 @@ def diff_html(diff: dict) -> str:
     summary = "the greedy choices never differ" if first is None else f"greedy choices first differ at token {first}"
     left, right = (html.escape(name) for name in _names(diff))
     parts = [
-        '<div class="g4v-lora-diff" style="font-family: monospace; line-height: 1.9">',
+        # Lines wrap at the spaces inside tokens only (no break between two tokens of a word); a run
+        # longer than a line (a random model's) breaks anywhere rather than run past the page.
+        '<div class="g4v-lora-diff" style="font-family: monospace; line-height: 1.9; overflow-wrap: anywhere">',
         f"<p><b>{left}</b> vs <b>{right}</b>: {summary}. "
         f"Green: {right} favours the token; red: {left} does.</p>",
     ]
@@ -85,7 +87,7 @@ def diff_html(diff: dict) -> str:
 def _token_span(token: dict, divergent: bool, names: tuple[str, str]) -> str:
     r, g, b = delta_colour(token["delta"])
     border = "2px solid #1f4fd1" if divergent else "1px solid #ddd"
-    style = f"background: rgb({r},{g},{b}); border: {border}; padding: 0 1px; white-space: pre"
+    style = f"background: rgb({r},{g},{b}); border: {border}; padding: 0 1px; white-space: pre-wrap"
     text = html.escape(_visible(token["text"]))
     return f'<span style="{style}" title="{html.escape(_tooltip(token, names))}">{text}</span>'
 

@@ -73,7 +73,7 @@ def save_tiling_overlay(image: Image.Image, plan: dict, path: str | Path) -> Pat
 
 def overlay_title(plan: dict) -> str:
     """The overlay's title: sizes width first and grids in words, as the CLI writes them."""
-    height, width = plan["image_size"]
+    width, height = plan["image_size"]["width"], plan["image_size"]["height"]
     best_height, best_width = plan["best_resolution"]
     rows, cols = plan["grid"]
     unpadded_rows, unpadded_cols = plan["unpadded_grid"]

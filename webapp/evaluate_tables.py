@@ -21,15 +21,19 @@ NAME_COLUMNS, NAME_CHARS = {"id", "category"}, 16
 #: Pixels per character of a header's longest word (the table's bold monospace), and the cell's own
 #: padding and menu button.
 HEADER_CHAR_PX, HEADER_EXTRA_PX, TEXT_COLUMN_PX = 9.5, 44, 220
+#: A long header's line, in characters: "right: both / A only / B only / neither" on two lines took
+#: 229 px, and the 11 aggregate columns then ran past a 1280-pixel window's table (the last one cut).
+HEADER_LINE_CHARS = 13
 
 
 def column_widths(headers: list[str]) -> list[str]:
     """A width for each column wide enough for its header's longest word and for half the header
-    (and a name column for a short name), so headers wrap between words only, on two lines or so (Gradio sizes the columns to the cells
-    and then breaks header words anywhere)."""
+    (at most :data:`HEADER_LINE_CHARS` a line), and a name column for a short name, so headers wrap
+    between words only, on two or three lines (Gradio sizes the columns to the cells and then breaks
+    header words anywhere)."""
     widths = []
     for header in headers:
-        characters = max(max(len(word) for word in header.split()), len(header) / 2,
+        characters = max(max(len(word) for word in header.split()), min(len(header) / 2, HEADER_LINE_CHARS),
                          NAME_CHARS if header in NAME_COLUMNS else 0)
         widths.append(round(HEADER_CHAR_PX * characters + HEADER_EXTRA_PX))
     return [f"{max(width, TEXT_COLUMN_PX if header in TEXT_COLUMNS else 0)}px" for width, header in zip(widths, headers)]

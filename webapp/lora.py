@@ -4,7 +4,8 @@ import threading
 
 import gradio as gr
 
-from g4v.lora.choices import adapter_folder_help, base_warning, describe_adapters, preselected_adapter
+from g4v.lora.choices import (adapter_folder_help, adapter_note, base_warning, describe_adapters,
+                              preselected_adapter)
 from g4v.lora.models import DEFAULT_LEFT, DEFAULT_RIGHT, model_choices
 from g4v.lora.side_by_side import lora_side_by_side
 from g4v.lora.token_diff import DIFF_TOKENS, lora_token_diff
@@ -26,11 +27,12 @@ def make_handlers(engine, adapters_dir, gpu_task):
     @gpu_task
     @shows_errors
     def token_diff(adapter, image_path, prompt, max_new_tokens, left=DEFAULT_LEFT, right=DEFAULT_RIGHT):
-        """Greedy answers of the two chosen models, scored token by token under both."""
+        """Greedy answers of the two chosen models, scored token by token under both; the answer
+        boxes get those answers too, so they never show an earlier input's answers beside the diff."""
         settings = sampling_settings(max_new_tokens)
         view = lora_token_diff(engine, adapter or "", prompt, [image_path] if image_path else [],
                                settings.max_new_tokens, adapters_dir=adapters_dir, left=left, right=right)
-        return view.html, view.figure, view.data
+        return view.html, view.figure, view.data, view.data["base_text"], view.data["adapter_text"]
 
     return side_by_side, token_diff
 
@@ -54,11 +56,14 @@ def lora_tab(engine, model: str, adapters_dir, last_chat_image: gr.State, concur
                 "vision LoRA the base language model, the vision model (what Chat runs) and your adapter as its "
                 "kind runs (on top of the vision LoRA, or in its place); otherwise the model and the adapter. "
                 + adapter_folder_help(adapters_dir))
+    options = describe_adapters(adapters_dir, model)  # adapters made for this model first
+    # a row of its own: an entry names its base ("... (made for assets/granite4-vision-tiny-trained)"),
+    # cut off in a third of the page
+    adapter = gr.Dropdown([(option.label, option.name) for option in options],
+                          value=preselected_adapter(adapters_dir, model), label="Adapter",
+                          info=adapter_note(options, engine.vision_lora is not None) or None,
+                          allow_custom_value=True, elem_id="lora-adapter")
     with gr.Row():
-        options = describe_adapters(adapters_dir, model)  # adapters made for this model first
-        adapter = gr.Dropdown([(option.label, option.name) for option in options],
-                              value=preselected_adapter(adapters_dir, model), label="Adapter",
-                              allow_custom_value=True, elem_id="lora-adapter")
         image = image_input(label="Image (optional)", height=200, elem_id="lora-image")
         refuse_non_pictures(image)
         with gr.Column():
@@ -82,7 +87,7 @@ def lora_tab(engine, model: str, adapters_dir, last_chat_image: gr.State, concur
         base_answer = gr.Textbox(label=labels[DEFAULT_LEFT], lines=4, interactive=False, elem_id="lora-left-answer")
         adapter_answer = gr.Textbox(label=labels[DEFAULT_RIGHT], lines=4, interactive=False,
                                     elem_id="lora-right-answer")
-    diff_html = gr.HTML()
+    diff_html = gr.HTML(elem_id="lora-diff")
     diff_plot = gr.Plot(label="Log-probabilities and KL per token")
     diff_json = gr.JSON(label="Numbers", visible=False)
 
@@ -99,8 +104,13 @@ def lora_tab(engine, model: str, adapters_dir, last_chat_image: gr.State, concur
     running = run.click(side_by_side, [adapter, image, prompt, max_new_tokens, temperature, seed, left, right],
                         [base_answer, adapter_answer], api_name="lora_side_by_side", **model_bound)
     diffing = diff_run.click(token_diff, [adapter, image, prompt, max_new_tokens, left, right],
-                             [diff_html, diff_plot, diff_json], api_name="lora_diff", **model_bound)
+                             [diff_html, diff_plot, diff_json, base_answer, adapter_answer], api_name="lora_diff",
+                             **model_bound)
     without_error_badges(running, [base_answer, adapter_answer])
-    without_error_badges(diffing, [diff_html, diff_plot, diff_json])
+    without_error_badges(diffing, [diff_html, diff_plot, diff_json, base_answer, adapter_answer])
+    # another picture (uploaded, from Chat, a PDF page, "Open in LoRA"): the answers and the diff
+    # were the old picture's, so they go rather than stand unmarked beside the new one
+    image.change(lambda: ("", "", "", None), None, [base_answer, adapter_answer, diff_html, diff_plot],
+                 api_visibility="private", queue=False, show_progress="hidden")
     stop.click(None, cancels=[running, diffing], api_visibility="private")
     return adapter, image, prompt

@@ -1,9 +1,16 @@
 """The vLLM port tab: where vLLM's port of Granite 4 Vision departs from transformers, per injection
-level, per layer, per config field. It runs ``python -m g4v port-diff`` in the vLLM environment."""
+level, per layer, per config field. It runs ``python -m g4v port-diff`` in the vLLM environment,
+with the CLI's vision-LoRA options (``--vision-lora``, ``--vllm-vision-lora``, ``--vllm-serving``)."""
+
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import gradio as gr
 
 from g4v.engines import vllm_python
+from g4v.engines.vision_lora import DEFAULT_MODE, MODES, VisionLora, check_mode, find_vision_lora
+from g4v.errors import G4VError
+from g4v.port import lora_audit
 from g4v.port.in_vllm_env import run_port_diff_in_vllm_env
 from g4v.port.table import LEVEL_COLUMNS, level_rows, without_model_path
 from webapp.common import image_input, refuse_non_pictures, shows_errors, use_last_chat_image, without_error_badges
@@ -12,31 +19,125 @@ from webapp.documents import document_picker
 SETUP_HINT = ("The vLLM environment was not found, so this tab cannot run here. Build it with "
               "`scripts/setup_vllm_cpu_env.sh` (a few minutes, about 6 GiB), or point `G4V_VLLM_PYTHON` "
               "at a Python that has vLLM, then restart the app.")
+#: What the refusals call the serving box (the app has no ``--vllm-serving`` flag).
+SERVING_NAME = "vLLM LoRA arguments"
 
 
-def make_port_diff(model: str):
+@dataclass(frozen=True)
+class PortCheckpoint:
+    """What the tab knows of the served checkpoint, read once from its folder: its vision LoRA (None:
+    it has none) and the folder (None: no local one), whose name the page says instead of its path."""
+
+    lora: VisionLora | None
+    folder: Path | None
+
+    @classmethod
+    def of(cls, model: str) -> "PortCheckpoint":
+        folder = Path(model).expanduser()
+        folder = folder.resolve() if folder.is_dir() else None
+        try:
+            lora = find_vision_lora(str(folder)) if folder is not None else None
+        except G4VError:
+            lora = None  # port-diff itself says what is wrong with it
+        return cls(lora, folder)
+
+    def shown(self, line: str) -> str:
+        """``line`` with the checkpoint's path on the server reduced to its folder's name."""
+        for folder in {self.folder, self.lora.folder if self.lora else None} - {None}:
+            line = line.replace(str(folder), folder.name)
+        return line
+
+
+@dataclass
+class LoraSettings:
+    """The tab's vision LoRA options, checked: both sides' modes, vLLM's LoRA arguments as given
+    (None: g4v's recipe for the mode; folders confined to the checkpoint's), and the audit's
+    findings for them (:func:`g4v.port.lora_audit.findings`, from the config alone, no vLLM)."""
+
+    transformers: str
+    vllm: str
+    serving: dict | None
+    findings: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return {"transformers": self.transformers, "vllm": self.vllm, "vllm_serving": self.serving,
+                "findings": self.findings}
+
+
+def lora_settings(checkpoint: PortCheckpoint, vision_lora: str | None, vllm_vision_lora: str | None,
+                  serving_text: str | None) -> LoraSettings:
+    """The options as port-diff takes them; a bad one is one line (:class:`G4VError`)."""
+    transformers, vllm = check_mode(vision_lora), check_mode(vllm_vision_lora)
+    serving = lora_audit.parse_serving((serving_text or "").strip() or None, SERVING_NAME)
+    serving = lora_audit.confine_serving(serving, checkpoint.folder, SERVING_NAME)
+    lora = checkpoint.lora
+    vllm_side = vllm if lora else "off"
+    used = lora_audit.recipe(lora, vllm_side) if serving is None else serving
+    found = lora_audit.findings(lora, transformers if lora else "off", vllm_side, used)
+    return LoraSettings(transformers, vllm, serving, [checkpoint.shown(line) for line in found])
+
+
+def audit_note(checkpoint: PortCheckpoint, vision_lora, vllm_vision_lora, serving_text) -> str:
+    """The options' audit, before anything runs: what the checkpoint has, then one line per finding
+    (or that both sides run the same model); a bad option says why here, where it is typed."""
+    try:
+        settings = lora_settings(checkpoint, vision_lora, vllm_vision_lora, serving_text)
+    except G4VError as err:
+        return f"**Not usable**: {err}"
+    lora = checkpoint.lora
+    head = ("This checkpoint has no vision LoRA (its weights are the vision model): the modes do not apply."
+            if lora is None else f"Vision LoRA: rank {lora.rank}, {len(lora.modules)} modules; transformers "
+            f"{settings.transformers}, vLLM {settings.vllm}"
+            + (" with g4v's recipe." if settings.serving is None else " with your LoRA arguments."))
+    lines = settings.findings or ["no finding: both sides run the same model"]
+    return head + "\n\n" + "\n".join(f"- {line}" for line in lines)
+
+
+def make_port_diff(model: str, checkpoint: PortCheckpoint | None = None):
+    checkpoint = checkpoint or PortCheckpoint.of(model)
+
     @shows_errors
-    def port_diff(image_path, prompt):
-        """vLLM's granite4_vision against transformers for one image (runs in the vLLM environment)."""
-        report = run_port_diff_in_vllm_env(image_path, prompt, model)
-        verdict, rows, summary = tab_outputs(report.summary)
+    def port_diff(image_path, prompt, vision_lora=DEFAULT_MODE, vllm_vision_lora=DEFAULT_MODE, vllm_serving=None):
+        """vLLM's granite4_vision against transformers for one image (runs in the vLLM environment),
+        with the vision LoRA options checked before vLLM starts (every option has a default, so an
+        API client that sends only the image and prompt still runs: ``vllm_serving`` None, not "")."""
+        settings = lora_settings(checkpoint, vision_lora, vllm_vision_lora, vllm_serving)
+        report = run_port_diff_in_vllm_env(image_path, prompt, model, vision_lora=settings.transformers,
+                                           vllm_vision_lora=settings.vllm, vllm_serving=settings.serving)
+        verdict, rows, summary = tab_outputs(report.summary, checkpoint)
         return verdict, rows, str(report.png), summary
 
     return port_diff
 
 
-def tab_outputs(summary: dict) -> tuple[str, list[list[str]], dict]:
-    """The verdict line, the level table (formatted as the CLI prints it) and the JSON panel's
-    summary, with the model's path on the server reduced to its folder name."""
+def tab_outputs(summary: dict, checkpoint: PortCheckpoint | None = None) -> tuple[str, list[list[str]], dict]:
+    """The verdict line (the vision LoRA findings under it, one per line), the level table
+    (formatted as the CLI prints it) and the JSON panel's summary, with the model's path on the
+    server reduced to its folder name."""
     summary = without_model_path(summary)
+    if checkpoint is not None:
+        summary = _mapped(summary, checkpoint.shown)
     tolerance = summary.get("tolerance") or {}
+    findings = (summary.get("vision_lora") or {}).get("findings") or []
     verdict = (f"**{'Agrees' if summary.get('ok') else 'Differs'}**: {summary.get('message', '')}"
-               + (f"\n\nPer-level tolerance: `{tolerance['rule']}` ({tolerance['source']})" if tolerance else ""))
+               + (f"\n\nPer-level tolerance: `{tolerance['rule']}` ({tolerance['source']})" if tolerance else "")
+               + ("\n\nVision LoRA findings:\n" + "\n".join(f"- {line}" for line in findings) if findings else ""))
     return verdict, level_rows(summary.get("levels") or []), summary
+
+
+def _mapped(value, text):
+    if isinstance(value, str):
+        return text(value)
+    if isinstance(value, dict):
+        return {key: _mapped(item, text) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_mapped(item, text) for item in value]
+    return value
 
 
 def port_tab(model: str, last_chat_image: gr.State) -> None:
     available = vllm_python() is not None
+    checkpoint = PortCheckpoint.of(model)
     gr.Markdown("Where vLLM's port of Granite 4 Vision departs from transformers: per injection level, "
                 "per layer, per config field. Runs in the vLLM environment; about a minute on a CPU.")
     if not available:
@@ -49,10 +150,29 @@ def port_tab(model: str, last_chat_image: gr.State) -> None:
             document_picker(image, elem_id="port-doc")
             prompt = gr.Textbox(label="Prompt", value="What colour is the shape?")
             run = gr.Button("Compare", variant="primary", interactive=available)
+    name = checkpoint.folder.name if checkpoint.folder else "FOLDER"
+    with gr.Accordion("Vision LoRA and vLLM serving", open=checkpoint.lora is not None):
+        with gr.Row():
+            hf_mode = gr.Dropdown(list(MODES), value=DEFAULT_MODE, label="transformers: vision LoRA",
+                                  elem_id="port-vision-lora")
+            vllm_mode = gr.Dropdown(list(MODES), value=DEFAULT_MODE, label="vLLM: vision LoRA",
+                                    info="native: the LoRA per image request; merged: a merged copy; off: the base",
+                                    elem_id="port-vllm-vision-lora")
+        serving = gr.Textbox(label=SERVING_NAME + " (JSON, as you serve it; empty: g4v's recipe for the mode)",
+                             placeholder=f'{{"enable_lora": true, "max_lora_rank": 16, "default_mm_loras": '
+                                         f'{{"image": "{name}"}}}}',
+                             info=f"keys: {', '.join(lora_audit.SERVING_KEYS)}; a folder is this checkpoint's, "
+                                  f"by its name ({name})", elem_id="port-vllm-serving")
+        audit = gr.Markdown(audit_note(checkpoint, DEFAULT_MODE, DEFAULT_MODE, ""), elem_id="port-lora-audit")
+    options = [hf_mode, vllm_mode, serving]
+    for option in options:
+        option.change(lambda *values: audit_note(checkpoint, *values), options, audit, api_visibility="private",
+                      queue=False, show_progress="hidden")
     verdict = gr.Markdown()
-    table = gr.Dataframe(headers=list(LEVEL_COLUMNS), label="Levels", interactive=False)
+    table = gr.Dataframe(headers=list(LEVEL_COLUMNS), label="Levels", interactive=False, elem_id="port-levels")
     picture = gr.Image(label="Per-token differences and trajectories", format="png")
     details = gr.JSON(label="Everything (trajectory, next token, config audit)")
     use_last_chat_image(from_chat, last_chat_image, image)
-    without_error_badges(run.click(make_port_diff(model), [image, prompt], [verdict, table, picture, details],
-                                   api_name="port_diff"), [verdict, table, picture, details])
+    without_error_badges(run.click(make_port_diff(model, checkpoint), [image, prompt, *options],
+                                   [verdict, table, picture, details], api_name="port_diff"),
+                         [verdict, table, picture, details])

@@ -21,7 +21,7 @@ from g4v.attribution.regions import region_scores
 from g4v.conversation import Message, check_text, max_text_chars
 from g4v.engines import transformers_engine
 from g4v.errors import G4VError, quoted
-from g4v.images import open_image
+from g4v.images import named_size, open_image
 from g4v.loading import model_name
 from g4v.model.scoring import greedy_continuation
 from g4v.model.exports import ExportStore, default_export_store
@@ -168,7 +168,7 @@ def build_summary(engine, prompt, picture, plan, answer, attribution, deletion, 
     return {
         "model": model_name(getattr(info, "model", None)) or None,  # no server path in an export
         "prompt": prompt,
-        "image_size": [picture.height, picture.width],
+        "image_size": named_size(picture.width, picture.height),
         "num_image_tokens": plan.num_image_tokens,
         "answer": {"tokens": answer.texts, "ids": answer.ids, "target": answer.target,
                    "against": answer.alternative_texts,

@@ -17,7 +17,7 @@ from PIL import Image
 from g4v.conversation import Message
 from g4v.engines import transformers_engine
 from g4v.errors import G4VError
-from g4v.images import open_image
+from g4v.images import named_size, open_image
 from g4v.loading import model_name
 from g4v.inspect.ablation import CONTINUATION_TOKENS, AblationResult, RunOutcome, compare_scaled, run_outcome
 from g4v.model.capture import Capture, capture_forward
@@ -100,7 +100,7 @@ def build_summary(engine, prompt: str, picture: Image.Image, plan: TilingPlan, c
     return {
         "model": model_name(getattr(info, "model", None)) or None,  # no server path in an export
         "prompt": prompt,
-        "image_size": [picture.height, picture.width],
+        "image_size": named_size(picture.width, picture.height),
         "tiling": {"grid": list(plan.grid), "best_resolution": list(plan.best_resolution),
                    "base_tokens": plan.base_tokens, "tile_tokens": plan.tile_tokens,
                    "newline_tokens": plan.newline_tokens},

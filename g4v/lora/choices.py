@@ -61,3 +61,18 @@ def preselected_adapter(adapters_dir=None, model: str | None = None) -> str | No
 def adapter_folder_help(adapters_dir=None) -> str:
     """One line for the tab: where adapters are looked up."""
     return "Adapters are read from: " + ", ".join(folder_label(d) for d in adapter_dirs(adapters_dir))
+
+
+def adapter_note(options: list[AdapterChoice], vision_lora: bool) -> str:
+    """Why the adapter dropdown starts blank, in one line (empty when it starts on an adapter made
+    for this model): an empty folder, or only adapters made for other bases (listed, not chosen,
+    as their answers are likely gibberish). On a checkpoint with a vision LoRA (``vision_lora``)
+    that LoRA is no adapter here: the model pickers choose it, which the note says so a blank
+    dropdown is not read as "the vision LoRA is missing"."""
+    if any(option.matches for option in options):
+        return ""
+    found = ("no adapters in the adapter folder" if not options else
+             f"no adapter in the adapter folder is made for this model ({len(options)} made for other bases "
+             "are listed: pick one to run it anyway)")
+    return found + ("; the vision LoRA is chosen in the model pickers below (base language model | vision model)"
+                    if vision_lora else "")

@@ -25,10 +25,26 @@ class PortDiffReport:
     png: Path  # per-level heatmaps and trajectories
 
 
+def port_diff_command(python, image_path: str, prompt: str, model: str, png: Path,
+                      max_new_tokens: int = COMPARED_TOKENS, vision_lora: str | None = None,
+                      vllm_vision_lora: str | None = None, vllm_serving: dict | None = None) -> list[str]:
+    """The ``port-diff`` command line: the CLI twin's flags, the vision LoRA's included (``None``:
+    the CLI's default)."""
+    command = [str(python), "-m", "g4v", "port-diff", "--model", model, "--image", str(image_path),
+               "--prompt", prompt, "--max-new-tokens", str(int(max_new_tokens)), "--json", "--png", str(png)]
+    for flag, value in (("--vision-lora", vision_lora), ("--vllm-vision-lora", vllm_vision_lora),
+                        ("--vllm-serving", None if vllm_serving is None else json.dumps(vllm_serving))):
+        if value is not None:
+            command += [flag, value]
+    return command
+
+
 def run_port_diff_in_vllm_env(image_path: str, prompt: str, model: str, max_new_tokens: int = COMPARED_TOKENS,
-                              timeout: float = 900) -> PortDiffReport:
+                              timeout: float = 900, vision_lora: str | None = None,
+                              vllm_vision_lora: str | None = None, vllm_serving: dict | None = None) -> PortDiffReport:
     """Compare vLLM's port with transformers for one image and prompt (for timings see
-    docs/port_diff.md)."""
+    docs/port_diff.md), with a vision LoRA in modes ``vision_lora`` (transformers) and
+    ``vllm_vision_lora`` under vLLM's LoRA arguments ``vllm_serving`` (``port-diff``'s flags)."""
     python = vllm_python()
     if python is None:
         raise G4VError("the port inspector needs the vLLM environment: run scripts/setup_vllm_cpu_env.sh "
@@ -39,8 +55,8 @@ def run_port_diff_in_vllm_env(image_path: str, prompt: str, model: str, max_new_
         raise G4VError("the prompt is empty: type a message")
     out = Path(tempfile.mkdtemp(prefix="g4v-port-diff-"))
     png = out / "port_diff.png"
-    command = [str(python), "-m", "g4v", "port-diff", "--model", model, "--image", str(image_path),
-               "--prompt", prompt, "--max-new-tokens", str(int(max_new_tokens)), "--json", "--png", str(png)]
+    command = port_diff_command(python, image_path, prompt, model, png, max_new_tokens, vision_lora,
+                                vllm_vision_lora, vllm_serving)
     try:
         done = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=timeout,
                               env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})

@@ -32,23 +32,58 @@ VLLM_MAX_LORA_RANK = 16
 _KINDS = {bool: "true or false", int: "a whole number", dict: "a JSON object"}
 
 
-def parse_serving(text: str | None) -> dict | None:
-    """``--vllm-serving``'s JSON object, checked: only :data:`SERVING_KEYS`, each of its type."""
+def parse_serving(text: str | None, name: str = "--vllm-serving") -> dict | None:
+    """``--vllm-serving``'s JSON object, checked: only :data:`SERVING_KEYS`, each of its type
+    (``name``: what the one-line refusals call it; the app's box has no flag)."""
     if text is None:
         return None
     try:
         serving = json.loads(text)
     except ValueError:
-        raise G4VError("--vllm-serving must be a JSON object, e.g. '{\"enable_lora\": true, \"max_lora_rank\": 256}'") from None
+        raise G4VError(f"{name} must be a JSON object, e.g. '{{\"enable_lora\": true, \"max_lora_rank\": 256}}'") from None
     if not isinstance(serving, dict):
-        raise G4VError("--vllm-serving must be a JSON object of vLLM's LoRA arguments")
+        raise G4VError(f"{name} must be a JSON object of vLLM's LoRA arguments")
     for key, value in serving.items():
         kind = SERVING_KEYS.get(key)
         if kind is None:
-            raise G4VError(f"--vllm-serving: {key!r} is not one of {', '.join(SERVING_KEYS)}")
+            raise G4VError(f"{name}: {key!r} is not one of {', '.join(SERVING_KEYS)}")
         if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-            raise G4VError(f"--vllm-serving: {key} must be {_KINDS[kind]}")
+            raise G4VError(f"{name}: {key} must be {_KINDS[kind]}")
     return serving
+
+
+#: The keys of ``serving`` whose values are folders (``default_mm_loras``' entries, ``hf_overrides``'
+#: ``adapter_path``): the app takes there only the checkpoint's own folder, by its name.
+PATH_KEYS = {"default_mm_loras": None, "hf_overrides": "adapter_path"}
+
+
+def confine_serving(serving: dict | None, folder: Path | None, name: str = "the vLLM LoRA arguments") -> dict | None:
+    """``serving`` for a server that must not load what a visitor names: every folder in it (an
+    image entry of ``default_mm_loras``, ``hf_overrides``' ``adapter_path``) may only be the
+    checkpoint's folder, written as its name (``folder.name``; the page never shows server paths),
+    and is given to vLLM as that folder; ``hf_overrides`` takes no other key (it rewrites the
+    model's config; ``folder`` None: a model without a local folder, which takes no folder). Anything
+    else is one line."""
+    if serving is None:
+        return None
+    confined = dict(serving)
+
+    def own(value, where: str) -> str:
+        if folder is None:
+            raise G4VError(f"{name}: {where} names a folder, and this model has no local folder")
+        if value != folder.name:
+            raise G4VError(f"{name}: {where} may only name this checkpoint's folder, {folder.name!r}")
+        return str(folder)
+
+    if serving.get("default_mm_loras") is not None:
+        confined["default_mm_loras"] = {modality: own(value, f"default_mm_loras' {modality!r} entry")
+                                        for modality, value in serving["default_mm_loras"].items()}
+    if serving.get("hf_overrides") is not None:
+        extra = set(serving["hf_overrides"]) - {"adapter_path"}
+        if extra:
+            raise G4VError(f"{name}: hf_overrides takes only adapter_path here, not {', '.join(sorted(extra))}")
+        confined["hf_overrides"] = {"adapter_path": own(serving["hf_overrides"]["adapter_path"], "adapter_path")}
+    return confined
 
 
 def recipe(lora: VisionLora | None, mode: str) -> dict:

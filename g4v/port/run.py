@@ -16,7 +16,7 @@ from PIL import Image
 
 from g4v.conversation import Message
 from g4v.errors import G4VError
-from g4v.images import open_image
+from g4v.images import named_size, open_image
 from g4v.loading import read_raw_config
 from g4v.model.capture import capture_forward
 from g4v.model.levels import describe_levels
@@ -199,9 +199,8 @@ def _unloadable(source: str, prompt: str, picture: Image.Image, error: str) -> P
 
 
 def _image_size(picture: Image.Image) -> dict:
-    """``image_size`` names its sides (``{"width": W, "height": H}``), as the app says sizes width
-    first: a bare pair read as [height, width] here and as width x height everywhere else."""
-    return {"image_size": {"width": picture.width, "height": picture.height}}
+    """``image_size`` names its sides (:func:`~g4v.images.named_size`)."""
+    return {"image_size": named_size(picture.width, picture.height)}
 
 
 def _finish(result: PortDiffResult, draw: bool) -> PortDiffResult:
