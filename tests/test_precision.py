@@ -1,0 +1,153 @@
+"""Precision arms (``g4v.model.precision``) on the bundled checkpoint: bfloat16 and int8 weights
+against float32, with real transformers models and real torchao quantization.
+
+The bfloat16 drift is checked against an independent computation: the float32 model cast to
+bfloat16 here, its injected features read with a plain forward pre-hook (not the capture layer),
+and the relative error and cosine computed in numpy float64."""
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+
+from g4v.conversation import Message
+from g4v.engines.hf import TransformersEngine
+from g4v.errors import G4VError
+from g4v.images import open_image
+from g4v.model.precision import (Precision, check_precision, drift_summary, is_int8, is_vision_module,
+                                 precision_drift, quantized_layers, torchao_installed)
+from g4v.paths import BUNDLED_MODEL_DIR, REPO_ROOT
+
+needs_torchao = pytest.mark.skipif(not torchao_installed(), reason="torchao (requirements.txt) is not installed")
+PICTURE = REPO_ROOT / "assets" / "examples" / "shapes-square.png"
+
+
+@pytest.fixture(scope="module")
+def messages():
+    return [Message("user", "What colour is the square?", [open_image(PICTURE)])]
+
+
+@pytest.fixture(scope="module")
+def bf16_engine():
+    return TransformersEngine(str(BUNDLED_MODEL_DIR), device="cpu", dtype="bfloat16")
+
+
+def plain_linears(model) -> dict[str, torch.nn.Linear]:
+    return {name: module for name, module in model.named_modules()
+            if type(module) is torch.nn.Linear and "lora_" not in name}
+
+
+def hooked_features(model, inputs) -> dict[int, np.ndarray]:
+    """What the language model is handed to inject, by LLM layer, read by a hook of this test's own."""
+    seen = {}
+
+    def hook(module, args, kwargs):
+        seen.update({layer: features.float().numpy().astype(np.float64)
+                     for layer, features in (kwargs.get("deepstack_features") or {}).items()})
+
+    handle = model.model.language_model.register_forward_pre_hook(hook, with_kwargs=True)
+    try:
+        with torch.inference_mode():
+            model(**inputs)
+    finally:
+        handle.remove()
+    return seen
+
+
+def test_float32_against_float32_drifts_by_exactly_zero(hf_engine, messages):
+    other = TransformersEngine(str(BUNDLED_MODEL_DIR), device="cpu", dtype="float32")  # loaded on its own
+    report = precision_drift(hf_engine, other, messages, Precision(), Precision("float32"))
+    assert len(report.levels) == 8
+    for level in report.levels:
+        assert level.rel_error == 0.0 and level.max_abs_diff == 0.0 and level.cosine == pytest.approx(1.0, abs=1e-12)
+    assert report.next_token_kl == 0.0 and report.argmax_agrees
+
+
+def test_bfloat16_drift_equals_a_cast_done_here(hf_engine, bf16_engine, messages):
+    report = precision_drift(hf_engine, bf16_engine, messages, Precision(), Precision("bfloat16"))
+    cast = copy.deepcopy(hf_engine.model).to(torch.bfloat16)
+    inputs = dict(hf_engine.prepare(messages).inputs)
+    reference = hooked_features(hf_engine.model, inputs)
+    got = hooked_features(cast, {**inputs, "pixel_values": inputs["pixel_values"].to(torch.bfloat16)})
+    assert sorted(reference) == sorted(level.llm_layer for level in report.levels)
+    for level in report.levels:
+        ref, new = reference[level.llm_layer], got[level.llm_layer]
+        rel = np.linalg.norm(new - ref) / np.linalg.norm(ref)
+        cosine = np.mean((new * ref).sum(-1) / (np.linalg.norm(new, axis=-1) * np.linalg.norm(ref, axis=-1)))
+        assert rel > 1e-4  # bfloat16 really moved the features
+        assert level.rel_error == pytest.approx(rel, rel=1e-5)
+        assert 1 - level.cosine == pytest.approx(1 - cosine, rel=1e-4)
+        assert level.max_abs_diff == pytest.approx(np.abs(new - ref).max(), rel=1e-5)
+    assert report.next_token_kl > 0.0
+
+
+@needs_torchao
+def test_int8_quantizes_every_linear_layer(hf_engine, messages):
+    engine = TransformersEngine(str(BUNDLED_MODEL_DIR), device="cpu", dtype="float32", quant="int8")
+    linears = plain_linears(engine.model)
+    assert sorted(quantized_layers(engine.model)) == sorted(linears)
+    reference = plain_linears(hf_engine.model)
+    for name, module in linears.items():
+        weight = module.weight
+        assert type(weight).__name__ == "Int8Tensor" and weight.qdata.dtype == torch.int8
+        original = reference[name].weight.detach()
+        # symmetric per output channel over int8's 255 steps: scale = max |w| / 127.5, and every
+        # weight comes back within half a step of itself
+        scale = original.abs().amax(dim=1, keepdim=True) / 127.5
+        assert torch.allclose(weight.scale.reshape(-1, 1).float(), scale, rtol=1e-5)
+        assert ((weight.dequantize().float() - original).abs() <= scale * (0.5 + 1e-4)).all()
+        assert not torch.equal(weight.dequantize().float(), original)
+    report = precision_drift(hf_engine, engine, messages, Precision(), Precision(quant="int8"))
+    assert report.quantized_layers == len(linears)
+    assert all(0 < level.rel_error < 0.1 for level in report.levels)
+
+
+@needs_torchao
+def test_int8_keeps_the_vision_part_when_asked(hf_engine, messages):
+    engine = TransformersEngine(str(BUNDLED_MODEL_DIR), device="cpu", dtype="float32", quant="int8",
+                                quant_vision=False)
+    reference = plain_linears(hf_engine.model)
+    vision = [name for name in reference if is_vision_module(name)]
+    assert vision and any(name.startswith("model.vision_tower.") for name in vision)
+    assert any("projectors" in name for name in vision)
+    for name, module in plain_linears(engine.model).items():
+        if is_vision_module(name):  # kept: a plain float32 weight, equal to the reference's
+            assert not is_int8(module.weight) and module.weight.dtype == torch.float32
+            assert torch.equal(module.weight, reference[name].weight)
+        else:
+            assert is_int8(module.weight)
+    assert "vision tower and projectors kept" in engine.info.details["quant"]
+    report = precision_drift(hf_engine, engine, messages, Precision(), Precision(quant="int8", quant_vision=False))
+    # the injected features come out of the vision part only: kept, they do not move at all
+    assert all(level.rel_error == 0.0 for level in report.levels)
+    assert report.next_token_kl > 0.0  # the language model's int8 weights still move the answer
+
+
+@pytest.mark.parametrize("values, message", [
+    ({"dtype": "int4"}, "dtype must be one of float32, bfloat16, float16, got 'int4'"),
+    ({"quant": "int4"}, "quant must be int8 (torchao int8 weight-only), got 'int4'"),
+    ({"quant": "int8", "quant_vision": "maybe"}, "quant-vision must be yes or no, got 'maybe'"),
+    ({"quant_vision": "no"}, "quant-vision= says what quant= does to the vision part: give quant=int8 with it"),
+])
+def test_bad_precision_is_one_line(values, message):
+    with pytest.raises(G4VError) as err:
+        check_precision(**values)
+    assert str(err.value) == message
+
+
+def test_precision_names_and_aliases():
+    assert check_precision("bf16") == Precision("bfloat16")
+    assert check_precision(quant="INT8", quant_vision="no") == Precision(quant="int8", quant_vision=False)
+    assert Precision(quant="int8", quant_vision=False).label == "int8 weights, vision kept in float32"
+
+
+def test_drift_summary_means_over_rows():
+    rows = [{"levels": {"deepstack0": {"rel_error": 0.01, "cosine": 0.999}}, "next_token_kl": 0.002},
+            {"levels": {"deepstack0": {"rel_error": 0.03, "cosine": 0.997}}, "next_token_kl": 0.004}]
+    summary = drift_summary(rows)
+    level = summary["levels"]["deepstack0"]
+    assert level["rel_error_mean"] == pytest.approx(0.02) and level["rel_error_max"] == 0.03
+    assert level["cosine_mean"] == pytest.approx(0.998) and level["cosine_min"] == 0.997
+    assert summary["next_token_kl_mean"] == pytest.approx(0.003) and summary["n"] == 2
+    assert drift_summary([]) is None
