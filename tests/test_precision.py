@@ -6,6 +6,7 @@ bfloat16 here, its injected features read with a plain forward pre-hook (not the
 and the relative error and cosine computed in numpy float64."""
 
 import copy
+import json
 
 import numpy as np
 import pytest
@@ -151,3 +152,35 @@ def test_drift_summary_means_over_rows():
     assert level["cosine_mean"] == pytest.approx(0.998) and level["cosine_min"] == 0.997
     assert summary["next_token_kl_mean"] == pytest.approx(0.003) and summary["n"] == 2
     assert drift_summary([]) is None
+
+
+def test_cli_prints_the_drift_the_library_computes(hf_engine, bf16_engine, messages):
+    from tests.cli import run_cli
+
+    result = run_cli("precision", "--model", str(BUNDLED_MODEL_DIR), "--image", str(PICTURE),
+                     "--prompt", "What colour is the square?", "--dtype", "bf16", "--json")
+    assert result.returncode == 0, result.stderr
+    printed = json.loads(result.stdout)
+    expected = precision_drift(hf_engine, bf16_engine, messages, Precision("float32"), Precision("bfloat16"))
+    assert printed["candidate"]["dtype"] == "bfloat16" and len(printed["levels"]) == 8
+    for row, level in zip(printed["levels"], expected.levels):
+        assert row["name"] == level.name and row["rel_error"] == pytest.approx(level.rel_error, rel=1e-12)
+    assert printed["next_token_kl"] == pytest.approx(expected.next_token_kl, rel=1e-9)
+    text = run_cli("precision", "--model", str(BUNDLED_MODEL_DIR), "--image", str(PICTURE), "--prompt", "colour?")
+    assert text.returncode == 0 and text.stdout.startswith("bfloat16 against float32")  # bf16 is the default
+    assert sum(line.startswith(("deepstack", "spatial_")) for line in text.stdout.splitlines()) == 8
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--dtype", "int4"], "error: dtype must be one of float32, bfloat16, float16, got 'int4'"),
+    (["--quant", "int2"], "error: quant must be int8 (torchao int8 weight-only), got 'int2'"),
+    (["--image", "missing.png"], "error: image not found: missing.png"),
+])
+def test_cli_bad_input_is_one_line(flags, message):
+    from tests.cli import run_cli
+
+    args = {"--image": str(PICTURE), "--prompt": "colour?"}
+    for flag, value in zip(flags[::2], flags[1::2]):
+        args[flag] = value
+    result = run_cli("precision", *[part for pair in args.items() for part in pair])
+    assert result.returncode == 1 and result.stderr.strip().splitlines() == [message]

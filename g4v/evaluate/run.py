@@ -28,7 +28,8 @@ import g4v.evaluate.store as store
 from g4v.engines.base import BATCH_SIZE
 from g4v.evaluate.arms import VLLM_IN_FLIGHT, Arm, ArmSpec, Requests, check_arms, open_arms
 from g4v.evaluate.data import Columns, EvalSample, open_dataset
-from g4v.evaluate.scoring import PairScores, agreement, blanked, image_tokens, level_norms, score_pairs
+from g4v.evaluate.scoring import (PairScores, agreement, blanked, image_tokens, level_drift, level_norms,
+                                  precision_pair, score_pairs)
 from g4v.evaluate.stats import matches, summarise
 
 #: Fewest rows per chunk when both arms are local transformers (a chunk holds at least one batch);
@@ -111,6 +112,7 @@ class SampleResult:
     level_norms_a: str | None  # JSON {level: mean injected norm}
     level_norms_b: str | None
     error: str | None
+    level_drift: str | None = None  # JSON: b's per-level drift against a, when they differ only in precision
 
 
 @dataclass
@@ -200,7 +202,7 @@ def run_eval(config: EvalConfig, out_dir: Path, *, adapters_dir=None, reuse=None
 def _write_results(out_dir: Path, config: EvalConfig, order: list[int], done: dict) -> RunResult:
     """Sum up the finished rows (in run order) and write the tables and ``summary.json``."""
     rows = [done[index] for index in order if index in done]
-    summary = summarise(rows, config.a.display, config.b.display, complete=len(rows) == len(order))
+    summary = _summarise(rows, config, complete=len(rows) == len(order))
     store.write_tables(out_dir, rows, SampleResult, summary)
     return RunResult(out_dir, rows, summary)
 
@@ -212,8 +214,22 @@ def read_results(out_dir: Path) -> RunResult:
     done = store.read_rows(out_dir, SampleResult)
     summary = store.read_summary(out_dir)
     if summary is None or summary.get("n") != len(done):
-        summary = summarise(list(done.values()), config.a.display, config.b.display, complete=False)
+        summary = _summarise(list(done.values()), config, complete=False)
     return RunResult(out_dir, list(done.values()), summary)
+
+
+def _summarise(rows: list[SampleResult], config: EvalConfig, complete: bool) -> dict:
+    """:func:`~g4v.evaluate.stats.summarise`, plus ``level_drift`` (per-level means over the rows,
+    :func:`g4v.model.precision.drift_summary`) when the arms differ only in precision."""
+    import json
+
+    from g4v.model.precision import drift_summary
+
+    summary = summarise(rows, config.a.display, config.b.display, complete=complete)
+    drift = drift_summary([json.loads(row.level_drift) for row in rows if row.level_drift])
+    if drift is not None:
+        summary["level_drift"] = {"of": config.b.display, "against": config.a.display, **drift}
+    return summary
 
 
 def compare_chunk(arm_a: Arm, arm_b: Arm, samples: list[EvalSample], config: EvalConfig, model_config,
@@ -278,7 +294,7 @@ def compare_sample(arm_a, arm_b, sample, gen_a, gen_b, blank_a, blank_b, config,
         blank_same_a=_same(gen_a, blank_a), blank_same_b=_same(gen_b, blank_b),
         level_norms_a=level_norms(arm_a, sample, requests) if config.levels and arm_a.spec.backend == "hf" else None,
         level_norms_b=level_norms(arm_b, sample, requests) if config.levels and arm_b.spec.backend == "hf" else None,
-        error=None,
+        error=None, level_drift=level_drift(arm_a, arm_b, sample, requests) if precision_pair(arm_a, arm_b) else None,
     )
 
 

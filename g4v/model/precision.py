@@ -43,9 +43,12 @@ YES, NO = ("yes", "true", "on", "1"), ("no", "false", "off", "0")
 class Precision:
     """What an engine runs in. ``dtype`` None: the engine's default (float32 on a CPU)."""
 
-    dtype: str | None = None
-    quant: str | None = None
-    quant_vision: bool = True  # with ``quant``: the vision tower and projectors quantized too
+    dtype: str | None = field(default=None, metadata={
+        "help": f"the candidate's dtype: {', '.join(DTYPES)} (default: bfloat16 unless --quant is given, then float32)"})
+    quant: str | None = field(default=None, metadata={
+        "help": "int8: the linear layers' weights in int8 (torchao weight-only, one scale per output channel)"})
+    quant_vision: bool = field(default=True, metadata={
+        "help": "with --quant: quantize the vision tower and projectors too (--no-quant-vision keeps them)"})
 
     @property
     def label(self) -> str:
@@ -96,6 +99,12 @@ def torchao_installed() -> bool:
     return importlib.util.find_spec("torchao") is not None
 
 
+def require_quant_library(quant: str | None, what: str = "") -> None:
+    """Refuse ``quant`` in one line where torchao is missing, before any model loads."""
+    if quant and not torchao_installed():
+        raise G4VError(f"{what}quant={quant} needs torchao: pip install {QUANT_LIBRARY}")
+
+
 # ── quantizing ──────────────────────────────────────────────────────────────────────────────────
 
 
@@ -109,9 +118,7 @@ def quantize_model(model: torch.nn.Module, quant: str, vision: bool = True) -> l
     projectors); returns the names of the quantized layers. LoRA matrices (a vision LoRA in native
     mode, a user's adapter) stay in the model's dtype: they are small, and PEFT adds their product
     to the quantized base layer's output."""
-    check_quant(quant)
-    if not torchao_installed():
-        raise G4VError(f"quant={quant} needs torchao: pip install {QUANT_LIBRARY}")
+    require_quant_library(check_quant(quant))
     import logging
 
     logging.getLogger("torchao").setLevel(logging.ERROR)  # it names every CUDA kernel a CPU build lacks
@@ -218,19 +225,34 @@ def injected_features(engine, request, adapter: str | None = None) -> tuple[dict
     return {cap.level.name: cap.injected for cap in capture.levels}, next_token_logprobs(logits)
 
 
+def engine_drift(reference_engine, reference_request, candidate_engine, candidate_request,
+                 reference_adapter: str | None = None, candidate_adapter: str | None = None
+                 ) -> tuple[list[LevelDrift], float, int, int]:
+    """The candidate engine against the reference on the same request, each prepared by its own
+    engine (pixel values in its dtype): ``(per-level drift, next-token KL(reference || candidate),
+    reference's top token id, candidate's)``."""
+    ref_features, ref_logprobs = injected_features(reference_engine, reference_request, reference_adapter)
+    got_features, got_logprobs = injected_features(candidate_engine, candidate_request, candidate_adapter)
+    levels = describe_levels(reference_engine.model.config)
+    kl = float(kl_divergence(ref_logprobs.double(), got_logprobs.double()))
+    return (level_drift(levels, ref_features, got_features), kl, int(ref_logprobs.argmax()),
+            int(got_logprobs.argmax()))
+
+
 def precision_drift(reference_engine, candidate_engine, request, reference: Precision, candidate: Precision,
                     adapter: str | None = None) -> DriftReport:
     """``candidate_engine`` against ``reference_engine`` (the same checkpoint, float32) on one
-    request: per-level drift of the injected features and the next-token KL."""
-    ref_features, ref_logprobs = injected_features(reference_engine, request, adapter)
-    got_features, got_logprobs = injected_features(candidate_engine, request, adapter)
-    levels = describe_levels(reference_engine.model.config)
-    kl = float(kl_divergence(ref_logprobs.double(), got_logprobs.double()))
+    request (messages): per-level drift of the injected features and the next-token KL."""
+    levels, kl, ref_top, got_top = engine_drift(reference_engine, request, candidate_engine, request, adapter, adapter)
     tokenizer = reference_engine.tokenizer
-    ref_top, got_top = int(ref_logprobs.argmax()), int(got_logprobs.argmax())
-    return DriftReport(reference, candidate, level_drift(levels, ref_features, got_features), kl,
-                       ref_top == got_top, tokenizer.decode([ref_top]), tokenizer.decode([got_top]),
-                       len(quantized_layers(candidate_engine.model)))
+    return DriftReport(reference, candidate, levels, kl, ref_top == got_top, tokenizer.decode([ref_top]),
+                       tokenizer.decode([got_top]), len(quantized_layers(candidate_engine.model)))
+
+
+def row_drift(levels: list[LevelDrift], kl: float) -> dict:
+    """What a dataset run keeps per row (:func:`drift_summary` reads it back)."""
+    return {"levels": {level.name: {"rel_error": level.rel_error, "cosine": level.cosine} for level in levels},
+            "next_token_kl": kl}
 
 
 # ── over a dataset ──────────────────────────────────────────────────────────────────────────────
