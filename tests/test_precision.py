@@ -184,3 +184,20 @@ def test_cli_bad_input_is_one_line(flags, message):
         args[flag] = value
     result = run_cli("precision", *[part for pair in args.items() for part in pair])
     assert result.returncode == 1 and result.stderr.strip().splitlines() == [message]
+
+
+@needs_torchao
+def test_torchao_adds_no_lines_to_a_model_load():
+    """transformers imports torchao on its own once it is installed; its kernel-library warnings and
+    torch's enum warnings are filtered (``g4v/__init__.py``), so a load prints only its progress."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("from g4v.engines.hf import TransformersEngine; import sys; "
+            f"TransformersEngine({str(BUNDLED_MODEL_DIR)!r}, device='cpu', dtype='float32', quant='int8'); "
+            "print('torchao' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO_ROOT, timeout=300,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0 and done.stdout.strip() == "True", done.stderr
+    assert "Failed to load" not in done.stderr and "Enum subclass" not in done.stderr

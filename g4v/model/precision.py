@@ -119,9 +119,6 @@ def quantize_model(model: torch.nn.Module, quant: str, vision: bool = True) -> l
     mode, a user's adapter) stay in the model's dtype: they are small, and PEFT adds their product
     to the quantized base layer's output."""
     require_quant_library(check_quant(quant))
-    import logging
-
-    logging.getLogger("torchao").setLevel(logging.ERROR)  # it names every CUDA kernel a CPU build lacks
     from torchao.quantization import Int8WeightOnlyConfig, quantize_
 
     chosen = [name for name, module in model.named_modules()
