@@ -115,3 +115,14 @@ def test_the_tab_offers_the_apps_model_in_other_precisions(trained_engine):
     assert (spec.dtype, spec.model) == ("bfloat16", str(TRAINED_MODEL_DIR))
     assert spec.engine_key() != choices[0].spec.engine_key()  # an engine of its own, not the app's
     assert ("app:quant=int8,quant-vision=no" in keys) == torchao_installed()
+
+
+def test_cli_refuses_a_bad_precision_arm_in_one_line(tmp_path):
+    from tests.cli import run_cli
+
+    result = run_cli("eval", "--a", "hf", "--b", "hf:quant=int8,quant-vision=later", "--data", str(BUNDLED_DATASET),
+                     "--out", str(tmp_path / "run"))
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines() == [
+        "error: arm 'hf:quant=int8,quant-vision=later': quant-vision must be yes or no, got 'later'"]
+    assert not (tmp_path / "run").exists()  # refused before the run folder was made

@@ -201,3 +201,20 @@ def test_torchao_adds_no_lines_to_a_model_load():
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert done.returncode == 0 and done.stdout.strip() == "True", done.stderr
     assert "Failed to load" not in done.stderr and "Enum subclass" not in done.stderr
+
+
+@needs_torchao
+def test_int8_leaves_a_native_vision_lora_in_float32(messages):
+    """On the layout checkpoint (base + vision LoRA, native mode) the base layers are quantized and
+    the LoRA matrices PEFT adds on top stay float32; the quantized model still answers."""
+    from g4v.conversation import SamplingSettings
+    from g4v.paths import VLORA_MODEL_DIR
+
+    engine = TransformersEngine(str(VLORA_MODEL_DIR), device="cpu", dtype="float32", quant="int8")
+    assert engine.vision_mode == "native"
+    names = quantized_layers(engine.model)
+    assert any(name.endswith("q_proj.base_layer") for name in names)
+    lora = [(name, module) for name, module in engine.model.named_modules()
+            if type(module) is torch.nn.Linear and "lora_" in name]
+    assert lora and all(not is_int8(module.weight) and module.weight.dtype == torch.float32 for _, module in lora)
+    assert engine.generate(messages, SamplingSettings(max_new_tokens=3)).token_ids
