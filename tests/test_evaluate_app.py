@@ -225,6 +225,20 @@ def exported_rows(export_path: str) -> list[SampleResult]:
     return rows, summary
 
 
+def test_the_api_runs_a_bf16_arm_with_per_level_drift(client):
+    """The tab's "hf, bfloat16" arm (an engine of its own beside the app's float32 one): every row
+    records the per-level drift of bf16 against float32, and the summary's means are those rows'."""
+    *_, export, summary = evaluate(client, arm_b="app:dtype=bfloat16", limit=2, max_new_tokens=4)
+    rows, saved = exported_rows(export)
+    assert saved == summary and summary["arms"]["b"]["label"] == "hf bfloat16"
+    drift = summary["level_drift"]
+    assert drift["n"] == 2 and drift["of"] == "hf bfloat16" and len(drift["levels"]) == 8
+    per_row = [json.loads(row.level_drift) for row in rows]
+    for name, level in drift["levels"].items():
+        assert level["rel_error_max"] == max(row["levels"][name]["rel_error"] for row in per_row) > 0
+        assert level["cosine_min"] == min(row["levels"][name]["cosine"] for row in per_row) < 1
+
+
 def test_the_api_runs_base_against_the_adapter_and_resumes(client):
     """After all the refusals the app still runs: 8 rows of the bundled dataset, base vs the French
     adapter. The returned summary equals summarise() of the exported rows; accuracy and agreement
