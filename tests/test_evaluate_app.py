@@ -254,6 +254,18 @@ def test_the_api_runs_a_noise_floor(client):
     wider = evaluate(client, arm_b="same", limit=4, margin=0.5)[-1]  # the same rows, summed up with another margin
     assert wider["equivalence"]["margin"] == 0.5 and wider["noise_floor"] == summary["noise_floor"]
     assert wider["equivalence"]["p_value"] < summary["equivalence"]["p_value"]
+def test_the_api_runs_a_bf16_arm_with_per_level_drift(client):
+    """The tab's "hf, bfloat16" arm (an engine of its own beside the app's float32 one): every row
+    records the per-level drift of bf16 against float32, and the summary's means are those rows'."""
+    *_, export, summary = evaluate(client, arm_b="app:dtype=bfloat16", limit=2, max_new_tokens=4)
+    rows, saved = exported_rows(export)
+    assert saved == summary and summary["arms"]["b"]["label"] == "hf bfloat16"
+    drift = summary["level_drift"]
+    assert drift["n"] == 2 and drift["of"] == "hf bfloat16" and len(drift["levels"]) == 8
+    per_row = [json.loads(row.level_drift) for row in rows]
+    for name, level in drift["levels"].items():
+        assert level["rel_error_max"] == max(row["levels"][name]["rel_error"] for row in per_row) > 0
+        assert level["cosine_min"] == min(row["levels"][name]["cosine"] for row in per_row) < 1
 
 
 def test_the_api_runs_base_against_the_adapter_and_resumes(client):

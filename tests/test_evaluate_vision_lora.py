@@ -125,3 +125,34 @@ def test_a_run_recorded_before_arms_had_a_mode_resumes_and_another_mode_is_anoth
     other = EvalConfig(a=config.a, b=ArmSpec("hf", LAYOUT, vision_lora="off"), data=str(BUNDLED_DATASET))
     with pytest.raises(G4VError, match="differs in b"):
         store.prepare(tmp_path, asdict(other))
+
+
+def test_a_run_written_before_the_precision_settings_and_drift_column_resumes(tmp_path):
+    """run.json without the arms' dtype/quant keys and rows without the ``level_drift`` column (a run
+    started before they existed) resume: nothing is computed again and the rows read back as written,
+    the new column empty; a row lacking a column that was always there is still damaged."""
+    import json
+    from dataclasses import asdict
+
+    import g4v.evaluate.store as store
+    from g4v.evaluate import EvalConfig, run_eval
+    from g4v.evaluate.run import SampleResult
+
+    config = EvalConfig(a=ArmSpec("hf"), b=ArmSpec("hf"), data=str(BUNDLED_DATASET), limit=2, max_new_tokens=3)
+    first = run_eval(config, tmp_path)
+    old = asdict(config)
+    for arm in ("a", "b"):
+        for key in ("dtype", "quant", "quant_vision"):
+            del old[arm][key]
+    (tmp_path / store.RUN_FILE).write_text(json.dumps(old))
+    rows = [json.loads(line) for line in (tmp_path / store.ROWS_FILE).read_text().splitlines()]
+    for row in rows:
+        del row["level_drift"]
+    (tmp_path / store.ROWS_FILE).write_text("".join(json.dumps(row) + "\n" for row in rows))
+    again = run_eval(config, tmp_path)
+    assert [asdict(row) for row in again.rows] == [asdict(row) for row in first.rows]
+    assert len((tmp_path / store.ROWS_FILE).read_text().splitlines()) == 2  # nothing answered again
+    del rows[0]["prompt"]
+    (tmp_path / store.ROWS_FILE).write_text("".join(json.dumps(row) + "\n" for row in rows))
+    with pytest.raises(G4VError, match="line 1 of samples.jsonl is damaged"):
+        store.read_rows(tmp_path, SampleResult)

@@ -50,10 +50,27 @@ def arm_choices(engine, model: str, adapters_dir=None, servers=()) -> list[ArmCh
                     for mode in modes if mode != DEFAULT_MODE]  # the plain vllm arm runs the default
         choices += [ArmChoice(f"vllm+{name}", f"vLLM (local server) + adapter {name}{note}",
                               ArmSpec("vllm", model, adapter=name, label=f"vllm+{name}")) for name, note in notes.items()]
+    if backend == "hf":
+        choices += precision_choices(model, engine.info.dtype)
     for number, text in enumerate(servers or (), 1):
         spec = ArmSpec.parse(text if text.startswith("openai:") else f"openai:{text}")
         choices.append(ArmChoice(f"server{number}", f"server {number}: {spec.display}", spec))
     return choices
+
+
+def precision_choices(model: str, own_dtype: str) -> list[ArmChoice]:
+    """The app's model in the other dtypes, and with int8 weights (vision quantized or kept) where
+    torchao is installed: each against the app's own arm gives per-level drift (:mod:`g4v.model.precision`)."""
+    from g4v.model.precision import DTYPES, torchao_installed
+
+    found = [ArmChoice(f"app:dtype={dtype}", f"hf, {dtype}", ArmSpec("hf", model, label=f"hf {dtype}", dtype=dtype))
+             for dtype in DTYPES if dtype != own_dtype]
+    if torchao_installed():
+        found += [ArmChoice("app:quant=int8", "hf, int8 weights (torchao)",
+                            ArmSpec("hf", model, label="hf int8", quant="int8", quant_vision=True)),
+                  ArmChoice("app:quant=int8,quant-vision=no", "hf, int8 weights, vision kept",
+                            ArmSpec("hf", model, label="hf int8 vision kept", quant="int8", quant_vision=False))]
+    return found
 
 
 def _vision_lora_modes(model: str) -> list[str]:

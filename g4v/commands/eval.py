@@ -1,7 +1,8 @@
 """``python -m g4v eval --a ARM --b ARM --data D [--columns ...] --out DIR``: two arms over a dataset.
 
 Arms: ``hf``, ``hf:adapter=NAME``, ``hf:model=DIR``, ``vllm[:adapter=NAME]``,
-``openai:URL[,model=NAME][,adapter=NAME]``; ``vision-lora=MODE`` on an hf or vllm arm; ``--b same`` runs
+``openai:URL[,model=NAME][,adapter=NAME]``; ``vision-lora=MODE`` on an hf or vllm arm; ``dtype=bfloat16``,
+``quant=int8[,quant-vision=no]`` on an hf arm (a precision pair adds per-level drift); ``--b same`` runs
 arm A twice (the noise floor). Writes ``samples.jsonl`` as rows finish (run the same
 command again to resume), then ``samples.parquet``, ``samples.csv`` and ``summary.json``, and the
 Evaluate tab's pictures as PNG (:data:`PLOT_FILES`); prints the detectable difference before the run
@@ -34,8 +35,8 @@ def add_parser(subparsers):
     parser = subparsers.add_parser("eval", help="compare two arms (backend, model, adapter) over a dataset")
     parser.add_argument("--a", required=True, metavar="ARM", help="first arm, e.g. hf")
     parser.add_argument("--b", required=True, metavar="ARM",
-                        help="second arm, e.g. hf:adapter=tiny-trained-french or hf:model=DIR,vision-lora=off; "
-                             "'same': arm A again (a noise-floor run)")
+                        help="second arm, e.g. hf:adapter=tiny-trained-french, hf:model=DIR,vision-lora=off, "
+                             "hf:dtype=bfloat16 or hf:quant=int8,quant-vision=no; 'same': arm A again (a noise-floor run)")
     parser.add_argument("--data", required=True, metavar="D",
                         help="dataset: imagefolder with metadata.jsonl/csv, .jsonl/.csv/.parquet, saved dataset, "
                              "or Hub id (assets/datasets/shapes-heldout is bundled)")
@@ -114,6 +115,8 @@ def summary_table(summary: dict) -> str:
     if summary.get("kl"):
         kl = summary["kl"]
         lines.append(f"KL(a||b) per row: mean {kl['mean']:.4g}, q90 {kl['q90']:.4g}, q99 {kl['q99']:.4g}, max {kl['max']:.4g}")
+    if summary.get("level_drift"):
+        lines += drift_lines(summary["level_drift"])
     return "\n".join(lines)
 
 
@@ -135,3 +138,14 @@ def _accuracy(arm: dict) -> str:
         return "-"
     low, high = arm["ci95"]
     return f"{100 * arm['accuracy']:.1f}% [{100 * low:.0f}-{100 * high:.0f}]"
+
+
+def drift_lines(drift: dict) -> list[str]:
+    """The per-level drift of a precision pair (``summary["level_drift"]``), one line per level."""
+    lines = [f"per-level drift of B against A over {drift['n']} rows (relative error ||B - A|| / ||A||, cosine), "
+             f"next-token KL(A||B) mean {drift['next_token_kl_mean']:.3g}",
+             f"{'level':<12}{'rel err mean':>14}{'rel err max':>13}{'cosine mean':>13}{'cosine min':>12}"]
+    for name, level in drift["levels"].items():
+        lines.append(f"{name:<12}{level['rel_error_mean']:>14.3g}{level['rel_error_max']:>13.3g}"
+                     f"{level['cosine_mean']:>13.6f}{level['cosine_min']:>12.6f}")
+    return lines

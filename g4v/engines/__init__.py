@@ -78,7 +78,8 @@ def create_engine(backend: str = "auto", model: str | None = None, **options) ->
 
     ``options``: ``device``/``dtype`` (hf), ``vllm`` (a :class:`~g4v.engines.vllm_engine.VLLMSettings`),
     ``base_url``/``api_key`` (openai; there ``model`` is the served model name, default the
-    server's first), ``vision_lora`` (hf, vllm: the mode of a checkpoint's vision LoRA). The engine's ``info.details["auto"]`` records whether ``auto`` chose it.
+    server's first), ``vision_lora`` (hf, vllm: the mode of a checkpoint's vision LoRA), ``quant`` / ``quant_vision`` (hf:
+    int8 weights, :mod:`g4v.model.precision`). The engine's ``info.details["auto"]`` records whether ``auto`` chose it.
     """
     from g4v.paths import default_model
 
@@ -101,7 +102,8 @@ def create_engine(backend: str = "auto", model: str | None = None, **options) ->
         from g4v.engines.hf import TransformersEngine
 
         engine = TransformersEngine(model or default_model(), device=options.get("device"), dtype=options.get("dtype"),
-                                    vision_lora=options.get("vision_lora"))
+                                    vision_lora=options.get("vision_lora"), quant=options.get("quant"),
+                                    quant_vision=options.get("quant_vision", True))
     engine.info.details["auto"] = backend == "auto"
     engine.info.details["choice"] = describe_choice(backend, chosen)
     return engine

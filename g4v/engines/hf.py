@@ -29,6 +29,7 @@ from g4v.engines.base import BATCH_SIZE, WITHOUT_VISION_LORA, Engine, EngineInfo
 from g4v.errors import G4VError, PromptTooLong
 from g4v.engines.vision_lora import check_base_available, describe
 from g4v.loading import VISION_ADAPTER, LoadedModel, load_model
+from g4v.model.precision import quantize_model
 
 _DECODE = {"skip_special_tokens": True, "clean_up_tokenization_spaces": False}
 
@@ -47,9 +48,10 @@ class _StopWhenSet(StoppingCriteria):
 
 class TransformersEngine(Engine):
     def __init__(self, model: str, device: str | None = None, dtype: str | None = None, loaded: LoadedModel | None = None,
-                 vision_lora: str | None = None):
+                 vision_lora: str | None = None, quant: str | None = None, quant_vision: bool = True):
         self.loaded = loaded or load_model(model, device=device, dtype=dtype, vision_lora=vision_lora)
         self.model = self.loaded.model
+        quantized = quantize_model(self.model, quant, vision=quant_vision) if quant else []
         self.processor = self.loaded.processor
         self.tokenizer = self.processor.tokenizer
         # One generation at a time: the model is shared, and a seed must hold for a whole request.
@@ -64,6 +66,9 @@ class TransformersEngine(Engine):
             device=str(self.loaded.device),
             dtype=str(self.loaded.dtype).removeprefix("torch."),
         )
+        if quant:  # "int8 weights on 57 linear layers (vision kept)": an int8 arm says what it quantized
+            kept = "" if quant_vision else ", vision tower and projectors kept"
+            self.info.details["quant"] = f"{quant} weights on {len(quantized)} linear layers{kept}"
         if self.loaded.vision_lora is not None:  # said at start by the commands; absent for merged checkpoints
             self.info.details["vision_lora"] = describe(self.loaded.vision_mode, self.loaded.vision_lora)
 

@@ -23,7 +23,7 @@ loads; an ``openai`` arm's adapter is a name the server serves.
 
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -35,6 +35,8 @@ from g4v.errors import G4VError, quoted
 BACKENDS = ("hf", "vllm", "openai")
 #: An arm's ``key=value`` parts as typed -> ArmSpec fields.
 ARM_KEYS = {"model": "model", "adapter": "adapter", "label": "label", "vision-lora": "vision_lora"}
+#: An hf arm's precision keys (:mod:`g4v.model.precision`): ``dtype=bfloat16``, ``quant=int8[,quant-vision=no]``.
+PRECISION_KEYS = {"dtype": "dtype", "quant": "quant", "quant-vision": "quant_vision"}
 #: Requests a vLLM arm keeps in flight (the batch continuous batching draws from); bounded below
 #: the HTTP client's connection pool when the arm runs through a server.
 VLLM_IN_FLIGHT = 64
@@ -52,12 +54,16 @@ class ArmSpec:
     base_url: str | None = None  # openai only
     label: str = ""
     vision_lora: str | None = None  # native | merged | off (hf/vllm; None: the engine's default)
+    dtype: str | None = None  # hf: float32 | bfloat16 | float16 (None: the engine's default)
+    quant: str | None = None  # hf: int8 (torchao int8 weight-only)
+    quant_vision: bool | None = None  # with quant: the vision tower and projectors too (None: yes)
 
     @classmethod
     def parse(cls, text: str) -> "ArmSpec":
         """``hf``, ``hf:adapter=NAME``, ``hf:model=DIR``, ``vllm[:adapter=NAME]``,
         ``openai:URL[,model=NAME][,adapter=NAME]``; ``label=TEXT`` names any arm, ``vision-lora=MODE``
-        sets an hf or vllm arm's vision LoRA mode (``hf:model=DIR,vision-lora=off``)."""
+        sets an hf or vllm arm's vision LoRA mode (``hf:model=DIR,vision-lora=off``); ``dtype=``,
+        ``quant=int8`` and ``quant-vision=yes|no`` an hf arm's precision (``hf:dtype=bfloat16``)."""
         text = (text or "").strip()
         backend, _, rest = text.partition(":")
         if backend not in BACKENDS:
@@ -71,10 +77,10 @@ class ArmSpec:
             values["base_url"], parts = parts[0], parts[1:]
         for part in parts:
             key, sep, value = (piece.strip() for piece in part.partition("="))
-            if not sep or not value or key not in ARM_KEYS:
-                raise G4VError(f"arm {quoted(text)}: expected model=, adapter=, vision-lora= or label=, "
-                               f"got {quoted(part)}")
-            values[ARM_KEYS[key]] = value
+            if not sep or not value or key not in {**ARM_KEYS, **PRECISION_KEYS}:
+                raise G4VError(f"arm {quoted(text)}: expected model=, adapter=, vision-lora=, dtype=, quant=, "
+                               f"quant-vision= or label=, got {quoted(part)}")
+            values[{**ARM_KEYS, **PRECISION_KEYS}[key]] = value
         if "vision_lora" in values:
             if backend == "openai":
                 raise G4VError(f"arm {quoted(text)}: an openai arm's vision LoRA is the server's choice "
@@ -83,7 +89,15 @@ class ArmSpec:
                 values["vision_lora"] = check_mode(values["vision_lora"])
             except G4VError as err:
                 raise G4VError(f"arm {quoted(text)}: {err}") from None
+        if any(key in values for key in PRECISION_KEYS.values()):
+            values.update(_checked_precision(text, backend, values))
         return cls(backend=backend, **values)
+
+    def precision(self):
+        """The :class:`~g4v.model.precision.Precision` this arm runs in."""
+        from g4v.model.precision import Precision
+
+        return Precision(self.dtype, self.quant, self.quant_vision is not False)
 
     @property
     def display(self) -> str:
@@ -96,6 +110,7 @@ class ArmSpec:
         elif self.model:
             name += f"({Path(self.model).name})"
         name += f"[vision LoRA {self.vision_lora}]" if self.vision_lora else ""
+        name += f"[{self.precision().label}]" if self.dtype or self.quant else ""
         return name + (f"+{self.adapter}" if self.adapter else "")
 
     def can_score(self) -> bool:
@@ -105,7 +120,22 @@ class ArmSpec:
     def engine_key(self) -> "ArmSpec":
         """What identifies the engine behind this arm (the ``reuse`` key): backend, model and the
         vision LoRA mode (each mode is an engine of its own: merged changes the weights)."""
-        return ArmSpec(self.backend, self.model, base_url=self.base_url, vision_lora=self.vision_lora)
+        return ArmSpec(self.backend, self.model, base_url=self.base_url, vision_lora=self.vision_lora,
+                       dtype=self.dtype, quant=self.quant, quant_vision=self.quant_vision)
+
+
+def _checked_precision(text: str, backend: str, values: dict) -> dict:
+    """An arm's ``dtype=``/``quant=``/``quant-vision=`` values checked (one line each)."""
+    from g4v.model.precision import check_precision
+
+    if backend != "hf":
+        raise G4VError(f"arm {quoted(text)}: dtype=, quant= and quant-vision= are for hf arms (transformers here)")
+    try:
+        precision = check_precision(values.get("dtype"), values.get("quant"), values.get("quant_vision"))
+    except G4VError as err:
+        raise G4VError(f"arm {quoted(text)}: {err}") from None
+    return {"dtype": precision.dtype, "quant": precision.quant,
+            "quant_vision": None if precision.quant is None else precision.quant_vision}
 
 
 @dataclass
@@ -267,6 +297,10 @@ def check_arms(specs: list[ArmSpec], adapters_dir=None) -> None:
                            "(its weights are the vision model)")
         if spec.adapter:
             _resolve_adapter_folder(spec.adapter, adapters_dir)
+        if spec.quant:
+            from g4v.model.precision import require_quant_library
+
+            require_quant_library(spec.quant, f"arm {spec.display}: ")
 
 
 def open_arm(spec: ArmSpec, *, adapters_dir=None, reuse: dict | None = None, concurrency: int = 8,
@@ -297,7 +331,7 @@ def _start_engine(spec: ArmSpec, adapters: list[str], adapters_dir, reuse: dict)
     from g4v.paths import default_model
 
     model = spec.model or (None if spec.backend == "openai" else default_model())
-    reused = reuse.get(spec.engine_key()) or (reuse.get(ArmSpec(spec.backend, vision_lora=spec.vision_lora))
+    reused = reuse.get(spec.engine_key()) or (reuse.get(replace(spec.engine_key(), model=None))
                                               if model == default_model() else None)
     if reused is not None:
         return reused, model, []
@@ -309,8 +343,9 @@ def _start_engine(spec: ArmSpec, adapters: list[str], adapters_dir, reuse: dict)
     if spec.backend == "vllm":
         engine = create_engine("vllm", model, vllm=vllm_settings(adapters, model, spec.vision_lora),
                                vision_lora=spec.vision_lora)
-    else:  # a GPU in its dtype where present, else the CPU in float32
-        engine = create_engine(spec.backend, model, vision_lora=spec.vision_lora)
+    else:  # a GPU in its dtype where present, else the CPU in float32; or the arm's precision
+        engine = create_engine(spec.backend, model, vision_lora=spec.vision_lora, dtype=spec.dtype, quant=spec.quant,
+                               quant_vision=spec.quant_vision is not False)
     return engine, model, [engine.close]
 
 

@@ -28,7 +28,8 @@ import g4v.evaluate.store as store
 from g4v.engines.base import BATCH_SIZE
 from g4v.evaluate.arms import VLLM_IN_FLIGHT, Arm, ArmSpec, Requests, check_arms, open_arms
 from g4v.evaluate.data import Columns, EvalSample, open_dataset
-from g4v.evaluate.scoring import PairScores, agreement, blanked, image_tokens, level_norms, score_pairs
+from g4v.evaluate.scoring import (PairScores, agreement, blanked, image_tokens, level_drift, level_norms,
+                                  precision_pair, score_pairs)
 from g4v.evaluate.equivalence import DISCORDANCE, MARGIN
 from g4v.evaluate.stats import detectable, matches, summarise
 
@@ -86,9 +87,19 @@ class EvalConfig:
         return replace(self.a, label="") == replace(self.b, label="")
 
     def summarise(self, rows: list, complete: bool) -> dict:
-        """The summary of ``rows`` with this run's labels, margin and discordance."""
-        return summarise(rows, self.a.display, self.b.display, complete, margin=self.margin,
-                         discordance=self.discordance, same_arm=self.same_arm)
+        """The summary of ``rows`` with this run's labels, margin and discordance, plus
+        ``level_drift`` (per-level means over the rows, :func:`g4v.model.precision.drift_summary`)
+        when the arms differ only in precision."""
+        import json
+
+        from g4v.model.precision import drift_summary
+
+        summary = summarise(rows, self.a.display, self.b.display, complete, margin=self.margin,
+                            discordance=self.discordance, same_arm=self.same_arm)
+        drift = drift_summary([json.loads(row.level_drift) for row in rows if row.level_drift])
+        if drift is not None:
+            summary["level_drift"] = {"of": self.b.display, "against": self.a.display, **drift}
+        return summary
 
     @classmethod
     def from_json(cls, values: dict) -> "EvalConfig":
@@ -131,6 +142,7 @@ class SampleResult:
     level_norms_a: str | None  # JSON {level: mean injected norm}
     level_norms_b: str | None
     error: str | None
+    level_drift: str | None = None  # JSON: b's per-level drift against a, when they differ only in precision
 
 
 @dataclass
@@ -302,7 +314,7 @@ def compare_sample(arm_a, arm_b, sample, gen_a, gen_b, blank_a, blank_b, config,
         blank_same_a=_same(gen_a, blank_a), blank_same_b=_same(gen_b, blank_b),
         level_norms_a=level_norms(arm_a, sample, requests) if config.levels and arm_a.spec.backend == "hf" else None,
         level_norms_b=level_norms(arm_b, sample, requests) if config.levels and arm_b.spec.backend == "hf" else None,
-        error=None,
+        error=None, level_drift=level_drift(arm_a, arm_b, sample, requests) if precision_pair(arm_a, arm_b) else None,
     )
 
 

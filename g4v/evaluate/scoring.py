@@ -138,6 +138,28 @@ def level_norms(arm, sample, requests) -> str:
     return json.dumps({cap.level.name: round(cap.injected_norm_mean, 6) for cap in capture.levels})
 
 
+def precision_pair(arm_a, arm_b) -> bool:
+    """Whether two arms are one checkpoint in two precisions (both hf, same model, same adapter and
+    vision LoRA mode): then each row records b's per-level drift against a (:func:`level_drift`)."""
+    a, b = arm_a.spec, arm_b.spec
+    return (a.backend == b.backend == "hf" and a.precision() != b.precision()
+            and (a.model, a.adapter, a.vision_lora) == (b.model, b.adapter, b.vision_lora))
+
+
+def level_drift(arm_a, arm_b, sample, requests) -> str:
+    """JSON ``{"levels": {name: {"rel_error", "cosine"}}, "next_token_kl"}``: what b injects at each
+    level against what a injects on this sample, and KL(a || b) of the next token, each arm on the
+    request its answers came from (:func:`g4v.model.precision.engine_drift`)."""
+    from g4v.engines import transformers_engine
+    from g4v.model.precision import engine_drift, row_drift
+
+    engine_a = transformers_engine(arm_a.engine, "per-level drift")
+    engine_b = transformers_engine(arm_b.engine, "per-level drift")
+    levels, kl, _, _ = engine_drift(engine_a, requests.get(engine_a, sample), engine_b, requests.get(engine_b, sample),
+                                    arm_a.adapter, arm_b.adapter)
+    return json.dumps(row_drift(levels, kl))
+
+
 def blanked(sample):
     """A copy of ``sample`` whose pictures are flat grey fields of the same sizes."""
     from dataclasses import replace

@@ -48,9 +48,9 @@ def _question(settings: dict) -> dict:
     kept = {key: value for key, value in settings.items() if key not in MAY_CHANGE}
     for arm in ("a", "b"):
         if isinstance(kept.get(arm), dict):
-            # an arm recorded before arms had a vision LoRA mode is the same arm as one without
-            kept[arm] = {key: value for key, value in kept[arm].items()
-                         if key != "label" and not (key == "vision_lora" and value is None)}
+            # an arm recorded before it had a setting (a vision LoRA mode, a dtype, a quantization;
+            # None when not set) is the same arm as one with that setting unset
+            kept[arm] = {key: value for key, value in kept[arm].items() if key != "label" and value is not None}
     return kept
 
 
@@ -129,17 +129,26 @@ def read_rows(out_dir: Path, row_type) -> dict[int, object]:
         with _open(path, "r+b") as handle:
             handle.truncate(len(data))
     types = _field_types(row_type)
+    later = _later_fields(row_type)
     rows = {}
     for number, line in enumerate(data.decode("utf-8", errors="replace").splitlines(), 1):
         try:
             values = json.loads(line)
         except (ValueError, RecursionError):
             values = None
+        if isinstance(values, dict):
+            values = {**{name: None for name in later - set(values)}, **values}
         if not isinstance(values, dict) or set(values) != set(types) or not all(
                 _has_type(values[name], kind, optional) for name, (kind, optional) in types.items()):
             raise G4VError(f"line {number} of {ROWS_FILE} is damaged; use a new --out folder")
         rows[values["index"]] = row_type(**values)
     return rows
+
+
+def _later_fields(row_type) -> set[str]:
+    """Fields a row written by an earlier version may lack: those whose default is None (a column
+    added later, empty where it does not apply), so a run started before it still resumes."""
+    return {field.name for field in fields(row_type) if field.default is None}
 
 
 def _has_type(value, kind: type, optional: bool) -> bool:

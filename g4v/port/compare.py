@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import torch
 
 from g4v.errors import G4VError
+from g4v.model.drift import feature_drift
 from g4v.model.levels import Level
 from g4v.model.scoring import kl_divergence
 
@@ -157,18 +158,13 @@ def compare_levels(levels: list[Level], reference: dict[str, torch.Tensor], cand
                                   reference_max_abs=float(ref.abs().max()) if ref.numel() else 0.0,
                                   problem=f"shape {tuple(got.shape)} in vLLM, {tuple(ref.shape)} in transformers"))
             continue
-        diff = (got - ref).abs()
-        token_diff = diff.amax(dim=-1) if diff.numel() else torch.zeros(0)
-        ref_norm = torch.linalg.vector_norm(ref, dim=-1)
-        rel = torch.linalg.vector_norm(got - ref, dim=-1) / ref_norm.clamp(min=1e-12)
-        max_abs = float(diff.max()) if diff.numel() else 0.0
+        drift = feature_drift(got, ref)
         used = tolerance.used(got, ref)
         ok = used <= 1.0
-        problem = None if ok else _explain(got, ref, reference, level.name, max_abs, used, tolerance)
-        rows.append(LevelDiff(**base, ok=ok, max_abs_diff=max_abs, max_rel_diff=float(rel.max()) if rel.numel() else 0.0,
-                              mean_abs_diff=float(diff.mean()) if diff.numel() else 0.0,
-                              reference_max_abs=float(ref.abs().max()) if ref.numel() else 0.0, problem=problem,
-                              share_of_tolerance_used=used, token_diff=token_diff.float().tolist()))
+        problem = None if ok else _explain(got, ref, reference, level.name, drift.max_abs_diff, used, tolerance)
+        rows.append(LevelDiff(**base, ok=ok, max_abs_diff=drift.max_abs_diff, max_rel_diff=drift.max_token_rel_error,
+                              mean_abs_diff=drift.mean_abs_diff, reference_max_abs=drift.reference_max_abs,
+                              problem=problem, share_of_tolerance_used=used, token_diff=drift.token_diff))
     return rows
 
 
