@@ -15,6 +15,8 @@ from g4v.commands.settings_flags import add_settings_flags, settings_from_args
 
 #: The Evaluate tab's pictures (:func:`viz.evaluate.run_figures`, by name) and the PNG each becomes.
 PLOT_FILES = {"accuracy": "accuracy.png", "paired": "paired.png", "kl": "kl.png", "divergence": "divergence.png"}
+#: The token-budget sweep's picture (:func:`viz.token_budget.budget_figure`).
+BUDGET_PLOT = "budget.png"
 #: EvalConfig fields typed as their own flags (the rest come from add_settings_flags).
 _OWN_FLAGS = ("a", "b", "data", "columns")
 
@@ -24,7 +26,8 @@ def add_parser(subparsers):
 
     parser = subparsers.add_parser("eval", help="compare two arms (backend, model, adapter) over a dataset")
     parser.add_argument("--a", required=True, metavar="ARM", help="first arm, e.g. hf")
-    parser.add_argument("--b", required=True, metavar="ARM", help="second arm, e.g. hf:adapter=tiny-trained-french or hf:model=DIR,vision-lora=off")
+    parser.add_argument("--b", metavar="ARM", help="second arm, e.g. hf:adapter=tiny-trained-french, hf:model=DIR,vision-lora=off "
+                        "or hf:keep=50,policy=norm (required unless --keep-sweep)")
     parser.add_argument("--data", required=True, metavar="D",
                         help="dataset: imagefolder with metadata.jsonl/csv, .jsonl/.csv/.parquet, saved dataset, "
                              "or Hub id (assets/datasets/shapes-heldout is bundled)")
@@ -32,6 +35,11 @@ def add_parser(subparsers):
                         help="column mapping, e.g. image=img,prompt=question,reference=answer,category=kind")
     parser.add_argument("--out", required=True, type=Path, metavar="DIR", help="results folder (resumable)")
     add_settings_flags(parser, EvalConfig, exclude=_OWN_FLAGS)
+    parser.add_argument("--keep-sweep", default=None, metavar="K,K,...",
+                        help="token-budget sweep instead of A vs B: arm A against itself keeping each percent of "
+                             "image tokens (e.g. 100,75,50,25,10), one run each in OUT/<policy>-keep<K>, then OUT/budget.png")
+    parser.add_argument("--policy", default="norm", metavar="P[,P...]",
+                        help="with --keep-sweep: which tokens are kept: norm, attention, attribution, random, or all")
     add_adapters_dir_flag(parser)
     return parser
 
@@ -41,8 +49,13 @@ def run(args) -> int:
 
     from g4v.evaluate import ArmSpec, Columns, EvalConfig, run_eval
 
-    config = settings_from_args(EvalConfig, args, exclude=_OWN_FLAGS, a=ArmSpec.parse(args.a),
-                                b=ArmSpec.parse(args.b), data=args.data, columns=Columns.parse(args.columns))
+    from g4v.errors import G4VError
+
+    if args.b is None and args.keep_sweep is None:
+        raise G4VError("give the second arm with --b ARM (or --keep-sweep K,K,... for a token-budget sweep of --a)")
+    a = ArmSpec.parse(args.a)
+    config = settings_from_args(EvalConfig, args, exclude=_OWN_FLAGS, a=a, b=ArmSpec.parse(args.b) if args.b else a,
+                                data=args.data, columns=Columns.parse(args.columns))
     bars = []  # started at the first report, once the dataset and the arms are ready
 
     def progress(done: int, total: int) -> None:
@@ -53,7 +66,13 @@ def run(args) -> int:
         bars[0].refresh()
 
     try:
-        result = run_eval(config, args.out, adapters_dir=args.adapters_dir, progress=progress)
+        if args.keep_sweep is not None:
+            from g4v.evaluate.budget import run_budget_sweep
+
+            curve = run_budget_sweep(config, args.out, args.keep_sweep, args.policy, adapters_dir=args.adapters_dir,
+                                     progress=progress)
+        else:
+            result = run_eval(config, args.out, adapters_dir=args.adapters_dir, progress=progress)
     except KeyboardInterrupt:
         for bar in bars:
             bar.close()
@@ -64,11 +83,36 @@ def run(args) -> int:
     finally:
         for bar in bars:
             bar.close()
+    if args.keep_sweep is not None:
+        return _report_sweep(curve, args.out)
     print(summary_table(result.summary))
     print(f"results: {args.out}")
     for path in write_plots(result, args.out):
         print(f"wrote {path}")
     return 0
+
+
+def _report_sweep(curve, out_dir: Path) -> int:
+    """The curve as a table, then its picture."""
+    from viz.token_budget import budget_figure
+
+    print(budget_table(curve.to_dict()))
+    print(f"results: {out_dir}")
+    budget_figure(curve.to_dict()).save(out_dir / BUDGET_PLOT)
+    print(f"wrote {out_dir / BUDGET_PLOT}")
+    return 0
+
+
+def budget_table(curve: dict) -> str:
+    """One line per (policy, kept %): accuracy with its interval, agreement, mean KL with its interval."""
+    lines = [f"token budget of {curve['arm']}",
+             f"{'policy':<12}{'keep':>5}{'n':>5}  {'accuracy':>16}  {'agree':>6}  {'KL mean [95%]':>24}"]
+    for point in curve["points"]:
+        agree = "-" if point["agreement"] is None else f"{100 * point['agreement']:.1f}%"
+        kl = "-" if point["kl_mean"] is None else (f"{point['kl_mean']:.4f} [{point['kl_ci95'][0]:.4f}-"
+                                                   f"{point['kl_ci95'][1]:.4f}]")
+        lines.append(f"{point['policy']:<12}{point['keep']:>4}%{point['n']:>5}  {_accuracy(point):>16}  {agree:>6}  {kl:>24}")
+    return "\n".join(lines)
 
 
 def write_plots(result, out_dir: Path) -> list[Path]:

@@ -34,7 +34,8 @@ from g4v.errors import G4VError, quoted
 
 BACKENDS = ("hf", "vllm", "openai")
 #: An arm's ``key=value`` parts as typed -> ArmSpec fields.
-ARM_KEYS = {"model": "model", "adapter": "adapter", "label": "label", "vision-lora": "vision_lora"}
+ARM_KEYS = {"model": "model", "adapter": "adapter", "label": "label", "vision-lora": "vision_lora",
+            "keep": "keep", "policy": "policy"}
 #: Requests a vLLM arm keeps in flight (the batch continuous batching draws from); bounded below
 #: the HTTP client's connection pool when the arm runs through a server.
 VLLM_IN_FLIGHT = 64
@@ -52,12 +53,15 @@ class ArmSpec:
     base_url: str | None = None  # openai only
     label: str = ""
     vision_lora: str | None = None  # native | merged | off (hf/vllm; None: the engine's default)
+    keep: int | None = None  # hf only: percent of image tokens kept (g4v.model.token_budget); None: all
+    policy: str | None = None  # hf only, with keep: which tokens (norm, attention, attribution, random)
 
     @classmethod
     def parse(cls, text: str) -> "ArmSpec":
         """``hf``, ``hf:adapter=NAME``, ``hf:model=DIR``, ``vllm[:adapter=NAME]``,
         ``openai:URL[,model=NAME][,adapter=NAME]``; ``label=TEXT`` names any arm, ``vision-lora=MODE``
-        sets an hf or vllm arm's vision LoRA mode (``hf:model=DIR,vision-lora=off``)."""
+        sets an hf or vllm arm's vision LoRA mode (``hf:model=DIR,vision-lora=off``), ``keep=K`` and
+        ``policy=P`` an hf arm's token budget (``hf:keep=50,policy=norm``: half the image tokens)."""
         text = (text or "").strip()
         backend, _, rest = text.partition(":")
         if backend not in BACKENDS:
@@ -72,7 +76,7 @@ class ArmSpec:
         for part in parts:
             key, sep, value = (piece.strip() for piece in part.partition("="))
             if not sep or not value or key not in ARM_KEYS:
-                raise G4VError(f"arm {quoted(text)}: expected model=, adapter=, vision-lora= or label=, "
+                raise G4VError(f"arm {quoted(text)}: expected model=, adapter=, vision-lora=, keep=, policy= or label=, "
                                f"got {quoted(part)}")
             values[ARM_KEYS[key]] = value
         if "vision_lora" in values:
@@ -83,7 +87,18 @@ class ArmSpec:
                 values["vision_lora"] = check_mode(values["vision_lora"])
             except G4VError as err:
                 raise G4VError(f"arm {quoted(text)}: {err}") from None
+        if "keep" in values or "policy" in values:
+            values.update(_parse_budget(text, backend, values.get("keep"), values.get("policy")))
         return cls(backend=backend, **values)
+
+    @property
+    def budget(self):
+        """The arm's :class:`~g4v.model.token_budget.TokenBudget`, or None (every image token)."""
+        if self.keep is None:
+            return None
+        from g4v.model.token_budget import TokenBudget
+
+        return TokenBudget(self.keep, self.policy or "norm")
 
     @property
     def display(self) -> str:
@@ -96,6 +111,7 @@ class ArmSpec:
         elif self.model:
             name += f"({Path(self.model).name})"
         name += f"[vision LoRA {self.vision_lora}]" if self.vision_lora else ""
+        name += f"[keep {self.keep}% {self.policy or 'norm'}]" if self.keep is not None else ""
         return name + (f"+{self.adapter}" if self.adapter else "")
 
     def can_score(self) -> bool:
@@ -106,6 +122,21 @@ class ArmSpec:
         """What identifies the engine behind this arm (the ``reuse`` key): backend, model and the
         vision LoRA mode (each mode is an engine of its own: merged changes the weights)."""
         return ArmSpec(self.backend, self.model, base_url=self.base_url, vision_lora=self.vision_lora)
+
+
+def _parse_budget(text: str, backend: str, keep: str | None, policy: str | None) -> dict:
+    """``keep=`` and ``policy=`` checked: an hf arm's token budget (the default policy is norm)."""
+    from g4v.model.token_budget import TokenBudget
+
+    if backend != "hf":
+        raise G4VError(f"arm {quoted(text)}: a token budget (keep=, policy=) runs on hf arms only")
+    if keep is None:
+        raise G4VError(f"arm {quoted(text)}: policy= needs keep=K (the percent of image tokens kept)")
+    try:
+        budget = TokenBudget(int(keep) if keep.isdigit() else keep, policy or "norm")
+    except G4VError as err:
+        raise G4VError(f"arm {quoted(text)}: {err}") from None
+    return {"keep": budget.keep, "policy": budget.policy}
 
 
 @dataclass
@@ -123,8 +154,19 @@ class Requests:
     def __init__(self):
         self._made: dict[tuple[int, int], tuple[object, PreparedRequest | G4VError]] = {}
 
-    def get(self, engine: Engine, sample, max_new_tokens: int = 0) -> PreparedRequest:
-        """The prepared request (a G4VError for a sample the engine refuses, raised each time)."""
+    def get(self, engine: Engine, sample, max_new_tokens: int = 0, budget=None, adapter: str | None = None
+            ) -> PreparedRequest:
+        """The prepared request (a G4VError for a sample the engine refuses, raised each time);
+        with a token ``budget``, the request with only its kept image tokens (ranked with
+        ``adapter``), made once from the full one."""
+        if budget is not None and not budget.plain:
+            from g4v.model.token_budget import reduce_request
+
+            key = (id(engine), id(sample), budget, adapter)
+            if key not in self._made:
+                full = self.get(engine, sample)
+                self._made[key] = (sample, reduce_request(engine, full, budget, adapter))
+            return engine.prepare(self._made[key][1], max_new_tokens)
         key = (id(engine), id(sample))
         if key not in self._made:
             try:
@@ -187,7 +229,8 @@ class Arm:
         ready = []
         for position, sample in enumerate(samples):
             try:
-                ready.append((position, requests.get(self.engine, sample, settings.max_new_tokens)))
+                ready.append((position, requests.get(self.engine, sample, settings.max_new_tokens,
+                                                     self.spec.budget, self.adapter)))
             except G4VError as err:
                 results[position] = Failed(text="", token_ids=[], finish_reason="error", error=str(err))
                 if on_done is not None:
