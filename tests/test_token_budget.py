@@ -154,3 +154,22 @@ def test_bad_budgets_are_one_line(keep):
         TokenBudget(keep)
     with pytest.raises(G4VError, match="token policy must be one of norm, attention, attribution, random"):
         TokenBudget(50, "fastv")
+
+
+def test_bench_measures_each_kept_fraction_on_the_shortened_sequence(tmp_path):
+    """The benchmark's sequences are the prompt less the dropped tokens (timings are printed, not asserted)."""
+    import json
+
+    from tests.cli import run_cli
+
+    out = tmp_path / "bench.json"
+    result = run_cli("bench", "token-budget", "--repeats", "1", "--keeps", "50,10", "--image-size", "128x128",
+                     "--device", "cpu", "--json", str(out))
+    assert result.returncode == 0, result.stderr
+    row = json.loads(out.read_text())[0]
+    images, text = row["image_tokens"], row["seq_len"] - row["image_tokens"]
+    assert row["seq_lens"] == {f"prefill {k}%": text + -(-images * k // 100) for k in (100, 50, 10)}
+    assert set(row["ratios"]) >= {"prefill speed-up 50%", "rank attention / prefill 100%"}
+    assert "speed-up" in result.stdout
+    bad = run_cli("bench", "token-budget", "--keeps", "50,half")
+    assert bad.returncode != 0 and len(bad.stderr.strip().splitlines()) == 1 and "--keeps" in bad.stderr

@@ -132,7 +132,9 @@ def attention_scores(model, inputs: dict, encoded, budget: TokenBudget) -> list[
     if not 0 <= budget.attention_layer < layers:
         raise G4VError(f"attention layer {budget.attention_layer} does not exist: the model has layers 0-{layers - 1}")
     seq = inputs["input_ids"].shape[1]
-    rows = attention_rows(model, inputs, [budget.attention_layer], seq - 1)[0].mean(dim=0)  # (seq,)
+    everything = [torch.arange(size) for size in _per_picture(encoded.deepstack_features)]
+    full = without_tokens(model, inputs, encoded, everything)  # the full prompt, the picture not encoded again
+    rows = attention_rows(model, full, [budget.attention_layer], seq - 1)[0].mean(dim=0)  # (seq,)
     return _split(rows[_image_mask(model, inputs["input_ids"]).cpu()], _per_picture(encoded.deepstack_features))
 
 
@@ -186,10 +188,20 @@ def reduced_inputs(model, inputs: dict, budget: TokenBudget) -> tuple[dict, Redu
     if input_ids.shape[0] != 1:
         raise G4VError("a token budget reduces one request at a time")
     encoded = encode_images(model, inputs)
-    scores = SCORERS[budget.policy](model, inputs, encoded, budget)
-    kept = kept_indices(scores, budget)
+    kept = kept_indices(SCORERS[budget.policy](model, inputs, encoded, budget), budget)
+    reduced = without_tokens(model, inputs, encoded, kept)
+    reduction = Reduction(budget, _per_picture(encoded.deepstack_features), [k.tolist() for k in kept],
+                          int(input_ids.shape[1]), int(reduced["input_ids"].shape[1]))
+    return reduced, reduction
+
+
+def without_tokens(model, inputs: dict, encoded, kept: list[torch.Tensor]) -> dict:
+    """Model inputs with only the ``kept`` image tokens of each picture (indices in packing order):
+    the other image positions cut from ``input_ids`` and the attention mask, their rows cut from
+    every level's features in ``encoded`` (:func:`encode_images`), handed over as
+    ``mm_encoder_outputs``. Every token kept gives the full prompt on the encoded path."""
+    input_ids = inputs["input_ids"]
     sizes = _per_picture(encoded.deepstack_features)
-    keep_position = torch.ones(input_ids.shape[1], dtype=torch.bool)
     image_positions = torch.nonzero(_image_mask(model, input_ids).cpu()).flatten()
     if image_positions.numel() != sum(sizes):
         raise RuntimeError(f"{image_positions.numel()} image tokens in the prompt, {sum(sizes)} feature rows")
@@ -198,16 +210,15 @@ def reduced_inputs(model, inputs: dict, budget: TokenBudget) -> tuple[dict, Redu
     for size, picture_kept in zip(sizes, kept):
         dropped[offset + picture_kept] = False
         offset += size
+    keep_position = torch.ones(input_ids.shape[1], dtype=torch.bool)
     keep_position[image_positions[dropped]] = False
     keep_position = keep_position.to(input_ids.device)
     features = [(layer, [piece[picture_kept.to(piece.device)] for piece, picture_kept in zip(pieces, kept)])
                 for layer, pieces in encoded.deepstack_features]
-    image = type(encoded)(deepstack_features=features)
-    reduced = {"input_ids": input_ids[:, keep_position], "attention_mask": inputs["attention_mask"][:, keep_position],
-               "mm_encoder_outputs": {"image": image}}
-    reduction = Reduction(budget, sizes, [k.tolist() for k in kept], int(input_ids.shape[1]),
-                          int(reduced["input_ids"].shape[1]))
-    return reduced, reduction
+    mask = inputs.get("attention_mask")
+    mask = torch.ones_like(input_ids) if mask is None else mask
+    return {"input_ids": input_ids[:, keep_position], "attention_mask": mask[:, keep_position],
+            "mm_encoder_outputs": {"image": type(encoded)(deepstack_features=features)}}
 
 
 def reduce_request(engine, request, budget: TokenBudget | None, adapter: str | None = None):
