@@ -94,25 +94,14 @@ def run(args) -> int:
 
 def _report_sweep(curve, out_dir: Path) -> int:
     """The curve as a table, then its picture."""
+    from g4v.evaluate.budget import curve_table
     from viz.token_budget import budget_figure
 
-    print(budget_table(curve.to_dict()))
+    print(curve_table(curve.to_dict()))
     print(f"results: {out_dir}")
     budget_figure(curve.to_dict()).save(out_dir / BUDGET_PLOT)
     print(f"wrote {out_dir / BUDGET_PLOT}")
     return 0
-
-
-def budget_table(curve: dict) -> str:
-    """One line per (policy, kept %): accuracy with its interval, agreement, mean KL with its interval."""
-    lines = [f"token budget of {curve['arm']}",
-             f"{'policy':<12}{'keep':>5}{'n':>5}  {'accuracy':>16}  {'agree':>6}  {'KL mean [95%]':>24}"]
-    for point in curve["points"]:
-        agree = "-" if point["agreement"] is None else f"{100 * point['agreement']:.1f}%"
-        kl = "-" if point["kl_mean"] is None else (f"{point['kl_mean']:.4f} [{point['kl_ci95'][0]:.4f}-"
-                                                   f"{point['kl_ci95'][1]:.4f}]")
-        lines.append(f"{point['policy']:<12}{point['keep']:>4}%{point['n']:>5}  {_accuracy(point):>16}  {agree:>6}  {kl:>24}")
-    return "\n".join(lines)
 
 
 def write_plots(result, out_dir: Path) -> list[Path]:
@@ -131,6 +120,8 @@ def write_plots(result, out_dir: Path) -> list[Path]:
 
 def summary_table(summary: dict) -> str:
     """A few lines: each arm's accuracy with its interval, the paired test, agreement; per category."""
+    from g4v.evaluate.budget import accuracy_text as _accuracy
+
     lines = [f"rows {summary['n']} (errors {summary['n_errors']}){'' if summary['complete'] else ', INCOMPLETE'}"]
     header = f"{'':<12}{'n':>5}  {'A acc':>16}  {'B acc':>16}  {'agree':>6}  {'A only':>6}  {'B only':>6}  {'McNemar p':>9}"
     lines += [f"A = {summary['arms']['a']['label']}, B = {summary['arms']['b']['label']}", header]
@@ -144,10 +135,3 @@ def summary_table(summary: dict) -> str:
         kl = summary["kl"]
         lines.append(f"KL(a||b) per row: mean {kl['mean']:.4g}, q90 {kl['q90']:.4g}, q99 {kl['q99']:.4g}, max {kl['max']:.4g}")
     return "\n".join(lines)
-
-
-def _accuracy(arm: dict) -> str:
-    if arm["accuracy"] is None:
-        return "-"
-    low, high = arm["ci95"]
-    return f"{100 * arm['accuracy']:.1f}% [{100 * low:.0f}-{100 * high:.0f}]"

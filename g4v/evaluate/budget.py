@@ -179,3 +179,23 @@ def read_curve(out_dir: Path) -> dict | None:
         return json.loads(path.read_text())
     except (OSError, ValueError):
         return None
+
+
+def curve_table(curve: dict) -> str:
+    """One line per (policy, kept %): accuracy with its interval, agreement, mean KL with its interval."""
+    lines = [f"token budget of {curve['arm']}",
+             f"{'policy':<12}{'keep':>5}{'n':>5}  {'accuracy':>16}  {'agree':>6}  {'KL mean [95%]':>24}"]
+    for point in curve["points"]:
+        agree = "-" if point["agreement"] is None else f"{100 * point['agreement']:.1f}%"
+        kl = "-" if point["kl_mean"] is None else (f"{point['kl_mean']:.4f} [{point['kl_ci95'][0]:.4f}-"
+                                                   f"{point['kl_ci95'][1]:.4f}]")
+        lines.append(f"{point['policy']:<12}{point['keep']:>4}%{point['n']:>5}  {accuracy_text(point):>16}  {agree:>6}  {kl:>24}")
+    return "\n".join(lines)
+
+
+def accuracy_text(point: dict) -> str:
+    """``"75.0% [41-93]"``: an accuracy with its Wilson interval, or ``-``."""
+    if point["accuracy"] is None:
+        return "-"
+    low, high = point["ci95"]
+    return f"{100 * point['accuracy']:.1f}% [{100 * low:.0f}-{100 * high:.0f}]"

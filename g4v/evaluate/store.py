@@ -48,9 +48,9 @@ def _question(settings: dict) -> dict:
     kept = {key: value for key, value in settings.items() if key not in MAY_CHANGE}
     for arm in ("a", "b"):
         if isinstance(kept.get(arm), dict):
-            # an arm recorded before arms had a vision LoRA mode is the same arm as one without
+            # an arm recorded before arms had a vision LoRA mode (or a token budget) is the same arm as one without
             kept[arm] = {key: value for key, value in kept[arm].items()
-                         if key != "label" and not (key == "vision_lora" and value is None)}
+                         if key != "label" and not (key in ("vision_lora", "keep", "policy") and value is None)}
     return kept
 
 
