@@ -4,7 +4,9 @@ Arms: ``hf``, ``hf:adapter=NAME``, ``hf:model=DIR``, ``vllm[:adapter=NAME]``,
 ``openai:URL[,model=NAME][,adapter=NAME]``; ``vision-lora=MODE`` on an hf or vllm arm. Writes ``samples.jsonl`` as rows finish (run the same
 command again to resume), then ``samples.parquet``, ``samples.csv`` and ``summary.json``, and the
 Evaluate tab's pictures as PNG (:data:`PLOT_FILES`); prints a short summary table and the files.
-See ``docs/evaluate.md``.
+``--keep-sweep 100,75,50,25,10 [--policy P,...|all]`` runs a token-budget sweep of ``--a`` instead
+(:mod:`g4v.evaluate.budget`; ``--b`` is not needed) and writes its curve (:data:`BUDGET_PLOT`).
+See ``docs/evaluate.md`` and ``docs/token-budget.md``.
 """
 
 import sys
