@@ -136,3 +136,13 @@ def test_cli_sweep_writes_the_curve_and_refuses_bad_input_in_one_line(tmp_path):
         result = run_cli("eval", "--a", "hf", "--data", str(BUNDLED_DATASET), "--out", str(tmp_path / "x"), *argv)
         assert result.returncode != 0 and message in result.stderr and "Traceback" not in result.stderr
         assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_the_tab_offers_half_budget_arms_of_the_apps_model(trained_engine):
+    from webapp.evaluate_choices import arm_choices
+
+    keys = {choice.key: choice.spec for choice in arm_choices(trained_engine, str(TRAINED_MODEL_DIR))}
+    for policy in ("norm", "attention", "attribution", "random"):
+        spec = keys[f"app:keep=50,policy={policy}"]
+        assert (spec.backend, spec.keep, spec.policy, spec.model) == ("hf", 50, policy, str(TRAINED_MODEL_DIR))
+        assert spec.engine_key() == keys["app"].engine_key()  # the app's own engine, no second load
