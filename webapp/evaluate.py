@@ -17,9 +17,8 @@ run) instead of starting over. The same function answers the ``/evaluate`` API e
 import json
 import re
 import threading
-import time
 import zipfile
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import gradio as gr
@@ -29,12 +28,14 @@ from g4v.evaluate import BUNDLED_DATASET, Columns, EvalConfig, open_dataset, run
 from g4v.evaluate.store import CSV_FILE, PARQUET_FILE, ROWS_FILE, RUN_FILE, SUMMARY_FILE, read_settings, shareable
 from g4v.evaluate.uploads import UPLOAD_SUFFIXES, extract_upload
 from viz.evaluate import run_figures
-from webapp.common import MODEL_QUEUE, QUIET_INPUT, sampling_settings, shows_errors, time_left
+from webapp.common import MODEL_QUEUE, QUIET_INPUT, shows_errors
+from webapp.evaluate_budget import budget_section
 from webapp.evaluate_choices import (BUNDLED, SAME_AS_A, SAME_AS_A_LABEL, UPLOAD, ArmChoice, arm_choices,
-                                     dataset_choices, dataset_label, pick_arms)
+                                     dataset_choices, dataset_label)
 from webapp.evaluate_equivalence import equivalence_boxes, plan_view, result_values, result_views, wire_plan
+from webapp.evaluate_runs import COLUMN_ROLES, eval_config, in_worker
 from webapp.evaluate_tables import (AGGREGATE_HEADERS, SAMPLE_HEADERS, aggregate_rows, column_widths, run_status,
-                                    sample_rows, whole_or_none)
+                                    sample_rows)
 from webapp.sessions import Session, SessionStores, session_key
 
 #: Uploaded datasets kept on disk per visitor (the oldest goes when another arrives) ...
@@ -50,9 +51,6 @@ DEFAULT_LIMIT = 24
 #: Pixels of the upload box's file list: four files (a table, its pictures; Gradio draws a row
 #: about 60 px tall) show without scrolling.
 UPLOAD_BOX_HEIGHT = 270
-#: Seconds between progress updates while a run works.
-POLL_SECONDS = 1.0
-COLUMN_ROLES = tuple(f.name for f in fields(Columns))
 #: Put above the status while a new run starts and after it is refused: the tables and figures
 #: below are still the previous run's.
 PREVIOUS_RUN = "*The results below are from the previous run.*"
@@ -197,18 +195,8 @@ class OpenTargets:
 def make_run(engine, workspace: EvalWorkspace, choices: list[ArmChoice], adapters_dir, gpu_task):
     reuse = {choices[0].spec.engine_key(): engine}
 
-    def config_from(visitor, arm_a, arm_b, dataset, files, columns, limit, seed, max_new_tokens, *probes_and_stats):
-        blank_probe, levels, margin, discordance = probes_and_stats
-        a, b = pick_arms(arm_a, arm_b, choices)
-        tokens = sampling_settings(max_new_tokens).max_new_tokens
-        mapping = Columns(**{role: (str(value).strip() or None) if value is not None else None
-                             for role, value in zip(COLUMN_ROLES, columns)})
-        source = workspace.source(dataset, files, visitor)
-        open_dataset(str(source), mapping, workspace.allowed_dirs(visitor))  # a bad dataset stops here, before any model
-        return EvalConfig(a=a, b=b, data=str(source), columns=mapping,
-                          limit=whole_or_none(limit, "limit", smallest=1, means_none=0),
-                          seed=whole_or_none(seed, "seed", smallest=0, means_none=-1), max_new_tokens=tokens,
-                          blank_probe=bool(blank_probe), levels=bool(levels), margin=margin, discordance=discordance)
+    def config_from(visitor, *inputs):
+        return eval_config(workspace, choices, visitor, *inputs)
 
     @gpu_task
     @shows_errors
@@ -229,38 +217,10 @@ def make_run(engine, workspace: EvalWorkspace, choices: list[ArmChoice], adapter
                 workspace.release(out_dir, visitor)
 
     def run_in_thread(config, out_dir, visitor, dataset_name, request, progress):
-        session = session_key(request) or "api"
-        switch = workspace.stop_switch(session)
-        counts, outcome = [0, 0], {}
-
-        def work():
-            try:
-                outcome["result"] = run_eval(config, out_dir, adapters_dir=adapters_dir, reuse=reuse,
-                                             data_dirs=workspace.allowed_dirs(visitor),
-                                             progress=lambda done, total: counts.__setitem__(slice(None), [done, total]),
-                                             cancel=switch)
-            except BaseException as err:  # re-raised in the handler's thread
-                outcome["error"] = err
-
-        worker = threading.Thread(target=work, daemon=True, name="g4v-evaluate")
-        try:
-            worker.start()
-            progress(0.0, desc="opening the arms (loading a model or starting a server can take a minute)")
-            started = None  # when the samples began (opening the arms is not their pace)
-            while worker.is_alive():
-                worker.join(POLL_SECONDS)
-                done, total = counts
-                if total:
-                    started = started or time.monotonic()
-                    left = time_left(done, total, time.monotonic() - started)
-                    progress((done, total), desc=f"samples, {left}" if left else "samples", unit="samples")
-            if "error" in outcome:
-                raise outcome["error"]
-            yield show_result(outcome["result"], config, workspace.export(out_dir, visitor, dataset_name))
-        finally:
-            switch.set()  # a closed connection or a failure stops the worker too
-            worker.join()
-            workspace.forget(session, switch)
+        result = in_worker(workspace, request, progress, "samples", lambda report, cancel: run_eval(
+            config, out_dir, adapters_dir=adapters_dir, reuse=reuse, data_dirs=workspace.allowed_dirs(visitor),
+            progress=report, cancel=cancel))
+        yield show_result(result, config, workspace.export(out_dir, visitor, dataset_name))
 
     return evaluate
 
@@ -347,6 +307,8 @@ def evaluate_tab(engine, model: str, adapters_dir, workspace: EvalWorkspace, tar
         summary = gr.JSON()
     run_state, row_state = gr.State(None), gr.State(None)
 
+    budget_section(workspace, choices, {choices[0].spec.engine_key(): engine}, adapters_dir,
+                   [arm_a, dataset, files, *columns, limit, seed, max_new_tokens], concurrency, gpu_task)
     wire_dataset_info(workspace, dataset, files, columns, described, row_count)
     wire_plan(row_count, limit, discordance, planned)
     evaluate = make_run(engine, workspace, choices, adapters_dir, gpu_task)

@@ -43,6 +43,7 @@ def arm_choices(engine, model: str, adapters_dir=None, servers=()) -> list[ArmCh
     choices += [ArmChoice(f"app:vision-lora={mode}", f"{backend}, vision LoRA {mode}",
                           ArmSpec(backend, model, label=f"{backend} vision-lora={mode}", vision_lora=mode))
                 for mode in modes if not own_line.startswith(f"vision LoRA: {mode},")]  # the app's arm has its own
+    choices += _budget_choices(backend, model)
     if backend == "hf" and Path(model).is_dir() and vllm_python() is not None:
         choices.append(ArmChoice("vllm", "vLLM (local server)", ArmSpec("vllm", model, label="vllm")))
         choices += [ArmChoice(f"vllm:vision-lora={mode}", f"vLLM (local server), vision LoRA {mode}",
@@ -71,6 +72,21 @@ def precision_choices(model: str, own_dtype: str) -> list[ArmChoice]:
                   ArmChoice("app:quant=int8,quant-vision=no", "hf, int8 weights, vision kept",
                             ArmSpec("hf", model, label="hf int8 vision kept", quant="int8", quant_vision=False))]
     return found
+#: The kept percentage of the token-budget arms the arm boxes offer (a sweep takes any, below them).
+BUDGET_ARM_KEEP = 50
+
+
+def _budget_choices(backend: str, model: str) -> list[ArmChoice]:
+    """The app's transformers model keeping half its image tokens, one arm per policy
+    (:mod:`g4v.model.token_budget`); none on other backends."""
+    from g4v.model.token_budget import POLICIES
+
+    if backend != "hf":
+        return []
+    keep = BUDGET_ARM_KEEP
+    return [ArmChoice(f"app:keep={keep},policy={policy}", f"{backend}, {keep}% of image tokens ({policy})",
+                      ArmSpec(backend, model, label=f"{backend} keep {keep}% {policy}", keep=keep, policy=policy))
+            for policy in POLICIES]
 
 
 def _vision_lora_modes(model: str) -> list[str]:

@@ -16,13 +16,12 @@ from dataclasses import dataclass
 import torch
 from PIL import Image
 
-from g4v.circuits.common import CircuitSettings, eager_attention, image_positions, parse_layers, query_position
+from g4v.circuits.common import CircuitSettings, image_positions, parse_layers, query_position
 from g4v.conversation import Message
 from g4v.engines import transformers_engine
 from g4v.errors import G4VError
 from g4v.images import open_image
-from g4v.model.capture import language_model_of
-from g4v.model.hooks import Hooks
+from g4v.model.attention import attention_rows
 from g4v.model.levels import describe_levels
 from g4v.tiling import TOKEN_KINDS, TilingPlan, plan_tiling
 
@@ -105,23 +104,3 @@ def image_attention(engine, image, prompt: str, settings: CircuitSettings | None
         text_per_head=rows[:, :, ~image_mask].sum(dim=-1),
         plan=plan,
     )
-
-
-def attention_rows(model, inputs: dict, layers: list[int], position: int) -> torch.Tensor:
-    """(len(layers), heads, seq) float32 on the CPU: the attention weights of query ``position`` at
-    each of ``layers``, from one eager forward pass over ``inputs``."""
-    language_model = language_model_of(model)
-    rows: dict[int, torch.Tensor] = {}
-
-    def keep_row(layer: int):
-        def hook(module, args, output):
-            weights = output[1]  # (batch, heads, query, key): eager attention returns them
-            if layer not in rows:  # the prompt pass only
-                rows[layer] = weights[0, :, position].detach().float().cpu()
-        return hook
-
-    with Hooks() as hooks, eager_attention(model), torch.inference_mode():
-        for layer in layers:
-            hooks.after(language_model.layers[layer].self_attn, keep_row(layer))
-        model(**inputs, use_cache=False, logits_to_keep=1)
-    return torch.stack([rows[layer] for layer in layers])

@@ -6,14 +6,12 @@ so a circuits pass switches the language model to eager and back in ``finally``:
 served later by the same model never runs slower, or differently, because of an inspection.
 """
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
 
 from g4v.errors import G4VError
-from g4v.model.capture import language_model_of
+from g4v.model.attention import eager_attention  # noqa: F401  (moved to the shared layer; the circuits views import it here)
 from g4v.model.levels import Level
 
 
@@ -83,15 +81,3 @@ def image_positions(inputs: dict, config, expected: int) -> torch.Tensor:
     if positions.numel() != expected:
         raise RuntimeError(f"the tiling plan has {expected} image tokens, the prompt {positions.numel()}")
     return positions
-
-
-@contextmanager
-def eager_attention(model) -> Iterator[None]:
-    """The language model on eager attention for the ``with`` block, its own implementation after."""
-    language_model = language_model_of(model)
-    previous = language_model.config._attn_implementation
-    language_model.set_attn_implementation("eager")
-    try:
-        yield
-    finally:
-        language_model.set_attn_implementation(previous)

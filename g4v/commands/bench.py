@@ -124,6 +124,18 @@ def run_attribute(args) -> int:
     return attribution_bench.run(args)
 
 
+def add_token_budget_arguments(parser) -> None:
+    from g4v.model import token_budget_bench
+
+    token_budget_bench.add_arguments(parser)
+
+
+def run_token_budget(args) -> int:
+    from g4v.model import token_budget_bench
+
+    return token_budget_bench.run(args)
+
+
 #: name -> (help, add_arguments, run)
 TARGETS = {
     "engines": ("time the same chats through each backend (hf, vllm, openai)", add_engines_arguments, run_engines),
@@ -133,6 +145,8 @@ TARGETS = {
              add_eval_arguments, run_eval),
     "attribute": ("time and peak memory of gradient x input against a plain forward pass",
                   add_attribute_arguments, run_attribute),
+    "token-budget": ("prefill time against the kept fraction of image tokens, and each policy's ranking cost",
+                     add_token_budget_arguments, run_token_budget),
 }
 
 

@@ -7,7 +7,9 @@ arm A twice (the noise floor). Writes ``samples.jsonl`` as rows finish (run the 
 command again to resume), then ``samples.parquet``, ``samples.csv`` and ``summary.json``, and the
 Evaluate tab's pictures as PNG (:data:`PLOT_FILES`); prints the detectable difference before the run
 (stderr), then a short summary table with the equivalence test, the noise floor and the fields that moved.
-See ``docs/evaluate.md``.
+``--keep-sweep 100,75,50,25,10 [--policy P,...|all]`` runs a token-budget sweep of ``--a`` instead
+(:mod:`g4v.evaluate.budget`; ``--b`` is not needed) and writes its curve (:data:`BUDGET_PLOT`).
+See ``docs/evaluate.md`` and ``docs/token-budget.md``.
 """
 
 import sys
@@ -21,6 +23,8 @@ from g4v.evaluate.fields import field_rows
 
 #: The Evaluate tab's pictures (:func:`viz.evaluate.run_figures`, by name) and the PNG each becomes.
 PLOT_FILES = {"accuracy": "accuracy.png", "paired": "paired.png", "kl": "kl.png", "divergence": "divergence.png"}
+#: The token-budget sweep's picture (:func:`viz.token_budget.budget_figure`).
+BUDGET_PLOT = "budget.png"
 #: EvalConfig fields typed as their own flags (the rest come from add_settings_flags).
 _OWN_FLAGS = ("a", "b", "data", "columns")
 #: ``--b same``: arm B is arm A again (a noise-floor run).
@@ -34,9 +38,10 @@ def add_parser(subparsers):
 
     parser = subparsers.add_parser("eval", help="compare two arms (backend, model, adapter) over a dataset")
     parser.add_argument("--a", required=True, metavar="ARM", help="first arm, e.g. hf")
-    parser.add_argument("--b", required=True, metavar="ARM",
+    parser.add_argument("--b", metavar="ARM",
                         help="second arm, e.g. hf:adapter=tiny-trained-french, hf:model=DIR,vision-lora=off, "
-                             "hf:dtype=bfloat16 or hf:quant=int8,quant-vision=no; 'same': arm A again (a noise-floor run)")
+                             "hf:dtype=bfloat16, hf:quant=int8,quant-vision=no or hf:keep=50,policy=norm; "
+                             "'same': arm A again (a noise-floor run); required unless --keep-sweep")
     parser.add_argument("--data", required=True, metavar="D",
                         help="dataset: imagefolder with metadata.jsonl/csv, .jsonl/.csv/.parquet, saved dataset, "
                              "or Hub id (assets/datasets/shapes-heldout is bundled)")
@@ -44,6 +49,11 @@ def add_parser(subparsers):
                         help="column mapping, e.g. image=img,prompt=question,reference=answer,category=kind")
     parser.add_argument("--out", required=True, type=Path, metavar="DIR", help="results folder (resumable)")
     add_settings_flags(parser, EvalConfig, exclude=_OWN_FLAGS)
+    parser.add_argument("--keep-sweep", default=None, metavar="K,K,...",
+                        help="token-budget sweep instead of A vs B: arm A against itself keeping each percent of "
+                             "image tokens (e.g. 100,75,50,25,10), one run each in OUT/<policy>-keep<K>, then OUT/budget.png")
+    parser.add_argument("--policy", default="norm", metavar="P[,P...]",
+                        help="with --keep-sweep: which tokens are kept: norm, attention, attribution, random, or all")
     add_adapters_dir_flag(parser)
     return parser
 
@@ -53,8 +63,15 @@ def run(args) -> int:
 
     from g4v.evaluate import ArmSpec, Columns, EvalConfig, run_eval
 
+    from g4v.errors import G4VError
+
+    if args.b is None and args.keep_sweep is None:
+        raise G4VError("give the second arm with --b ARM (or --keep-sweep K,K,... for a token-budget sweep of --a)")
     arm_a = ArmSpec.parse(args.a)
-    arm_b = replace(arm_a, label=f"{arm_a.display} again") if args.b.strip() == SAME else ArmSpec.parse(args.b)
+    if args.b is None:
+        arm_b = arm_a
+    else:
+        arm_b = replace(arm_a, label=f"{arm_a.display} again") if args.b.strip() == SAME else ArmSpec.parse(args.b)
     config = settings_from_args(EvalConfig, args, exclude=_OWN_FLAGS, a=arm_a, b=arm_b, data=args.data,
                                 columns=Columns.parse(args.columns))
     bars = []  # started at the first report, once the dataset and the arms are ready
@@ -67,8 +84,14 @@ def run(args) -> int:
         bars[0].refresh()
 
     try:
-        result = run_eval(config, args.out, adapters_dir=args.adapters_dir, progress=progress,
-                          plan=lambda planned: print(plan_line(planned), file=sys.stderr, flush=True))
+        if args.keep_sweep is not None:
+            from g4v.evaluate.budget import run_budget_sweep
+
+            curve = run_budget_sweep(config, args.out, args.keep_sweep, args.policy, adapters_dir=args.adapters_dir,
+                                     progress=progress)
+        else:
+            result = run_eval(config, args.out, adapters_dir=args.adapters_dir, progress=progress,
+                              plan=lambda planned: print(plan_line(planned), file=sys.stderr, flush=True))
     except KeyboardInterrupt:
         for bar in bars:
             bar.close()
@@ -79,10 +102,24 @@ def run(args) -> int:
     finally:
         for bar in bars:
             bar.close()
+    if args.keep_sweep is not None:
+        return _report_sweep(curve, args.out)
     print(summary_table(result.summary))
     print(f"results: {args.out}")
     for path in write_plots(result, args.out):
         print(f"wrote {path}")
+    return 0
+
+
+def _report_sweep(curve, out_dir: Path) -> int:
+    """The curve as a table, then its picture."""
+    from g4v.evaluate.budget import curve_table
+    from viz.token_budget import budget_figure
+
+    print(curve_table(curve.to_dict()))
+    print(f"results: {out_dir}")
+    budget_figure(curve.to_dict()).save(out_dir / BUDGET_PLOT)
+    print(f"wrote {out_dir / BUDGET_PLOT}")
     return 0
 
 
@@ -102,6 +139,8 @@ def write_plots(result, out_dir: Path) -> list[Path]:
 
 def summary_table(summary: dict) -> str:
     """A few lines: each arm's accuracy with its interval, the paired test, agreement; per category."""
+    from g4v.evaluate.budget import accuracy_text as _accuracy
+
     lines = [f"rows {summary['n']} (errors {summary['n_errors']}){'' if summary['complete'] else ', INCOMPLETE'}"]
     header = f"{'':<12}{'n':>5}  {'A acc':>16}  {'B acc':>16}  {'agree':>6}  {'A only':>6}  {'B only':>6}  {'McNemar p':>9}"
     lines += [f"A = {summary['arms']['a']['label']}, B = {summary['arms']['b']['label']}", header]
@@ -131,13 +170,6 @@ def equivalence_lines(summary: dict) -> list[str]:
         if len(fields["fields"]) > FIELD_LINES:
             lines.append(f"  ... {len(fields['fields']) - FIELD_LINES} more in summary.json")
     return lines
-
-
-def _accuracy(arm: dict) -> str:
-    if arm["accuracy"] is None:
-        return "-"
-    low, high = arm["ci95"]
-    return f"{100 * arm['accuracy']:.1f}% [{100 * low:.0f}-{100 * high:.0f}]"
 
 
 def drift_lines(drift: dict) -> list[str]:

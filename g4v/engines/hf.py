@@ -126,7 +126,8 @@ class TransformersEngine(Engine):
     def collate(self, requests: list[PreparedRequest]) -> dict:
         """One batch of prepared requests for ``model(...)`` / ``model.generate``: prompts padded on
         the left (masked out), pictures' tile stacks padded with zero tiles that the model drops
-        (it counts each picture's tiles from its size). A single request is its own inputs, so a
+        (it counts each picture's tiles from its size); pictures given as encoded features
+        (``mm_encoder_outputs``, :mod:`g4v.model.token_budget`) are joined level by level. A single request is its own inputs, so a
         batch of one computes exactly what an unbatched request does."""
         if len(requests) == 1:
             return requests[0].inputs
@@ -145,6 +146,15 @@ class TransformersEngine(Engine):
                 torch.nn.functional.pad(inputs["pixel_values"], (0, 0, 0, 0, 0, 0, 0, tiles - inputs["pixel_values"].shape[1]))
                 for inputs in pictures])
             batch["image_sizes"] = torch.cat([inputs["image_sizes"] for inputs in pictures])
+        encoded = [request.inputs["mm_encoder_outputs"]["image"] for request in requests
+                   if "mm_encoder_outputs" in request.inputs]
+        if encoded:  # pictures already encoded (a token budget's reduced features): the levels joined in order
+            if pictures:
+                raise G4VError("a batch cannot mix encoded pictures with pixel values")
+            levels = encoded[0].deepstack_features
+            batch["mm_encoder_outputs"] = {"image": type(encoded[0])(deepstack_features=[
+                (layer, [piece for image in encoded for piece in image.deepstack_features[i][1]])
+                for i, (layer, _) in enumerate(levels)])}
         return batch
 
     def _generate_kwargs(self, settings: SamplingSettings) -> dict:

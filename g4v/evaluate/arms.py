@@ -30,11 +30,13 @@ from urllib.parse import urlparse
 from g4v.conversation import Message, SamplingSettings
 from g4v.engines.base import BATCH_SIZE, Engine, Generation, PreparedRequest
 from g4v.engines.vision_lora import check_mode
+from g4v.evaluate.arm_settings import checked_budget, checked_precision
 from g4v.errors import G4VError, quoted
 
 BACKENDS = ("hf", "vllm", "openai")
 #: An arm's ``key=value`` parts as typed -> ArmSpec fields.
-ARM_KEYS = {"model": "model", "adapter": "adapter", "label": "label", "vision-lora": "vision_lora"}
+ARM_KEYS = {"model": "model", "adapter": "adapter", "label": "label", "vision-lora": "vision_lora",
+            "keep": "keep", "policy": "policy"}
 #: An hf arm's precision keys (:mod:`g4v.model.precision`): ``dtype=bfloat16``, ``quant=int8[,quant-vision=no]``.
 PRECISION_KEYS = {"dtype": "dtype", "quant": "quant", "quant-vision": "quant_vision"}
 #: Requests a vLLM arm keeps in flight (the batch continuous batching draws from); bounded below
@@ -57,13 +59,16 @@ class ArmSpec:
     dtype: str | None = None  # hf: float32 | bfloat16 | float16 (None: the engine's default)
     quant: str | None = None  # hf: int8 (torchao int8 weight-only)
     quant_vision: bool | None = None  # with quant: the vision tower and projectors too (None: yes)
+    keep: int | None = None  # hf only: percent of image tokens kept (g4v.model.token_budget); None: all
+    policy: str | None = None  # hf only, with keep: which tokens (norm, attention, attribution, random)
 
     @classmethod
     def parse(cls, text: str) -> "ArmSpec":
         """``hf``, ``hf:adapter=NAME``, ``hf:model=DIR``, ``vllm[:adapter=NAME]``,
         ``openai:URL[,model=NAME][,adapter=NAME]``; ``label=TEXT`` names any arm, ``vision-lora=MODE``
         sets an hf or vllm arm's vision LoRA mode (``hf:model=DIR,vision-lora=off``); ``dtype=``,
-        ``quant=int8`` and ``quant-vision=yes|no`` an hf arm's precision (``hf:dtype=bfloat16``)."""
+        ``quant=int8`` and ``quant-vision=yes|no`` an hf arm's precision (``hf:dtype=bfloat16``); ``keep=K``
+        and ``policy=P`` an hf arm's token budget (``hf:keep=50,policy=norm``: half the image tokens)."""
         text = (text or "").strip()
         backend, _, rest = text.partition(":")
         if backend not in BACKENDS:
@@ -79,7 +84,7 @@ class ArmSpec:
             key, sep, value = (piece.strip() for piece in part.partition("="))
             if not sep or not value or key not in {**ARM_KEYS, **PRECISION_KEYS}:
                 raise G4VError(f"arm {quoted(text)}: expected model=, adapter=, vision-lora=, dtype=, quant=, "
-                               f"quant-vision= or label=, got {quoted(part)}")
+                               f"quant-vision=, keep=, policy= or label=, got {quoted(part)}")
             values[{**ARM_KEYS, **PRECISION_KEYS}[key]] = value
         if "vision_lora" in values:
             if backend == "openai":
@@ -90,7 +95,9 @@ class ArmSpec:
             except G4VError as err:
                 raise G4VError(f"arm {quoted(text)}: {err}") from None
         if any(key in values for key in PRECISION_KEYS.values()):
-            values.update(_checked_precision(text, backend, values))
+            values.update(checked_precision(text, backend, values))
+        if "keep" in values or "policy" in values:
+            values.update(checked_budget(text, backend, values.get("keep"), values.get("policy")))
         return cls(backend=backend, **values)
 
     def precision(self):
@@ -98,6 +105,15 @@ class ArmSpec:
         from g4v.model.precision import Precision
 
         return Precision(self.dtype, self.quant, self.quant_vision is not False)
+
+    @property
+    def budget(self):
+        """The arm's :class:`~g4v.model.token_budget.TokenBudget`, or None (every image token)."""
+        if self.keep is None:
+            return None
+        from g4v.model.token_budget import TokenBudget
+
+        return TokenBudget(self.keep, self.policy or "norm")
 
     @property
     def display(self) -> str:
@@ -111,6 +127,7 @@ class ArmSpec:
             name += f"({Path(self.model).name})"
         name += f"[vision LoRA {self.vision_lora}]" if self.vision_lora else ""
         name += f"[{self.precision().label}]" if self.dtype or self.quant else ""
+        name += f"[keep {self.keep}% {self.policy or 'norm'}]" if self.keep is not None else ""
         return name + (f"+{self.adapter}" if self.adapter else "")
 
     def can_score(self) -> bool:
@@ -122,20 +139,6 @@ class ArmSpec:
         vision LoRA mode (each mode is an engine of its own: merged changes the weights)."""
         return ArmSpec(self.backend, self.model, base_url=self.base_url, vision_lora=self.vision_lora,
                        dtype=self.dtype, quant=self.quant, quant_vision=self.quant_vision)
-
-
-def _checked_precision(text: str, backend: str, values: dict) -> dict:
-    """An arm's ``dtype=``/``quant=``/``quant-vision=`` values checked (one line each)."""
-    from g4v.model.precision import check_precision
-
-    if backend != "hf":
-        raise G4VError(f"arm {quoted(text)}: dtype=, quant= and quant-vision= are for hf arms (transformers here)")
-    try:
-        precision = check_precision(values.get("dtype"), values.get("quant"), values.get("quant_vision"))
-    except G4VError as err:
-        raise G4VError(f"arm {quoted(text)}: {err}") from None
-    return {"dtype": precision.dtype, "quant": precision.quant,
-            "quant_vision": None if precision.quant is None else precision.quant_vision}
 
 
 @dataclass
@@ -153,8 +156,19 @@ class Requests:
     def __init__(self):
         self._made: dict[tuple[int, int], tuple[object, PreparedRequest | G4VError]] = {}
 
-    def get(self, engine: Engine, sample, max_new_tokens: int = 0) -> PreparedRequest:
-        """The prepared request (a G4VError for a sample the engine refuses, raised each time)."""
+    def get(self, engine: Engine, sample, max_new_tokens: int = 0, budget=None, adapter: str | None = None
+            ) -> PreparedRequest:
+        """The prepared request (a G4VError for a sample the engine refuses, raised each time);
+        with a token ``budget``, the request with only its kept image tokens (ranked with
+        ``adapter``), made once from the full one."""
+        if budget is not None and not budget.plain:
+            from g4v.model.token_budget import reduce_request
+
+            key = (id(engine), id(sample), budget, adapter)
+            if key not in self._made:
+                full = self.get(engine, sample)
+                self._made[key] = (sample, reduce_request(engine, full, budget, adapter))
+            return engine.prepare(self._made[key][1], max_new_tokens)
         key = (id(engine), id(sample))
         if key not in self._made:
             try:
@@ -217,7 +231,8 @@ class Arm:
         ready = []
         for position, sample in enumerate(samples):
             try:
-                ready.append((position, requests.get(self.engine, sample, settings.max_new_tokens)))
+                ready.append((position, requests.get(self.engine, sample, settings.max_new_tokens,
+                                                     self.spec.budget, self.adapter)))
             except G4VError as err:
                 results[position] = Failed(text="", token_ids=[], finish_reason="error", error=str(err))
                 if on_done is not None:

@@ -99,7 +99,7 @@ def _teacher_forced(arm, samples, token_lists, requests, batch_size) -> list[tor
     """Logits along each token list, from the requests the rows were answered from."""
     from g4v.model.scoring import answer_logits_batch
 
-    prepared = [requests.get(arm.engine, sample) for sample in samples]
+    prepared = [requests.get(arm.engine, sample, budget=arm.spec.budget, adapter=arm.adapter) for sample in samples]
     return answer_logits_batch(arm.engine, prepared, token_lists, arm.adapter, batch_size)
 
 

@@ -48,8 +48,8 @@ def _question(settings: dict) -> dict:
     kept = {key: value for key, value in settings.items() if key not in MAY_CHANGE}
     for arm in ("a", "b"):
         if isinstance(kept.get(arm), dict):
-            # an arm recorded before it had a setting (a vision LoRA mode, a dtype, a quantization;
-            # None when not set) is the same arm as one with that setting unset
+            # an arm recorded before it had a setting (a vision LoRA mode, a dtype, a quantization, a
+            # token budget; None when not set) is the same arm as one with that setting unset
             kept[arm] = {key: value for key, value in kept[arm].items() if key != "label" and value is not None}
     return kept
 
