@@ -20,7 +20,7 @@ import torch
 from g4v.attribution.forward import encode_image, make_answer
 from g4v.attribution.gradients import METHODS, gradient_x_input
 from g4v.attribution.pointing import PICTURE_SETS, POINTING_METHOD, POINTING_TARGET, POINTING_TARGETS
-from g4v.model.bench import build_model, measure_modes, run_benchmarks, synthetic_inputs
+from g4v.model.bench import add_model_flags, build_model, measure_modes, run_benchmarks, synthetic_inputs
 from g4v.model.levels import describe_levels
 
 MODES = ("forward", "gradxinput")
@@ -76,13 +76,7 @@ def format_result(result: AttributionBench) -> str:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--models", nargs="+", default=["bundled"], metavar="MODEL",
-                        help="bundled, larger, real, or a config.json / model folder (default: bundled)")
-    parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default)")
-    parser.add_argument("--dtype", default="auto", help="float32, bfloat16, float16 or auto (default)")
-    parser.add_argument("--image-size", default="384x768", metavar="HxW", help="synthetic image size")
-    parser.add_argument("--repeats", type=int, default=5, help="timed rounds per mode")
-    parser.add_argument("--json", default=None, metavar="PATH", help="also write the results as JSON")
+    add_model_flags(parser)
     parser.add_argument("--pointing-game", type=int, default=0, metavar="N",
                         help="instead: the pointing game on N held-out demo pictures (trained checkpoint)")
     parser.add_argument("--pointing-model", default=None, metavar="DIR",

@@ -21,7 +21,7 @@ from functools import partial
 import torch
 
 from g4v.errors import G4VError
-from g4v.model.bench import build_model, measure_modes, run_benchmarks, synthetic_inputs
+from g4v.model.bench import add_model_flags, build_model, measure_modes, run_benchmarks, synthetic_inputs
 
 MODES = ("off", "norms", "full")
 
@@ -79,14 +79,8 @@ def format_result(result: BenchResult) -> str:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--models", nargs="+", default=["bundled", "larger"], metavar="MODEL",
-                        help="bundled, larger, real, or a config.json / model folder (default: bundled larger)")
-    parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default)")
-    parser.add_argument("--dtype", default="auto", help="float32, bfloat16, float16 or auto (default)")
-    parser.add_argument("--image-size", default="384x768", metavar="HxW", help="synthetic image size (default 384x768)")
-    parser.add_argument("--repeats", type=int, default=7, help="timed rounds per mode (default 7)")
+    add_model_flags(parser, models=("bundled", "larger"), repeats=7)
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
-    parser.add_argument("--json", default=None, metavar="PATH", help="also write the results as JSON")
 
 
 def run(args) -> int:

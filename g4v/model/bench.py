@@ -180,3 +180,16 @@ def parse_size(text: str) -> tuple[int, int]:
     if height < 1 or width < 1:
         raise G4VError(f"--image-size must be positive, got {text!r}")
     return height, width
+
+
+def add_model_flags(parser, models: tuple[str, ...] = ("bundled",), repeats: int = 5) -> None:
+    """The flags every model benchmark shares (which models, device, dtype, picture size, rounds,
+    JSON output); each bench adds its own after them."""
+    parser.add_argument("--models", nargs="+", default=list(models), metavar="MODEL",
+                        help=f"bundled, larger, real, or a config.json / model folder (default: {' '.join(models)})")
+    parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default)")
+    parser.add_argument("--dtype", default="auto", help="float32, bfloat16, float16 or auto (default)")
+    parser.add_argument("--image-size", default="384x768", metavar="HxW", help="synthetic image size (default 384x768)")
+    parser.add_argument("--repeats", type=int, default=repeats, help=f"timed rounds per mode (default {repeats})")
+    parser.add_argument("--json", default=None, metavar="PATH", help="also write the results as JSON")
+

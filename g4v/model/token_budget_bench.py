@@ -19,7 +19,7 @@ from functools import partial
 
 import torch
 
-from g4v.model.bench import build_model, fastest_seconds, run_benchmarks, synthetic_inputs
+from g4v.model.bench import add_model_flags, build_model, fastest_seconds, run_benchmarks, synthetic_inputs
 from g4v.model.token_budget import (DEFAULT_KEEPS, POLICIES, SCORERS, TokenBudget, encode_images, kept_indices,
                                     without_tokens)
 
@@ -88,15 +88,9 @@ def format_result(result: TokenBudgetBench) -> str:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--models", nargs="+", default=["bundled"], metavar="MODEL",
-                        help="bundled, larger, real, or a config.json / model folder (default: bundled)")
-    parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default)")
-    parser.add_argument("--dtype", default="auto", help="float32, bfloat16, float16 or auto (default)")
-    parser.add_argument("--image-size", default="384x768", metavar="HxW", help="synthetic image size")
-    parser.add_argument("--repeats", type=int, default=5, help="timed rounds per mode")
+    add_model_flags(parser)
     parser.add_argument("--keeps", default=",".join(map(str, DEFAULT_KEEPS)), metavar="K,K,...",
                         help="kept percentages of image tokens (100 is always measured: the reference)")
-    parser.add_argument("--json", default=None, metavar="PATH", help="also write the results as JSON")
 
 
 def run(args) -> int:
