@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 from g4v.commands.common import add_model_flags
-from g4v.commands.inputs import add_page_flags, open_single
+from g4v.commands.inputs import add_picture_flags, open_single
 from g4v.errors import G4VError
 
 
@@ -21,9 +21,7 @@ def add_parser(subparsers):
     defaults = AttributionSettings()
     parser = subparsers.add_parser("attribute", help="per-level attribution, deletion test and logit lens")
     add_model_flags(parser)
-    parser.add_argument("--image", required=True, metavar="PATH", help="the image, or a PDF (one page: --pages)")
-    add_page_flags(parser)
-    parser.add_argument("--prompt", required=True, help="the question")
+    add_picture_flags(parser)
     parser.add_argument("--out", required=True, metavar="DIR", help="folder for summary.json, PNGs, tensors")
     parser.add_argument("--target", default=defaults.target, metavar="TEXT",
                         help="answer text to explain (default: the model's own greedy answer)")

@@ -21,6 +21,14 @@ def add_page_flags(parser: argparse.ArgumentParser) -> None:
                         help=f"for a PDF: render resolution in dots per inch (default {DEFAULT_DPI})")
 
 
+def add_picture_flags(parser: argparse.ArgumentParser) -> None:
+    """``--image`` (a picture, or one page of a PDF through the page flags) and ``--prompt``: what
+    every one-picture inspection reads."""
+    parser.add_argument("--image", required=True, metavar="PATH", help="the image, or a PDF (one page: --pages)")
+    add_page_flags(parser)
+    parser.add_argument("--prompt", required=True, help="the question")
+
+
 def is_pdf_path(path: str) -> bool:
     """A ``.pdf`` name, or a file whose first bytes hold a PDF header (whatever its name)."""
     if looks_like_pdf(path):

@@ -7,7 +7,7 @@ Writes ``summary.json``, the PNGs and ``capture.safetensors`` into ``DIR``.
 from pathlib import Path
 
 from g4v.commands.common import add_model_flags
-from g4v.commands.inputs import add_page_flags, open_single
+from g4v.commands.inputs import add_picture_flags, open_single
 from g4v.errors import G4VError
 
 
@@ -16,9 +16,7 @@ def add_parser(subparsers):
 
     parser = subparsers.add_parser("inspect", help="deepstack and spatial activation inspector")
     add_model_flags(parser)
-    parser.add_argument("--image", required=True, metavar="PATH", help="the image, or a PDF (one page: --pages)")
-    add_page_flags(parser)
-    parser.add_argument("--prompt", required=True, help="the question")
+    add_picture_flags(parser)
     parser.add_argument("--out", required=True, metavar="DIR", help="folder for summary.json, PNGs, capture")
     parser.add_argument("--ablate", nargs="+", action="extend", default=[], metavar="LEVEL",
                         help="zero these levels (name such as deepstack0 or spatial_TL, or index 0-7)")

@@ -14,7 +14,7 @@ import json
 import math
 import os
 
-from g4v.commands.inputs import add_page_flags
+from g4v.commands.inputs import add_picture_flags
 from g4v.engines.vision_lora import DEFAULT_MODE, MODES
 from g4v.errors import G4VError
 from g4v.port import COMPARED_TOKENS
@@ -27,9 +27,7 @@ def add_parser(subparsers):
     parser = subparsers.add_parser("port-diff", help="compare vLLM's granite4_vision with transformers, level by level")
     parser.add_argument("--model", default=None,
                         help="model folder or hub id (default: $G4V_MODEL, else the bundled checkpoint)")
-    parser.add_argument("--image", required=True, metavar="PATH", help="the image, or a PDF (one page: --pages)")
-    add_page_flags(parser)
-    parser.add_argument("--prompt", required=True, help="the question")
+    add_picture_flags(parser)
     parser.add_argument("--max-new-tokens", type=int, default=COMPARED_TOKENS,
                         help=f"greedy tokens compared (default {COMPARED_TOKENS})")
     parser.add_argument("--atol", type=_tolerance_flag, default=None,

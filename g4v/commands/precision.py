@@ -11,7 +11,7 @@ numbers come from ``python -m g4v eval --a hf --b hf:dtype=bfloat16`` (``docs/pr
 
 import json
 
-from g4v.commands.inputs import add_page_flags
+from g4v.commands.inputs import add_picture_flags
 from g4v.commands.settings_flags import add_settings_flags, settings_from_args
 
 COLUMNS = ("level", "LLM", "rel error", "max token rel", "cosine", "min cosine", "max |diff|")
@@ -24,9 +24,7 @@ def add_parser(subparsers):
     parser = subparsers.add_parser("precision", help="per-level drift of bf16 / fp16 / int8 weights against float32")
     parser.add_argument("--model", default=None,
                         help="model folder or hub id (default: $G4V_MODEL, else the bundled checkpoint)")
-    parser.add_argument("--image", required=True, metavar="PATH", help="the image, or a PDF (one page: --pages)")
-    add_page_flags(parser)
-    parser.add_argument("--prompt", required=True, help="the question")
+    add_picture_flags(parser)
     add_settings_flags(parser, Precision)
     parser.add_argument("--json", action="store_true", help="print the full result as JSON")
     return parser
