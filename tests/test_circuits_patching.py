@@ -20,6 +20,7 @@ from g4v.model.levels import describe_levels
 from g4v.paths import TRAINED_MODEL_DIR
 from g4v.tiling import plan_tiling
 from tests.cli import run_cli
+from tests.test_figure_text import drawn, legends_clear_of_the_buttons, legends_clear_of_the_data, smallest_shown_text  # noqa: F401
 
 TOKENS = 3  # greedy continuation length in the comparisons
 
@@ -153,6 +154,38 @@ def test_progress_reaches_one(engine, pair):
                  progress=lambda fraction, text: seen.append((fraction, text)))
     assert [round(f, 6) for f, _ in seen] == [round(i / 6, 6) for i in range(1, 7)]  # 2 own + 2 x (1 level + bound)
     assert seen[-1][1] == "B with all of A's levels"
+
+
+def test_a_picture_patched_with_itself_is_unchanged(engine, pair, drawn):
+    """A as its own donor: every patched run is A's own run, and with one answer there is no way to
+    move (``moved`` None); the figure says so and stays readable."""
+    from viz.circuits import patching_figure
+    from viz.figures import MIN_TEXT_PX
+
+    result = patch_levels(engine, pair.a, pair.a, pair.prompt, CircuitSettings(levels="0,7", direction="a_from_b",
+                                                                                 max_new_tokens=0))
+    [direction] = result.directions
+    assert direction.same_first_token and direction.logodds_receiver == 0.0
+    for run in [*direction.levels, direction.all_levels]:
+        torch.testing.assert_close(run.logprobs, direction.donor_logprobs, rtol=0, atol=1e-6)
+        assert run.moved is None and run.logodds == pytest.approx(0.0, abs=1e-6)
+    patching_figure(result.to_dict())
+    size, text = smallest_shown_text(drawn)
+    assert size >= MIN_TEXT_PX, f"{text!r} is {size:.1f} px at the page's width"
+    legends_clear_of_the_data(drawn["figures"][-1])
+    legends_clear_of_the_buttons(drawn["figures"][-1])
+    assert "nothing to move" in drawn["figures"][-1].axes[0].get_title()
+
+
+def test_the_figure_of_both_directions_is_readable(patched, drawn):
+    from viz.circuits import patching_figure
+    from viz.figures import MIN_TEXT_PX
+
+    patching_figure(patched.to_dict())
+    size, text = smallest_shown_text(drawn)
+    assert size >= MIN_TEXT_PX, f"{text!r} is {size:.1f} px at the page's width"
+    legends_clear_of_the_data(drawn["figures"][-1])
+    legends_clear_of_the_buttons(drawn["figures"][-1])
 
 
 def test_mismatched_grids_name_both(engine, pair):
