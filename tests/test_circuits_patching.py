@@ -109,6 +109,28 @@ def test_each_level_equals_features_replaced_independently(engine, pair, patched
     assert run.moved == pytest.approx((expected - result.logodds_receiver) / span, abs=1e-4)
 
 
+@pytest.fixture(scope="module")
+def complemented(engine, pair):
+    return patch_levels(engine, pair.a, pair.b, pair.prompt,
+                        CircuitSettings(direction="a_from_b", complement=True, max_new_tokens=0))
+
+
+@pytest.mark.parametrize("level", range(8))
+def test_complement_keeps_only_that_level(engine, pair, complemented, level):
+    """Every level from B but ``level``, which stays A's: against features the test mixes itself."""
+    model = engine.model
+    a, b = _inputs(engine, pair.a, pair.prompt), _inputs(engine, pair.b, pair.prompt)
+    mixed = _features(model, b)
+    mixed[level] = _features(model, a)[level]
+    logprobs, _ = _run_with(model, a, mixed, 0)
+    [direction] = complemented.directions
+    run = direction.levels[level]
+    name = describe_levels(model.config)[level].name
+    assert run.label == f"all but {name}" and name not in run.levels and len(run.levels) == 7
+    torch.testing.assert_close(run.logprobs, logprobs, rtol=0, atol=2e-5)
+    assert complemented.to_dict()["complement"] is True
+
+
 def test_all_levels_from_b_is_b(engine, pair, patched):
     model = engine.model
     for result in patched.directions:
@@ -241,6 +263,9 @@ def test_cli_table(files, pair):
     result = _cli(files, "--prompt", pair.prompt, "--levels", "deepstack0", "--direction", "a_from_b", "--max-new-tokens", "0")
     assert result.returncode == 0, result.stderr
     assert "deepstack0" in result.stdout and "all levels" in result.stdout and "B with" not in result.stdout
+    result = _cli(files, "--prompt", pair.prompt, "--levels", "spatial_TL", "--complement", "--max-new-tokens", "0")
+    assert result.returncode == 0, result.stderr
+    assert "all but spatial_TL" in result.stdout and "B with A's" in result.stdout
 
 
 BAD = [

@@ -52,8 +52,8 @@ def patching_figure(summary: dict) -> Image.Image:
     for row, direction in enumerate(directions):
         ax = fig.add_subplot(len(directions), 1, row + 1)
         runs = [*direction["levels"], direction["all_levels"]]
-        names = [run["levels"][0] if len(run["levels"]) == 1 else "all levels" for run in runs]
-        colours = ["#2ca02c" if name.startswith("spatial") else "#9467bd" for name in names[:-1]] + ["#7f7f7f"]
+        names = [run["label"] for run in runs]
+        colours = ["#2ca02c" if "spatial" in name else "#9467bd" for name in names[:-1]] + ["#7f7f7f"]
         values = [run["logodds"] for run in runs]
         start = direction["logodds_receiver"]  # each bar grows from the receiver's own log-odds: its length is the move
         ax.bar(range(len(runs)), [value - start for value in values], bottom=start, color=colours)
@@ -68,7 +68,8 @@ def patching_figure(summary: dict) -> Image.Image:
         ax.set_xticks(range(len(runs)), names, rotation=30, fontsize=small)
         ax.set_ylabel(f"log p({direction['donor_token']!r}) - log p({direction['receiver_token']!r})", fontsize=small)
         note = "; same first answer token: nothing to move" if direction["same_first_token"] else ""
-        ax.set_title(f"{receiver} with {donor}'s features, one level at a time (share of the way moved){note}",
+        how = "all levels but one" if summary.get("complement") else "one level at a time"
+        ax.set_title(f"{receiver} with {donor}'s features, {how} (share of the way moved){note}",
                      fontsize=small + 1)
         ax.axhline(0, color="#333333", linewidth=0.6)
         ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.32), ncol=2, fontsize=small)  # under the bars
