@@ -25,7 +25,19 @@ class CircuitSettings:
     token: int | None = field(default=None, metadata={
         "help": "sequence position of the query token (default: the last prompt token, which "
                 "produces the first answer token; negative counts from the end)"})
-    max_new_tokens: int = field(default=12, metadata={"help": "knockout: greedy continuation length (0: none)"})
+    max_new_tokens: int = field(default=12, metadata={
+        "help": "knockout, patch: greedy continuation length (0: none)"})
+    levels: str = field(default="all", metadata={
+        "help": "patch: the levels patched one at a time: all, or names or indices, comma-separated "
+                "(e.g. deepstack0,spatial_TL or 0,4)"})
+    direction: str = field(default="both", metadata={
+        "help": "patch: a_from_b (run A with B's features), b_from_a (the reverse) or both"})
+    complement: bool = field(default=False, metadata={
+        "help": "patch: patch every level but each chosen one (is the one kept needed?) instead of each alone"})
+    region: str = field(default="all", metadata={
+        "help": "patch: which image tokens take the other picture's features: all, tokens:A-B (image "
+                "tokens in packing order, inclusive) or box:X0,Y0,X1,Y1 (pixels of picture A; the tokens "
+                "whose box centre lies inside)"})
 
 
 def parse_layers(spec: str, num_layers: int) -> list[int]:

@@ -7,6 +7,10 @@ reads the picture, and what blocking that reading changes.
 * ``knockout``: the answer positions may not attend to the image tokens at ``--layers`` or within
   ``--window`` of every injection layer; the first answer token's log-probability and the greedy
   continuation, before and after.
+* ``patch``: picture A (``--image``) run with one level's injected features from picture B
+  (``--other``), for each level, and every level at once as the bound; the log-odds of B's first
+  answer token against A's, the share of the way moved, the greedy continuation; and the reverse.
+  ``--out`` writes ``patching.json`` and a bar chart per direction.
 
 The flags come from :class:`g4v.circuits.common.CircuitSettings`; layers and the window are checked
 against the model's config before the weights load.
@@ -21,7 +25,12 @@ from g4v.commands.settings_flags import add_settings_flags, settings_from_args
 from g4v.errors import G4VError
 
 #: Settings fields each verb leaves out (the others become its flags).
-EXCLUDED = {"attention": ("window", "max_new_tokens"), "knockout": ("token",)}
+PATCH_FIELDS = ("levels", "direction", "complement", "region")
+EXCLUDED = {"attention": ("window", "max_new_tokens", *PATCH_FIELDS), "knockout": ("token", *PATCH_FIELDS),
+            "patch": ("layers", "window", "token")}
+#: The verbs that take ``--out`` and what it writes.
+OUT_HELP = {"attention": "also write attention.json and the PNGs (share by layer, maps on the picture)",
+            "patch": "also write patching.json and patching.png (log-odds per level, per direction)"}
 
 
 def add_parser(subparsers):
@@ -30,18 +39,22 @@ def add_parser(subparsers):
     parser = subparsers.add_parser("circuits", help="attention over image tokens, attention knockout")
     verbs = parser.add_subparsers(dest="verb", required=True, parser_class=type(parser))
     helps = {"attention": "attention from a text token to every image token, per layer and head",
-             "knockout": "block the answer's attention to the image at chosen layers"}
+             "knockout": "block the answer's attention to the image at chosen layers",
+             "patch": "run picture A with each level's injected features from picture B"}
     for verb, excluded in EXCLUDED.items():
         sub = verbs.add_parser(verb, help=helps[verb])
         add_model_flags(sub)
-        sub.add_argument("--image", required=True, metavar="PATH", help="the image, or a PDF (one page: --pages)")
+        sub.add_argument("--image", required=True, metavar="PATH",
+                         help=("picture A" if verb == "patch" else "the image") + ", or a PDF (one page: --pages)")
+        if verb == "patch":
+            sub.add_argument("--other", required=True, metavar="PATH",
+                             help="picture B (same tiling grid and token count as A), or a PDF (the same --pages)")
         add_page_flags(sub)
         sub.add_argument("--prompt", required=True, help="the question")
         add_settings_flags(sub, CircuitSettings, exclude=excluded)
         sub.add_argument("--json", action="store_true", help="print the whole result as JSON instead of a table")
-        if verb == "attention":
-            sub.add_argument("--out", default=None, metavar="DIR",
-                             help="also write attention.json and the PNGs (share by layer, maps on the picture)")
+        if verb in OUT_HELP:
+            sub.add_argument("--out", default=None, metavar="DIR", help=OUT_HELP[verb])
     return parser
 
 
@@ -50,6 +63,7 @@ def run(args) -> int:
 
     settings = settings_from_args(CircuitSettings, args, exclude=EXCLUDED[args.verb])
     image = open_single(args.image, args.pages, args.dpi)
+    other = open_single(args.other, args.pages, args.dpi) if args.verb == "patch" else None
     if not args.prompt.strip():
         raise G4VError("the prompt is empty")
     if args.verb == "knockout" and settings.window is not None and settings.layers != CircuitSettings.layers:
@@ -61,30 +75,44 @@ def run(args) -> int:
 
     from g4v.circuits.attention import image_attention
     from g4v.circuits.knockout import attention_knockout
+    from g4v.circuits.patching import patch_levels
     from g4v.engines.hf import TransformersEngine
     from g4v.paths import default_model
 
     engine = TransformersEngine(args.model or default_model(), device=args.device, dtype=args.dtype)
     try:
-        work = image_attention if args.verb == "attention" else attention_knockout
-        result = work(engine, image, args.prompt, settings)
+        if args.verb == "patch":
+            result = patch_levels(engine, image, other, args.prompt, settings)
+        else:
+            work = image_attention if args.verb == "attention" else attention_knockout
+            result = work(engine, image, args.prompt, settings)
     finally:
         engine.close()
     summary = result.to_dict()
     if out is not None:
-        _write_attention(out, image, summary)
+        (_write_patching if args.verb == "patch" else _write_attention)(out, image, summary)
     if args.json:
         print(json.dumps(summary))
-    elif args.verb == "attention":
-        _print_attention(summary)
     else:
-        _print_knockout(summary)
+        {"attention": _print_attention, "knockout": _print_knockout, "patch": _print_patching}[args.verb](summary)
     return 0
 
 
 #: What ``attention --out`` writes: file name -> what it shows.
 ATTENTION_FILES = {"attention.json": "the result", "image_share.png": "share by layer",
                    "attention_tiles.png": "tile-token maps", "attention_base.png": "base-view maps"}
+
+
+#: What ``patch --out`` writes.
+PATCHING_FILES = {"patching.json": "the result", "patching.png": "log-odds per level, one panel per direction"}
+
+
+def _write_patching(folder: Path, image, summary: dict) -> None:
+    from viz.circuits import patching_figure
+
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "patching.json").write_text(json.dumps(summary, indent=2) + "\n")
+    patching_figure(summary).save(folder / "patching.png")
 
 
 def _write_attention(folder: Path, image, summary: dict) -> None:
@@ -101,6 +129,7 @@ def _check_layers_early(model: str | None, verb: str, settings) -> None:
     """Layers and windows come from the config; a local model folder lets us check them without weights."""
     from g4v.circuits.common import check_new_tokens, parse_layers
     from g4v.circuits.knockout import knockout_layers
+    from g4v.circuits.patching import check_patch_settings
     from g4v.loading import load_config
     from g4v.paths import default_model
 
@@ -110,6 +139,8 @@ def _check_layers_early(model: str | None, verb: str, settings) -> None:
         if verb == "knockout":
             knockout_layers(config, settings)
             check_new_tokens(settings.max_new_tokens)
+        elif verb == "patch":
+            check_patch_settings(config, settings)
         else:
             parse_layers(settings.layers, config.text_config.num_hidden_layers)
 
@@ -132,3 +163,18 @@ def _print_knockout(summary: dict) -> None:
           f"top token after: {summary['top_token_after']!r}")
     print(f"  before: {summary['continuation_before']!r}")
     print(f"  after:  {summary['continuation_after']!r}")
+
+
+def _print_patching(summary: dict) -> None:
+    print(f"{summary['num_patched_tokens']} of {summary['num_image_tokens']} image tokens patched "
+          f"(region {summary['region']}); log-odds of the donor's first answer token against the receiver's")
+    for direction in summary["directions"]:
+        receiver, donor = direction["receiver"], direction["donor"]
+        print(f"{receiver} with {donor}'s features: {receiver} answers {direction['receiver_continuation']!r} "
+              f"(log-odds {direction['logodds_receiver']:+.3f}), {donor} answers {direction['donor_continuation']!r} "
+              f"(log-odds {direction['logodds_donor']:+.3f})" + ("; same first token, nothing to move"
+                                                                 if direction["same_first_token"] else ""))
+        print(f"  {'levels patched':<18} {'log-odds':>9} {'moved':>7}  continuation")
+        for run in [*direction["levels"], direction["all_levels"]]:
+            moved = "" if run["moved"] is None else f"{run['moved']:.3f}"
+            print(f"  {run['label']:<18} {run['logodds']:>+9.3f} {moved:>7}  {run['continuation']!r}")
