@@ -36,7 +36,7 @@ OUT_HELP = {"attention": "also write attention.json and the PNGs (share by layer
 def add_parser(subparsers):
     from g4v.circuits.common import CircuitSettings
 
-    parser = subparsers.add_parser("circuits", help="attention over image tokens, attention knockout")
+    parser = subparsers.add_parser("circuits", help="attention over image tokens, attention knockout, two-picture patching")
     verbs = parser.add_subparsers(dest="verb", required=True, parser_class=type(parser))
     helps = {"attention": "attention from a text token to every image token, per layer and head",
              "knockout": "block the answer's attention to the image at chosen layers",
