@@ -16,13 +16,11 @@ from dataclasses import dataclass
 import torch
 from PIL import Image
 
-from g4v.circuits.common import CircuitSettings, eager_attention, image_positions, parse_layers, query_position
+from g4v.circuits.common import CircuitSettings, Progress, eager_pass, image_positions, parse_layers, query_position
 from g4v.conversation import Message
 from g4v.engines import transformers_engine
 from g4v.errors import G4VError
 from g4v.images import open_image
-from g4v.model.capture import language_model_of
-from g4v.model.hooks import Hooks
 from g4v.model.levels import describe_levels
 from g4v.tiling import TOKEN_KINDS, TilingPlan, plan_tiling
 
@@ -75,9 +73,11 @@ class ImageAttention:
         }
 
 
-def image_attention(engine, image, prompt: str, settings: CircuitSettings | None = None) -> ImageAttention:
+def image_attention(engine, image, prompt: str, settings: CircuitSettings | None = None,
+                    progress: Progress = None) -> ImageAttention:
     """Attention from ``settings.token`` (default: the last prompt token) to every image token of
-    ``image`` (a PIL image or a path) at ``settings.layers``. Bad input raises :class:`G4VError`."""
+    ``image`` (a PIL image or a path) at ``settings.layers``; ``progress`` is told each layer read.
+    Bad input raises :class:`G4VError`."""
     settings = settings or CircuitSettings()
     engine = transformers_engine(engine, "the circuits views")
     config = engine.model.config
@@ -91,7 +91,7 @@ def image_attention(engine, image, prompt: str, settings: CircuitSettings | None
     seq_len = inputs["input_ids"].shape[1]
     position = query_position(settings.token, seq_len)
     with engine.adapter_scope(None) as model:
-        rows = attention_rows(model, inputs, layers, position)  # (layers, heads, seq)
+        rows = attention_rows(model, inputs, layers, position, progress)  # (layers, heads, seq)
     image_mask = torch.zeros(seq_len, dtype=torch.bool)
     image_mask[positions] = True
     token_id = int(inputs["input_ids"][0, position])
@@ -107,21 +107,13 @@ def image_attention(engine, image, prompt: str, settings: CircuitSettings | None
     )
 
 
-def attention_rows(model, inputs: dict, layers: list[int], position: int) -> torch.Tensor:
+def attention_rows(model, inputs: dict, layers: list[int], position: int, progress: Progress = None) -> torch.Tensor:
     """(len(layers), heads, seq) float32 on the CPU: the attention weights of query ``position`` at
     each of ``layers``, from one eager forward pass over ``inputs``."""
-    language_model = language_model_of(model)
     rows: dict[int, torch.Tensor] = {}
 
-    def keep_row(layer: int):
-        def hook(module, args, output):
-            weights = output[1]  # (batch, heads, query, key): eager attention returns them
-            if layer not in rows:  # the prompt pass only
-                rows[layer] = weights[0, :, position].detach().float().cpu()
-        return hook
+    def keep_row(layer: int, weights: torch.Tensor) -> None:
+        rows[layer] = weights[:, position].float().cpu()
 
-    with Hooks() as hooks, eager_attention(model), torch.inference_mode():
-        for layer in layers:
-            hooks.after(language_model.layers[layer].self_attn, keep_row(layer))
-        model(**inputs, use_cache=False, logits_to_keep=1)
+    eager_pass(model, inputs, layers, keep_row, progress)
     return torch.stack([rows[layer] for layer in layers])

@@ -6,7 +6,7 @@ so a circuits pass switches the language model to eager and back in ``finally``:
 served later by the same model never runs slower, or differently, because of an inspection.
 """
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -14,6 +14,7 @@ import torch
 
 from g4v.errors import G4VError
 from g4v.model.capture import language_model_of
+from g4v.model.hooks import Hooks
 from g4v.model.levels import Level
 
 
@@ -27,7 +28,10 @@ class CircuitSettings:
     token: int | None = field(default=None, metadata={
         "help": "sequence position of the query token (default: the last prompt token, which "
                 "produces the first answer token; negative counts from the end)"})
-    max_new_tokens: int = field(default=12, metadata={"help": "knockout: greedy continuation length (0: none)"})
+    max_new_tokens: int = field(default=12, metadata={
+        "help": "knockout: greedy continuation length (0: none); reverse: the answer tokens read with the prompt"})
+    region: str | None = field(default=None, metadata={
+        "help": "reverse: the region of the picture, x0,y0,x1,y1 in its pixels (x0 < x1, y0 < y1)"})
 
 
 def parse_layers(spec: str, num_layers: int) -> list[int]:
@@ -95,3 +99,32 @@ def eager_attention(model) -> Iterator[None]:
         yield
     finally:
         language_model.set_attn_implementation(previous)
+
+
+#: ``progress(fraction, text)``: how far a long pass is, for a progress bar (None: not told).
+Progress = Callable[[float, str], None] | None
+
+
+def eager_pass(model, inputs: dict, layers: list[int], keep: Callable[[int, torch.Tensor], None],
+               progress: Progress = None) -> None:
+    """One forward pass over ``inputs`` on eager attention; ``keep(layer, weights)`` gets each of
+    ``layers``' attention weights, ``(heads, query, key)`` of the batch's one row, as the model
+    computed them, and keeps what it needs: the layer's matrix is freed when the layer is done, so
+    at most one layer's weights exist at a time."""
+    language_model = language_model_of(model)
+    done: set[int] = set()
+
+    def hook_for(layer: int):
+        def hook(module, args, output):
+            if layer in done:  # the prompt pass only
+                return
+            done.add(layer)
+            keep(layer, output[1][0].detach())  # eager attention returns (output, weights)
+            if progress is not None:
+                progress(len(done) / len(layers), f"layer {layer} read")
+        return hook
+
+    with Hooks() as hooks, eager_attention(model), torch.inference_mode():
+        for layer in layers:
+            hooks.after(language_model.layers[layer].self_attn, hook_for(layer))
+        model(**inputs, use_cache=False, logits_to_keep=1)
