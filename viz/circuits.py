@@ -90,3 +90,30 @@ def region_attention_figure(image: Image.Image, summary: dict) -> Image.Image:
     bar = fig.colorbar(mesh, ax=heat_ax, shrink=0.9)
     bar.ax.tick_params(labelsize=small)
     return figure_to_image(fig)
+
+
+def region_overlay(image: Image.Image, box=None, point=None) -> Image.Image:
+    """``image`` at :func:`viz.figures.display_size` with the region ``box`` (picture pixels) framed
+    and the rest dimmed, or the first corner ``point`` marked: the app's region picker (map a click
+    on it back with :func:`viz.figures.original_point`)."""
+    from PIL import ImageDraw
+
+    from viz.figures import display_size, shown_picture
+
+    width, height = display_size(*image.size)
+    shown = shown_picture(image, (width, height)).copy()
+    scale_x, scale_y = width / image.width, height / image.height
+    line = max(2, round(min(width, height) / 120))
+    draw = ImageDraw.Draw(shown, "RGBA")
+    if box is not None:
+        left, top, right, bottom = box[0] * scale_x, box[1] * scale_y, box[2] * scale_x, box[3] * scale_y
+        for part in ((0, 0, width, top), (0, bottom, width, height), (0, top, left, bottom), (right, top, width, bottom)):
+            if part[2] > part[0] and part[3] > part[1]:
+                draw.rectangle(part, fill=(0, 0, 0, 90))
+        draw.rectangle((left, top, right, bottom), outline="#d62728", width=line)
+    if point is not None:
+        x, y = point[0] * scale_x, point[1] * scale_y
+        radius = 3 * line
+        draw.line((x - radius, y, x + radius, y), fill="#d62728", width=line)
+        draw.line((x, y - radius, x, y + radius), fill="#d62728", width=line)
+    return shown

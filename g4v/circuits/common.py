@@ -34,11 +34,17 @@ class CircuitSettings:
         "help": "reverse: the region of the picture, x0,y0,x1,y1 in its pixels (x0 < x1, y0 < y1)"})
 
 
+#: A layer range is a few digits; a longer text is refused before it is read as numbers.
+MAX_LAYERS_CHARS = 40
+
+
 def parse_layers(spec: str, num_layers: int) -> list[int]:
     """``"all"``, ``"5"`` or ``"2-7"`` (inclusive) -> the checked decoder layers, in order."""
     text = str(spec).strip().lower()
     if text == "all":
         return list(range(num_layers))
+    if len(text) > MAX_LAYERS_CHARS:
+        raise G4VError(f"layers are written all, N or A-B (e.g. 2-5); got {len(text):,} characters")
     first, sep, last = text.partition("-")
     if not first.isdigit() or (sep and not last.isdigit()):
         raise G4VError(f"layers are written all, N or A-B (e.g. 2-5), got {spec!r}")

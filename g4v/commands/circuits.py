@@ -57,8 +57,6 @@ def run(args) -> int:
     image = open_single(args.image, args.pages, args.dpi)
     if not args.prompt.strip():
         raise G4VError("the prompt is empty")
-    if args.verb == "knockout" and settings.window is not None and settings.layers != CircuitSettings.layers:
-        raise G4VError("give --layers or --window, not both")
     out = Path(args.out) if getattr(args, "out", None) else None
     if out is not None and out.exists() and not out.is_dir():
         raise G4VError(f"--out is a file, not a folder: {out.name}")

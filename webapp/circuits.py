@@ -1,0 +1,238 @@
+"""The Circuits tab: where the language model reads the picture (attention from one text token to
+every image token, by layer), which text tokens read a region of it (the reverse view), and what
+blocking that reading changes (attention knockout). The work is :mod:`g4v.circuits`; every view
+writes the same JSON and PNG files as ``python -m g4v circuits ... --out`` into the visitor's own
+export folder."""
+
+import time
+
+import gradio as gr
+
+from g4v.circuits.attention import image_attention
+from g4v.circuits.common import CircuitSettings
+from g4v.circuits.exports import draw, write_view
+from g4v.circuits.knockout import attention_knockout
+from g4v.circuits.reverse import parse_region, region_attention
+from g4v.errors import G4VError
+from g4v.images import open_image
+from viz.circuits import region_overlay
+from viz.figures import original_point
+from webapp.common import (MODEL_QUEUE, QUIET_INPUT, image_input, optional_whole, refuse_non_pictures, shows_errors,
+                           time_left, use_last_chat_image, without_error_badges)
+from webapp.documents import document_picker
+from webapp.sessions import SessionStores, session_key
+
+DEFAULTS = CircuitSettings()
+LAYERS_HELP = "Layers: all, N, or A-B (inclusive)"
+
+
+def settings_from_inputs(layers, token=None, window=None, max_new_tokens=DEFAULTS.max_new_tokens,
+                         region=None) -> CircuitSettings:
+    """The checked settings from the tab's boxes (or from API values no box bounded)."""
+    if layers is not None and not isinstance(layers, str):
+        raise G4VError(f"layers are written all, N or A-B (e.g. 2-5), got {str(layers)[:40]!r}")
+    if region is not None and not isinstance(region, str):
+        raise G4VError("a region is four numbers x0,y0,x1,y1, written as text")
+    tokens = optional_whole(max_new_tokens, "max_new_tokens")
+    return CircuitSettings(layers=(layers or "").strip() or DEFAULTS.layers,
+                           token=optional_whole(token, "the token position"),
+                           window=optional_whole(window, "the window"),
+                           max_new_tokens=DEFAULTS.max_new_tokens if tokens is None else tokens,
+                           region=region)
+
+
+def attention_report(summary: dict) -> str:
+    """The per-layer share of the query's attention on the picture, as a Markdown table."""
+    kinds = summary["image_share_by_kind"]
+    rows = [f"**Query:** position {summary['query_position']} `{summary['query_token']!r}`; "
+            f"{summary['num_image_tokens']} image tokens, {summary['num_heads']} heads",
+            "", "| layer | image share | base view | tiles | newlines | injected here |", "|---|---|---|---|---|---|"]
+    for i, layer in enumerate(summary["layers"]):
+        rows.append(f"| {layer} | {summary['image_share'][i]:.3f} | {kinds['base'][i]:.3f} | {kinds['tile'][i]:.3f} "
+                    f"| {kinds['newline'][i]:.3f} | {summary['injection_layers'].get(str(layer), '')} |")
+    return "\n".join(rows)
+
+
+def reverse_report(summary: dict) -> str:
+    kinds = [token["kind"] for token in summary["region_tokens"]]
+    rows = [f"**Region** {','.join(map(str, summary['region']))}: {kinds.count('tile')} tile and "
+            f"{kinds.count('base')} base-view tokens; layers {summary['layers'][0]}-{summary['layers'][-1]}. "
+            "The text tokens that attend to it most (mean over those layers):",
+            "", "| position | part | mean attention | token |", "|---|---|---|---|"]
+    for token in summary["top_text_tokens"]:
+        part = "answer" if token["position"] >= summary["answer_start"] else "prompt"
+        rows.append(f"| {token['position']} | {part} | {token['mean_attention']:.4f} | `{token['text']!r}` |")
+    return "\n".join(rows)
+
+
+def knockout_report(summary: dict) -> str:
+    token = f"`{summary['answer_token']!r}`"
+    return "\n".join([
+        f"**Knocked out** at layers {', '.join(map(str, summary['layers']))}: the answer positions (from "
+        f"{summary['answer_position']} on) may not attend to the image there.",
+        "", f"| run | log-probability of {token} | top first token | greedy answer |", "|---|---|---|---|",
+        f"| unchanged | {summary['logprob_before']:.4f} | {token} | `{summary['continuation_before']!r}` |",
+        f"| knocked out | {summary['logprob_after']:.4f} ({summary['logprob_change']:+.4f}) | "
+        f"`{summary['top_token_after']!r}` | `{summary['continuation_after']!r}` |"])
+
+
+def make_handlers(engine, sessions: SessionStores, gpu_task):
+    """The tab's three runs, each wrapped for one-line refusals; each writes its export files into
+    the visitor's own store and returns their paths last."""
+
+    def run_view(view: str, work, image_path, prompt, settings, request, progress):
+        started = time.monotonic()
+
+        def tell(fraction, text):
+            left = time_left(fraction, 1.0, time.monotonic() - started)
+            progress(fraction, desc=f"{text}, {left}" if left else text)
+
+        if not image_path:
+            raise G4VError("the circuits views need an image: upload one first")
+        picture = open_image(image_path)
+        progress(0.0, desc="one instrumented pass")
+        result = work(engine, picture, prompt, settings, progress=tell)
+        summary = result.to_dict()
+        pictures = draw(view, picture, summary)
+        with sessions.using(session_key(request)) as visitor:
+            paths = write_view(visitor.stores["inspect"].new_folder(), view, summary, pictures)
+        return summary, pictures, [str(path) for path in paths]
+
+    @gpu_task
+    @shows_errors
+    def attention(image_path, prompt, layers, token, request: gr.Request = None, progress=gr.Progress()):
+        """Attention from one text token (empty: the last prompt token, which produces the first
+        answer token) to every image token at the chosen layers."""
+        summary, pictures, files = run_view("attention", image_attention, image_path, prompt,
+                                            settings_from_inputs(layers, token=token), request, progress)
+        return (attention_report(summary), pictures["image_share.png"], pictures["attention_tiles.png"],
+                pictures["attention_base.png"], files)
+
+    @gpu_task
+    @shows_errors
+    def reverse(image_path, prompt, layers, region, max_new_tokens, request: gr.Request = None,
+                progress=gr.Progress()):
+        """Which text tokens (prompt and first greedy answer tokens) attend to a region of the picture."""
+        settings = settings_from_inputs(layers, max_new_tokens=max_new_tokens, region=region)
+        summary, pictures, files = run_view("reverse", region_attention, image_path, prompt, settings, request, progress)
+        return reverse_report(summary), pictures["reverse.png"], files
+
+    @gpu_task
+    @shows_errors
+    def knockout(image_path, prompt, layers, window, max_new_tokens, request: gr.Request = None,
+                 progress=gr.Progress()):
+        """The answer positions may not attend to the image at the chosen layers (or a window around
+        every injection layer): the first answer token's log-probability and the answer, before and after."""
+        settings = settings_from_inputs(layers, window=window, max_new_tokens=max_new_tokens)
+        summary, _, files = run_view("knockout", attention_knockout, image_path, prompt, settings, request, progress)
+        return knockout_report(summary), files
+
+    return attention, reverse, knockout
+
+
+@shows_errors
+def show_region(image_path, region, strict: bool = True):
+    """The region picker: the picture with the typed region framed (nothing framed while it is
+    empty; nor, unless ``strict``, while it does not fit the picture: a new picture is shown, not
+    refused, for a region typed for the one before)."""
+    if not image_path:
+        return None
+    picture = open_image(image_path)
+    box = None
+    if (region or "").strip():
+        try:
+            box = parse_region(region, picture.width, picture.height)
+        except G4VError:
+            if strict:
+                raise
+    return region_overlay(picture, box)
+
+
+def show_new_picture(image_path, region):
+    return show_region(image_path, region, strict=False)
+
+
+@shows_errors
+def pick_corner(image_path, region, evt: gr.SelectData):
+    """A click on the region picker: the first click sets one corner, the second the opposite one."""
+    if not image_path:
+        raise G4VError("upload a picture first")
+    picture = open_image(image_path)
+    x, y = original_point(*evt.index, picture.size)
+    x, y = min(max(0, round(x)), picture.width - 1), min(max(0, round(y)), picture.height - 1)
+    parts = [part for part in (region or "").replace(" ", ",").split(",") if part.strip()]
+    if len(parts) == 2 and all(part.strip().isdigit() for part in parts):
+        first_x, first_y = int(parts[0]), int(parts[1])
+        box = (min(first_x, x), min(first_y, y), max(first_x, x) + 1, max(first_y, y) + 1)
+        return ",".join(map(str, box)), region_overlay(picture, box)
+    return f"{x},{y}", region_overlay(picture, point=(x, y))
+
+
+def circuits_tab(engine, last_chat_image: gr.State, sessions: SessionStores, concurrency: int = 1,
+                 gpu_task=lambda fn: fn) -> None:
+    gr.Markdown("Where the language model reads the picture: the attention of one text token on every image "
+                "token, by layer (the 8 injection layers marked); which text tokens read a region of the "
+                "picture; and what blocking the answer's attention to the picture changes. Each run is one "
+                "or two passes on eager attention, for that pass only.")
+    with gr.Row():
+        image = image_input(label="Image", height=240, elem_id="circuits-image")
+        refuse_non_pictures(image)
+        with gr.Column():
+            from_chat = gr.Button("Use the last chat image", elem_id="circuits-from-chat")
+            document_picker(image, elem_id="circuits-doc")
+            prompt = gr.Textbox(label="Prompt", value="What colour is the shape?", elem_id="circuits-prompt")
+            layers = gr.Textbox(label=LAYERS_HELP, value=DEFAULTS.layers, elem_id="circuits-layers")
+    attention, reverse, knockout = make_handlers(engine, sessions, gpu_task)
+    model_bound = {"concurrency_id": MODEL_QUEUE, "concurrency_limit": concurrency}
+    pictures = {"show_label": False, "format": "png"}  # each picture carries its own title
+
+    with gr.Tab("Attention on the picture", id="circuits-attention"):
+        token = gr.Textbox(label="Query token position (empty: the last prompt token, which produces the first "
+                                 "answer token; negative counts from the end)", value="", elem_id="circuits-token")
+        run = gr.Button("Show attention", variant="primary", elem_id="circuits-attention-run")
+        report = gr.Markdown(elem_id="circuits-attention-report")
+        share = gr.Image(label="Share of attention on the picture by layer", elem_id="circuits-share", **pictures)
+        tiles = gr.Image(label="Attention on each tile token", elem_id="circuits-tiles", **pictures)
+        base = gr.Image(label="Attention on each base-view token", elem_id="circuits-base", **pictures)
+        export = gr.File(label="Export (attention.json, PNGs)", file_count="multiple", elem_id="circuits-attention-export")
+    outputs = [report, share, tiles, base, export]
+    without_error_badges(run.click(attention, [image, prompt, layers, token], outputs, api_name="circuits_attention",
+                                   show_progress_on=report, **model_bound), outputs)
+
+    with gr.Tab("Reverse view: a region", id="circuits-reverse"):
+        with gr.Row():
+            picker = gr.Image(label="Click two corners of the region", interactive=False, format="png",
+                              elem_id="circuits-region-picker")
+            with gr.Column():
+                region = gr.Textbox(label="Region x0,y0,x1,y1 (the picture's pixels; or click two corners)",
+                                    value="", elem_id="circuits-region")
+                answer_tokens = gr.Number(label="Answer tokens read with the prompt", value=DEFAULTS.max_new_tokens,
+                                          precision=None, elem_id="circuits-answer-tokens")
+                run_reverse = gr.Button("Which text tokens read it", variant="primary", elem_id="circuits-reverse-run")
+        reverse_text = gr.Markdown(elem_id="circuits-reverse-report")
+        reverse_picture = gr.Image(label="Attention on the region", elem_id="circuits-reverse-picture", **pictures)
+        reverse_export = gr.File(label="Export (reverse.json, reverse.png)", file_count="multiple",
+                                 elem_id="circuits-reverse-export")
+    for event, show in ((image.change, show_new_picture), (region.submit, show_region)):
+        without_error_badges(event(show, [image, region], picker, api_visibility="private", **QUIET_INPUT), [picker])
+    without_error_badges(picker.select(pick_corner, [image, region], [region, picker], api_visibility="private",
+                                       **QUIET_INPUT), [region, picker])
+    outputs = [reverse_text, reverse_picture, reverse_export]
+    without_error_badges(run_reverse.click(reverse, [image, prompt, layers, region, answer_tokens], outputs,
+                                           api_name="circuits_reverse", show_progress_on=reverse_text, **model_bound),
+                         outputs)
+
+    with gr.Tab("Knockout", id="circuits-knockout"):
+        with gr.Row():
+            window = gr.Textbox(label="Window W: every layer within W of an injection layer (empty: the Layers box)",
+                                value="", elem_id="circuits-window")
+            new_tokens = gr.Number(label="Greedy answer tokens", value=DEFAULTS.max_new_tokens, precision=None,
+                                   elem_id="circuits-new-tokens")
+        run_knockout = gr.Button("Knock out", variant="primary", elem_id="circuits-knockout-run")
+        knockout_text = gr.Markdown(elem_id="circuits-knockout-report")
+        knockout_export = gr.File(label="Export (knockout.json)", file_count="multiple", elem_id="circuits-knockout-export")
+    outputs = [knockout_text, knockout_export]
+    without_error_badges(run_knockout.click(knockout, [image, prompt, layers, window, new_tokens], outputs,
+                                            api_name="circuits_knockout", show_progress_on=knockout_text,
+                                            **model_bound), outputs)
+    use_last_chat_image(from_chat, last_chat_image, image)
