@@ -264,7 +264,7 @@ def test_reverse_view_equals_output_attentions(hf_engine, width, height, region)
     model, tokenizer = hf_engine.model, hf_engine.tokenizer
     picture = make_image(width, height, seed=height)
     steps = 3
-    settings = CircuitSettings(layers="1-6", max_new_tokens=steps, region=",".join(map(str, region)))
+    settings = CircuitSettings(layers="1-6", max_new_tokens=steps, box=",".join(map(str, region)))
     hooks = _hook_count(model)
     result = region_attention(hf_engine, picture, PROMPT, settings)
 
@@ -308,4 +308,4 @@ def test_reverse_view_refuses_bad_regions(hf_engine, region, words):
     from g4v.errors import G4VError
 
     with pytest.raises(G4VError, match=words):
-        region_attention(hf_engine, make_image(100, 100), PROMPT, CircuitSettings(region=region))
+        region_attention(hf_engine, make_image(100, 100), PROMPT, CircuitSettings(box=region))

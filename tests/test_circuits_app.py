@@ -63,7 +63,7 @@ def test_attention_view_exports_the_library_result(handlers, hf_engine):
 def test_reverse_view_exports_the_library_result(handlers, hf_engine):
     _, reverse, _ = handlers
     report, picture, files = reverse(EXAMPLE, PROMPT, "all", "10,10,120,90", 3)
-    settings = CircuitSettings(region="10,10,120,90", max_new_tokens=3)
+    settings = CircuitSettings(box="10,10,120,90", max_new_tokens=3)
     expected = region_attention(hf_engine, EXAMPLE, PROMPT, settings).to_dict()
     same_numbers(exported(files, "reverse.json"), expected)
     top = expected["top_text_tokens"][0]

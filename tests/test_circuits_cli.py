@@ -35,14 +35,14 @@ def test_reverse_json_is_the_library_result():
     from g4v.circuits.reverse import region_attention
     from g4v.engines.hf import TransformersEngine
 
-    flags = ["--region", "0,0,64,60", "--layers", "7-9", "--max-new-tokens", "2"]
+    flags = ["--box", "0,0,64,60", "--layers", "7-9", "--max-new-tokens", "2"]
     result = run_cli("circuits", "reverse", *BASE, "--prompt", PROMPT, *flags, "--json")
     assert result.returncode == 0, result.stderr
     summary = json.loads(result.stdout)
     engine = TransformersEngine(str(TRAINED_MODEL_DIR), device="cpu", dtype="float32")
     try:
         expected = region_attention(engine, IMAGE, PROMPT, CircuitSettings(layers="7-9", max_new_tokens=2,
-                                                                           region="0,0,64,60")).to_dict()
+                                                                           box="0,0,64,60")).to_dict()
     finally:
         engine.close()
     assert summary["region"] == [0, 0, 64, 60] and summary["layers"] == [7, 8, 9]
@@ -72,9 +72,9 @@ BAD = [
     (["knockout", "--max-new-tokens", "-1"], "max_new_tokens"),
     (["knockout", "--max-new-tokens", "1000000000"], "too long"),
     (["reverse"], "needs a region"),
-    (["reverse", "--region", "0,0,5000,10"], "outside the picture"),
-    (["reverse", "--region", "10,10,5,20"], "empty"),
-    (["reverse", "--region", "0,0,10,10", "--layers", "0-10"], "out of range"),
+    (["reverse", "--box", "0,0,5000,10"], "outside the picture"),
+    (["reverse", "--box", "10,10,5,20"], "empty"),
+    (["reverse", "--box", "0,0,10,10", "--layers", "0-10"], "out of range"),
 ]
 
 

@@ -38,7 +38,7 @@ def settings_from_inputs(layers, token=None, window=None, max_new_tokens=DEFAULT
                            token=optional_whole(token, "the token position"),
                            window=optional_whole(window, "the window"),
                            max_new_tokens=DEFAULTS.max_new_tokens if tokens is None else tokens,
-                           region=region)
+                           box=region)
 
 
 def attention_report(summary: dict) -> str:

@@ -29,9 +29,19 @@ class CircuitSettings:
         "help": "sequence position of the query token (default: the last prompt token, which "
                 "produces the first answer token; negative counts from the end)"})
     max_new_tokens: int = field(default=12, metadata={
-        "help": "knockout: greedy continuation length (0: none); reverse: the answer tokens read with the prompt"})
-    region: str | None = field(default=None, metadata={
-        "help": "reverse: the region of the picture, x0,y0,x1,y1 in its pixels (x0 < x1, y0 < y1)"})
+        "help": "knockout, patch: greedy continuation length (0: none); reverse: the answer tokens read with the prompt"})
+    levels: str = field(default="all", metadata={
+        "help": "patch: the levels patched one at a time: all, or names or indices, comma-separated "
+                "(e.g. deepstack0,spatial_TL or 0,4)"})
+    direction: str = field(default="both", metadata={
+        "help": "patch: a_from_b (run A with B's features), b_from_a (the reverse) or both"})
+    region: str = field(default="all", metadata={
+        "help": "patch: which image tokens take the other picture's features: all, tokens:A-B (image "
+                "tokens in packing order, inclusive) or box:X0,Y0,X1,Y1 (pixels of picture A; the tokens "
+                "whose box centre lies inside)"})
+    box: str | None = field(default=None, metadata={
+        "help": "reverse: the region of the picture read, X0,Y0,X1,Y1 in its pixels (X0 < X1, Y0 < Y1); "
+                "the base-view and tile tokens whose box overlaps it"})
 
 
 #: A layer range is a few digits; a longer text is refused before it is read as numbers.

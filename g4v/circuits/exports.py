@@ -12,12 +12,13 @@ FILES = {
                   "attention_tiles.png": "tile-token maps", "attention_base.png": "base-view maps"},
     "reverse": {"reverse.json": "the result", "reverse.png": "the region and the text tokens reading it"},
     "knockout": {"knockout.json": "the result"},
+    "patch": {"patching.json": "the result", "patching.png": "log-odds per level, one panel per direction"},
 }
 
 
 def draw(view: str, image: Image.Image, summary: dict) -> dict[str, Image.Image]:
     """The view's pictures by file name (keys of :data:`FILES` ending in ``.png``)."""
-    from viz.circuits import attention_map_figure, image_share_figure, region_attention_figure
+    from viz.circuits import attention_map_figure, image_share_figure, patching_figure, region_attention_figure
 
     if view == "attention":
         return {"image_share.png": image_share_figure(summary),
@@ -25,11 +26,13 @@ def draw(view: str, image: Image.Image, summary: dict) -> dict[str, Image.Image]
                 "attention_base.png": attention_map_figure(image, summary, "base")}
     if view == "reverse":
         return {"reverse.png": region_attention_figure(image, summary)}
+    if view == "patch":
+        return {"patching.png": patching_figure(summary)}
     return {}
 
 
 def write_view(folder: Path, view: str, summary: dict, pictures: dict[str, Image.Image]) -> list[Path]:
-    """Write ``summary`` (``VIEW.json``) and ``pictures`` into ``folder``; the paths written, in
+    """Write ``summary`` (the view's JSON file) and ``pictures`` into ``folder``; the paths written, in
     :data:`FILES` order."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)

@@ -116,7 +116,7 @@ class RegionAttention:
 
 def region_attention(engine, image, prompt: str, settings: CircuitSettings | None = None,
                      progress: Progress = None) -> RegionAttention:
-    """Which text tokens attend to ``settings.region`` of ``image`` (a PIL image or a path), at
+    """Which text tokens attend to ``settings.box`` of ``image`` (a PIL image or a path), at
     ``settings.layers``, for the prompt and ``settings.max_new_tokens`` greedy answer tokens.
     Bad input raises :class:`G4VError`."""
     settings = settings or CircuitSettings()
@@ -127,7 +127,7 @@ def region_attention(engine, image, prompt: str, settings: CircuitSettings | Non
     if image is None:
         raise G4VError("the circuits views need an image")
     picture = open_image(image)
-    box = parse_region(settings.region, picture.width, picture.height)
+    box = parse_region(settings.box, picture.width, picture.height)
     plan = plan_tiling((picture.height, picture.width), config)
     chosen = region_tokens(plan, box)
     if not chosen:

@@ -9,6 +9,10 @@ reads the picture, and what blocking that reading changes.
 * ``knockout``: the answer positions may not attend to the image tokens at ``--layers`` or within
   ``--window`` of every injection layer; the first answer token's log-probability and the greedy
   continuation, before and after.
+* ``patch``: picture A (``--image``) run with one level's injected features from picture B
+  (``--other``), for each level, and every level at once as the bound; the log-odds of B's first
+  answer token against A's, the share of the way moved, the greedy continuation; and the reverse.
+  ``--out`` writes ``patching.json`` and a bar chart per direction.
 
 The flags come from :class:`g4v.circuits.common.CircuitSettings`; layers and the window are checked
 against the model's config before the weights load.
@@ -24,8 +28,9 @@ from g4v.commands.settings_flags import add_settings_flags, settings_from_args
 from g4v.errors import G4VError
 
 #: Settings fields each verb leaves out (the others become its flags).
-EXCLUDED = {"attention": ("window", "max_new_tokens", "region"), "reverse": ("window", "token"),
-            "knockout": ("token", "region")}
+PATCH_FIELDS = ("levels", "direction", "region")
+EXCLUDED = {"attention": ("window", "max_new_tokens", "box", *PATCH_FIELDS), "reverse": ("window", "token", *PATCH_FIELDS),
+            "knockout": ("token", "box", *PATCH_FIELDS), "patch": ("layers", "window", "token", "box")}
 
 
 def add_parser(subparsers):
@@ -35,18 +40,23 @@ def add_parser(subparsers):
     verbs = parser.add_subparsers(dest="verb", required=True, parser_class=type(parser))
     helps = {"attention": "attention from a text token to every image token, per layer and head",
              "reverse": "which text tokens attend to a region of the picture, per layer",
-             "knockout": "block the answer's attention to the image at chosen layers"}
+             "knockout": "block the answer's attention to the image at chosen layers",
+             "patch": "run picture A with each level's injected features from picture B"}
     for verb, excluded in EXCLUDED.items():
         sub = verbs.add_parser(verb, help=helps[verb])
         add_model_flags(sub)
-        sub.add_argument("--image", required=True, metavar="PATH", help="the image, or a PDF (one page: --pages)")
+        sub.add_argument("--image", required=True, metavar="PATH",
+                         help=("picture A" if verb == "patch" else "the image") + ", or a PDF (one page: --pages)")
+        if verb == "patch":
+            sub.add_argument("--other", required=True, metavar="PATH",
+                             help="picture B (same tiling grid and token count as A), or a PDF (the same --pages)")
         add_page_flags(sub)
         sub.add_argument("--prompt", required=True, help="the question")
         add_settings_flags(sub, CircuitSettings, exclude=excluded)
         sub.add_argument("--json", action="store_true", help="print the whole result as JSON instead of a table")
-        if verb != "knockout":
+        if verb in FILES:
             sub.add_argument("--out", default=None, metavar="DIR",
-                             help=f"also write {verb}.json and the PNGs ({', '.join(FILES[verb])})")
+                             help=f"also write the result and its pictures ({', '.join(FILES[verb])})")
     return parser
 
 
@@ -55,6 +65,7 @@ def run(args) -> int:
 
     settings = settings_from_args(CircuitSettings, args, exclude=EXCLUDED[args.verb])
     image = open_single(args.image, args.pages, args.dpi)
+    other = open_single(args.other, args.pages, args.dpi) if args.verb == "patch" else None
     if not args.prompt.strip():
         raise G4VError("the prompt is empty")
     out = Path(args.out) if getattr(args, "out", None) else None
@@ -63,19 +74,23 @@ def run(args) -> int:
     if args.verb == "reverse":
         from g4v.circuits.reverse import parse_region
 
-        parse_region(settings.region, image.width, image.height)
+        parse_region(settings.box, image.width, image.height)
     _check_layers_early(args.model, args.verb, settings)
 
     from g4v.circuits.attention import image_attention
     from g4v.circuits.knockout import attention_knockout
+    from g4v.circuits.patching import patch_levels
     from g4v.circuits.reverse import region_attention
     from g4v.engines.hf import TransformersEngine
     from g4v.paths import default_model
 
     engine = TransformersEngine(args.model or default_model(), device=args.device, dtype=args.dtype)
     try:
-        work = {"attention": image_attention, "reverse": region_attention, "knockout": attention_knockout}[args.verb]
-        result = work(engine, image, args.prompt, settings)
+        if args.verb == "patch":
+            result = patch_levels(engine, image, other, args.prompt, settings)
+        else:
+            work = {"attention": image_attention, "reverse": region_attention, "knockout": attention_knockout}[args.verb]
+            result = work(engine, image, args.prompt, settings)
     finally:
         engine.close()
     summary = result.to_dict()
@@ -86,18 +101,23 @@ def run(args) -> int:
     if args.json:
         print(json.dumps(summary))
     else:
-        {"attention": _print_attention, "reverse": _print_reverse, "knockout": _print_knockout}[args.verb](summary)
+        printers = {"attention": _print_attention, "reverse": _print_reverse, "knockout": _print_knockout,
+                    "patch": _print_patching}
+        printers[args.verb](summary)
     return 0
 
 
 #: What ``attention --out`` writes: file name -> what it shows.
 ATTENTION_FILES = FILES["attention"]
+#: What ``patch --out`` writes.
+PATCHING_FILES = FILES["patch"]
 
 
 def _check_layers_early(model: str | None, verb: str, settings) -> None:
     """Layers and windows come from the config; a local model folder lets us check them without weights."""
     from g4v.circuits.common import check_new_tokens, parse_layers
     from g4v.circuits.knockout import knockout_layers
+    from g4v.circuits.patching import check_patch_settings
     from g4v.loading import load_config
     from g4v.paths import default_model
 
@@ -106,9 +126,11 @@ def _check_layers_early(model: str | None, verb: str, settings) -> None:
         config = load_config(source)
         if verb == "knockout":
             knockout_layers(config, settings)
+        elif verb == "patch":
+            check_patch_settings(config, settings)
         else:
             parse_layers(settings.layers, config.text_config.num_hidden_layers)
-        if verb != "attention":
+        if verb in ("knockout", "reverse"):
             check_new_tokens(settings.max_new_tokens)
 
 
@@ -140,3 +162,18 @@ def _print_knockout(summary: dict) -> None:
           f"top token after: {summary['top_token_after']!r}")
     print(f"  before: {summary['continuation_before']!r}")
     print(f"  after:  {summary['continuation_after']!r}")
+
+
+def _print_patching(summary: dict) -> None:
+    print(f"{summary['num_patched_tokens']} of {summary['num_image_tokens']} image tokens patched "
+          f"(region {summary['region']}); log-odds of the donor's first answer token against the receiver's")
+    for direction in summary["directions"]:
+        receiver, donor = direction["receiver"], direction["donor"]
+        print(f"{receiver} with {donor}'s features: {receiver} answers {direction['receiver_continuation']!r} "
+              f"(log-odds {direction['logodds_receiver']:+.3f}), {donor} answers {direction['donor_continuation']!r} "
+              f"(log-odds {direction['logodds_donor']:+.3f})" + ("; same first token, nothing to move"
+                                                                 if direction["same_first_token"] else ""))
+        print(f"  {'level':<12} {'log-odds':>9} {'moved':>7}  continuation")
+        for run in [*direction["levels"], {**direction["all_levels"], "levels": ["all levels"]}]:
+            moved = "" if run["moved"] is None else f"{run['moved']:.3f}"
+            print(f"  {', '.join(run['levels']):<12} {run['logodds']:>+9.3f} {moved:>7}  {run['continuation']!r}")

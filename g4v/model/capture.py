@@ -299,3 +299,62 @@ def capture_forward(model, inputs: dict, scales: dict[str, float] | None = None,
         logits = model(**inputs, **forward_kwargs).logits
         capture = recorder.finish(scales or {})
     return capture, logits
+
+
+# ── two-picture patching: the injected features read from one run and written into another ────────
+
+
+def recording_hook(store: dict):
+    """A language-model pre-hook that keeps a detached copy of every injected feature tensor,
+    ``store[llm_layer] = (num_image_tokens, hidden)``, from the first forward that injects any."""
+
+    def hook(module, args, kwargs):
+        features = kwargs.get("deepstack_features")
+        if features and not store:
+            store.update({layer: tensor.detach().clone() for layer, tensor in features.items()})
+
+    return hook
+
+
+def replacing_hook(donor: dict[int, torch.Tensor], rows: torch.Tensor | None = None):
+    """A language-model pre-hook that writes the ``donor``'s features (``{llm_layer: (num_image_tokens,
+    hidden)}``, another picture's) over this forward's at those layers: all image tokens, or only
+    ``rows`` (token indices in packing order). The receiving prompt must have as many image tokens."""
+
+    def hook(module, args, kwargs):
+        features = kwargs.get("deepstack_features")
+        if not features:
+            return None  # no image in this forward (a cached decoding step)
+        patched = dict(features)
+        for layer, source in donor.items():
+            own = features[layer]
+            if own.shape != source.shape:
+                raise RuntimeError(f"layer {layer}: features {tuple(own.shape)} cannot take {tuple(source.shape)}")
+            source = source.to(own.device, own.dtype)
+            if rows is None:
+                patched[layer] = source
+            else:
+                index = rows.to(own.device)
+                patched[layer] = own.index_copy(0, index, source.index_select(0, index))
+        return args, {**kwargs, "deepstack_features": patched}
+
+    return hook
+
+
+def injected_features(model, inputs: dict, **forward_kwargs) -> tuple[dict[int, torch.Tensor], torch.Tensor]:
+    """One forward pass; returns what it injected (``{llm_layer: (num_image_tokens, hidden)}``, empty
+    without an image) and its logits (batch, seq, vocab)."""
+    store: dict[int, torch.Tensor] = {}
+    with torch.inference_mode(), Hooks() as hooks:
+        hooks.before(language_model_of(model), recording_hook(store), with_kwargs=True)
+        logits = model(**inputs, **forward_kwargs).logits
+    return store, logits
+
+
+@contextmanager
+def patched_features(model, donor: dict[int, torch.Tensor], rows: torch.Tensor | None = None) -> Iterator[None]:
+    """For the ``with`` block, every forward that injects features injects the ``donor``'s at its
+    layers instead (see :func:`replacing_hook`); the hook is removed when the block ends."""
+    with Hooks() as hooks:
+        hooks.before(language_model_of(model), replacing_hook(donor, rows), with_kwargs=True)
+        yield
