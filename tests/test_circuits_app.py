@@ -11,8 +11,10 @@ import pytest
 from g4v.circuits.attention import image_attention
 from g4v.circuits.common import CircuitSettings
 from g4v.circuits.knockout import attention_knockout
+from g4v.circuits.patching import patch_levels
 from g4v.circuits.reverse import region_attention
 from g4v.paths import EXAMPLES_DIR
+from tests.conftest import make_image
 from webapp.circuits import make_handlers, pick_corner, show_region
 from webapp.sessions import SessionStores
 
@@ -50,7 +52,7 @@ def same_numbers(got, want) -> None:
 
 
 def test_attention_view_exports_the_library_result(handlers, hf_engine):
-    attention, _, _ = handlers
+    attention, _, _, _ = handlers
     report, share, tiles, base, files = attention(EXAMPLE, PROMPT, "2-5", "")
     expected = image_attention(hf_engine, EXAMPLE, PROMPT, CircuitSettings(layers="2-5")).to_dict()
     same_numbers(exported(files, "attention.json"), expected)
@@ -61,7 +63,7 @@ def test_attention_view_exports_the_library_result(handlers, hf_engine):
 
 
 def test_reverse_view_exports_the_library_result(handlers, hf_engine):
-    _, reverse, _ = handlers
+    _, reverse, _, _ = handlers
     report, picture, files = reverse(EXAMPLE, PROMPT, "all", "10,10,120,90", 3)
     settings = CircuitSettings(box="10,10,120,90", max_new_tokens=3)
     expected = region_attention(hf_engine, EXAMPLE, PROMPT, settings).to_dict()
@@ -71,11 +73,39 @@ def test_reverse_view_exports_the_library_result(handlers, hf_engine):
 
 
 def test_knockout_exports_the_library_result(handlers, hf_engine):
-    _, _, knockout = handlers
+    _, _, knockout, _ = handlers
     report, files = knockout(EXAMPLE, PROMPT, "all", "1", 4)
     expected = attention_knockout(hf_engine, EXAMPLE, PROMPT, CircuitSettings(window=1, max_new_tokens=4)).to_dict()
     same_numbers(exported(files, "knockout.json"), expected)
     assert f"{expected['logprob_after']:.4f}" in report
+
+
+@pytest.fixture(scope="module")
+def pictures_ab(tmp_path_factory):
+    """Two pictures of one size (so one tiling grid) and one of another, as uploaded files."""
+    folder = tmp_path_factory.mktemp("pictures")
+    paths = {}
+    for name, (width, height, seed) in {"a": (300, 140, 1), "b": (300, 140, 2), "tall": (140, 400, 3)}.items():
+        paths[name] = str(folder / f"{name}.png")
+        make_image(width, height, seed).save(paths[name])
+    return paths
+
+
+def test_patching_exports_the_library_result(handlers, hf_engine, pictures_ab):
+    from g4v.images import open_image
+
+    *_, patch = handlers
+    report, rows, picture, files = patch(pictures_ab["a"], pictures_ab["b"], PROMPT, "deepstack0,spatial_TL",
+                                         "a_from_b", "tokens:0-30", 2)
+    settings = CircuitSettings(levels="deepstack0,spatial_TL", direction="a_from_b", region="tokens:0-30",
+                               max_new_tokens=2)
+    expected = patch_levels(hf_engine, open_image(pictures_ab["a"]), open_image(pictures_ab["b"]), PROMPT,
+                            settings).to_dict()
+    same_numbers(exported(files, "patching.json"), expected)
+    runs = expected["directions"][0]["levels"]
+    assert [row[1] for row in rows] == ["deepstack0", "spatial_TL", "all levels"]
+    assert [row[2] for row in rows[:2]] == [round(run["logodds"], 3) for run in runs]
+    assert "31 of" in report and picture.width > 300
 
 
 def test_two_clicks_on_the_picker_make_a_region():
@@ -101,7 +131,7 @@ BAD = [
     ("attention", ["0-99999999999999999999", ""], "out of range"),  # a huge range
     ("attention", ["9" * 5000, ""], "5,000 characters"),  # a huge number, refused by its length
     ("attention", ["two", ""], "layers are written"),
-    ("attention", [7, ""], "layers are written"),
+    ("attention", [7, ""], "layers must be text"),
     ("attention", ["all", "100000"], "past the prompt"),
     ("attention", ["all", "-100000"], "past the prompt"),
     ("attention", ["all", "1.5"], "token position must be a whole number"),
@@ -122,11 +152,17 @@ BAD = [
 NO_PICTURE = [("attention", [None, PROMPT, "all", ""], "need an image"),
               ("knockout", [str(EXAMPLES_DIR / "examples.json"), PROMPT, "all", "", 2], "not an image"),
               ("attention", [EXAMPLE, "   ", "all", ""], "prompt is empty"),
-              ("reverse", [EXAMPLE, "What is <image> here?", "all", "0,0,10,10", 2], "image placeholder")]
+              ("reverse", [EXAMPLE, "What is <image> here?", "all", "0,0,10,10", 2], "image placeholder"),
+              ("patch", [EXAMPLE, None, PROMPT, "all", "both", "all", 2], "needs picture B"),
+              ("patch", ["TALL", "A", PROMPT, "all", "both", "all", 2], "do not share a token layout"),
+              ("patch", ["A", "B", PROMPT, "deepstack9", "both", "all", 2], "level"),
+              ("patch", ["A", "B", PROMPT, "all", "sideways", "all", 2], "unknown direction"),
+              ("patch", ["A", "B", PROMPT, "all", "both", "tokens:0-99999999999999999999", 2], "out of range"),
+              ("patch", ["A", "B", PROMPT, "all", "both", "box:0,0,100000,100000", 2], "reaches past picture A")]
 
 
 def refusal(handlers, view: str, arguments: list) -> str:
-    handler = dict(zip(("attention", "reverse", "knockout"), handlers))[view]
+    handler = dict(zip(("attention", "reverse", "knockout", "patch"), handlers))[view]
     with pytest.raises(gr.Error) as err:
         handler(*arguments)
     return err.value.message
@@ -134,9 +170,11 @@ def refusal(handlers, view: str, arguments: list) -> str:
 
 @pytest.mark.parametrize("view, arguments, words", BAD + NO_PICTURE,
                          ids=[f"{view}-{i}" for i, (view, _, _) in enumerate(BAD + NO_PICTURE)])
-def test_bad_input_is_one_clear_line(handlers, view, arguments, words):
+def test_bad_input_is_one_clear_line(handlers, pictures_ab, view, arguments, words):
+    named = {"A": pictures_ab["a"], "B": pictures_ab["b"], "TALL": pictures_ab["tall"]}
     full = arguments if (view, arguments, words) in NO_PICTURE else [EXAMPLE, PROMPT, *arguments]
+    full = [named.get(value, value) if isinstance(value, str) else value for value in full]
     message = refusal(handlers, view, full)
     assert re.search(words, message), message
     assert "\n" not in message and "Traceback" not in message and "/tmp" not in message and "/work" not in message
-    assert len(message) < 200, message
+    assert len(message) < 300, message

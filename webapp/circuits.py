@@ -1,6 +1,7 @@
 """The Circuits tab: where the language model reads the picture (attention from one text token to
 every image token, by layer), which text tokens read a region of it (the reverse view), and what
-blocking that reading changes (attention knockout). The work is :mod:`g4v.circuits`; every view
+blocking that reading changes (attention knockout), and which injection level carries the
+difference between two pictures (patching). The work is :mod:`g4v.circuits`; every view
 writes the same JSON and PNG files as ``python -m g4v circuits ... --out`` into the visitor's own
 export folder."""
 
@@ -12,8 +13,9 @@ from g4v.circuits.attention import image_attention
 from g4v.circuits.common import CircuitSettings
 from g4v.circuits.exports import draw, write_view
 from g4v.circuits.knockout import attention_knockout
+from g4v.circuits.patching import DIRECTION_CHOICES, patch_levels
 from g4v.circuits.reverse import parse_region, region_attention
-from g4v.errors import G4VError
+from g4v.errors import G4VError, quoted
 from g4v.images import open_image
 from viz.circuits import region_overlay
 from viz.figures import original_point
@@ -26,19 +28,19 @@ DEFAULTS = CircuitSettings()
 LAYERS_HELP = "Layers: all, N, or A-B (inclusive)"
 
 
-def settings_from_inputs(layers, token=None, window=None, max_new_tokens=DEFAULTS.max_new_tokens,
-                         region=None) -> CircuitSettings:
-    """The checked settings from the tab's boxes (or from API values no box bounded)."""
-    if layers is not None and not isinstance(layers, str):
-        raise G4VError(f"layers are written all, N or A-B (e.g. 2-5), got {str(layers)[:40]!r}")
-    if region is not None and not isinstance(region, str):
-        raise G4VError("a region is four numbers x0,y0,x1,y1, written as text")
+def settings_from_inputs(layers=None, token=None, window=None, max_new_tokens=DEFAULTS.max_new_tokens,
+                         box=None, levels=None, direction=None, region=None) -> CircuitSettings:
+    """The checked settings from the tab's boxes (or from API values no box bounded); an empty
+    text box keeps the default."""
+    texts = {"layers": layers, "box": box, "levels": levels, "direction": direction, "region": region}
+    for name, value in texts.items():
+        if value is not None and not isinstance(value, str):
+            raise G4VError(f"{name} must be text, got {quoted(value)}")
+    given = {name: value.strip() for name, value in texts.items() if value is not None and value.strip()}
     tokens = optional_whole(max_new_tokens, "max_new_tokens")
-    return CircuitSettings(layers=(layers or "").strip() or DEFAULTS.layers,
-                           token=optional_whole(token, "the token position"),
+    return CircuitSettings(**given, token=optional_whole(token, "the token position"),
                            window=optional_whole(window, "the window"),
-                           max_new_tokens=DEFAULTS.max_new_tokens if tokens is None else tokens,
-                           box=region)
+                           max_new_tokens=DEFAULTS.max_new_tokens if tokens is None else tokens)
 
 
 def attention_report(summary: dict) -> str:
@@ -76,11 +78,39 @@ def knockout_report(summary: dict) -> str:
         f"`{summary['top_token_after']!r}` | `{summary['continuation_after']!r}` |"])
 
 
+PATCH_COLUMNS = ["run", "levels patched", "log-odds", "moved", "top first token", "greedy answer"]
+
+
+def patching_rows(summary: dict) -> list[list]:
+    """One row per patched run (each level alone, then every level: the bound), per direction."""
+    rows = []
+    for direction in summary["directions"]:
+        run = f"{direction['receiver']} with {direction['donor']}'s features"
+        for patched in [*direction["levels"], {**direction["all_levels"], "levels": ["all levels"]}]:
+            moved = "" if patched["moved"] is None else round(patched["moved"], 3)
+            rows.append([run, ", ".join(patched["levels"]), round(patched["logodds"], 3), moved,
+                         repr(patched["top_token"]), repr(patched["continuation"])])
+    return rows
+
+
+def patching_report(summary: dict) -> str:
+    lines = [f"**{summary['num_patched_tokens']} of {summary['num_image_tokens']} image tokens patched** "
+             f"(region `{summary['region']}`). Log-odds: log p(donor's first answer token) - log p(receiver's); "
+             "moved: the share of the way from the receiver's own log-odds (0) to the donor's (1)."]
+    for direction in summary["directions"]:
+        receiver, donor = direction["receiver"], direction["donor"]
+        note = " Both pictures give the same first token: nothing to move." if direction["same_first_token"] else ""
+        lines.append(f"**{receiver} with {donor}'s features:** {receiver} answers `{direction['receiver_continuation']!r}` "
+                     f"(log-odds {direction['logodds_receiver']:+.3f}), {donor} answers "
+                     f"`{direction['donor_continuation']!r}` ({direction['logodds_donor']:+.3f}).{note}")
+    return "\n\n".join(lines)
+
+
 def make_handlers(engine, sessions: SessionStores, gpu_task):
-    """The tab's three runs, each wrapped for one-line refusals; each writes its export files into
+    """The tab's four runs, each wrapped for one-line refusals; each writes its export files into
     the visitor's own store and returns their paths last."""
 
-    def run_view(view: str, work, image_path, prompt, settings, request, progress):
+    def run_view(view: str, work, image_path, prompt, settings, request, progress, other_path=None):
         started = time.monotonic()
 
         def tell(fraction, text):
@@ -91,7 +121,12 @@ def make_handlers(engine, sessions: SessionStores, gpu_task):
             raise G4VError("the circuits views need an image: upload one first")
         picture = open_image(image_path)
         progress(0.0, desc="one instrumented pass")
-        result = work(engine, picture, prompt, settings, progress=tell)
+        if view == "patch":
+            if not other_path:
+                raise G4VError("patching needs picture B too: upload it in the second box")
+            result = work(engine, picture, open_image(other_path), prompt, settings, progress=tell)
+        else:
+            result = work(engine, picture, prompt, settings, progress=tell)
         summary = result.to_dict()
         pictures = draw(view, picture, summary)
         with sessions.using(session_key(request)) as visitor:
@@ -113,7 +148,7 @@ def make_handlers(engine, sessions: SessionStores, gpu_task):
     def reverse(image_path, prompt, layers, region, max_new_tokens, request: gr.Request = None,
                 progress=gr.Progress()):
         """Which text tokens (prompt and first greedy answer tokens) attend to a region of the picture."""
-        settings = settings_from_inputs(layers, max_new_tokens=max_new_tokens, region=region)
+        settings = settings_from_inputs(layers, max_new_tokens=max_new_tokens, box=region)
         summary, pictures, files = run_view("reverse", region_attention, image_path, prompt, settings, request, progress)
         return reverse_report(summary), pictures["reverse.png"], files
 
@@ -127,7 +162,19 @@ def make_handlers(engine, sessions: SessionStores, gpu_task):
         summary, _, files = run_view("knockout", attention_knockout, image_path, prompt, settings, request, progress)
         return knockout_report(summary), files
 
-    return attention, reverse, knockout
+    @gpu_task
+    @shows_errors
+    def patch(image_path, other_path, prompt, levels, direction, region, max_new_tokens, request: gr.Request = None,
+              progress=gr.Progress()):
+        """Picture A (the main box) run with each level's injected features from picture B, and the
+        reverse; every level at once as the bound."""
+        settings = settings_from_inputs(max_new_tokens=max_new_tokens, levels=levels, direction=direction,
+                                        region=region)
+        summary, pictures, files = run_view("patch", patch_levels, image_path, prompt, settings, request, progress,
+                                            other_path)
+        return patching_report(summary), patching_rows(summary), pictures["patching.png"], files
+
+    return attention, reverse, knockout, patch
 
 
 @shows_errors
@@ -182,7 +229,7 @@ def circuits_tab(engine, last_chat_image: gr.State, sessions: SessionStores, con
             document_picker(image, elem_id="circuits-doc")
             prompt = gr.Textbox(label="Prompt", value="What colour is the shape?", elem_id="circuits-prompt")
             layers = gr.Textbox(label=LAYERS_HELP, value=DEFAULTS.layers, elem_id="circuits-layers")
-    attention, reverse, knockout = make_handlers(engine, sessions, gpu_task)
+    attention, reverse, knockout, patch = make_handlers(engine, sessions, gpu_task)
     model_bound = {"concurrency_id": MODEL_QUEUE, "concurrency_limit": concurrency}
     pictures = {"show_label": False, "format": "png"}  # each picture carries its own title
 
@@ -235,4 +282,30 @@ def circuits_tab(engine, last_chat_image: gr.State, sessions: SessionStores, con
     without_error_badges(run_knockout.click(knockout, [image, prompt, layers, window, new_tokens], outputs,
                                             api_name="circuits_knockout", show_progress_on=knockout_text,
                                             **model_bound), outputs)
+
+    with gr.Tab("Patching: picture A with B's features", id="circuits-patching"):
+        with gr.Row():
+            other = image_input(label="Picture B (the same tiling grid as the main picture, A)", height=240,
+                                elem_id="circuits-image-b")
+            refuse_non_pictures(other)
+            with gr.Column():
+                levels = gr.Textbox(label="Levels patched one at a time: all, or names or indices (e.g. deepstack0,4)",
+                                    value=DEFAULTS.levels, elem_id="circuits-levels")
+                direction = gr.Radio(list(DIRECTION_CHOICES), value=DEFAULTS.direction, label="Direction",
+                                     elem_id="circuits-direction")
+                patch_region = gr.Textbox(label="Image tokens patched: all, tokens:A-B or box:X0,Y0,X1,Y1 (A's pixels)",
+                                          value=DEFAULTS.region, elem_id="circuits-patch-region")
+                patch_tokens = gr.Number(label="Greedy answer tokens", value=DEFAULTS.max_new_tokens, precision=None,
+                                         elem_id="circuits-patch-tokens")
+        run_patch = gr.Button("Patch", variant="primary", elem_id="circuits-patch-run")
+        patch_text = gr.Markdown(elem_id="circuits-patch-report")
+        patch_table = gr.Dataframe(headers=PATCH_COLUMNS, label="Per level", interactive=False,
+                                   elem_id="circuits-patch-table")
+        patch_picture = gr.Image(label="Log-odds per level", elem_id="circuits-patch-picture", **pictures)
+        patch_export = gr.File(label="Export (patching.json, patching.png)", file_count="multiple",
+                               elem_id="circuits-patch-export")
+    outputs = [patch_text, patch_table, patch_picture, patch_export]
+    without_error_badges(run_patch.click(patch, [image, other, prompt, levels, direction, patch_region, patch_tokens],
+                                         outputs, api_name="circuits_patch", show_progress_on=patch_text,
+                                         **model_bound), outputs)
     use_last_chat_image(from_chat, last_chat_image, image)
