@@ -248,10 +248,11 @@ def circuits_tab(engine, last_chat_image: gr.State, sessions: SessionStores, con
 
     with gr.Tab("Reverse view: a region", id="circuits-reverse"):
         with gr.Row():
-            picker = gr.Image(label="Click two corners of the region", interactive=False, format="png",
+            picker = gr.Image(label="The region on the picture", show_label=False, interactive=False, format="png",
                               elem_id="circuits-region-picker")
             with gr.Column():
-                region = gr.Textbox(label="Region x0,y0,x1,y1 (the picture's pixels; or click two corners)",
+                region = gr.Textbox(label="Region x0,y0,x1,y1 in the picture's pixels (or click two corners on the "
+                                          "picture at the left)",
                                     value="", elem_id="circuits-region")
                 answer_tokens = gr.Number(label="Answer tokens read with the prompt", value=DEFAULTS.max_new_tokens,
                                           precision=None, elem_id="circuits-answer-tokens")
