@@ -27,7 +27,7 @@ def export_json(page, element: str, name: str) -> dict:
     return response.json()
 
 
-def test_circuits_tab_in_a_browser(app_url, hf_engine, output_dir):
+def test_circuits_tab_in_a_browser(app_url, hf_engine, output_dir, tmp_path):
     assert CHROMIUM, "Debian's chromium is needed (scripts/setup_browser.sh installs it)"
     shots = output_dir / "browser"
     shots.mkdir(exist_ok=True)
@@ -78,3 +78,21 @@ def test_circuits_tab_in_a_browser(app_url, hf_engine, output_dir):
         reverse = export_json(page, "#circuits-reverse-export", "reverse.json")
         assert reverse["region_tokens"] and len(reverse["attention"]) == 10
         page.screenshot(path=str(shots / "circuits-reverse.png"), full_page=True)
+
+        # Patching: picture B of A's size (so the same tiling grid), one level, one direction.
+        from PIL import Image
+
+        from tests.conftest import make_image
+
+        other = tmp_path / "other.png"
+        make_image(*Image.open(EXAMPLE).size, seed=5).save(other)
+        page.get_by_role("tab", name="Patching: picture A with B's features").click()
+        page.locator("#circuits-image-b input[type=file]").set_input_files(str(other))
+        page.wait_for_function(PICTURE_LOADED, arg="#circuits-image-b")
+        page.locator("#circuits-levels textarea, #circuits-levels input").first.fill("deepstack0")
+        page.get_by_label("a_from_b").check()
+        page.locator("#circuits-patch-run").click()
+        page.wait_for_function(PICTURE_LOADED, arg="#circuits-patch-picture", timeout=180_000)
+        table = page.inner_text("#circuits-patch-table")
+        assert "deepstack0" in table and "all levels" in table
+        assert export_json(page, "#circuits-patch-export", "patching.json")["directions"][0]["name"] == "a_from_b"
