@@ -309,3 +309,26 @@ def test_reverse_view_refuses_bad_regions(hf_engine, region, words):
 
     with pytest.raises(G4VError, match=words):
         region_attention(hf_engine, make_image(100, 100), PROMPT, CircuitSettings(box=region))
+
+
+def test_the_tile_maps_mark_the_newline_tokens(hf_engine):
+    """Attention on the newline tokens alone shows in the tile maps (the strip at each row's right
+    end): its picture differs from one with no attention anywhere, which paints every token alike."""
+    import numpy as np
+
+    from viz.circuits import attention_map_figure, newline_strip
+
+    picture = make_image(300, 140, seed=2)
+    tokens = image_attention(hf_engine, picture, PROMPT, CircuitSettings(layers="0")).to_dict()["image_tokens"]
+    kinds = [t["kind"] for t in tokens]
+    assert "newline" in kinds and newline_strip((0, 0, 100, 10)) == (96.0, 0, 100, 10)
+
+    def drawn(kind: str) -> np.ndarray:
+        values = [1.0 if k == kind else 0.0 for k in kinds]
+        summary = {"image_tokens": tokens, "layers": [0], "injection_layers": {}, "mean_attention": [values]}
+        return np.asarray(attention_map_figure(picture, summary, "tile"), dtype=float)
+
+    newline, nothing = drawn("newline"), drawn("no token")
+    assert newline.shape == nothing.shape
+    changed = np.abs(newline - nothing).max(axis=-1) > 30  # pixels painted differently
+    assert 0.001 < changed.mean() < 0.2  # a thin strip per row (and the colour bar's labels), not the picture

@@ -27,10 +27,24 @@ def image_share_figure(summary: dict) -> Image.Image:
     return figure_to_image(fig)
 
 
+#: In the tile-token maps each row's newline token is painted as a strip this share of the
+#: picture's width at the row's right end (its own box is the whole row, which would hide the tiles).
+NEWLINE_STRIP = 0.04
+
+
+def newline_strip(box) -> tuple:
+    """The strip a newline token is painted in: the right end of its row's box."""
+    left, top, right, bottom = box
+    return max(left, right - max(1.0, NEWLINE_STRIP * (right - left))), top, right, bottom
+
+
 def attention_map_figure(image: Image.Image, summary: dict, view: str) -> Image.Image:
     """One panel per layer: the head-averaged attention on each ``view`` token ("tile" or "base")
-    over the picture, through the tiling plan's boxes, on one colour scale."""
+    over the picture, through the tiling plan's boxes, on one colour scale. The tile maps mark each
+    row's newline token too: a strip at the row's right end (:data:`NEWLINE_STRIP`)."""
     tokens = [(token["kind"], tuple(token["box"])) for token in summary["image_tokens"]]
+    if view == "tile":  # newline tokens painted with the tiles, over the right end of their row
+        tokens = [("tile", newline_strip(box)) if kind == "newline" else (kind, box) for kind, box in tokens]
     names = {layer: f"layer {layer}" + (f" ({summary['injection_layers'][str(layer)]})"
                                         if str(layer) in summary["injection_layers"] else "")
              for layer in summary["layers"]}
@@ -38,7 +52,8 @@ def attention_map_figure(image: Image.Image, summary: dict, view: str) -> Image.
     return token_heatmap_grid(image, tokens, values, view, cmap="viridis", alpha=0.65,
                               colorbar_label="attention weight (mean over heads)",
                               panel_title=lambda name, peak: f"{name}  (max {peak:.2g})",
-                              title=f"Attention on each {view} token, by layer")
+                              title=f"Attention on each {view} token, by layer" + (
+                                  " (newline tokens: the strip at each row's right end)" if view == "tile" else ""))
 
 
 #: The reverse view names at most this many text tokens on its axis (every k-th past it).
