@@ -178,3 +178,18 @@ def test_bad_input_is_one_clear_line(handlers, pictures_ab, view, arguments, wor
     assert re.search(words, message), message
     assert "\n" not in message and "Traceback" not in message and "/tmp" not in message and "/work" not in message
     assert len(message) < 300, message
+
+
+def test_a_new_picture_is_shown_in_the_picker_never_refused(tmp_path):
+    """A region typed for the picture before is not refused when a smaller one comes (it is framed
+    once it fits); a file that is not a picture leaves the picker empty (the upload's own toast
+    says why): no second toast."""
+    from webapp.circuits import show_new_picture
+
+    fake = tmp_path / "fake.png"
+    fake.write_bytes(b"not a picture")
+    assert show_new_picture(str(fake), "") is None
+    shown = show_new_picture(EXAMPLE, "0,0,5000,5000")
+    assert shown.size == show_region(EXAMPLE, "").size
+    with pytest.raises(gr.Error, match="outside the picture"):
+        show_region(EXAMPLE, "0,0,5000,5000")  # typed and entered: said

@@ -178,25 +178,26 @@ def make_handlers(engine, sessions: SessionStores, gpu_task):
 
 
 @shows_errors
-def show_region(image_path, region, strict: bool = True):
-    """The region picker: the picture with the typed region framed (nothing framed while it is
-    empty; nor, unless ``strict``, while it does not fit the picture: a new picture is shown, not
-    refused, for a region typed for the one before)."""
+def show_region(image_path, region):
+    """The region picker: the picture with the typed region framed (nothing framed while it is empty)."""
     if not image_path:
         return None
     picture = open_image(image_path)
-    box = None
-    if (region or "").strip():
-        try:
-            box = parse_region(region, picture.width, picture.height)
-        except G4VError:
-            if strict:
-                raise
+    box = parse_region(region, picture.width, picture.height) if (region or "").strip() else None
     return region_overlay(picture, box)
 
 
 def show_new_picture(image_path, region):
-    return show_region(image_path, region, strict=False)
+    """The region picker for a new picture: framed as :func:`show_region` does, but never refused (a
+    file that is no picture is the upload's own toast, and a region typed for the picture before
+    is framed only once it fits)."""
+    try:
+        return show_region.__wrapped__(image_path, region)
+    except G4VError:
+        try:
+            return show_region.__wrapped__(image_path, "")
+        except G4VError:
+            return None
 
 
 @shows_errors
