@@ -66,7 +66,7 @@ def parse_region(region, width: int, height: int) -> Box:
     return math.floor(x0), math.floor(y0), math.ceil(x1), math.ceil(y1)
 
 
-def region_tokens(plan: TilingPlan, box: Box) -> list[int]:
+def overlapping_tokens(plan: TilingPlan, box: Box) -> list[int]:
     """Indices (in the plan's packing order) of the base-view and tile tokens whose box overlaps ``box``."""
     x0, y0, x1, y1 = box
 
@@ -129,7 +129,7 @@ def region_attention(engine, image, prompt: str, settings: CircuitSettings | Non
     picture = open_image(image)
     box = parse_region(settings.box, picture.width, picture.height)
     plan = plan_tiling((picture.height, picture.width), config)
-    chosen = region_tokens(plan, box)
+    chosen = overlapping_tokens(plan, box)
     if not chosen:
         raise G4VError(f"no image token covers the region {','.join(map(str, box))}: it lies in the padding")
     inputs = engine.prepare_inputs([Message("user", prompt, [picture])], tokens)
