@@ -265,9 +265,6 @@ def test_reverse_view_equals_output_attentions(hf_engine, width, height, region)
     picture = make_image(width, height, seed=height)
     steps = 3
     settings = CircuitSettings(layers="1-6", max_new_tokens=steps, box=",".join(map(str, region)))
-    hooks = _hook_count(model)
-    result = region_attention(hf_engine, picture, PROMPT, settings)
-
     inputs = hf_engine.prepare_inputs([Message("user", PROMPT, [picture])], steps)
     with torch.inference_mode():  # the answer as generate gives it, cut at the end-of-text token
         generated = model.generate(**inputs, max_new_tokens=steps, do_sample=False)[0, inputs["input_ids"].shape[1]:]
@@ -277,6 +274,8 @@ def test_reverse_view_equals_output_attentions(hf_engine, width, height, region)
     ids = torch.cat([inputs["input_ids"][0], torch.tensor(answer, dtype=torch.long)])
     reference = _reference_attentions(model, {**inputs, "input_ids": ids[None],
                                               "attention_mask": torch.ones_like(ids)[None]})
+    hooks = _hook_count(model)  # transformers' own capture hooks, installed by the reference, counted
+    result = region_attention(hf_engine, picture, PROMPT, settings)
 
     plan = plan_tiling((height, width), model.config)
     image = torch.nonzero(ids == model.config.image_token_index).flatten()
