@@ -193,3 +193,19 @@ def test_a_new_picture_is_shown_in_the_picker_never_refused(tmp_path):
     assert shown.size == show_region(EXAMPLE, "").size
     with pytest.raises(gr.Error, match="outside the picture"):
         show_region(EXAMPLE, "0,0,5000,5000")  # typed and entered: said
+
+
+def test_report_tables_keep_a_token_with_a_bar_in_its_cell():
+    """A token such as ``<|end_of_text|>`` in a report table: its bars are escaped, so every row
+    keeps its four cells (an unescaped bar had split the cell and broken the row)."""
+    from webapp.circuits import knockout_report, reverse_report
+
+    texts = ["<|end_of_text|>", "a|b", "`"]
+    reverse = {"region": [0, 0, 4, 4], "region_tokens": [{"kind": "tile"}], "layers": [0, 1], "answer_start": 2,
+               "top_text_tokens": [{"position": i, "text": t, "mean_attention": 0.5} for i, t in enumerate(texts)]}
+    knockout = {"answer_token": "<|x|>", "layers": [1], "answer_position": 3, "logprob_before": -1.0,
+                "logprob_after": -2.0, "logprob_change": -1.0, "top_token_after": "|", "continuation_before": "a|b",
+                "continuation_after": "<|end_of_text|>"}
+    for report in (reverse_report(reverse), knockout_report(knockout)):
+        rows = [line for line in report.splitlines() if line.startswith("|")]
+        assert rows and all(len(re.split(r"(?<!\\)\|", row)) == 6 for row in rows), report

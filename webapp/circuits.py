@@ -43,6 +43,12 @@ def settings_from_inputs(layers=None, token=None, window=None, max_new_tokens=DE
                            max_new_tokens=DEFAULTS.max_new_tokens if tokens is None else tokens)
 
 
+def code_cell(text: str) -> str:
+    """``text`` (a token, an answer) as code in a Markdown table cell: its repr, a ``|`` escaped
+    (it would end the cell: ``<|end_of_text|>``), a backtick replaced (it would end the code)."""
+    return "`" + repr(text).replace("|", "\\|").replace("`", "'") + "`"
+
+
 def attention_report(summary: dict) -> str:
     """The per-layer share of the query's attention on the picture, as a Markdown table."""
     kinds = summary["image_share_by_kind"]
@@ -63,19 +69,19 @@ def reverse_report(summary: dict) -> str:
             "", "| position | part | mean attention | token |", "|---|---|---|---|"]
     for token in summary["top_text_tokens"]:
         part = "answer" if token["position"] >= summary["answer_start"] else "prompt"
-        rows.append(f"| {token['position']} | {part} | {token['mean_attention']:.4f} | `{token['text']!r}` |")
+        rows.append(f"| {token['position']} | {part} | {token['mean_attention']:.4f} | {code_cell(token['text'])} |")
     return "\n".join(rows)
 
 
 def knockout_report(summary: dict) -> str:
-    token = f"`{summary['answer_token']!r}`"
+    token = code_cell(summary["answer_token"])
     return "\n".join([
         f"**Knocked out** at layers {', '.join(map(str, summary['layers']))}: the answer positions (from "
         f"{summary['answer_position']} on) may not attend to the image there.",
         "", f"| run | log-probability of {token} | top first token | greedy answer |", "|---|---|---|---|",
-        f"| unchanged | {summary['logprob_before']:.4f} | {token} | `{summary['continuation_before']!r}` |",
+        f"| unchanged | {summary['logprob_before']:.4f} | {token} | {code_cell(summary['continuation_before'])} |",
         f"| knocked out | {summary['logprob_after']:.4f} ({summary['logprob_change']:+.4f}) | "
-        f"`{summary['top_token_after']!r}` | `{summary['continuation_after']!r}` |"])
+        f"{code_cell(summary['top_token_after'])} | {code_cell(summary['continuation_after'])} |"])
 
 
 PATCH_COLUMNS = ["run", "levels patched", "log-odds", "moved", "top first token", "greedy answer"]
