@@ -104,3 +104,20 @@ def test_attention_out_writes_json_and_pictures(tmp_path):
         if name.endswith(".png"):
             with Image.open(tmp_path / "att" / name) as picture:
                 assert max(picture.size) <= MAX_PICTURE_SIDE
+
+
+def test_reverse_out_writes_json_and_picture(tmp_path):
+    from PIL import Image
+
+    from g4v.circuits.exports import FILES
+    from viz.figures import MAX_PICTURE_SIDE
+
+    result = run_cli("circuits", "reverse", *BASE, "--prompt", PROMPT, "--box", "10,10,60,60", "--max-new-tokens", "2",
+                     "--out", tmp_path / "rev")
+    assert result.returncode == 0, result.stderr
+    assert sorted(p.name for p in (tmp_path / "rev").iterdir()) == sorted(FILES["reverse"])
+    summary = json.loads((tmp_path / "rev" / "reverse.json").read_text())
+    assert summary["region"] == [10, 10, 60, 60] and len(summary["attention"]) == 10
+    assert "mean attention" in result.stdout  # the table is printed too
+    with Image.open(tmp_path / "rev" / "reverse.png") as picture:
+        assert max(picture.size) <= MAX_PICTURE_SIDE
