@@ -42,7 +42,14 @@ def _vision_lora_step():
 def panel_steps() -> list[tuple[str, object]]:
     """Where a new panel's step goes: ``("name", function)``, the function taking the check and
     returning its numbers. ``None`` in place of the function reports the step as not written yet."""
-    return [("attribution", step_attribution), ("documents", step_documents), ("dataset_run", step_dataset_run)]
+    return [("attribution", step_attribution), ("documents", step_documents), ("dataset_run", step_dataset_run),
+            ("circuits", _circuits_step())]
+
+
+def _circuits_step():
+    from gpu_check_circuits import step_circuits  # a module of its own (this one's size)
+
+    return step_circuits
 
 
 def step_attribution(check) -> dict:

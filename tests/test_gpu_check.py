@@ -47,7 +47,7 @@ def test_every_step_runs_or_says_why_not(report):
         assert name in report["table"]
     assert {name for name, step in by_name.items() if step["status"] == "ok"} >= {
         "load", "chat", "deepstack_capture", "deepstack_ablation", "tiling_27_pinpoints", "attribution", "documents",
-        "dataset_run", "vision_lora", "lora"}
+        "dataset_run", "circuits", "vision_lora", "lora"}
 
 
 def test_smoke_model_has_the_real_geometry(report):
@@ -153,3 +153,24 @@ def test_the_vision_lora_runs_native_and_merged_at_real_geometry(report):
         assert numbers["apply_s"] > 0 and numbers["ttft_s"] > 0 and numbers["peak_bytes"] > 0
         assert {"decode_tok_s_batch1", f"decode_tok_s_batch{SMOKE_SIZES.batch}"} <= set(numbers)
     assert "vision_lora" in report["table"]
+
+
+def test_the_circuits_views_run_at_real_geometry(report):
+    """Attention, knockout and patching on the real image-token count (planned here from the real
+    config) and all 40 layers; patching every level from B gives B's own first-token distribution."""
+    from g4v.circuits.knockout import knockout_layers
+    from g4v.circuits.common import CircuitSettings
+    from g4v.loading import load_config
+    from g4v.tiling import plan_tiling
+    from gpu_check import SMOKE_SIZES
+
+    config = load_config(REAL_CONFIG_DIR)
+    circuits = steps(report)["circuits"]["metrics"]
+    assert circuits["image_tokens"] == plan_tiling(SMOKE_SIZES.image_hw, config).num_image_tokens == 1320
+    assert circuits["layers"] == config.text_config.num_hidden_layers == 40
+    assert circuits["knockout_layers"] == len(knockout_layers(config, CircuitSettings(window=1)))
+    assert circuits["patching_runs"] == 4  # A, B, A with B's deepstack0, A with all of B's levels
+    assert 0 < circuits["image_share_max"] <= 1 + 1e-5
+    assert circuits["bound_vs_donor_max_abs"] < 1e-4
+    assert min(circuits[f"{view}_s"] for view in ("attention", "knockout", "patching")) > 0
+    assert "circuits" in report["table"]

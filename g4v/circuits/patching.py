@@ -79,6 +79,7 @@ class PatchDirection:
     donor_continuation: str
     levels: list[PatchedRun]  # one per chosen level, patched alone
     all_levels: PatchedRun  # every level patched at once: the bound
+    donor_logprobs: torch.Tensor = field(repr=False)  # (vocab,) the donor's own first-token distribution
 
     @property
     def same_first_token(self) -> bool:
@@ -246,7 +247,7 @@ def patch_levels(engine, image_a, image_b, prompt: str, settings: CircuitSetting
                 donor_token_id=run.donor_id, donor_token=tokenizer.decode([run.donor_id]),
                 logodds_receiver=run.clean_receiver, logodds_donor=run.clean_donor,
                 receiver_continuation=decode(own[receiver][1]), donor_continuation=decode(own[donor][1]),
-                levels=patched, all_levels=bound))
+                levels=patched, all_levels=bound, donor_logprobs=own[donor][0]))
     return PatchingResult(
         prompt=prompt, grid=tuple(plans["A"].grid), num_image_tokens=plans["A"].num_image_tokens,
         region=settings.region,
