@@ -126,7 +126,7 @@ def make_handlers(engine, sessions: SessionStores, gpu_task):
         if not image_path:
             raise G4VError("the circuits views need an image: upload one first")
         picture = open_image(image_path)
-        progress(0.0, desc="one instrumented pass")
+        progress(0.0, desc="preparing the picture and the prompt")
         if view == "patch":
             if not other_path:
                 raise G4VError("patching needs picture B too: upload it in the second box")
