@@ -107,6 +107,13 @@ def test_patching_exports_the_library_result(handlers, hf_engine, pictures_ab):
     assert [row[2] for row in rows[:2]] == [round(run["logodds"], 3) for run in runs]
     assert "31 of" in report and picture.width > 300
 
+    _, rows, _, files = patch(pictures_ab["a"], pictures_ab["b"], PROMPT, "deepstack0", "b_from_a", "all", 0, True)
+    expected = patch_levels(hf_engine, open_image(pictures_ab["a"]), open_image(pictures_ab["b"]), PROMPT,
+                            CircuitSettings(levels="deepstack0", direction="b_from_a", max_new_tokens=0,
+                                            complement=True)).to_dict()
+    same_numbers(exported(files, "patching.json"), expected)
+    assert [row[1] for row in rows] == [run["label"] for run in expected["directions"][0]["levels"]] + ["all levels"]
+
 
 def test_two_clicks_on_the_picker_make_a_region():
     from PIL import Image
@@ -158,7 +165,8 @@ NO_PICTURE = [("attention", [None, PROMPT, "all", ""], "need an image"),
               ("patch", ["A", "B", PROMPT, "deepstack9", "both", "all", 2], "level"),
               ("patch", ["A", "B", PROMPT, "all", "sideways", "all", 2], "unknown direction"),
               ("patch", ["A", "B", PROMPT, "all", "both", "tokens:0-99999999999999999999", 2], "out of range"),
-              ("patch", ["A", "B", PROMPT, "all", "both", "box:0,0,100000,100000", 2], "reaches past picture A")]
+              ("patch", ["A", "B", PROMPT, "all", "both", "box:0,0,100000,100000", 2], "reaches past picture A"),
+              ("patch", ["A", "B", PROMPT, "all", "both", "all", 2, "yes"], "complement is true or false")]
 
 
 def refusal(handlers, view: str, arguments: list) -> str:

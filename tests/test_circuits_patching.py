@@ -20,6 +20,7 @@ from g4v.model.levels import describe_levels
 from g4v.paths import TRAINED_MODEL_DIR
 from g4v.tiling import plan_tiling
 from tests.cli import run_cli
+from tests.test_figure_text import drawn, legends_clear_of_the_buttons, legends_clear_of_the_data, smallest_shown_text  # noqa: F401
 
 TOKENS = 3  # greedy continuation length in the comparisons
 
@@ -108,6 +109,28 @@ def test_each_level_equals_features_replaced_independently(engine, pair, patched
     assert run.moved == pytest.approx((expected - result.logodds_receiver) / span, abs=1e-4)
 
 
+@pytest.fixture(scope="module")
+def complemented(engine, pair):
+    return patch_levels(engine, pair.a, pair.b, pair.prompt,
+                        CircuitSettings(direction="a_from_b", complement=True, max_new_tokens=0))
+
+
+@pytest.mark.parametrize("level", range(8))
+def test_complement_keeps_only_that_level(engine, pair, complemented, level):
+    """Every level from B but ``level``, which stays A's: against features the test mixes itself."""
+    model = engine.model
+    a, b = _inputs(engine, pair.a, pair.prompt), _inputs(engine, pair.b, pair.prompt)
+    mixed = _features(model, b)
+    mixed[level] = _features(model, a)[level]
+    logprobs, _ = _run_with(model, a, mixed, 0)
+    [direction] = complemented.directions
+    run = direction.levels[level]
+    name = describe_levels(model.config)[level].name
+    assert run.label == f"all but {name}" and name not in run.levels and len(run.levels) == 7
+    torch.testing.assert_close(run.logprobs, logprobs, rtol=0, atol=2e-5)
+    assert complemented.to_dict()["complement"] is True
+
+
 def test_all_levels_from_b_is_b(engine, pair, patched):
     model = engine.model
     for result in patched.directions:
@@ -153,6 +176,38 @@ def test_progress_reaches_one(engine, pair):
                  progress=lambda fraction, text: seen.append((fraction, text)))
     assert [round(f, 6) for f, _ in seen] == [round(i / 6, 6) for i in range(1, 7)]  # 2 own + 2 x (1 level + bound)
     assert seen[-1][1] == "B with all of A's levels"
+
+
+def test_a_picture_patched_with_itself_is_unchanged(engine, pair, drawn):
+    """A as its own donor: every patched run is A's own run, and with one answer there is no way to
+    move (``moved`` None); the figure says so and stays readable."""
+    from viz.circuits import patching_figure
+    from viz.figures import MIN_TEXT_PX
+
+    result = patch_levels(engine, pair.a, pair.a, pair.prompt, CircuitSettings(levels="0,7", direction="a_from_b",
+                                                                                 max_new_tokens=0))
+    [direction] = result.directions
+    assert direction.same_first_token and direction.logodds_receiver == 0.0
+    for run in [*direction.levels, direction.all_levels]:
+        torch.testing.assert_close(run.logprobs, direction.donor_logprobs, rtol=0, atol=1e-6)
+        assert run.moved is None and run.logodds == pytest.approx(0.0, abs=1e-6)
+    patching_figure(result.to_dict())
+    size, text = smallest_shown_text(drawn)
+    assert size >= MIN_TEXT_PX, f"{text!r} is {size:.1f} px at the page's width"
+    legends_clear_of_the_data(drawn["figures"][-1])
+    legends_clear_of_the_buttons(drawn["figures"][-1])
+    assert "nothing to move" in drawn["figures"][-1].axes[0].get_title()
+
+
+def test_the_figure_of_both_directions_is_readable(patched, drawn):
+    from viz.circuits import patching_figure
+    from viz.figures import MIN_TEXT_PX
+
+    patching_figure(patched.to_dict())
+    size, text = smallest_shown_text(drawn)
+    assert size >= MIN_TEXT_PX, f"{text!r} is {size:.1f} px at the page's width"
+    legends_clear_of_the_data(drawn["figures"][-1])
+    legends_clear_of_the_buttons(drawn["figures"][-1])
 
 
 def test_mismatched_grids_name_both(engine, pair):
@@ -208,6 +263,9 @@ def test_cli_table(files, pair):
     result = _cli(files, "--prompt", pair.prompt, "--levels", "deepstack0", "--direction", "a_from_b", "--max-new-tokens", "0")
     assert result.returncode == 0, result.stderr
     assert "deepstack0" in result.stdout and "all levels" in result.stdout and "B with" not in result.stdout
+    result = _cli(files, "--prompt", pair.prompt, "--levels", "spatial_TL", "--complement", "--max-new-tokens", "0")
+    assert result.returncode == 0, result.stderr
+    assert "all but spatial_TL" in result.stdout and "B with A's" in result.stdout
 
 
 BAD = [

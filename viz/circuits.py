@@ -137,18 +137,19 @@ def region_overlay(image: Image.Image, box=None, point=None) -> Image.Image:
 def patching_figure(summary: dict) -> Image.Image:
     """One panel per direction: the patched run's log-odds of the donor's first answer token against
     the receiver's, one bar per level patched alone and one for every level at once (the bound),
-    between the receiver's own log-odds and the donor's (dashed lines); each bar names the share of
-    the way it moved. ``summary``: :meth:`g4v.circuits.patching.PatchingResult.to_dict`."""
+    each growing from the receiver's own log-odds towards the donor's (dashed lines); each bar names
+    the share of the way it moved. ``summary``: :meth:`g4v.circuits.patching.PatchingResult.to_dict`."""
     directions = summary["directions"]
     fig = Figure(figsize=(9, 3.6 * len(directions) + 0.8), layout="constrained")
     small = text_points(fig.get_figwidth())
     for row, direction in enumerate(directions):
         ax = fig.add_subplot(len(directions), 1, row + 1)
         runs = [*direction["levels"], direction["all_levels"]]
-        names = [run["levels"][0] if len(run["levels"]) == 1 else "all levels" for run in runs]
-        colours = ["#2ca02c" if name.startswith("spatial") else "#9467bd" for name in names[:-1]] + ["#7f7f7f"]
+        names = [run["label"] for run in runs]
+        colours = ["#2ca02c" if "spatial" in name else "#9467bd" for name in names[:-1]] + ["#7f7f7f"]
         values = [run["logodds"] for run in runs]
-        ax.bar(range(len(runs)), values, color=colours)
+        start = direction["logodds_receiver"]  # each bar grows from the receiver's own log-odds: its length is the move
+        ax.bar(range(len(runs)), [value - start for value in values], bottom=start, color=colours)
         receiver, donor = direction["receiver"], direction["donor"]
         ax.axhline(direction["logodds_receiver"], color="#1f77b4", linestyle="--", linewidth=1,
                    label=f"{receiver} as it is ({direction['receiver_continuation']!r})")
@@ -156,13 +157,14 @@ def patching_figure(summary: dict) -> Image.Image:
                    label=f"{donor} as it is ({direction['donor_continuation']!r})")
         for i, run in enumerate(runs):
             label = "" if run["moved"] is None else f"{run['moved']:.0%}"
-            ax.annotate(label, (i, values[i]), ha="center", va="bottom" if values[i] >= 0 else "top", fontsize=small)
+            ax.annotate(label, (i, values[i]), ha="center", va="bottom" if values[i] >= start else "top", fontsize=small)
         ax.set_xticks(range(len(runs)), names, rotation=30, fontsize=small)
         ax.set_ylabel(f"log p({direction['donor_token']!r}) - log p({direction['receiver_token']!r})", fontsize=small)
         note = "; same first answer token: nothing to move" if direction["same_first_token"] else ""
-        ax.set_title(f"{receiver} with {donor}'s features, one level at a time (share of the way moved){note}",
+        how = "all levels but one" if summary.get("complement") else "one level at a time"
+        ax.set_title(f"{receiver} with {donor}'s features, {how} (share of the way moved){note}",
                      fontsize=small + 1)
         ax.axhline(0, color="#333333", linewidth=0.6)
-        ax.legend(loc="upper left", fontsize=small)
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.32), ncol=2, fontsize=small)  # under the bars
         ax.grid(axis="y", alpha=0.3)
     return figure_to_image(fig)

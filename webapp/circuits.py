@@ -29,7 +29,8 @@ LAYERS_HELP = "Layers: all, N, or A-B (inclusive)"
 
 
 def settings_from_inputs(layers=None, token=None, window=None, max_new_tokens=DEFAULTS.max_new_tokens,
-                         box=None, levels=None, direction=None, region=None) -> CircuitSettings:
+                         box=None, levels=None, direction=None, region=None,
+                         complement=DEFAULTS.complement) -> CircuitSettings:
     """The checked settings from the tab's boxes (or from API values no box bounded); an empty
     text box keeps the default."""
     texts = {"layers": layers, "box": box, "levels": levels, "direction": direction, "region": region}
@@ -38,7 +39,9 @@ def settings_from_inputs(layers=None, token=None, window=None, max_new_tokens=DE
             raise G4VError(f"{name} must be text, got {quoted(value)}")
     given = {name: value.strip() for name, value in texts.items() if value is not None and value.strip()}
     tokens = optional_whole(max_new_tokens, "max_new_tokens")
-    return CircuitSettings(**given, token=optional_whole(token, "the token position"),
+    if not isinstance(complement, bool):
+        raise G4VError(f"complement is true or false, got {quoted(complement)}")
+    return CircuitSettings(**given, complement=complement, token=optional_whole(token, "the token position"),
                            window=optional_whole(window, "the window"),
                            max_new_tokens=DEFAULTS.max_new_tokens if tokens is None else tokens)
 
@@ -88,13 +91,14 @@ PATCH_COLUMNS = ["run", "levels patched", "log-odds", "moved", "top first token"
 
 
 def patching_rows(summary: dict) -> list[list]:
-    """One row per patched run (each level alone, then every level: the bound), per direction."""
+    """One row per patched run (each level alone, or every level but it, then every level: the
+    bound), per direction."""
     rows = []
     for direction in summary["directions"]:
         run = f"{direction['receiver']} with {direction['donor']}'s features"
-        for patched in [*direction["levels"], {**direction["all_levels"], "levels": ["all levels"]}]:
+        for patched in [*direction["levels"], direction["all_levels"]]:
             moved = "" if patched["moved"] is None else round(patched["moved"], 3)
-            rows.append([run, ", ".join(patched["levels"]), round(patched["logodds"], 3), moved,
+            rows.append([run, patched["label"], round(patched["logodds"], 3), moved,
                          repr(patched["top_token"]), repr(patched["continuation"])])
     return rows
 
@@ -170,12 +174,12 @@ def make_handlers(engine, sessions: SessionStores, gpu_task):
 
     @gpu_task
     @shows_errors
-    def patch(image_path, other_path, prompt, levels, direction, region, max_new_tokens, request: gr.Request = None,
-              progress=gr.Progress()):
+    def patch(image_path, other_path, prompt, levels, direction, region, max_new_tokens, complement=False,
+              request: gr.Request = None, progress=gr.Progress()):
         """Picture A (the main box) run with each level's injected features from picture B, and the
         reverse; every level at once as the bound."""
         settings = settings_from_inputs(max_new_tokens=max_new_tokens, levels=levels, direction=direction,
-                                        region=region)
+                                        region=region, complement=complement)
         summary, pictures, files = run_view("patch", patch_levels, image_path, prompt, settings, request, progress,
                                             other_path)
         return patching_report(summary), patching_rows(summary), pictures["patching.png"], files
@@ -305,6 +309,8 @@ def circuits_tab(engine, last_chat_image: gr.State, sessions: SessionStores, con
                                           value=DEFAULTS.region, elem_id="circuits-patch-region")
                 patch_tokens = gr.Number(label="Greedy answer tokens", value=DEFAULTS.max_new_tokens, precision=None,
                                          elem_id="circuits-patch-tokens")
+                complement = gr.Checkbox(label="Complement: patch every level but each chosen one (is the one kept "
+                                               "needed?)", value=DEFAULTS.complement, elem_id="circuits-complement")
         run_patch = gr.Button("Patch", variant="primary", elem_id="circuits-patch-run")
         patch_text = gr.Markdown(elem_id="circuits-patch-report")
         patch_table = gr.Dataframe(headers=PATCH_COLUMNS, label="Per level", interactive=False,
@@ -313,7 +319,8 @@ def circuits_tab(engine, last_chat_image: gr.State, sessions: SessionStores, con
         patch_export = gr.File(label="Export (patching.json, patching.png)", file_count="multiple",
                                elem_id="circuits-patch-export")
     outputs = [patch_text, patch_table, patch_picture, patch_export]
-    without_error_badges(run_patch.click(patch, [image, other, prompt, levels, direction, patch_region, patch_tokens],
+    without_error_badges(run_patch.click(patch, [image, other, prompt, levels, direction, patch_region, patch_tokens,
+                                                 complement],
                                          outputs, api_name="circuits_patch", show_progress_on=patch_text,
                                          **model_bound), outputs)
     use_last_chat_image(from_chat, last_chat_image, image)

@@ -35,6 +35,8 @@ class CircuitSettings:
                 "(e.g. deepstack0,spatial_TL or 0,4)"})
     direction: str = field(default="both", metadata={
         "help": "patch: a_from_b (run A with B's features), b_from_a (the reverse) or both"})
+    complement: bool = field(default=False, metadata={
+        "help": "patch: patch every level but each chosen one (is the one kept needed?) instead of each alone"})
     region: str = field(default="all", metadata={
         "help": "patch: which image tokens take the other picture's features: all, tokens:A-B (image "
                 "tokens in packing order, inclusive) or box:X0,Y0,X1,Y1 (pixels of picture A; the tokens "

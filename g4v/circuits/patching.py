@@ -11,7 +11,9 @@ hidden)}`` (:mod:`g4v.model.capture`). One recording pass per picture keeps what
 next-token distribution; each patched pass runs the receiver's prompt with a language-model
 pre-hook that writes the donor's tensors over the receiver's at the chosen levels
 (:func:`g4v.model.capture.patched_features`): at every image token, or at a region of them.
-Nothing else changes: the text is the same, and the image placeholders' embeddings are zero in both
+``complement`` asks the other question: every level but one from the donor, so whether that one
+level, kept, is enough to hold the receiver's answer (a level that carries a property redundantly
+with others moves little alone, and its complement moves nearly all the way). Nothing else changes: the text is the same, and the image placeholders' embeddings are zero in both
 runs (the features arrive only through the injections), so patching all 8 levels from B gives B's
 own next-token distribution; that is the bound each single level is measured against.
 
@@ -46,9 +48,10 @@ _NUMBER = r"[0-9]+"
 
 @dataclass
 class PatchedRun:
-    """The receiver's prompt run with the donor's features at ``levels`` (one, or all of them)."""
+    """The receiver's prompt run with the donor's features at ``levels`` (one, all but one, or all)."""
 
-    levels: list[str]
+    label: str  # the level's name, "all but NAME" (complement) or "all levels" (the bound)
+    levels: list[str]  # the levels that took the donor's features
     logodds: float  # log p(donor's first answer token) - log p(receiver's), in this run
     moved: float | None  # (logodds - receiver's own) / (donor's own - receiver's own); None: same first token
     top_token_id: int  # this run's own greedy first token
@@ -58,7 +61,7 @@ class PatchedRun:
     logprobs: torch.Tensor = field(repr=False)  # (vocab,) float32, CPU: the first answer token's distribution
 
     def to_dict(self) -> dict:
-        return {"levels": self.levels, "logodds": self.logodds, "moved": self.moved,
+        return {"label": self.label, "levels": self.levels, "logodds": self.logodds, "moved": self.moved,
                 "top_token": self.top_token, "continuation": self.continuation}
 
 
@@ -77,7 +80,7 @@ class PatchDirection:
     logodds_donor: float  # the same, donor's own run (>= 0)
     receiver_continuation: str
     donor_continuation: str
-    levels: list[PatchedRun]  # one per chosen level, patched alone
+    levels: list[PatchedRun]  # one per chosen level: patched alone (complement: every level but it)
     all_levels: PatchedRun  # every level patched at once: the bound
     donor_logprobs: torch.Tensor = field(repr=False)  # (vocab,) the donor's own first-token distribution
 
@@ -103,6 +106,7 @@ class PatchingResult:
     grid: tuple[int, int]  # (rows, cols) of tiles, the same for both pictures
     num_image_tokens: int
     region: str  # as asked
+    complement: bool  # each run patched every level but one
     patched_tokens: list[int]  # image-token indices (packing order) that took the donor's features
     injection_layers: dict[int, str]  # llm layer -> level name
     directions: list[PatchDirection]
@@ -113,6 +117,7 @@ class PatchingResult:
             "grid": list(self.grid),
             "num_image_tokens": self.num_image_tokens,
             "region": self.region,
+            "complement": self.complement,
             "num_patched_tokens": len(self.patched_tokens),
             "patched_tokens": self.patched_tokens,
             "injection_layers": {str(k): v for k, v in sorted(self.injection_layers.items())},
@@ -235,10 +240,16 @@ def patch_levels(engine, image_a, image_b, prompt: str, settings: CircuitSetting
             receiver, donor = DIRECTIONS[direction]
             run = _Direction(engine, model, inputs[receiver], own[receiver][0], own[donor][0], tokens)
             patched = []
+            every = describe_levels(config)
             for level in levels:
-                patched.append(run.patched([level], features[donor], index))
-                step(f"{receiver} with {donor}'s {level.name}")
-            bound = run.patched(describe_levels(config), features[donor], index)
+                if settings.complement:
+                    patched.append(run.patched([other for other in every if other != level], features[donor], index,
+                                               f"all but {level.name}"))
+                    step(f"{receiver} with all of {donor}'s levels but {level.name}")
+                else:
+                    patched.append(run.patched([level], features[donor], index, level.name))
+                    step(f"{receiver} with {donor}'s {level.name}")
+            bound = run.patched(every, features[donor], index, "all levels")
             step(f"{receiver} with all of {donor}'s levels")
             decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
             results.append(PatchDirection(
@@ -250,7 +261,7 @@ def patch_levels(engine, image_a, image_b, prompt: str, settings: CircuitSetting
                 levels=patched, all_levels=bound, donor_logprobs=own[donor][0]))
     return PatchingResult(
         prompt=prompt, grid=tuple(plans["A"].grid), num_image_tokens=plans["A"].num_image_tokens,
-        region=settings.region,
+        region=settings.region, complement=bool(settings.complement),
         patched_tokens=list(range(plans["A"].num_image_tokens)) if rows is None else rows,
         injection_layers={level.llm_layer: level.name for level in describe_levels(config)},
         directions=results)
@@ -271,7 +282,8 @@ class _Direction:
     def logodds(self, logprobs: torch.Tensor) -> float:
         return float(logprobs[self.donor_id] - logprobs[self.receiver_id])
 
-    def patched(self, levels: list[Level], donor: dict[int, torch.Tensor], rows: torch.Tensor | None) -> PatchedRun:
+    def patched(self, levels: list[Level], donor: dict[int, torch.Tensor], rows: torch.Tensor | None,
+                label: str) -> PatchedRun:
         tokenizer = self.engine.tokenizer
         with patched_features(self.model, {level.llm_layer: donor[level.llm_layer] for level in levels}, rows):
             with torch.inference_mode():
@@ -281,7 +293,7 @@ class _Direction:
         span = self.clean_donor - self.clean_receiver
         top = int(logprobs.argmax())
         return PatchedRun(
-            levels=[level.name for level in levels], logodds=logodds,
+            label=label, levels=[level.name for level in levels], logodds=logodds,
             moved=None if self.donor_id == self.receiver_id else (logodds - self.clean_receiver) / span,
             top_token_id=top, top_token=tokenizer.decode([top]),
             continuation=tokenizer.decode(ids, skip_special_tokens=True), continuation_ids=ids, logprobs=logprobs)

@@ -28,7 +28,7 @@ from g4v.commands.settings_flags import add_settings_flags, settings_from_args
 from g4v.errors import G4VError
 
 #: Settings fields each verb leaves out (the others become its flags).
-PATCH_FIELDS = ("levels", "direction", "region")
+PATCH_FIELDS = ("levels", "direction", "complement", "region")
 EXCLUDED = {"attention": ("window", "max_new_tokens", "box", *PATCH_FIELDS), "reverse": ("window", "token", *PATCH_FIELDS),
             "knockout": ("token", "box", *PATCH_FIELDS), "patch": ("layers", "window", "token", "box")}
 
@@ -173,7 +173,7 @@ def _print_patching(summary: dict) -> None:
               f"(log-odds {direction['logodds_receiver']:+.3f}), {donor} answers {direction['donor_continuation']!r} "
               f"(log-odds {direction['logodds_donor']:+.3f})" + ("; same first token, nothing to move"
                                                                  if direction["same_first_token"] else ""))
-        print(f"  {'level':<12} {'log-odds':>9} {'moved':>7}  continuation")
-        for run in [*direction["levels"], {**direction["all_levels"], "levels": ["all levels"]}]:
+        print(f"  {'levels patched':<18} {'log-odds':>9} {'moved':>7}  continuation")
+        for run in [*direction["levels"], direction["all_levels"]]:
             moved = "" if run["moved"] is None else f"{run['moved']:.3f}"
-            print(f"  {', '.join(run['levels']):<12} {run['logodds']:>+9.3f} {moved:>7}  {run['continuation']!r}")
+            print(f"  {run['label']:<18} {run['logodds']:>+9.3f} {moved:>7}  {run['continuation']!r}")
