@@ -32,6 +32,7 @@ TIERS = {
 MODULE_TIERS = {
     "test_browser": "browser", "test_browser_ux": "browser", "test_attribution_browser": "browser",
     "test_evaluate_app": "browser", "test_lora_browser": "browser", "test_evaluate_budget_browser": "browser",
+    "test_circuits_browser": "browser",
     "test_app": "server", "test_app_bad_input": "server", "test_app_exports": "server",
     "test_app_load": "server", "test_app_tabs": "server", "test_attribution_app": "server",
     "test_spaces": "server",

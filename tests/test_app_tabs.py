@@ -126,3 +126,21 @@ def test_port_diff_endpoint_compares_vllm_with_transformers(client):
     assert "/" not in summary["model"]  # the folder's name, not the server's path
     assert Image.open(picture).size[0] > 100
     assert summary["next_token"]["top5_overlap"] == 5
+
+
+def test_circuits_endpoints_answer_as_the_library_does(client, hf_engine):
+    """/circuits_attention through gradio_client: its attention.json is the library's result; a bad
+    region sent to /circuits_reverse is one line."""
+    from g4v.circuits.attention import image_attention
+    from g4v.circuits.common import CircuitSettings
+
+    report, share, tiles, base, files = client.predict(handle_file(str(EXAMPLE)), "What colour is it?", "2-3", "",
+                                                       api_name="/circuits_attention")
+    summary = json.loads(open(next(f for f in files if f.endswith("attention.json"))).read())
+    expected = image_attention(hf_engine, str(EXAMPLE), "What colour is it?", CircuitSettings(layers="2-3")).to_dict()
+    assert summary["image_tokens"] == expected["image_tokens"]
+    assert summary["image_share"] == pytest.approx(expected["image_share"], abs=1e-6)
+    assert "image share" in report and Image.open(share).size[0] > 100
+    with pytest.raises(Exception) as err:
+        client.predict(handle_file(str(EXAMPLE)), "Hi", "all", "0,0,99999,5", 2, api_name="/circuits_reverse")
+    assert "outside the picture" in str(err.value) and "\n" not in str(err.value).strip()

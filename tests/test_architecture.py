@@ -35,7 +35,7 @@ PANEL_FRONTS = {
     "g4v.evaluate": ("webapp.evaluate", "webapp.evaluate_budget", "webapp.evaluate_choices", "webapp.evaluate_runs",
                      "webapp.evaluate_tables", "g4v.commands.eval"),
     "g4v.attribution": ("webapp.attribution", "g4v.commands.attribute"),
-    "g4v.circuits": ("g4v.commands.circuits",),
+    "g4v.circuits": ("webapp.circuits", "g4v.commands.circuits"),
     "g4v.tiling_view": ("webapp.tiling", "g4v.commands.tiling"),
 }
 

@@ -240,3 +240,94 @@ def test_a_failed_pass_leaves_no_eager_attention_and_no_hook(hf_engine):
             model(**inputs)
     assert language_model.config._attn_implementation == implementation
     assert _hook_count(model) == hooks
+
+
+# ── the reverse view ──────────────────────────────────────────────────────────────────────────
+
+
+def _tokens_touching(plan, box, size) -> set[int]:
+    """The base and tile tokens whose box shares a pixel with ``box``, found by painting the region
+    on a pixel grid (not by interval arithmetic, as the library does)."""
+    import numpy as np
+
+    width, height = size
+    painted = np.zeros((height, width), dtype=bool)
+    painted[box[1]:box[3], box[0]:box[2]] = True
+    return {i for i, t in enumerate(plan.tokens) if t.kind != "newline"
+            and painted[int(t.box[1]):int(np.ceil(t.box[3])), int(t.box[0]):int(np.ceil(t.box[2]))].any()}
+
+
+@pytest.mark.parametrize("width,height,region", [(300, 140, (40, 20, 180, 100)), (140, 400, (0, 300, 140, 400))])
+def test_reverse_view_equals_output_attentions(hf_engine, width, height, region):
+    from g4v.circuits.reverse import region_attention
+
+    model, tokenizer = hf_engine.model, hf_engine.tokenizer
+    picture = make_image(width, height, seed=height)
+    steps = 3
+    settings = CircuitSettings(layers="1-6", max_new_tokens=steps, box=",".join(map(str, region)))
+    inputs = hf_engine.prepare_inputs([Message("user", PROMPT, [picture])], steps)
+    with torch.inference_mode():  # the answer as generate gives it, cut at the end-of-text token
+        generated = model.generate(**inputs, max_new_tokens=steps, do_sample=False)[0, inputs["input_ids"].shape[1]:]
+    answer = generated.tolist()
+    if tokenizer.eos_token_id in answer:
+        answer = answer[: answer.index(tokenizer.eos_token_id)]
+    ids = torch.cat([inputs["input_ids"][0], torch.tensor(answer, dtype=torch.long)])
+    reference = _reference_attentions(model, {**inputs, "input_ids": ids[None],
+                                              "attention_mask": torch.ones_like(ids)[None]})
+    hooks = _hook_count(model)  # transformers' own capture hooks, installed by the reference, counted
+    result = region_attention(hf_engine, picture, PROMPT, settings)
+
+    plan = plan_tiling((height, width), model.config)
+    image = torch.nonzero(ids == model.config.image_token_index).flatten()
+    chosen = sorted(_tokens_touching(plan, region, (width, height)))
+    assert result.region_token_indices == chosen and chosen
+    assert [t["box"] for t in result.to_dict()["region_tokens"]] == [list(plan.tokens[i].box) for i in chosen]
+    text = torch.tensor([p for p in range(ids.numel()) if p not in set(image.tolist())])
+    assert result.text_positions == text.tolist()
+    assert result.answer_start == inputs["input_ids"].shape[1]
+    assert [t["part"] for t in result.to_dict()["text_tokens"]].count("answer") == len(answer)
+    assert result.layers == [1, 2, 3, 4, 5, 6]
+    for row, layer in enumerate(result.layers):
+        weights = reference[layer][0].float()  # (heads, seq, seq)
+        expected = weights[:, text][:, :, image[chosen]].sum(-1).mean(0)
+        torch.testing.assert_close(result.weights[row], expected, rtol=0, atol=1e-6)
+        base = [i for i in chosen if plan.tokens[i].kind == "base"]
+        torch.testing.assert_close(result.by_kind["base"][row], weights[:, text][:, :, image[base]].sum(-1).mean(0),
+                                   rtol=0, atol=1e-6)
+    assert _hook_count(model) == hooks
+
+
+@pytest.mark.parametrize("region, words", [
+    ("1,2,3", "four numbers"), ("5,5,5,9", "empty"), ("0,0,1e30,10", "outside the picture"),
+    ("-1,0,10,10", "outside the picture"), ("a,b,c,d", "numbers of pixels"), ("nan,0,4,4", "numbers of pixels"),
+    ("", "needs a region"), ("1," * 200, "characters"),
+])
+def test_reverse_view_refuses_bad_regions(hf_engine, region, words):
+    from g4v.circuits.reverse import region_attention
+    from g4v.errors import G4VError
+
+    with pytest.raises(G4VError, match=words):
+        region_attention(hf_engine, make_image(100, 100), PROMPT, CircuitSettings(box=region))
+
+
+def test_the_tile_maps_mark_the_newline_tokens(hf_engine):
+    """Attention on the newline tokens alone shows in the tile maps (the strip at each row's right
+    end): its picture differs from one with no attention anywhere, which paints every token alike."""
+    import numpy as np
+
+    from viz.circuits import attention_map_figure, newline_strip
+
+    picture = make_image(300, 140, seed=2)
+    tokens = image_attention(hf_engine, picture, PROMPT, CircuitSettings(layers="0")).to_dict()["image_tokens"]
+    kinds = [t["kind"] for t in tokens]
+    assert "newline" in kinds and newline_strip((0, 0, 100, 10)) == (96.0, 0, 100, 10)
+
+    def drawn(kind: str) -> np.ndarray:
+        values = [1.0 if k == kind else 0.0 for k in kinds]
+        summary = {"image_tokens": tokens, "layers": [0], "injection_layers": {}, "mean_attention": [values]}
+        return np.asarray(attention_map_figure(picture, summary, "tile"), dtype=float)
+
+    newline, nothing = drawn("newline"), drawn("no token")
+    assert newline.shape == nothing.shape
+    changed = np.abs(newline - nothing).max(axis=-1) > 30  # pixels painted differently
+    assert 0.001 < changed.mean() < 0.2  # a thin strip per row (and the colour bar's labels), not the picture

@@ -31,6 +31,27 @@ def test_attention_json_is_the_library_result():
     assert summary["image_tokens"] == expected["image_tokens"]
 
 
+def test_reverse_json_is_the_library_result():
+    from g4v.circuits.reverse import region_attention
+    from g4v.engines.hf import TransformersEngine
+
+    flags = ["--box", "0,0,64,60", "--layers", "7-9", "--max-new-tokens", "2"]
+    result = run_cli("circuits", "reverse", *BASE, "--prompt", PROMPT, *flags, "--json")
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout)
+    engine = TransformersEngine(str(TRAINED_MODEL_DIR), device="cpu", dtype="float32")
+    try:
+        expected = region_attention(engine, IMAGE, PROMPT, CircuitSettings(layers="7-9", max_new_tokens=2,
+                                                                           box="0,0,64,60")).to_dict()
+    finally:
+        engine.close()
+    assert summary["region"] == [0, 0, 64, 60] and summary["layers"] == [7, 8, 9]
+    assert summary["region_tokens"] == expected["region_tokens"]
+    assert summary["text_tokens"] == expected["text_tokens"]
+    for got, want in zip(summary["attention"], expected["attention"], strict=True):
+        assert got == pytest.approx(want, abs=1e-6)
+
+
 def test_knockout_table():
     result = run_cli("circuits", "knockout", *BASE, "--prompt", PROMPT, "--window", "0", "--max-new-tokens", "3")
     assert result.returncode == 0, result.stderr
@@ -50,6 +71,10 @@ BAD = [
     (["knockout", "--window", "1", "--layers", "2-3"], "not both"),
     (["knockout", "--max-new-tokens", "-1"], "max_new_tokens"),
     (["knockout", "--max-new-tokens", "1000000000"], "too long"),
+    (["reverse"], "needs a region"),
+    (["reverse", "--box", "0,0,5000,10"], "outside the picture"),
+    (["reverse", "--box", "10,10,5,20"], "empty"),
+    (["reverse", "--box", "0,0,10,10", "--layers", "0-10"], "out of range"),
 ]
 
 
@@ -79,3 +104,20 @@ def test_attention_out_writes_json_and_pictures(tmp_path):
         if name.endswith(".png"):
             with Image.open(tmp_path / "att" / name) as picture:
                 assert max(picture.size) <= MAX_PICTURE_SIDE
+
+
+def test_reverse_out_writes_json_and_picture(tmp_path):
+    from PIL import Image
+
+    from g4v.circuits.exports import FILES
+    from viz.figures import MAX_PICTURE_SIDE
+
+    result = run_cli("circuits", "reverse", *BASE, "--prompt", PROMPT, "--box", "10,10,60,60", "--max-new-tokens", "2",
+                     "--out", tmp_path / "rev")
+    assert result.returncode == 0, result.stderr
+    assert sorted(p.name for p in (tmp_path / "rev").iterdir()) == sorted(FILES["reverse"])
+    summary = json.loads((tmp_path / "rev" / "reverse.json").read_text())
+    assert summary["region"] == [10, 10, 60, 60] and len(summary["attention"]) == 10
+    assert "mean attention" in result.stdout  # the table is printed too
+    with Image.open(tmp_path / "rev" / "reverse.png") as picture:
+        assert max(picture.size) <= MAX_PICTURE_SIDE

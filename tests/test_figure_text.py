@@ -22,6 +22,7 @@ from viz import deepstack as vd
 from viz import lora as vl
 from viz import port as vp
 from viz import evaluate as ve
+from viz import circuits as vc
 from viz.figures import MIN_TEXT_PX, PAGE_WIDTH_PX, figure_to_image
 
 
@@ -112,10 +113,23 @@ def figures(image, tokens) -> dict:
         "trajectory": lambda: vd.trajectory_figure(trajectory, modified=trajectory),
         "heatmaps": lambda: vd.heatmaps_figure(image, tokens, scores, "base"),
         "port trajectory": lambda: vp.trajectory_compare_figure(port_trajectory(trajectory)),
+        "circuits share": lambda: vc.image_share_figure(circuits_summary(tokens)),
+        "circuits reverse": lambda: vc.region_attention_figure(image, circuits_summary(tokens)),
         "port levels": lambda: vp.level_bars_figure(
             [dict(row, share_of_tolerance_used=0.1 * (n + 1), max_abs_diff=1e-3, ok=True) for n, row in enumerate(levels)],
             {"rule": "atol + rtol * |x|", "source": "bf16"}),
     }
+
+
+def circuits_summary(tokens) -> dict:
+    """What the circuits figures read (ImageAttention and RegionAttention ``to_dict`` keys), 40 layers
+    and a 60-token prompt with a 12-token answer, as on the real model."""
+    layers = list(range(40))
+    texts = [{"position": i, "text": f" word{i}", "part": "answer" if i >= 60 else "prompt"} for i in range(72)]
+    return {"layers": layers, "query_position": 71, "injection_layers": {str(n * 3): name for n, name in enumerate(LEVELS)},
+            "image_share": [0.5] * 40, "image_share_by_kind": {k: [0.2] * 40 for k in ("base", "tile", "newline")},
+            "region": [10, 10, 200, 150], "text_tokens": texts, "attention": [[0.1 * (i % 7) for i in range(72)]] * 40,
+            "region_tokens": [{"kind": kind, "box": list(box)} for kind, box in tokens[:30] if kind != "newline"]}
 
 
 def port_trajectory(trajectory: dict) -> dict:
@@ -124,7 +138,7 @@ def port_trajectory(trajectory: dict) -> dict:
 
 
 @pytest.mark.parametrize("name", ["attribution tiles", "deletion", "lens", "lens levels", "norms", "trajectory",
-                                  "heatmaps", "port trajectory", "port levels"])
+                                  "heatmaps", "port trajectory", "port levels", "circuits share", "circuits reverse"])
 def test_picture_text_is_readable_at_the_pages_width(picture_and_tokens, drawn, name):
     figures(*picture_and_tokens)[name]()
     size, text = smallest_shown_text(drawn)
@@ -152,16 +166,21 @@ def test_lora_plot_names_its_tokens_and_keeps_legends_off_the_data(drawn, count)
     assert labels == expected
 
 
-@pytest.mark.parametrize("tab", ["attribution", "deepstack"])
+@pytest.mark.parametrize("tab", ["attribution", "deepstack", "circuits"])
 def test_result_pictures_have_no_gradio_label_over_their_titles(tab):
     """Gradio draws a picture's label over its top-left corner, where the titles are: the result
     pictures carry their own titles and show no label."""
     from webapp.attribution import attribution_tab
     from webapp.deepstack import deepstack_tab
 
-    build = {"attribution": attribution_tab, "deepstack": deepstack_tab}[tab]
+    from webapp.circuits import circuits_tab
+
     with gr.Blocks() as page:
-        build(None, load_config(BUNDLED_MODEL_DIR), gr.State(), None)
+        if tab == "circuits":
+            circuits_tab(None, gr.State(), None)
+        else:
+            {"attribution": attribution_tab, "deepstack": deepstack_tab}[tab](None, load_config(BUNDLED_MODEL_DIR),
+                                                                              gr.State(), None)
     outputs = [b for b in page.blocks.values() if type(b) is gr.Image]  # the input is an ImageFile
     assert len(outputs) >= 4 and not [b.label for b in outputs if b.show_label]
 

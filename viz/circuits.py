@@ -27,10 +27,24 @@ def image_share_figure(summary: dict) -> Image.Image:
     return figure_to_image(fig)
 
 
+#: In the tile-token maps each row's newline token is painted as a strip this share of the
+#: picture's width at the row's right end (its own box is the whole row, which would hide the tiles).
+NEWLINE_STRIP = 0.04
+
+
+def newline_strip(box) -> tuple:
+    """The strip a newline token is painted in: the right end of its row's box."""
+    left, top, right, bottom = box
+    return max(left, right - max(1.0, NEWLINE_STRIP * (right - left))), top, right, bottom
+
+
 def attention_map_figure(image: Image.Image, summary: dict, view: str) -> Image.Image:
     """One panel per layer: the head-averaged attention on each ``view`` token ("tile" or "base")
-    over the picture, through the tiling plan's boxes, on one colour scale."""
+    over the picture, through the tiling plan's boxes, on one colour scale. The tile maps mark each
+    row's newline token too: a strip at the row's right end (:data:`NEWLINE_STRIP`)."""
     tokens = [(token["kind"], tuple(token["box"])) for token in summary["image_tokens"]]
+    if view == "tile":  # newline tokens painted with the tiles, over the right end of their row
+        tokens = [("tile", newline_strip(box)) if kind == "newline" else (kind, box) for kind, box in tokens]
     names = {layer: f"layer {layer}" + (f" ({summary['injection_layers'][str(layer)]})"
                                         if str(layer) in summary["injection_layers"] else "")
              for layer in summary["layers"]}
@@ -38,7 +52,86 @@ def attention_map_figure(image: Image.Image, summary: dict, view: str) -> Image.
     return token_heatmap_grid(image, tokens, values, view, cmap="viridis", alpha=0.65,
                               colorbar_label="attention weight (mean over heads)",
                               panel_title=lambda name, peak: f"{name}  (max {peak:.2g})",
-                              title=f"Attention on each {view} token, by layer")
+                              title=f"Attention on each {view} token, by layer" + (
+                                  " (newline tokens: the strip at each row's right end)" if view == "tile" else ""))
+
+
+#: The reverse view names at most this many text tokens on its axis (every k-th past it).
+MAX_TOKEN_LABELS = 60
+
+
+def region_attention_figure(image: Image.Image, summary: dict) -> Image.Image:
+    """The reverse view: the picture with the region and its image tokens framed, and beside it the
+    head-averaged attention every text token puts on the region, by layer (injection layers named).
+    ``summary``: :meth:`g4v.circuits.reverse.RegionAttention.to_dict`."""
+    import numpy as np
+    from matplotlib.patches import Rectangle
+
+    from viz.figures import heatmap_picture
+
+    shown, scale_x, scale_y = heatmap_picture(image)
+    texts = summary["text_tokens"]
+    values = np.array(summary["attention"], dtype=float)  # (layers, text tokens)
+    fig = Figure(figsize=(13, 5.2), layout="constrained")
+    small = text_points(fig.get_figwidth())
+    picture_ax, heat_ax = fig.subplots(1, 2, width_ratios=[1, 3])
+    picture_ax.imshow(shown)
+    for token in summary["region_tokens"]:
+        left, top, right, bottom = token["box"]
+        picture_ax.add_patch(Rectangle((left * scale_x, top * scale_y), (right - left) * scale_x,
+                                       (bottom - top) * scale_y, fill=False, linewidth=0.6,
+                                       edgecolor="#1f77b4" if token["kind"] == "base" else "#ff7f0e"))
+    x0, y0, x1, y1 = summary["region"]
+    picture_ax.add_patch(Rectangle((x0 * scale_x, y0 * scale_y), (x1 - x0) * scale_x, (y1 - y0) * scale_y,
+                                   fill=False, linewidth=2.2, edgecolor="#d62728"))
+    kinds = [token["kind"] for token in summary["region_tokens"]]
+    picture_ax.set_title(f"region {x0},{y0},{x1},{y1}: {kinds.count('tile')} tile, {kinds.count('base')} base tokens",
+                         fontsize=small)
+    picture_ax.axis("off")
+    layers = summary["layers"]
+    mesh = heat_ax.imshow(values, aspect="auto", cmap="viridis", origin="lower", interpolation="nearest",
+                          extent=(-0.5, len(texts) - 0.5, layers[0] - 0.5, layers[-1] + 0.5))
+    step = max(1, -(-len(texts) // MAX_TOKEN_LABELS))
+    ticks = list(range(0, len(texts), step))
+    heat_ax.set_xticks(ticks, [repr(texts[i]["text"])[1:-1][:12] for i in ticks], rotation=90, fontsize=small)
+    for tick, i in zip(heat_ax.get_xticklabels(), ticks):
+        tick.set_color("#d62728" if texts[i]["part"] == "answer" else "black")
+    heat_ax.set_yticks(layers, [str(layer) + (f" {summary['injection_layers'][str(layer)]}"
+                                              if str(layer) in summary["injection_layers"] else "")
+                                for layer in layers], fontsize=small)
+    heat_ax.set_ylabel("LLM layer (injection levels named)", fontsize=small)
+    heat_ax.set_xlabel("text token (answer tokens in red)", fontsize=small)
+    heat_ax.set_title("Attention on the region (mean over heads, summed over its tokens)", fontsize=small)
+    bar = fig.colorbar(mesh, ax=heat_ax, shrink=0.9)
+    bar.ax.tick_params(labelsize=small)
+    return figure_to_image(fig)
+
+
+def region_overlay(image: Image.Image, box=None, point=None) -> Image.Image:
+    """``image`` at :func:`viz.figures.display_size` with the region ``box`` (picture pixels) framed
+    and the rest dimmed, or the first corner ``point`` marked: the app's region picker (map a click
+    on it back with :func:`viz.figures.original_point`)."""
+    from PIL import ImageDraw
+
+    from viz.figures import display_size, shown_picture
+
+    width, height = display_size(*image.size)
+    shown = shown_picture(image, (width, height)).copy()
+    scale_x, scale_y = width / image.width, height / image.height
+    line = max(2, round(min(width, height) / 120))
+    draw = ImageDraw.Draw(shown, "RGBA")
+    if box is not None:
+        left, top, right, bottom = box[0] * scale_x, box[1] * scale_y, box[2] * scale_x, box[3] * scale_y
+        for part in ((0, 0, width, top), (0, bottom, width, height), (0, top, left, bottom), (right, top, width, bottom)):
+            if part[2] > part[0] and part[3] > part[1]:
+                draw.rectangle(part, fill=(0, 0, 0, 90))
+        draw.rectangle((left, top, right, bottom), outline="#d62728", width=line)
+    if point is not None:
+        x, y = point[0] * scale_x, point[1] * scale_y
+        radius = 3 * line
+        draw.line((x - radius, y, x + radius, y), fill="#d62728", width=line)
+        draw.line((x, y - radius, x, y + radius), fill="#d62728", width=line)
+    return shown
 
 
 def patching_figure(summary: dict) -> Image.Image:

@@ -121,6 +121,19 @@ def _number(value, name: str) -> float:
     return float(value)
 
 
+def optional_whole(value, name: str) -> int | None:
+    """A whole number from a box or an API call (an int, a whole float, or its text), or None for an
+    empty box: one :class:`G4VError` naming ``name`` for anything else."""
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return None
+    if isinstance(value, str):
+        text = value.strip()
+        if len(text) > 40 or not text.lstrip("+-").isdigit():
+            raise G4VError(f"{name} must be a whole number, got {quoted(value)}")
+        return int(text)
+    return _whole(value, name)
+
+
 def _whole(value, name: str) -> int:
     if isinstance(value, int) and not isinstance(value, bool):
         return value  # exact, however large: the range checks of SamplingSettings refuse the rest

@@ -11,6 +11,7 @@ from g4v.paths import (ASSETS_DIR, DOCUMENTS_MODEL_DIR, EXAMPLES_DIR, REAL_MODEL
                        names_folder)
 from webapp.attribution import attribution_tab
 from webapp.chat import chat_tab
+from webapp.circuits import circuits_tab
 from webapp.common import engine_line
 from webapp.deepstack import deepstack_tab
 from webapp.evaluate import STORES, EvalWorkspace, OpenTargets, evaluate_tab
@@ -97,6 +98,9 @@ def build_app(engine: Engine, model: str, concurrency: int = 1, adapters_dir=Non
             with gr.Tab("Attribution", id="attribution"):
                 gr.Markdown(engine_line(engine, inspector=True), elem_id="attribution-engine-line")
                 attribution_tab(engine, config, last_chat_image, sessions, concurrency, gpu_task)
+            with gr.Tab("Circuits", id="circuits"):
+                gr.Markdown(engine_line(engine, inspector=True), elem_id="circuits-engine-line")
+                circuits_tab(engine, last_chat_image, sessions, concurrency, gpu_task)
             with gr.Tab("vLLM port", id="port"):
                 gr.Markdown(engine_line(engine, inspector=True), elem_id="port-engine-line")
                 port_tab(model, last_chat_image)

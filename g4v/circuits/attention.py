@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 from PIL import Image
 
-from g4v.circuits.common import CircuitSettings, image_positions, parse_layers, query_position
+from g4v.circuits.common import CircuitSettings, Progress, eager_pass, image_positions, parse_layers, query_position
 from g4v.conversation import Message
 from g4v.engines import transformers_engine
 from g4v.errors import G4VError
@@ -74,9 +74,11 @@ class ImageAttention:
         }
 
 
-def image_attention(engine, image, prompt: str, settings: CircuitSettings | None = None) -> ImageAttention:
+def image_attention(engine, image, prompt: str, settings: CircuitSettings | None = None,
+                    progress: Progress = None) -> ImageAttention:
     """Attention from ``settings.token`` (default: the last prompt token) to every image token of
-    ``image`` (a PIL image or a path) at ``settings.layers``. Bad input raises :class:`G4VError`."""
+    ``image`` (a PIL image or a path) at ``settings.layers``; ``progress`` is told each layer read.
+    Bad input raises :class:`G4VError`."""
     settings = settings or CircuitSettings()
     engine = transformers_engine(engine, "the circuits views")
     config = engine.model.config
@@ -90,7 +92,7 @@ def image_attention(engine, image, prompt: str, settings: CircuitSettings | None
     seq_len = inputs["input_ids"].shape[1]
     position = query_position(settings.token, seq_len)
     with engine.adapter_scope(None) as model:
-        rows = attention_rows(model, inputs, layers, position)  # (layers, heads, seq)
+        rows = attention_rows(model, inputs, layers, position, progress)  # (layers, heads, seq)
     image_mask = torch.zeros(seq_len, dtype=torch.bool)
     image_mask[positions] = True
     token_id = int(inputs["input_ids"][0, position])

@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 import torch
 
 from g4v.errors import G4VError
-from g4v.model.attention import eager_attention  # noqa: F401  (moved to the shared layer; the circuits views import it here)
+# moved to the shared layer (the token budget reads attention too); the circuits views import them here
+from g4v.model.attention import Progress, eager_attention, eager_pass  # noqa: F401
 from g4v.model.levels import Level
 
 
@@ -26,7 +27,7 @@ class CircuitSettings:
         "help": "sequence position of the query token (default: the last prompt token, which "
                 "produces the first answer token; negative counts from the end)"})
     max_new_tokens: int = field(default=12, metadata={
-        "help": "knockout, patch: greedy continuation length (0: none)"})
+        "help": "knockout, patch: greedy continuation length (0: none); reverse: the answer tokens read with the prompt"})
     levels: str = field(default="all", metadata={
         "help": "patch: the levels patched one at a time: all, or names or indices, comma-separated "
                 "(e.g. deepstack0,spatial_TL or 0,4)"})
@@ -38,6 +39,13 @@ class CircuitSettings:
         "help": "patch: which image tokens take the other picture's features: all, tokens:A-B (image "
                 "tokens in packing order, inclusive) or box:X0,Y0,X1,Y1 (pixels of picture A; the tokens "
                 "whose box centre lies inside)"})
+    box: str | None = field(default=None, metadata={
+        "help": "reverse: the region of the picture read, X0,Y0,X1,Y1 in its pixels (X0 < X1, Y0 < Y1); "
+                "the base-view and tile tokens whose box overlaps it"})
+
+
+#: A layer range is a few digits; a longer text is refused before it is read as numbers.
+MAX_LAYERS_CHARS = 40
 
 
 def parse_layers(spec: str, num_layers: int) -> list[int]:
@@ -45,6 +53,8 @@ def parse_layers(spec: str, num_layers: int) -> list[int]:
     text = str(spec).strip().lower()
     if text == "all":
         return list(range(num_layers))
+    if len(text) > MAX_LAYERS_CHARS:
+        raise G4VError(f"layers are written all, N or A-B (e.g. 2-5); got {len(text):,} characters")
     first, sep, last = text.partition("-")
     if not first.isdigit() or (sep and not last.isdigit()):
         raise G4VError(f"layers are written all, N or A-B (e.g. 2-5), got {spec!r}")

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from g4v.circuits.common import CircuitSettings, check_new_tokens, eager_attention, image_positions, parse_layers, window_layers
+from g4v.circuits.common import CircuitSettings, Progress, check_new_tokens, eager_attention, image_positions, parse_layers, window_layers
 from g4v.conversation import Message
 from g4v.engines import transformers_engine
 from g4v.errors import G4VError
@@ -63,14 +63,19 @@ class KnockoutResult:
 def knockout_layers(config, settings: CircuitSettings) -> list[int]:
     """The checked layers of a knockout: a window around every injection layer, or a range."""
     num_layers = config.text_config.num_hidden_layers
+    if settings.window is not None and settings.layers != CircuitSettings.layers:
+        raise G4VError("give a layer range or a window, not both")
     if settings.window is not None:
         return window_layers(describe_levels(config), settings.window, num_layers)
     return parse_layers(settings.layers, num_layers)
 
 
-def attention_knockout(engine, image, prompt: str, settings: CircuitSettings | None = None) -> KnockoutResult:
+def attention_knockout(engine, image, prompt: str, settings: CircuitSettings | None = None,
+                       progress: Progress = None) -> KnockoutResult:
     """Block the answer positions' attention to the image tokens at the chosen layers (``settings``:
-    ``window`` or ``layers``, ``max_new_tokens``). Bad input raises :class:`G4VError`."""
+    ``window`` or ``layers``, ``max_new_tokens``); ``progress`` is told when each of the two runs
+    starts. Bad input raises :class:`G4VError`."""
+    progress = progress or (lambda fraction, text: None)
     settings = settings or CircuitSettings()
     engine = transformers_engine(engine, "the circuits views")
     config, tokenizer = engine.model.config, engine.tokenizer
@@ -87,7 +92,9 @@ def attention_knockout(engine, image, prompt: str, settings: CircuitSettings | N
     answer = seq_len - 1
 
     with engine.adapter_scope(None) as model, eager_attention(model):
+        progress(0.0, "the unchanged run")
         before, ids_before = _answer(model, inputs, tokenizer, tokens)
+        progress(0.5, "the knocked-out run")
         with knocked_out(model, layers, image_mask, answer):
             after, ids_after = _answer(model, inputs, tokenizer, tokens)
     token_id = int(before.argmax())

@@ -4,6 +4,8 @@ reads the picture, and what blocking that reading changes.
 * ``attention``: the share of the query token's attention (default: the last prompt token, which
   produces the first answer token) that goes to the image tokens at each layer, injection layers
   marked; ``--json`` prints the whole result (per head, per image token, with the tiling plan's boxes).
+* ``reverse``: which text tokens (the prompt's and the first greedy answer tokens) attend to a
+  ``--region`` of the picture (x0,y0,x1,y1 in its pixels), per layer, averaged over heads.
 * ``knockout``: the answer positions may not attend to the image tokens at ``--layers`` or within
   ``--window`` of every injection layer; the first answer token's log-probability and the greedy
   continuation, before and after.
@@ -19,6 +21,7 @@ against the model's config before the weights load.
 import json
 from pathlib import Path
 
+from g4v.circuits.exports import FILES
 from g4v.commands.common import add_model_flags
 from g4v.commands.inputs import add_page_flags, open_single
 from g4v.commands.settings_flags import add_settings_flags, settings_from_args
@@ -26,19 +29,18 @@ from g4v.errors import G4VError
 
 #: Settings fields each verb leaves out (the others become its flags).
 PATCH_FIELDS = ("levels", "direction", "complement", "region")
-EXCLUDED = {"attention": ("window", "max_new_tokens", *PATCH_FIELDS), "knockout": ("token", *PATCH_FIELDS),
-            "patch": ("layers", "window", "token")}
-#: The verbs that take ``--out`` and what it writes.
-OUT_HELP = {"attention": "also write attention.json and the PNGs (share by layer, maps on the picture)",
-            "patch": "also write patching.json and patching.png (log-odds per level, per direction)"}
+EXCLUDED = {"attention": ("window", "max_new_tokens", "box", *PATCH_FIELDS), "reverse": ("window", "token", *PATCH_FIELDS),
+            "knockout": ("token", "box", *PATCH_FIELDS), "patch": ("layers", "window", "token", "box")}
 
 
 def add_parser(subparsers):
     from g4v.circuits.common import CircuitSettings
 
-    parser = subparsers.add_parser("circuits", help="attention over image tokens, attention knockout, two-picture patching")
+    parser = subparsers.add_parser("circuits", help="attention over image tokens, the reverse view, attention knockout, "
+                                   "two-picture patching")
     verbs = parser.add_subparsers(dest="verb", required=True, parser_class=type(parser))
     helps = {"attention": "attention from a text token to every image token, per layer and head",
+             "reverse": "which text tokens attend to a region of the picture, per layer",
              "knockout": "block the answer's attention to the image at chosen layers",
              "patch": "run picture A with each level's injected features from picture B"}
     for verb, excluded in EXCLUDED.items():
@@ -53,8 +55,9 @@ def add_parser(subparsers):
         sub.add_argument("--prompt", required=True, help="the question")
         add_settings_flags(sub, CircuitSettings, exclude=excluded)
         sub.add_argument("--json", action="store_true", help="print the whole result as JSON instead of a table")
-        if verb in OUT_HELP:
-            sub.add_argument("--out", default=None, metavar="DIR", help=OUT_HELP[verb])
+        if verb in FILES:
+            sub.add_argument("--out", default=None, metavar="DIR",
+                             help=f"also write the result and its pictures ({', '.join(FILES[verb])})")
     return parser
 
 
@@ -66,16 +69,19 @@ def run(args) -> int:
     other = open_single(args.other, args.pages, args.dpi) if args.verb == "patch" else None
     if not args.prompt.strip():
         raise G4VError("the prompt is empty")
-    if args.verb == "knockout" and settings.window is not None and settings.layers != CircuitSettings.layers:
-        raise G4VError("give --layers or --window, not both")
     out = Path(args.out) if getattr(args, "out", None) else None
     if out is not None and out.exists() and not out.is_dir():
         raise G4VError(f"--out is a file, not a folder: {out.name}")
+    if args.verb == "reverse":
+        from g4v.circuits.reverse import parse_region
+
+        parse_region(settings.box, image.width, image.height)
     _check_layers_early(args.model, args.verb, settings)
 
     from g4v.circuits.attention import image_attention
     from g4v.circuits.knockout import attention_knockout
     from g4v.circuits.patching import patch_levels
+    from g4v.circuits.reverse import region_attention
     from g4v.engines.hf import TransformersEngine
     from g4v.paths import default_model
 
@@ -84,45 +90,28 @@ def run(args) -> int:
         if args.verb == "patch":
             result = patch_levels(engine, image, other, args.prompt, settings)
         else:
-            work = image_attention if args.verb == "attention" else attention_knockout
+            work = {"attention": image_attention, "reverse": region_attention, "knockout": attention_knockout}[args.verb]
             result = work(engine, image, args.prompt, settings)
     finally:
         engine.close()
     summary = result.to_dict()
     if out is not None:
-        (_write_patching if args.verb == "patch" else _write_attention)(out, image, summary)
+        from g4v.circuits.exports import draw, write_view
+
+        write_view(out, args.verb, summary, draw(args.verb, image, summary))
     if args.json:
         print(json.dumps(summary))
     else:
-        {"attention": _print_attention, "knockout": _print_knockout, "patch": _print_patching}[args.verb](summary)
+        printers = {"attention": _print_attention, "reverse": _print_reverse, "knockout": _print_knockout,
+                    "patch": _print_patching}
+        printers[args.verb](summary)
     return 0
 
 
 #: What ``attention --out`` writes: file name -> what it shows.
-ATTENTION_FILES = {"attention.json": "the result", "image_share.png": "share by layer",
-                   "attention_tiles.png": "tile-token maps", "attention_base.png": "base-view maps"}
-
-
+ATTENTION_FILES = FILES["attention"]
 #: What ``patch --out`` writes.
-PATCHING_FILES = {"patching.json": "the result", "patching.png": "log-odds per level, one panel per direction"}
-
-
-def _write_patching(folder: Path, image, summary: dict) -> None:
-    from viz.circuits import patching_figure
-
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "patching.json").write_text(json.dumps(summary, indent=2) + "\n")
-    patching_figure(summary).save(folder / "patching.png")
-
-
-def _write_attention(folder: Path, image, summary: dict) -> None:
-    from viz.circuits import attention_map_figure, image_share_figure
-
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "attention.json").write_text(json.dumps(summary, indent=2) + "\n")
-    image_share_figure(summary).save(folder / "image_share.png")
-    attention_map_figure(image, summary, "tile").save(folder / "attention_tiles.png")
-    attention_map_figure(image, summary, "base").save(folder / "attention_base.png")
+PATCHING_FILES = FILES["patch"]
 
 
 def _check_layers_early(model: str | None, verb: str, settings) -> None:
@@ -138,11 +127,12 @@ def _check_layers_early(model: str | None, verb: str, settings) -> None:
         config = load_config(source)
         if verb == "knockout":
             knockout_layers(config, settings)
-            check_new_tokens(settings.max_new_tokens)
         elif verb == "patch":
             check_patch_settings(config, settings)
         else:
             parse_layers(settings.layers, config.text_config.num_hidden_layers)
+        if verb in ("knockout", "reverse"):
+            check_new_tokens(settings.max_new_tokens)
 
 
 def _print_attention(summary: dict) -> None:
@@ -154,6 +144,16 @@ def _print_attention(summary: dict) -> None:
         level = summary["injection_layers"].get(str(layer), "")
         print(f"{layer:>5} {summary['image_share'][i]:>11.3f} {kinds['base'][i]:>6.3f} {kinds['tile'][i]:>6.3f} "
               f"{kinds['newline'][i]:>7.3f}  {level}")
+
+
+def _print_reverse(summary: dict) -> None:
+    kinds = [token["kind"] for token in summary["region_tokens"]]
+    print(f"region {','.join(map(str, summary['region']))}: {kinds.count('tile')} tile and {kinds.count('base')} "
+          f"base-view tokens; layers {summary['layers'][0]}-{summary['layers'][-1]}")
+    print(f"{'position':>8} {'part':>6} {'mean attention':>14}  token")
+    for token in summary["top_text_tokens"]:
+        part = "answer" if token["position"] >= summary["answer_start"] else "prompt"
+        print(f"{token['position']:>8} {part:>6} {token['mean_attention']:>14.4f}  {token['text']!r}")
 
 
 def _print_knockout(summary: dict) -> None:

@@ -9,7 +9,7 @@ only the query row, ``(heads, seq)``; the layer's full ``(heads, seq, seq)`` mat
 as the layer is done.
 """
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import torch
@@ -30,21 +30,42 @@ def eager_attention(model) -> Iterator[None]:
         language_model.set_attn_implementation(previous)
 
 
-def attention_rows(model, inputs: dict, layers: list[int], position: int) -> torch.Tensor:
-    """(len(layers), heads, seq) float32 on the CPU: the attention weights of query ``position`` at
-    each of ``layers``, from one eager forward pass over ``inputs``."""
-    language_model = language_model_of(model)
-    rows: dict[int, torch.Tensor] = {}
+#: ``progress(fraction, text)``: how far a long pass is, for a progress bar (None: not told).
+Progress = Callable[[float, str], None] | None
 
-    def keep_row(layer: int):
+
+def eager_pass(model, inputs: dict, layers: list[int], keep: Callable[[int, torch.Tensor], None],
+               progress: Progress = None) -> None:
+    """One forward pass over ``inputs`` on eager attention; ``keep(layer, weights)`` gets each of
+    ``layers``' attention weights, ``(heads, query, key)`` of the batch's one row, as the model
+    computed them, and keeps what it needs: the layer's matrix is freed when the layer is done, so
+    at most one layer's weights exist at a time."""
+    language_model = language_model_of(model)
+    done: set[int] = set()
+
+    def hook_for(layer: int):
         def hook(module, args, output):
-            weights = output[1]  # (batch, heads, query, key): eager attention returns them
-            if layer not in rows:  # the prompt pass only
-                rows[layer] = weights[0, :, position].detach().float().cpu()
+            if layer in done:  # the prompt pass only
+                return
+            done.add(layer)
+            keep(layer, output[1][0].detach())  # eager attention returns (output, weights)
+            if progress is not None:
+                progress(len(done) / len(layers), f"layer {layer} read")
         return hook
 
     with Hooks() as hooks, eager_attention(model), torch.inference_mode():
         for layer in layers:
-            hooks.after(language_model.layers[layer].self_attn, keep_row(layer))
+            hooks.after(language_model.layers[layer].self_attn, hook_for(layer))
         model(**inputs, use_cache=False, logits_to_keep=1)
+
+
+def attention_rows(model, inputs: dict, layers: list[int], position: int, progress: Progress = None) -> torch.Tensor:
+    """(len(layers), heads, seq) float32 on the CPU: the attention weights of query ``position`` at
+    each of ``layers``, from one eager forward pass over ``inputs``."""
+    rows: dict[int, torch.Tensor] = {}
+
+    def keep_row(layer: int, weights: torch.Tensor) -> None:
+        rows[layer] = weights[:, position].float().cpu()
+
+    eager_pass(model, inputs, layers, keep_row, progress)
     return torch.stack([rows[layer] for layer in layers])

@@ -1,0 +1,219 @@
+"""The Circuits tab's handlers (webapp.circuits), called as Gradio calls them, on the bundled
+checkpoint: each view's exported JSON equals the library's own result for the same input, the
+region picker turns two clicks into a region, and bad input is one clear line each."""
+
+import json
+import re
+
+import gradio as gr
+import pytest
+
+from g4v.circuits.attention import image_attention
+from g4v.circuits.common import CircuitSettings
+from g4v.circuits.knockout import attention_knockout
+from g4v.circuits.patching import patch_levels
+from g4v.circuits.reverse import region_attention
+from g4v.paths import EXAMPLES_DIR
+from tests.conftest import make_image
+from webapp.circuits import make_handlers, pick_corner, show_region
+from webapp.sessions import SessionStores
+
+EXAMPLE = str(EXAMPLES_DIR / "shapes-wide.png")
+PROMPT = "What shape is green?"
+
+
+@pytest.fixture(scope="module")
+def handlers(hf_engine, tmp_path_factory):
+    sessions = SessionStores(tmp_path_factory.mktemp("sessions"), {"inspect": 8})
+    yield make_handlers(hf_engine, sessions, lambda fn: fn)
+    sessions.close()
+
+
+def exported(files: list[str], name: str) -> dict:
+    path = next(path for path in files if path.endswith(name))
+    with open(path) as handle:
+        return json.load(handle)
+
+
+def same_numbers(got, want) -> None:
+    """Nested lists and dicts equal, numbers to 1e-6."""
+    if isinstance(want, dict):
+        assert sorted(got) == sorted(want)
+        for key in want:
+            same_numbers(got[key], want[key])
+    elif isinstance(want, list):
+        assert len(got) == len(want)
+        for a, b in zip(got, want):
+            same_numbers(a, b)
+    elif isinstance(want, float):
+        assert got == pytest.approx(want, abs=1e-6)
+    else:
+        assert got == want
+
+
+def test_attention_view_exports_the_library_result(handlers, hf_engine):
+    attention, _, _, _ = handlers
+    report, share, tiles, base, files = attention(EXAMPLE, PROMPT, "2-5", "")
+    expected = image_attention(hf_engine, EXAMPLE, PROMPT, CircuitSettings(layers="2-5")).to_dict()
+    same_numbers(exported(files, "attention.json"), expected)
+    assert sorted(path.rsplit("/", 1)[1] for path in files) == sorted(
+        ["attention.json", "image_share.png", "attention_tiles.png", "attention_base.png"])
+    assert f"| 2 | {expected['image_share'][0]:.3f} |" in report
+    assert all(picture.width > 300 for picture in (share, tiles, base))
+
+
+def test_reverse_view_exports_the_library_result(handlers, hf_engine):
+    _, reverse, _, _ = handlers
+    report, picture, files = reverse(EXAMPLE, PROMPT, "all", "10,10,120,90", 3)
+    settings = CircuitSettings(box="10,10,120,90", max_new_tokens=3)
+    expected = region_attention(hf_engine, EXAMPLE, PROMPT, settings).to_dict()
+    same_numbers(exported(files, "reverse.json"), expected)
+    top = expected["top_text_tokens"][0]
+    assert f"| {top['position']} |" in report and picture.width > 300
+
+
+def test_knockout_exports_the_library_result(handlers, hf_engine):
+    _, _, knockout, _ = handlers
+    report, files = knockout(EXAMPLE, PROMPT, "all", "1", 4)
+    expected = attention_knockout(hf_engine, EXAMPLE, PROMPT, CircuitSettings(window=1, max_new_tokens=4)).to_dict()
+    same_numbers(exported(files, "knockout.json"), expected)
+    assert f"{expected['logprob_after']:.4f}" in report
+
+
+@pytest.fixture(scope="module")
+def pictures_ab(tmp_path_factory):
+    """Two pictures of one size (so one tiling grid) and one of another, as uploaded files."""
+    folder = tmp_path_factory.mktemp("pictures")
+    paths = {}
+    for name, (width, height, seed) in {"a": (300, 140, 1), "b": (300, 140, 2), "tall": (140, 400, 3)}.items():
+        paths[name] = str(folder / f"{name}.png")
+        make_image(width, height, seed).save(paths[name])
+    return paths
+
+
+def test_patching_exports_the_library_result(handlers, hf_engine, pictures_ab):
+    from g4v.images import open_image
+
+    *_, patch = handlers
+    report, rows, picture, files = patch(pictures_ab["a"], pictures_ab["b"], PROMPT, "deepstack0,spatial_TL",
+                                         "a_from_b", "tokens:0-30", 2)
+    settings = CircuitSettings(levels="deepstack0,spatial_TL", direction="a_from_b", region="tokens:0-30",
+                               max_new_tokens=2)
+    expected = patch_levels(hf_engine, open_image(pictures_ab["a"]), open_image(pictures_ab["b"]), PROMPT,
+                            settings).to_dict()
+    same_numbers(exported(files, "patching.json"), expected)
+    runs = expected["directions"][0]["levels"]
+    assert [row[1] for row in rows] == ["deepstack0", "spatial_TL", "all levels"]
+    assert [row[2] for row in rows[:2]] == [round(run["logodds"], 3) for run in runs]
+    assert "31 of" in report and picture.width > 300
+
+    _, rows, _, files = patch(pictures_ab["a"], pictures_ab["b"], PROMPT, "deepstack0", "b_from_a", "all", 0, True)
+    expected = patch_levels(hf_engine, open_image(pictures_ab["a"]), open_image(pictures_ab["b"]), PROMPT,
+                            CircuitSettings(levels="deepstack0", direction="b_from_a", max_new_tokens=0,
+                                            complement=True)).to_dict()
+    same_numbers(exported(files, "patching.json"), expected)
+    assert [row[1] for row in rows] == [run["label"] for run in expected["directions"][0]["levels"]] + ["all levels"]
+
+
+def test_two_clicks_on_the_picker_make_a_region():
+    from PIL import Image
+
+    from viz.figures import display_size
+
+    width, height = Image.open(EXAMPLE).size
+    assert display_size(width, height) == (width, height)  # the picker shows it at its own size
+    click = lambda x, y: gr.SelectData(None, {"index": [x, y], "value": None})  # noqa: E731
+    region, _ = pick_corner(EXAMPLE, "", click(100, 70))
+    assert region == "100,70"
+    region, picture = pick_corner(EXAMPLE, region, click(20, 10))
+    assert region == "20,10,101,71" and picture.size == (width, height)
+    assert show_region(EXAMPLE, region).size == (width, height)
+
+
+#: (view, arguments after the image and prompt, words of the one line). The image and prompt are
+#: EXAMPLE and PROMPT unless the case gives its own (a leading None or text).
+BAD = [
+    ("attention", ["5-2", ""], "empty"),
+    ("attention", ["0-10", ""], "out of range"),  # the bundled model has layers 0-9
+    ("attention", ["0-99999999999999999999", ""], "out of range"),  # a huge range
+    ("attention", ["9" * 5000, ""], "5,000 characters"),  # a huge number, refused by its length
+    ("attention", ["two", ""], "layers are written"),
+    ("attention", [7, ""], "layers must be text"),
+    ("attention", ["all", "100000"], "past the prompt"),
+    ("attention", ["all", "-100000"], "past the prompt"),
+    ("attention", ["all", "1.5"], "token position must be a whole number"),
+    ("attention", ["all", "first"], "token position must be a whole number"),
+    ("reverse", ["all", "", 3], "needs a region"),
+    ("reverse", ["all", "1,2,3", 3], "four numbers"),
+    ("reverse", ["all", "0,0,5000,10", 3], "outside the picture"),
+    ("reverse", ["all", "30,10,20,40", 3], "is empty"),
+    ("reverse", ["all", "a,b,c,d", 3], "numbers of pixels"),
+    ("reverse", ["all", "0,0,10,10", -1], "max_new_tokens"),
+    ("reverse", ["all", "0,0,10,10", 2.5], "max_new_tokens must be a whole number"),
+    ("knockout", ["all", "1000", 4], "larger than"),
+    ("knockout", ["all", "-1", 4], "whole number"),
+    ("knockout", ["2-3", "1", 4], "not both"),
+    ("knockout", ["all", "", 10**9], "too long"),
+    ("knockout", ["all", "", float("nan")], "max_new_tokens must be a finite number"),
+]
+NO_PICTURE = [("attention", [None, PROMPT, "all", ""], "need an image"),
+              ("knockout", [str(EXAMPLES_DIR / "examples.json"), PROMPT, "all", "", 2], "not an image"),
+              ("attention", [EXAMPLE, "   ", "all", ""], "prompt is empty"),
+              ("reverse", [EXAMPLE, "What is <image> here?", "all", "0,0,10,10", 2], "image placeholder"),
+              ("patch", [EXAMPLE, None, PROMPT, "all", "both", "all", 2], "needs picture B"),
+              ("patch", ["TALL", "A", PROMPT, "all", "both", "all", 2], "do not share a token layout"),
+              ("patch", ["A", "B", PROMPT, "deepstack9", "both", "all", 2], "level"),
+              ("patch", ["A", "B", PROMPT, "all", "sideways", "all", 2], "unknown direction"),
+              ("patch", ["A", "B", PROMPT, "all", "both", "tokens:0-99999999999999999999", 2], "out of range"),
+              ("patch", ["A", "B", PROMPT, "all", "both", "box:0,0,100000,100000", 2], "reaches past picture A"),
+              ("patch", ["A", "B", PROMPT, "all", "both", "all", 2, "yes"], "complement is true or false")]
+
+
+def refusal(handlers, view: str, arguments: list) -> str:
+    handler = dict(zip(("attention", "reverse", "knockout", "patch"), handlers))[view]
+    with pytest.raises(gr.Error) as err:
+        handler(*arguments)
+    return err.value.message
+
+
+@pytest.mark.parametrize("view, arguments, words", BAD + NO_PICTURE,
+                         ids=[f"{view}-{i}" for i, (view, _, _) in enumerate(BAD + NO_PICTURE)])
+def test_bad_input_is_one_clear_line(handlers, pictures_ab, view, arguments, words):
+    named = {"A": pictures_ab["a"], "B": pictures_ab["b"], "TALL": pictures_ab["tall"]}
+    full = arguments if (view, arguments, words) in NO_PICTURE else [EXAMPLE, PROMPT, *arguments]
+    full = [named.get(value, value) if isinstance(value, str) else value for value in full]
+    message = refusal(handlers, view, full)
+    assert re.search(words, message), message
+    assert "\n" not in message and "Traceback" not in message and "/tmp" not in message and "/work" not in message
+    assert len(message) < 300, message
+
+
+def test_a_new_picture_is_shown_in_the_picker_never_refused(tmp_path):
+    """A region typed for the picture before is not refused when a smaller one comes (it is framed
+    once it fits); a file that is not a picture leaves the picker empty (the upload's own toast
+    says why): no second toast."""
+    from webapp.circuits import show_new_picture
+
+    fake = tmp_path / "fake.png"
+    fake.write_bytes(b"not a picture")
+    assert show_new_picture(str(fake), "") is None
+    shown = show_new_picture(EXAMPLE, "0,0,5000,5000")
+    assert shown.size == show_region(EXAMPLE, "").size
+    with pytest.raises(gr.Error, match="outside the picture"):
+        show_region(EXAMPLE, "0,0,5000,5000")  # typed and entered: said
+
+
+def test_report_tables_keep_a_token_with_a_bar_in_its_cell():
+    """A token such as ``<|end_of_text|>`` in a report table: its bars are escaped, so every row
+    keeps its four cells (an unescaped bar had split the cell and broken the row)."""
+    from webapp.circuits import knockout_report, reverse_report
+
+    texts = ["<|end_of_text|>", "a|b", "`"]
+    reverse = {"region": [0, 0, 4, 4], "region_tokens": [{"kind": "tile"}], "layers": [0, 1], "answer_start": 2,
+               "top_text_tokens": [{"position": i, "text": t, "mean_attention": 0.5} for i, t in enumerate(texts)]}
+    knockout = {"answer_token": "<|x|>", "layers": [1], "answer_position": 3, "logprob_before": -1.0,
+                "logprob_after": -2.0, "logprob_change": -1.0, "top_token_after": "|", "continuation_before": "a|b",
+                "continuation_after": "<|end_of_text|>"}
+    for report in (reverse_report(reverse), knockout_report(knockout)):
+        rows = [line for line in report.splitlines() if line.startswith("|")]
+        assert rows and all(len(re.split(r"(?<!\\)\|", row)) == 6 for row in rows), report

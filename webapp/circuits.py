@@ -1,0 +1,326 @@
+"""The Circuits tab: where the language model reads the picture (attention from one text token to
+every image token, by layer), which text tokens read a region of it (the reverse view), and what
+blocking that reading changes (attention knockout), and which injection level carries the
+difference between two pictures (patching). The work is :mod:`g4v.circuits`; every view
+writes the same JSON and PNG files as ``python -m g4v circuits ... --out`` into the visitor's own
+export folder."""
+
+import time
+
+import gradio as gr
+
+from g4v.circuits.attention import image_attention
+from g4v.circuits.common import CircuitSettings
+from g4v.circuits.exports import draw, write_view
+from g4v.circuits.knockout import attention_knockout
+from g4v.circuits.patching import DIRECTION_CHOICES, patch_levels
+from g4v.circuits.reverse import parse_region, region_attention
+from g4v.errors import G4VError, quoted
+from g4v.images import open_image
+from viz.circuits import region_overlay
+from viz.figures import original_point
+from webapp.common import (MODEL_QUEUE, QUIET_INPUT, image_input, optional_whole, refuse_non_pictures, shows_errors,
+                           time_left, use_last_chat_image, without_error_badges)
+from webapp.documents import document_picker
+from webapp.sessions import SessionStores, session_key
+
+DEFAULTS = CircuitSettings()
+LAYERS_HELP = "Layers: all, N, or A-B (inclusive)"
+
+
+def settings_from_inputs(layers=None, token=None, window=None, max_new_tokens=DEFAULTS.max_new_tokens,
+                         box=None, levels=None, direction=None, region=None,
+                         complement=DEFAULTS.complement) -> CircuitSettings:
+    """The checked settings from the tab's boxes (or from API values no box bounded); an empty
+    text box keeps the default."""
+    texts = {"layers": layers, "box": box, "levels": levels, "direction": direction, "region": region}
+    for name, value in texts.items():
+        if value is not None and not isinstance(value, str):
+            raise G4VError(f"{name} must be text, got {quoted(value)}")
+    given = {name: value.strip() for name, value in texts.items() if value is not None and value.strip()}
+    tokens = optional_whole(max_new_tokens, "max_new_tokens")
+    if not isinstance(complement, bool):
+        raise G4VError(f"complement is true or false, got {quoted(complement)}")
+    return CircuitSettings(**given, complement=complement, token=optional_whole(token, "the token position"),
+                           window=optional_whole(window, "the window"),
+                           max_new_tokens=DEFAULTS.max_new_tokens if tokens is None else tokens)
+
+
+def code_cell(text: str) -> str:
+    """``text`` (a token, an answer) as code in a Markdown table cell: its repr, a ``|`` escaped
+    (it would end the cell: ``<|end_of_text|>``), a backtick replaced (it would end the code)."""
+    return "`" + repr(text).replace("|", "\\|").replace("`", "'") + "`"
+
+
+def attention_report(summary: dict) -> str:
+    """The per-layer share of the query's attention on the picture, as a Markdown table."""
+    kinds = summary["image_share_by_kind"]
+    rows = [f"**Query:** position {summary['query_position']} `{summary['query_token']!r}`; "
+            f"{summary['num_image_tokens']} image tokens, {summary['num_heads']} heads",
+            "", "| layer | image share | base view | tiles | newlines | injected here |", "|---|---|---|---|---|---|"]
+    for i, layer in enumerate(summary["layers"]):
+        rows.append(f"| {layer} | {summary['image_share'][i]:.3f} | {kinds['base'][i]:.3f} | {kinds['tile'][i]:.3f} "
+                    f"| {kinds['newline'][i]:.3f} | {summary['injection_layers'].get(str(layer), '')} |")
+    return "\n".join(rows)
+
+
+def reverse_report(summary: dict) -> str:
+    kinds = [token["kind"] for token in summary["region_tokens"]]
+    rows = [f"**Region** {','.join(map(str, summary['region']))}: {kinds.count('tile')} tile and "
+            f"{kinds.count('base')} base-view tokens; layers {summary['layers'][0]}-{summary['layers'][-1]}. "
+            "The text tokens that attend to it most (mean over those layers):",
+            "", "| position | part | mean attention | token |", "|---|---|---|---|"]
+    for token in summary["top_text_tokens"]:
+        part = "answer" if token["position"] >= summary["answer_start"] else "prompt"
+        rows.append(f"| {token['position']} | {part} | {token['mean_attention']:.4f} | {code_cell(token['text'])} |")
+    return "\n".join(rows)
+
+
+def knockout_report(summary: dict) -> str:
+    token = code_cell(summary["answer_token"])
+    return "\n".join([
+        f"**Knocked out** at layers {', '.join(map(str, summary['layers']))}: the answer positions (from "
+        f"{summary['answer_position']} on) may not attend to the image there.",
+        "", f"| run | log-probability of {token} | top first token | greedy answer |", "|---|---|---|---|",
+        f"| unchanged | {summary['logprob_before']:.4f} | {token} | {code_cell(summary['continuation_before'])} |",
+        f"| knocked out | {summary['logprob_after']:.4f} ({summary['logprob_change']:+.4f}) | "
+        f"{code_cell(summary['top_token_after'])} | {code_cell(summary['continuation_after'])} |"])
+
+
+PATCH_COLUMNS = ["run", "levels patched", "log-odds", "moved", "top first token", "greedy answer"]
+
+
+def patching_rows(summary: dict) -> list[list]:
+    """One row per patched run (each level alone, or every level but it, then every level: the
+    bound), per direction."""
+    rows = []
+    for direction in summary["directions"]:
+        run = f"{direction['receiver']} with {direction['donor']}'s features"
+        for patched in [*direction["levels"], direction["all_levels"]]:
+            moved = "" if patched["moved"] is None else round(patched["moved"], 3)
+            rows.append([run, patched["label"], round(patched["logodds"], 3), moved,
+                         repr(patched["top_token"]), repr(patched["continuation"])])
+    return rows
+
+
+def patching_report(summary: dict) -> str:
+    lines = [f"**{summary['num_patched_tokens']} of {summary['num_image_tokens']} image tokens patched** "
+             f"(region `{summary['region']}`). Log-odds: log p(donor's first answer token) - log p(receiver's); "
+             "moved: the share of the way from the receiver's own log-odds (0) to the donor's (1)."]
+    for direction in summary["directions"]:
+        receiver, donor = direction["receiver"], direction["donor"]
+        note = " Both pictures give the same first token: nothing to move." if direction["same_first_token"] else ""
+        lines.append(f"**{receiver} with {donor}'s features:** {receiver} answers `{direction['receiver_continuation']!r}` "
+                     f"(log-odds {direction['logodds_receiver']:+.3f}), {donor} answers "
+                     f"`{direction['donor_continuation']!r}` ({direction['logodds_donor']:+.3f}).{note}")
+    return "\n\n".join(lines)
+
+
+def make_handlers(engine, sessions: SessionStores, gpu_task):
+    """The tab's four runs, each wrapped for one-line refusals; each writes its export files into
+    the visitor's own store and returns their paths last."""
+
+    def run_view(view: str, work, image_path, prompt, settings, request, progress, other_path=None):
+        started = time.monotonic()
+
+        def tell(fraction, text):
+            left = time_left(fraction, 1.0, time.monotonic() - started)
+            progress(fraction, desc=f"{text}, {left}" if left else text)
+
+        if not image_path:
+            raise G4VError("the circuits views need an image: upload one first")
+        picture = open_image(image_path)
+        progress(0.0, desc="preparing the picture and the prompt")
+        if view == "patch":
+            if not other_path:
+                raise G4VError("patching needs picture B too: upload it in the second box")
+            result = work(engine, picture, open_image(other_path), prompt, settings, progress=tell)
+        else:
+            result = work(engine, picture, prompt, settings, progress=tell)
+        summary = result.to_dict()
+        pictures = draw(view, picture, summary)
+        with sessions.using(session_key(request)) as visitor:
+            paths = write_view(visitor.stores["inspect"].new_folder(), view, summary, pictures)
+        return summary, pictures, [str(path) for path in paths]
+
+    @gpu_task
+    @shows_errors
+    def attention(image_path, prompt, layers, token, request: gr.Request = None, progress=gr.Progress()):
+        """Attention from one text token (empty: the last prompt token, which produces the first
+        answer token) to every image token at the chosen layers."""
+        summary, pictures, files = run_view("attention", image_attention, image_path, prompt,
+                                            settings_from_inputs(layers, token=token), request, progress)
+        return (attention_report(summary), pictures["image_share.png"], pictures["attention_tiles.png"],
+                pictures["attention_base.png"], files)
+
+    @gpu_task
+    @shows_errors
+    def reverse(image_path, prompt, layers, region, max_new_tokens, request: gr.Request = None,
+                progress=gr.Progress()):
+        """Which text tokens (prompt and first greedy answer tokens) attend to a region of the picture."""
+        settings = settings_from_inputs(layers, max_new_tokens=max_new_tokens, box=region)
+        summary, pictures, files = run_view("reverse", region_attention, image_path, prompt, settings, request, progress)
+        return reverse_report(summary), pictures["reverse.png"], files
+
+    @gpu_task
+    @shows_errors
+    def knockout(image_path, prompt, layers, window, max_new_tokens, request: gr.Request = None,
+                 progress=gr.Progress()):
+        """The answer positions may not attend to the image at the chosen layers (or a window around
+        every injection layer): the first answer token's log-probability and the answer, before and after."""
+        settings = settings_from_inputs(layers, window=window, max_new_tokens=max_new_tokens)
+        summary, _, files = run_view("knockout", attention_knockout, image_path, prompt, settings, request, progress)
+        return knockout_report(summary), files
+
+    @gpu_task
+    @shows_errors
+    def patch(image_path, other_path, prompt, levels, direction, region, max_new_tokens, complement=False,
+              request: gr.Request = None, progress=gr.Progress()):
+        """Picture A (the main box) run with each level's injected features from picture B, and the
+        reverse; every level at once as the bound."""
+        settings = settings_from_inputs(max_new_tokens=max_new_tokens, levels=levels, direction=direction,
+                                        region=region, complement=complement)
+        summary, pictures, files = run_view("patch", patch_levels, image_path, prompt, settings, request, progress,
+                                            other_path)
+        return patching_report(summary), patching_rows(summary), pictures["patching.png"], files
+
+    return attention, reverse, knockout, patch
+
+
+@shows_errors
+def show_region(image_path, region):
+    """The region picker: the picture with the typed region framed (nothing framed while it is empty)."""
+    if not image_path:
+        return None
+    picture = open_image(image_path)
+    box = parse_region(region, picture.width, picture.height) if (region or "").strip() else None
+    return region_overlay(picture, box)
+
+
+def show_new_picture(image_path, region):
+    """The region picker for a new picture: framed as :func:`show_region` does, but never refused (a
+    file that is no picture is the upload's own toast, and a region typed for the picture before
+    is framed only once it fits)."""
+    try:
+        return show_region.__wrapped__(image_path, region)
+    except G4VError:
+        try:
+            return show_region.__wrapped__(image_path, "")
+        except G4VError:
+            return None
+
+
+@shows_errors
+def pick_corner(image_path, region, evt: gr.SelectData):
+    """A click on the region picker: the first click sets one corner, the second the opposite one."""
+    if not image_path:
+        raise G4VError("upload a picture first")
+    picture = open_image(image_path)
+    x, y = original_point(*evt.index, picture.size)
+    x, y = min(max(0, round(x)), picture.width - 1), min(max(0, round(y)), picture.height - 1)
+    parts = [part for part in (region or "").replace(" ", ",").split(",") if part.strip()]
+    if len(parts) == 2 and all(part.strip().isdigit() for part in parts):
+        first_x, first_y = int(parts[0]), int(parts[1])
+        box = (min(first_x, x), min(first_y, y), max(first_x, x) + 1, max(first_y, y) + 1)
+        return ",".join(map(str, box)), region_overlay(picture, box)
+    return f"{x},{y}", region_overlay(picture, point=(x, y))
+
+
+def circuits_tab(engine, last_chat_image: gr.State, sessions: SessionStores, concurrency: int = 1,
+                 gpu_task=lambda fn: fn) -> None:
+    gr.Markdown("Where the language model reads the picture: the attention of one text token on every image "
+                "token, by layer (the 8 injection layers marked); which text tokens read a region of the "
+                "picture; and what blocking the answer's attention to the picture changes. Each run is one "
+                "or two passes on eager attention, for that pass only.")
+    with gr.Row():
+        image = image_input(label="Image", height=240, elem_id="circuits-image")
+        refuse_non_pictures(image)
+        with gr.Column():
+            from_chat = gr.Button("Use the last chat image", elem_id="circuits-from-chat")
+            document_picker(image, elem_id="circuits-doc")
+            prompt = gr.Textbox(label="Prompt", value="What colour is the shape?", elem_id="circuits-prompt")
+            layers = gr.Textbox(label=LAYERS_HELP, value=DEFAULTS.layers, elem_id="circuits-layers")
+    attention, reverse, knockout, patch = make_handlers(engine, sessions, gpu_task)
+    model_bound = {"concurrency_id": MODEL_QUEUE, "concurrency_limit": concurrency}
+    pictures = {"show_label": False, "format": "png"}  # each picture carries its own title
+
+    with gr.Tab("Attention on the picture", id="circuits-attention"):
+        token = gr.Textbox(label="Query token position (empty: the last prompt token, which produces the first "
+                                 "answer token; negative counts from the end)", value="", elem_id="circuits-token")
+        run = gr.Button("Show attention", variant="primary", elem_id="circuits-attention-run")
+        report = gr.Markdown(elem_id="circuits-attention-report")
+        share = gr.Image(label="Share of attention on the picture by layer", elem_id="circuits-share", **pictures)
+        tiles = gr.Image(label="Attention on each tile token", elem_id="circuits-tiles", **pictures)
+        base = gr.Image(label="Attention on each base-view token", elem_id="circuits-base", **pictures)
+        export = gr.File(label="Export (attention.json, PNGs)", file_count="multiple", elem_id="circuits-attention-export")
+    outputs = [report, share, tiles, base, export]
+    without_error_badges(run.click(attention, [image, prompt, layers, token], outputs, api_name="circuits_attention",
+                                   show_progress_on=report, **model_bound), outputs)
+
+    with gr.Tab("Reverse view: a region", id="circuits-reverse"):
+        with gr.Row():
+            picker = gr.Image(label="The region on the picture", show_label=False, interactive=False, format="png",
+                              elem_id="circuits-region-picker")
+            with gr.Column():
+                region = gr.Textbox(label="Region x0,y0,x1,y1 in the picture's pixels (or click two corners on the "
+                                          "picture at the left)",
+                                    value="", elem_id="circuits-region")
+                answer_tokens = gr.Number(label="Answer tokens read with the prompt", value=DEFAULTS.max_new_tokens,
+                                          precision=None, elem_id="circuits-answer-tokens")
+                run_reverse = gr.Button("Which text tokens read it", variant="primary", elem_id="circuits-reverse-run")
+        reverse_text = gr.Markdown(elem_id="circuits-reverse-report")
+        reverse_picture = gr.Image(label="Attention on the region", elem_id="circuits-reverse-picture", **pictures)
+        reverse_export = gr.File(label="Export (reverse.json, reverse.png)", file_count="multiple",
+                                 elem_id="circuits-reverse-export")
+    for event, show in ((image.change, show_new_picture), (region.submit, show_region)):
+        without_error_badges(event(show, [image, region], picker, api_visibility="private", **QUIET_INPUT), [picker])
+    without_error_badges(picker.select(pick_corner, [image, region], [region, picker], api_visibility="private",
+                                       **QUIET_INPUT), [region, picker])
+    outputs = [reverse_text, reverse_picture, reverse_export]
+    without_error_badges(run_reverse.click(reverse, [image, prompt, layers, region, answer_tokens], outputs,
+                                           api_name="circuits_reverse", show_progress_on=reverse_text, **model_bound),
+                         outputs)
+
+    with gr.Tab("Knockout", id="circuits-knockout"):
+        with gr.Row():
+            window = gr.Textbox(label="Window W: every layer within W of an injection layer (empty: the Layers box)",
+                                value="", elem_id="circuits-window")
+            new_tokens = gr.Number(label="Greedy answer tokens", value=DEFAULTS.max_new_tokens, precision=None,
+                                   elem_id="circuits-new-tokens")
+        run_knockout = gr.Button("Knock out", variant="primary", elem_id="circuits-knockout-run")
+        knockout_text = gr.Markdown(elem_id="circuits-knockout-report")
+        knockout_export = gr.File(label="Export (knockout.json)", file_count="multiple", elem_id="circuits-knockout-export")
+    outputs = [knockout_text, knockout_export]
+    without_error_badges(run_knockout.click(knockout, [image, prompt, layers, window, new_tokens], outputs,
+                                            api_name="circuits_knockout", show_progress_on=knockout_text,
+                                            **model_bound), outputs)
+
+    with gr.Tab("Patching: picture A with B's features", id="circuits-patching"):
+        with gr.Row():
+            other = image_input(label="Picture B (the same tiling grid as the main picture, A)", height=240,
+                                elem_id="circuits-image-b")
+            refuse_non_pictures(other)
+            with gr.Column():
+                levels = gr.Textbox(label="Levels patched one at a time: all, or names or indices (e.g. deepstack0,4)",
+                                    value=DEFAULTS.levels, elem_id="circuits-levels")
+                direction = gr.Radio(list(DIRECTION_CHOICES), value=DEFAULTS.direction, label="Direction",
+                                     elem_id="circuits-direction")
+                patch_region = gr.Textbox(label="Image tokens patched: all, tokens:A-B or box:X0,Y0,X1,Y1 (A's pixels)",
+                                          value=DEFAULTS.region, elem_id="circuits-patch-region")
+                patch_tokens = gr.Number(label="Greedy answer tokens", value=DEFAULTS.max_new_tokens, precision=None,
+                                         elem_id="circuits-patch-tokens")
+                complement = gr.Checkbox(label="Complement: patch every level but each chosen one (is the one kept "
+                                               "needed?)", value=DEFAULTS.complement, elem_id="circuits-complement")
+        run_patch = gr.Button("Patch", variant="primary", elem_id="circuits-patch-run")
+        patch_text = gr.Markdown(elem_id="circuits-patch-report")
+        patch_table = gr.Dataframe(headers=PATCH_COLUMNS, label="Per level", interactive=False,
+                                   elem_id="circuits-patch-table")
+        patch_picture = gr.Image(label="Log-odds per level", elem_id="circuits-patch-picture", **pictures)
+        patch_export = gr.File(label="Export (patching.json, patching.png)", file_count="multiple",
+                               elem_id="circuits-patch-export")
+    outputs = [patch_text, patch_table, patch_picture, patch_export]
+    without_error_badges(run_patch.click(patch, [image, other, prompt, levels, direction, patch_region, patch_tokens,
+                                                 complement],
+                                         outputs, api_name="circuits_patch", show_progress_on=patch_text,
+                                         **model_bound), outputs)
+    use_last_chat_image(from_chat, last_chat_image, image)
