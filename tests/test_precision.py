@@ -29,6 +29,13 @@ def messages():
 
 
 @pytest.fixture(scope="module")
+def float32_engine():
+    """A float32 reference of this module's own: the session's shared engine may carry adapters
+    another test loaded (PEFT wraps its linear layers), and the weights here are compared by name."""
+    return TransformersEngine(str(BUNDLED_MODEL_DIR), device="cpu", dtype="float32")
+
+
+@pytest.fixture(scope="module")
 def bf16_engine():
     return TransformersEngine(str(BUNDLED_MODEL_DIR), device="cpu", dtype="bfloat16")
 
@@ -55,20 +62,20 @@ def hooked_features(model, inputs) -> dict[int, np.ndarray]:
     return seen
 
 
-def test_float32_against_float32_drifts_by_exactly_zero(hf_engine, messages):
+def test_float32_against_float32_drifts_by_exactly_zero(float32_engine, messages):
     other = TransformersEngine(str(BUNDLED_MODEL_DIR), device="cpu", dtype="float32")  # loaded on its own
-    report = precision_drift(hf_engine, other, messages, Precision(), Precision("float32"))
+    report = precision_drift(float32_engine, other, messages, Precision(), Precision("float32"))
     assert len(report.levels) == 8
     for level in report.levels:
         assert level.rel_error == 0.0 and level.max_abs_diff == 0.0 and level.cosine == pytest.approx(1.0, abs=1e-12)
     assert report.next_token_kl == 0.0 and report.argmax_agrees
 
 
-def test_bfloat16_drift_equals_a_cast_done_here(hf_engine, bf16_engine, messages):
-    report = precision_drift(hf_engine, bf16_engine, messages, Precision(), Precision("bfloat16"))
-    cast = copy.deepcopy(hf_engine.model).to(torch.bfloat16)
-    inputs = dict(hf_engine.prepare(messages).inputs)
-    reference = hooked_features(hf_engine.model, inputs)
+def test_bfloat16_drift_equals_a_cast_done_here(float32_engine, bf16_engine, messages):
+    report = precision_drift(float32_engine, bf16_engine, messages, Precision(), Precision("bfloat16"))
+    cast = copy.deepcopy(float32_engine.model).to(torch.bfloat16)
+    inputs = dict(float32_engine.prepare(messages).inputs)
+    reference = hooked_features(float32_engine.model, inputs)
     got = hooked_features(cast, {**inputs, "pixel_values": inputs["pixel_values"].to(torch.bfloat16)})
     assert sorted(reference) == sorted(level.llm_layer for level in report.levels)
     for level in report.levels:
@@ -82,11 +89,11 @@ def test_bfloat16_drift_equals_a_cast_done_here(hf_engine, bf16_engine, messages
     assert report.next_token_kl > 0.0
 
 
-def test_int8_quantizes_every_linear_layer(hf_engine, messages):
+def test_int8_quantizes_every_linear_layer(float32_engine, messages):
     engine = TransformersEngine(str(BUNDLED_MODEL_DIR), device="cpu", dtype="float32", quant="int8")
     linears = plain_linears(engine.model)
     assert sorted(quantized_layers(engine.model)) == sorted(linears)
-    reference = plain_linears(hf_engine.model)
+    reference = plain_linears(float32_engine.model)
     for name, module in linears.items():
         weight = module.weight
         assert type(weight).__name__ == "Int8Tensor" and weight.qdata.dtype == torch.int8
@@ -97,15 +104,15 @@ def test_int8_quantizes_every_linear_layer(hf_engine, messages):
         assert torch.allclose(weight.scale.reshape(-1, 1).float(), scale, rtol=1e-5)
         assert ((weight.dequantize().float() - original).abs() <= scale * (0.5 + 1e-4)).all()
         assert not torch.equal(weight.dequantize().float(), original)
-    report = precision_drift(hf_engine, engine, messages, Precision(), Precision(quant="int8"))
+    report = precision_drift(float32_engine, engine, messages, Precision(), Precision(quant="int8"))
     assert report.quantized_layers == len(linears)
     assert all(0 < level.rel_error < 0.1 for level in report.levels)
 
 
-def test_int8_keeps_the_vision_part_when_asked(hf_engine, messages):
+def test_int8_keeps_the_vision_part_when_asked(float32_engine, messages):
     engine = TransformersEngine(str(BUNDLED_MODEL_DIR), device="cpu", dtype="float32", quant="int8",
                                 quant_vision=False)
-    reference = plain_linears(hf_engine.model)
+    reference = plain_linears(float32_engine.model)
     vision = [name for name in reference if is_vision_module(name)]
     assert vision and any(name.startswith("model.vision_tower.") for name in vision)
     assert any("projectors" in name for name in vision)
@@ -116,7 +123,7 @@ def test_int8_keeps_the_vision_part_when_asked(hf_engine, messages):
         else:
             assert is_int8(module.weight)
     assert "vision tower and projectors kept" in engine.info.details["quant"]
-    report = precision_drift(hf_engine, engine, messages, Precision(), Precision(quant="int8", quant_vision=False))
+    report = precision_drift(float32_engine, engine, messages, Precision(), Precision(quant="int8", quant_vision=False))
     # the injected features come out of the vision part only: kept, they do not move at all
     assert all(level.rel_error == 0.0 for level in report.levels)
     assert report.next_token_kl > 0.0  # the language model's int8 weights still move the answer
@@ -151,14 +158,14 @@ def test_drift_summary_means_over_rows():
     assert drift_summary([]) is None
 
 
-def test_cli_prints_the_drift_the_library_computes(hf_engine, bf16_engine, messages):
+def test_cli_prints_the_drift_the_library_computes(float32_engine, bf16_engine, messages):
     from tests.cli import run_cli
 
     result = run_cli("precision", "--model", str(BUNDLED_MODEL_DIR), "--image", str(PICTURE),
                      "--prompt", "What colour is the square?", "--dtype", "bf16", "--json")
     assert result.returncode == 0, result.stderr
     printed = json.loads(result.stdout)
-    expected = precision_drift(hf_engine, bf16_engine, messages, Precision("float32"), Precision("bfloat16"))
+    expected = precision_drift(float32_engine, bf16_engine, messages, Precision("float32"), Precision("bfloat16"))
     assert printed["candidate"]["dtype"] == "bfloat16" and len(printed["levels"]) == 8
     for row, level in zip(printed["levels"], expected.levels):
         assert row["name"] == level.name and row["rel_error"] == pytest.approx(level.rel_error, rel=1e-12)
