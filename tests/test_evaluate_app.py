@@ -325,8 +325,9 @@ def run_in_browser(page, url: str, limit: int, stop_once: bool = False) -> None:
         page.locator(f"{box} input").press("Escape")  # its list closes, so the next box's list is the only one
     page.locator("#eval-limit input").fill(str(limit))
     page.locator("#eval-run").click()
-    if stop_once:
-        page.wait_for_timeout(3000)  # the run has started (a Stop before its first chunk leaves 0 rows: fine too)
+    if stop_once:  # Stop once the first rows are done (rows are answered in chunks: the run is not over)
+        page.wait_for_function("() => /[1-9]\\d*\\/\\d+ samples/.test(document.querySelector('#eval-status').innerText)",
+                               timeout=300_000)
         page.locator("#eval-stop").click()
         finished(page, "Stopped")
         done = int(re.search(r"Stopped.*?: (\d+) sample", page.inner_text("#eval-status")).group(1))
@@ -335,10 +336,15 @@ def run_in_browser(page, url: str, limit: int, stop_once: bool = False) -> None:
     finished(page)
 
 
+#: Rows of the run the browser test stops and resumes: enough chunks that a Stop pressed after the
+#: first lands before the last (batched answers made 12 rows finish within seconds).
+STOPPED_RUN_ROWS = 48
+
+
 def test_the_tab_in_a_browser_runs_and_opens_a_row_in_chat(app, output_dir):
     with browser_page(width=1400, height=1000) as page:
-        run_in_browser(page, app, limit=12, stop_once=True)
-        assert "12 sample(s)" in page.inner_text("#eval-status")
+        run_in_browser(page, app, limit=STOPPED_RUN_ROWS, stop_once=True)
+        assert f"{STOPPED_RUN_ROWS} sample(s)" in page.inner_text("#eval-status")
         page.screenshot(path=str(output_dir / "evaluate-tab.png"), full_page=True)
         groups = [page.locator(f"#eval-aggregate [data-testid=cell-{row}-0]").inner_text().strip() for row in range(5)]
         assert groups == ["all", "colour", "count", "position", "shape"]
