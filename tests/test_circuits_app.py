@@ -217,3 +217,51 @@ def test_report_tables_keep_a_token_with_a_bar_in_its_cell():
     for report in (reverse_report(reverse), knockout_report(knockout)):
         rows = [line for line in report.splitlines() if line.startswith("|")]
         assert rows and all(len(re.split(r"(?<!\\)\|", row)) == 6 for row in rows), report
+
+
+#: Each view's result boxes (elem_id), which a new input must empty.
+RESULTS = {"attention": ["circuits-attention-report", "circuits-share", "circuits-tiles", "circuits-base",
+                         "circuits-attention-export"],
+           "reverse": ["circuits-reverse-report", "circuits-reverse-picture", "circuits-reverse-export"],
+           "knockout": ["circuits-knockout-report", "circuits-knockout-export"],
+           "patch": ["circuits-patch-report", "circuits-patch-table", "circuits-patch-picture", "circuits-patch-export"]}
+
+
+@pytest.fixture(scope="module")
+def tab(tmp_path_factory):
+    """The tab as the app builds it (no handler runs the model here)."""
+    from webapp.circuits import circuits_tab
+
+    sessions = SessionStores(tmp_path_factory.mktemp("tab-sessions"), {"inspect": 8})
+    with gr.Blocks() as page:
+        circuits_tab(None, gr.State(None), sessions)
+    yield page
+    sessions.close()
+
+
+def emptied_by(page, elem_id: str, event: str) -> dict:
+    """elem_id -> the value each box gets when the ``event`` of box ``elem_id`` fires (every
+    listener of it called as Gradio calls one with no inputs; each value must pass the box's own
+    postprocess, as Gradio sends it)."""
+    [source] = [block for block in page.blocks.values() if getattr(block, "elem_id", None) == elem_id]
+    values = {}
+    for function in page.fns.values():
+        if (source._id, event) in function.targets and not function.inputs:
+            for box, value in zip(function.outputs, function.fn()):
+                box.postprocess(value)
+                values[box.elem_id] = value
+    return values
+
+
+def is_empty(value) -> bool:
+    return value is None or value == "" or value == []
+
+
+@pytest.mark.parametrize("elem_id, views", [("circuits-image", list(RESULTS)), ("circuits-image-b", ["patch"])])
+def test_a_new_picture_empties_the_results_it_made_old(tab, elem_id, views):
+    """A new picture (upload, "Use the last chat image", a PDF page: each sets the box, so its
+    change fires) empties every view's results; a new picture B empties patching's only."""
+    values = emptied_by(tab, elem_id, "change")
+    wanted = [box for view in views for box in RESULTS[view]]
+    assert sorted(box for box in values if box in sum(RESULTS.values(), [])) == sorted(wanted)
+    assert all(is_empty(values[box]) for box in wanted), values

@@ -226,6 +226,19 @@ def pick_corner(image_path, region, evt: gr.SelectData):
     return f"{x},{y}", region_overlay(picture, point=(x, y))
 
 
+def emptied(components: list) -> list:
+    """What each result box shows when it is emptied: no text, no picture, no rows, no files."""
+    return [[] if isinstance(component, gr.Dataframe) else "" if isinstance(component, gr.Markdown) else None
+            for component in components]
+
+
+def empties_on(event, components: list) -> None:
+    """``event`` (a new picture, another region) empties ``components``: the results shown were
+    computed from what was there before, and would stand unmarked beside the new input."""
+    event(lambda: emptied(components), None, components, api_visibility="private", queue=False,
+          show_progress="hidden")
+
+
 def circuits_tab(engine, last_chat_image: gr.State, sessions: SessionStores, concurrency: int = 1,
                  gpu_task=lambda fn: fn) -> None:
     gr.Markdown("Where the language model reads the picture: the attention of one text token on every image "
@@ -241,6 +254,7 @@ def circuits_tab(engine, last_chat_image: gr.State, sessions: SessionStores, con
             prompt = gr.Textbox(label="Prompt", value="What colour is the shape?", elem_id="circuits-prompt")
             layers = gr.Textbox(label=LAYERS_HELP, value=DEFAULTS.layers, elem_id="circuits-layers")
     attention, reverse, knockout, patch = make_handlers(engine, sessions, gpu_task)
+    results = {}  # view -> its result boxes
     model_bound = {"concurrency_id": MODEL_QUEUE, "concurrency_limit": concurrency}
     pictures = {"show_label": False, "format": "png"}  # each picture carries its own title
 
@@ -253,7 +267,7 @@ def circuits_tab(engine, last_chat_image: gr.State, sessions: SessionStores, con
         tiles = gr.Image(label="Attention on each tile token", elem_id="circuits-tiles", **pictures)
         base = gr.Image(label="Attention on each base-view token", elem_id="circuits-base", **pictures)
         export = gr.File(label="Export (attention.json, PNGs)", file_count="multiple", elem_id="circuits-attention-export")
-    outputs = [report, share, tiles, base, export]
+    outputs = results["attention"] = [report, share, tiles, base, export]
     without_error_badges(run.click(attention, [image, prompt, layers, token], outputs, api_name="circuits_attention",
                                    show_progress_on=report, **model_bound), outputs)
 
@@ -276,7 +290,7 @@ def circuits_tab(engine, last_chat_image: gr.State, sessions: SessionStores, con
         without_error_badges(event(show, [image, region], picker, api_visibility="private", **QUIET_INPUT), [picker])
     without_error_badges(picker.select(pick_corner, [image, region], [region, picker], api_visibility="private",
                                        **QUIET_INPUT), [region, picker])
-    outputs = [reverse_text, reverse_picture, reverse_export]
+    outputs = results["reverse"] = [reverse_text, reverse_picture, reverse_export]
     without_error_badges(run_reverse.click(reverse, [image, prompt, layers, region, answer_tokens], outputs,
                                            api_name="circuits_reverse", show_progress_on=reverse_text, **model_bound),
                          outputs)
@@ -290,7 +304,7 @@ def circuits_tab(engine, last_chat_image: gr.State, sessions: SessionStores, con
         run_knockout = gr.Button("Knock out", variant="primary", elem_id="circuits-knockout-run")
         knockout_text = gr.Markdown(elem_id="circuits-knockout-report")
         knockout_export = gr.File(label="Export (knockout.json)", file_count="multiple", elem_id="circuits-knockout-export")
-    outputs = [knockout_text, knockout_export]
+    outputs = results["knockout"] = [knockout_text, knockout_export]
     without_error_badges(run_knockout.click(knockout, [image, prompt, layers, window, new_tokens], outputs,
                                             api_name="circuits_knockout", show_progress_on=knockout_text,
                                             **model_bound), outputs)
@@ -318,9 +332,13 @@ def circuits_tab(engine, last_chat_image: gr.State, sessions: SessionStores, con
         patch_picture = gr.Image(label="Log-odds per level", elem_id="circuits-patch-picture", **pictures)
         patch_export = gr.File(label="Export (patching.json, patching.png)", file_count="multiple",
                                elem_id="circuits-patch-export")
-    outputs = [patch_text, patch_table, patch_picture, patch_export]
+    outputs = results["patch"] = [patch_text, patch_table, patch_picture, patch_export]
     without_error_badges(run_patch.click(patch, [image, other, prompt, levels, direction, patch_region, patch_tokens,
                                                  complement],
                                          outputs, api_name="circuits_patch", show_progress_on=patch_text,
                                          **model_bound), outputs)
+    # a new picture (uploaded, from Chat, a PDF page): every view's results were the old one's;
+    # a new picture B: the patching results were the old pair's
+    empties_on(image.change, [box for boxes in results.values() for box in boxes])
+    empties_on(other.change, results["patch"])
     use_last_chat_image(from_chat, last_chat_image, image)
