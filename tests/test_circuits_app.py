@@ -257,10 +257,13 @@ def is_empty(value) -> bool:
     return value is None or value == "" or value == []
 
 
-@pytest.mark.parametrize("elem_id, views", [("circuits-image", list(RESULTS)), ("circuits-image-b", ["patch"])])
-def test_a_new_picture_empties_the_results_it_made_old(tab, elem_id, views):
+@pytest.mark.parametrize("elem_id, views", [("circuits-image", list(RESULTS)), ("circuits-image-b", ["patch"]),
+                                            ("circuits-region", ["reverse"])])
+def test_a_new_input_empties_the_results_it_made_old(tab, elem_id, views):
     """A new picture (upload, "Use the last chat image", a PDF page: each sets the box, so its
-    change fires) empties every view's results; a new picture B empties patching's only."""
+    change fires) empties every view's results; a new picture B empties patching's only; another
+    region (typed, or set by the picker's clicks: both change the box) empties the reverse view's,
+    whose report names the region it was for."""
     values = emptied_by(tab, elem_id, "change")
     wanted = [box for view in views for box in RESULTS[view]]
     assert sorted(box for box in values if box in sum(RESULTS.values(), [])) == sorted(wanted)

@@ -341,4 +341,6 @@ def circuits_tab(engine, last_chat_image: gr.State, sessions: SessionStores, con
     # a new picture B: the patching results were the old pair's
     empties_on(image.change, [box for boxes in results.values() for box in boxes])
     empties_on(other.change, results["patch"])
+    # another region (typed, or set by the two clicks): the reverse report named the old one
+    empties_on(region.change, results["reverse"])
     use_last_chat_image(from_chat, last_chat_image, image)
