@@ -116,18 +116,51 @@ def test_patching_exports_the_library_result(handlers, hf_engine, pictures_ab):
 
 
 def test_two_clicks_on_the_picker_make_a_region():
+    """The picker shows the picture scaled to its box (580 px on the longer side; the example is
+    239 x 127 px, which sat small in a corner at its own size), and a click, which Gradio gives in
+    the shown picture's pixels, is the picture pixel under it."""
     from PIL import Image
 
-    from viz.figures import display_size
-
     width, height = Image.open(EXAMPLE).size
-    assert display_size(width, height) == (width, height)  # the picker shows it at its own size
-    click = lambda x, y: gr.SelectData(None, {"index": [x, y], "value": None})  # noqa: E731
-    region, _ = pick_corner(EXAMPLE, "", click(100, 70))
-    assert region == "100,70"
-    region, picture = pick_corner(EXAMPLE, region, click(20, 10))
-    assert region == "20,10,101,71" and picture.size == (width, height)
-    assert show_region(EXAMPLE, region).size == (width, height)
+    shown = show_region(EXAMPLE, "").size
+    assert max(shown) == 580 and abs(shown[0] / shown[1] - width / height) < 0.01
+    scale_x, scale_y = shown[0] / width, shown[1] / height
+    assert scale_x > 2  # scaled up: a picture pixel is more than two shown pixels wide
+
+    def click_on(x, y):
+        """A click at the middle of picture pixel (x, y), in the shown picture's pixels."""
+        return gr.SelectData(None, {"index": [int((x + 0.5) * scale_x), int((y + 0.5) * scale_y)], "value": None})
+
+    region, picture = pick_corner(EXAMPLE, "", click_on(100, 70))
+    assert region == "100,70" and picture.size == shown
+    region, picture = pick_corner(EXAMPLE, region, click_on(20, 10))
+    assert region == "20,10,101,71" and picture.size == shown
+    assert show_region(EXAMPLE, region).size == shown
+    # the edges: a click on the first and on the last shown pixel is the first and last picture pixel
+    corner = lambda x, y: gr.SelectData(None, {"index": [x, y], "value": None})  # noqa: E731
+    assert pick_corner(EXAMPLE, "", corner(0, 0))[0] == "0,0"
+    assert pick_corner(EXAMPLE, "", corner(shown[0] - 1, shown[1] - 1))[0] == f"{width - 1},{height - 1}"
+    # every picture pixel along a row is reached by a click on the shown pixel at its middle
+    assert [pick_corner(EXAMPLE, "", click_on(x, 5))[0] for x in range(width)] == [f"{x},5" for x in range(width)]
+
+
+def test_the_picker_frames_the_region_where_it_is():
+    """The frame is drawn at the region's place in the scaled picture: the pixels just inside the
+    region are undimmed and those outside are dimmed, measured against the picture scaled alone."""
+    import numpy as np
+
+    from viz.circuits import picker_size
+    from viz.figures import shown_picture
+    from g4v.images import open_image
+
+    picture = open_image(EXAMPLE)
+    size = picker_size(picture.size)
+    plain = np.asarray(shown_picture(picture, size), dtype=float)
+    framed = np.asarray(show_region(EXAMPLE, "40,30,120,90"), dtype=float)
+    scale_x, scale_y = size[0] / picture.width, size[1] / picture.height
+    inside = framed[round(60 * scale_y), round(80 * scale_x)] - plain[round(60 * scale_y), round(80 * scale_x)]
+    outside = framed[round(10 * scale_y), round(10 * scale_x)] - plain[round(10 * scale_y), round(10 * scale_x)]
+    assert np.abs(inside).max() < 1 and outside.max() < -5  # outside darkened, inside as it was
 
 
 #: (view, arguments after the image and prompt, words of the one line). The image and prompt are

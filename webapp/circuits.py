@@ -5,6 +5,7 @@ difference between two pictures (patching). The work is :mod:`g4v.circuits`; eve
 writes the same JSON and PNG files as ``python -m g4v circuits ... --out`` into the visitor's own
 export folder."""
 
+import math
 import time
 
 import gradio as gr
@@ -17,7 +18,7 @@ from g4v.circuits.patching import DIRECTION_CHOICES, patch_levels
 from g4v.circuits.reverse import parse_region, region_attention
 from g4v.errors import G4VError, quoted
 from g4v.images import open_image
-from viz.circuits import region_overlay
+from viz.circuits import picker_size, region_overlay
 from viz.figures import original_point
 from webapp.common import (MODEL_QUEUE, QUIET_INPUT, image_input, optional_whole, refuse_non_pictures, shows_errors,
                            time_left, use_last_chat_image, without_error_badges)
@@ -216,8 +217,10 @@ def pick_corner(image_path, region, evt: gr.SelectData):
     if not image_path:
         raise G4VError("upload a picture first")
     picture = open_image(image_path)
-    x, y = original_point(*evt.index, picture.size)
-    x, y = min(max(0, round(x)), picture.width - 1), min(max(0, round(y)), picture.height - 1)
+    # the click is in the shown picture's pixels (Gradio's index); the picture pixel under the
+    # centre of the one clicked
+    x, y = original_point(evt.index[0] + 0.5, evt.index[1] + 0.5, picture.size, picker_size(picture.size))
+    x, y = min(max(0, math.floor(x)), picture.width - 1), min(max(0, math.floor(y)), picture.height - 1)
     parts = [part for part in (region or "").replace(" ", ",").split(",") if part.strip()]
     if len(parts) == 2 and all(part.strip().isdigit() for part in parts):
         first_x, first_y = int(parts[0]), int(parts[1])
