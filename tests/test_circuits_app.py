@@ -10,7 +10,7 @@ import pytest
 
 from g4v.circuits.attention import image_attention
 from g4v.circuits.common import CircuitSettings
-from g4v.circuits.knockout import attention_knockout
+from g4v.circuits.knockout import WHY_LITTLE_CHANGES, attention_knockout, barely_changed
 from g4v.circuits.patching import patch_levels
 from g4v.circuits.reverse import region_attention
 from g4v.paths import EXAMPLES_DIR
@@ -78,6 +78,33 @@ def test_knockout_exports_the_library_result(handlers, hf_engine):
     expected = attention_knockout(hf_engine, EXAMPLE, PROMPT, CircuitSettings(window=1, max_new_tokens=4)).to_dict()
     same_numbers(exported(files, "knockout.json"), expected)
     assert f"{expected['logprob_after']:.4f}" in report
+    assert (WHY_LITTLE_CHANGES in report) == barely_changed(expected)
+
+
+def knockout_summary(change: float, top_after: str) -> dict:
+    return {"answer_token": "re", "layers": list(range(9)), "answer_position": 155, "logprob_before": -0.0787,
+            "logprob_after": -0.0787 + change, "logprob_change": change, "top_token_after": top_after,
+            "continuation_before": "red", "continuation_after": "red" if top_after == "re" else "blue"}
+
+
+@pytest.mark.parametrize("change, top_after, said", [(0.0066, "re", True), (-0.0155, "re", True),
+                                                     (-0.5, "re", False), (-0.05, "b", False), (-3.86, "b", False)])
+def test_knockout_report_says_why_a_small_change_can_be(change, top_after, said):
+    """9 of 10 layers knocked out, +0.0066, the same answer: the report says in one sentence that
+    only the answer positions were blocked (the prompt's text tokens still read the image and carry
+    it on); a knockout that moved the answer or its log-probability does not get it."""
+    from webapp.circuits import knockout_report
+
+    report = knockout_report(knockout_summary(change, top_after))
+    assert (WHY_LITTLE_CHANGES in report.splitlines()) == said, report
+
+
+def test_the_docs_give_the_knockout_sentence_as_written():
+    """docs/circuits.md gives the sentence the report and the command print, word for word."""
+    from g4v.paths import REPO_ROOT
+
+    docs = " ".join((REPO_ROOT / "docs" / "circuits.md").read_text().split())
+    assert WHY_LITTLE_CHANGES in docs
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ import gradio as gr
 from g4v.circuits.attention import image_attention
 from g4v.circuits.common import CircuitSettings
 from g4v.circuits.exports import draw, write_view
-from g4v.circuits.knockout import attention_knockout
+from g4v.circuits.knockout import WHY_LITTLE_CHANGES, attention_knockout, barely_changed
 from g4v.circuits.patching import DIRECTION_CHOICES, patch_levels
 from g4v.circuits.reverse import parse_region, region_attention
 from g4v.errors import G4VError, quoted
@@ -85,7 +85,8 @@ def knockout_report(summary: dict) -> str:
         "", f"| run | log-probability of {token} | top first token | greedy answer |", "|---|---|---|---|",
         f"| unchanged | {summary['logprob_before']:.4f} | {token} | {code_cell(summary['continuation_before'])} |",
         f"| knocked out | {summary['logprob_after']:.4f} ({summary['logprob_change']:+.4f}) | "
-        f"{code_cell(summary['top_token_after'])} | {code_cell(summary['continuation_after'])} |"])
+        f"{code_cell(summary['top_token_after'])} | {code_cell(summary['continuation_after'])} |",
+        *(["", WHY_LITTLE_CHANGES] if barely_changed(summary) else [])])
 
 
 PATCH_COLUMNS = ["run", "levels patched", "log-odds", "moved", "top first token", "greedy answer"]
