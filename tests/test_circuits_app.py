@@ -10,7 +10,7 @@ import pytest
 
 from g4v.circuits.attention import image_attention
 from g4v.circuits.common import CircuitSettings
-from g4v.circuits.knockout import attention_knockout
+from g4v.circuits.knockout import WHY_LITTLE_CHANGES, attention_knockout, barely_changed
 from g4v.circuits.patching import patch_levels
 from g4v.circuits.reverse import region_attention
 from g4v.paths import EXAMPLES_DIR
@@ -78,6 +78,33 @@ def test_knockout_exports_the_library_result(handlers, hf_engine):
     expected = attention_knockout(hf_engine, EXAMPLE, PROMPT, CircuitSettings(window=1, max_new_tokens=4)).to_dict()
     same_numbers(exported(files, "knockout.json"), expected)
     assert f"{expected['logprob_after']:.4f}" in report
+    assert (WHY_LITTLE_CHANGES in report) == barely_changed(expected)
+
+
+def knockout_summary(change: float, top_after: str) -> dict:
+    return {"answer_token": "re", "layers": list(range(9)), "answer_position": 155, "logprob_before": -0.0787,
+            "logprob_after": -0.0787 + change, "logprob_change": change, "top_token_after": top_after,
+            "continuation_before": "red", "continuation_after": "red" if top_after == "re" else "blue"}
+
+
+@pytest.mark.parametrize("change, top_after, said", [(0.0066, "re", True), (-0.0155, "re", True),
+                                                     (-0.5, "re", False), (-0.05, "b", False), (-3.86, "b", False)])
+def test_knockout_report_says_why_a_small_change_can_be(change, top_after, said):
+    """9 of 10 layers knocked out, +0.0066, the same answer: the report says in one sentence that
+    only the answer positions were blocked (the prompt's text tokens still read the image and carry
+    it on); a knockout that moved the answer or its log-probability does not get it."""
+    from webapp.circuits import knockout_report
+
+    report = knockout_report(knockout_summary(change, top_after))
+    assert (WHY_LITTLE_CHANGES in report.splitlines()) == said, report
+
+
+def test_the_docs_give_the_knockout_sentence_as_written():
+    """docs/circuits.md gives the sentence the report and the command print, word for word."""
+    from g4v.paths import REPO_ROOT
+
+    docs = " ".join((REPO_ROOT / "docs" / "circuits.md").read_text().split())
+    assert WHY_LITTLE_CHANGES in docs
 
 
 @pytest.fixture(scope="module")
@@ -116,18 +143,51 @@ def test_patching_exports_the_library_result(handlers, hf_engine, pictures_ab):
 
 
 def test_two_clicks_on_the_picker_make_a_region():
+    """The picker shows the picture scaled to its box (580 px on the longer side; the example is
+    239 x 127 px, which sat small in a corner at its own size), and a click, which Gradio gives in
+    the shown picture's pixels, is the picture pixel under it."""
     from PIL import Image
 
-    from viz.figures import display_size
-
     width, height = Image.open(EXAMPLE).size
-    assert display_size(width, height) == (width, height)  # the picker shows it at its own size
-    click = lambda x, y: gr.SelectData(None, {"index": [x, y], "value": None})  # noqa: E731
-    region, _ = pick_corner(EXAMPLE, "", click(100, 70))
-    assert region == "100,70"
-    region, picture = pick_corner(EXAMPLE, region, click(20, 10))
-    assert region == "20,10,101,71" and picture.size == (width, height)
-    assert show_region(EXAMPLE, region).size == (width, height)
+    shown = show_region(EXAMPLE, "").size
+    assert max(shown) == 580 and abs(shown[0] / shown[1] - width / height) < 0.01
+    scale_x, scale_y = shown[0] / width, shown[1] / height
+    assert scale_x > 2  # scaled up: a picture pixel is more than two shown pixels wide
+
+    def click_on(x, y):
+        """A click at the middle of picture pixel (x, y), in the shown picture's pixels."""
+        return gr.SelectData(None, {"index": [int((x + 0.5) * scale_x), int((y + 0.5) * scale_y)], "value": None})
+
+    region, picture = pick_corner(EXAMPLE, "", click_on(100, 70))
+    assert region == "100,70" and picture.size == shown
+    region, picture = pick_corner(EXAMPLE, region, click_on(20, 10))
+    assert region == "20,10,101,71" and picture.size == shown
+    assert show_region(EXAMPLE, region).size == shown
+    # the edges: a click on the first and on the last shown pixel is the first and last picture pixel
+    corner = lambda x, y: gr.SelectData(None, {"index": [x, y], "value": None})  # noqa: E731
+    assert pick_corner(EXAMPLE, "", corner(0, 0))[0] == "0,0"
+    assert pick_corner(EXAMPLE, "", corner(shown[0] - 1, shown[1] - 1))[0] == f"{width - 1},{height - 1}"
+    # every picture pixel along a row is reached by a click on the shown pixel at its middle
+    assert [pick_corner(EXAMPLE, "", click_on(x, 5))[0] for x in range(width)] == [f"{x},5" for x in range(width)]
+
+
+def test_the_picker_frames_the_region_where_it_is():
+    """The frame is drawn at the region's place in the scaled picture: the pixels just inside the
+    region are undimmed and those outside are dimmed, measured against the picture scaled alone."""
+    import numpy as np
+
+    from viz.circuits import picker_size
+    from viz.figures import shown_picture
+    from g4v.images import open_image
+
+    picture = open_image(EXAMPLE)
+    size = picker_size(picture.size)
+    plain = np.asarray(shown_picture(picture, size), dtype=float)
+    framed = np.asarray(show_region(EXAMPLE, "40,30,120,90"), dtype=float)
+    scale_x, scale_y = size[0] / picture.width, size[1] / picture.height
+    inside = framed[round(60 * scale_y), round(80 * scale_x)] - plain[round(60 * scale_y), round(80 * scale_x)]
+    outside = framed[round(10 * scale_y), round(10 * scale_x)] - plain[round(10 * scale_y), round(10 * scale_x)]
+    assert np.abs(inside).max() < 1 and outside.max() < -5  # outside darkened, inside as it was
 
 
 #: (view, arguments after the image and prompt, words of the one line). The image and prompt are
@@ -217,3 +277,54 @@ def test_report_tables_keep_a_token_with_a_bar_in_its_cell():
     for report in (reverse_report(reverse), knockout_report(knockout)):
         rows = [line for line in report.splitlines() if line.startswith("|")]
         assert rows and all(len(re.split(r"(?<!\\)\|", row)) == 6 for row in rows), report
+
+
+#: Each view's result boxes (elem_id), which a new input must empty.
+RESULTS = {"attention": ["circuits-attention-report", "circuits-share", "circuits-tiles", "circuits-base",
+                         "circuits-attention-export"],
+           "reverse": ["circuits-reverse-report", "circuits-reverse-picture", "circuits-reverse-export"],
+           "knockout": ["circuits-knockout-report", "circuits-knockout-export"],
+           "patch": ["circuits-patch-report", "circuits-patch-table", "circuits-patch-picture", "circuits-patch-export"]}
+
+
+@pytest.fixture(scope="module")
+def tab(tmp_path_factory):
+    """The tab as the app builds it (no handler runs the model here)."""
+    from webapp.circuits import circuits_tab
+
+    sessions = SessionStores(tmp_path_factory.mktemp("tab-sessions"), {"inspect": 8})
+    with gr.Blocks() as page:
+        circuits_tab(None, gr.State(None), sessions)
+    yield page
+    sessions.close()
+
+
+def emptied_by(page, elem_id: str, event: str) -> dict:
+    """elem_id -> the value each box gets when the ``event`` of box ``elem_id`` fires (every
+    listener of it called as Gradio calls one with no inputs; each value must pass the box's own
+    postprocess, as Gradio sends it)."""
+    [source] = [block for block in page.blocks.values() if getattr(block, "elem_id", None) == elem_id]
+    values = {}
+    for function in page.fns.values():
+        if (source._id, event) in function.targets and not function.inputs:
+            for box, value in zip(function.outputs, function.fn()):
+                box.postprocess(value)
+                values[box.elem_id] = value
+    return values
+
+
+def is_empty(value) -> bool:
+    return value is None or value == "" or value == []
+
+
+@pytest.mark.parametrize("elem_id, views", [("circuits-image", list(RESULTS)), ("circuits-image-b", ["patch"]),
+                                            ("circuits-region", ["reverse"])])
+def test_a_new_input_empties_the_results_it_made_old(tab, elem_id, views):
+    """A new picture (upload, "Use the last chat image", a PDF page: each sets the box, so its
+    change fires) empties every view's results; a new picture B empties patching's only; another
+    region (typed, or set by the picker's clicks: both change the box) empties the reverse view's,
+    whose report names the region it was for."""
+    values = emptied_by(tab, elem_id, "change")
+    wanted = [box for view in views for box in RESULTS[view]]
+    assert sorted(box for box in values if box in sum(RESULTS.values(), [])) == sorted(wanted)
+    assert all(is_empty(values[box]) for box in wanted), values

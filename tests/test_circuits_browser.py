@@ -66,6 +66,10 @@ def test_circuits_tab_in_a_browser(app_url, hf_engine, output_dir, tmp_path):
         page.wait_for_function(PICTURE_LOADED, arg="#circuits-region-picker")
         picker = page.locator("#circuits-region-picker img")
         box = picker.bounding_box()
+        # the 117 x 242 picture is shown 580 px on its longer side, inside its box (at its own size it
+        # sat small in a corner of the box)
+        frame = page.locator("#circuits-region-picker").bounding_box()
+        assert box["height"] >= 560 and box["width"] > 2 * 117 and box["width"] <= frame["width"], (box, frame)
         picker.click(position={"x": box["width"] * 0.1, "y": box["height"] * 0.1})
         page.wait_for_function("() => /^\\d+,\\d+$/.test(document.querySelector('#circuits-region textarea,"
                                " #circuits-region input').value)")
@@ -96,3 +100,10 @@ def test_circuits_tab_in_a_browser(app_url, hf_engine, output_dir, tmp_path):
         table = page.inner_text("#circuits-patch-table")
         assert "deepstack0" in table and "all levels" in table
         assert export_json(page, "#circuits-patch-export", "patching.json")["directions"][0]["name"] == "a_from_b"
+
+        # A new picture A: the patching results were the old pair's, so they go (every view's do).
+        page.locator("#circuits-image input[type=file]").set_input_files(str(other))
+        page.wait_for_function("() => !document.querySelector('#circuits-patch-picture img')", timeout=30_000)
+        assert "deepstack0" not in page.inner_text("#circuits-patch-table")
+        assert page.inner_text("#circuits-patch-report").strip() == ""
+        assert not page.evaluate(PICTURE_LOADED, "#circuits-reverse-picture")

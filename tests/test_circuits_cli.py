@@ -56,6 +56,11 @@ def test_knockout_table():
     result = run_cli("circuits", "knockout", *BASE, "--prompt", PROMPT, "--window", "0", "--max-new-tokens", "3")
     assert result.returncode == 0, result.stderr
     assert "first answer token" in result.stdout and "log-probability" in result.stdout
+    # window 0 (layers 0-7) leaves 're' the top first token, -0.079 -> -0.094 (docs/circuits.md's
+    # table): the table says why blocking the answer's reading can change so little
+    from g4v.circuits.knockout import WHY_LITTLE_CHANGES
+
+    assert "top token after: 're'" in result.stdout and WHY_LITTLE_CHANGES in result.stdout.splitlines()
 
 
 BAD = [
@@ -121,3 +126,24 @@ def test_reverse_out_writes_json_and_picture(tmp_path):
     assert "mean attention" in result.stdout  # the table is printed too
     with Image.open(tmp_path / "rev" / "reverse.png") as picture:
         assert max(picture.size) <= MAX_PICTURE_SIDE
+
+
+#: A flag of each verb given a value argparse itself refuses (a type it cannot convert, a missing
+#: required flag, an unknown verb): argparse's own error, before anything loads.
+ARGPARSE_BAD = [(["knockout", "--window", "abc"], "circuits knockout: error: argument --window: invalid int value: 'abc'"),
+                (["attention", "--token", "abc"], "circuits attention: error: argument --token"),
+                (["reverse", "--max-new-tokens", "abc"], "circuits reverse: error: argument --max-new-tokens"),
+                (["patch", "--max-new-tokens", "1"], "circuits patch: error: the following arguments are required"),
+                (["twist"], "circuits: error: argument verb: invalid choice: 'twist'"),
+                ([], "circuits: error: the following arguments are required: verb")]
+
+
+@pytest.mark.parametrize("flags,words", ARGPARSE_BAD, ids=[" ".join(flags) or "no verb" for flags, _ in ARGPARSE_BAD])
+def test_argparse_refusals_of_every_verb_are_one_line(flags, words):
+    """Every verb's argparse error is one ``python -m g4v circuits VERB: error: ...`` line with status
+    2, without argparse's usage block: the verbs' parsers are g4v.cli.OneLineParser, as the top
+    level's (argparse gives a nested parser its parent's class; circuits.py names it too)."""
+    result = run_cli("circuits", *flags)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.splitlines() == [result.stderr.strip()] and "usage" not in result.stderr, result.stderr
+    assert result.stderr.startswith("python -m g4v ") and words in result.stderr, result.stderr

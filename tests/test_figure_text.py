@@ -265,6 +265,20 @@ def test_lora_plot_shortens_long_tokens_with_an_ellipsis(drawn):
     assert picture.width >= whole.width - 2
 
 
+def test_reverse_axis_shortens_long_tokens_with_an_ellipsis(picture_and_tokens, drawn):
+    """The walk of the Circuits tab: reverse.png's axis showed ``<|start_of_r`` for
+    ``<|start_of_role|>``. A long token ends in "…" (as the LoRA plot's do), a short one is whole."""
+    image, tokens = picture_and_tokens
+    summary = circuits_summary(tokens)
+    texts = ["<|start_of_role|>", "user", "\n", " internationalisation", "twelve chars"]
+    summary["text_tokens"] = [{"position": i, "text": text, "part": "prompt"} for i, text in enumerate(texts)]
+    summary["attention"] = [[0.1 * i for i in range(len(texts))]] * len(summary["layers"])
+    vc.region_attention_figure(image, summary)
+    heat_ax = drawn["figures"][-1].axes[1]
+    labels = [label.get_text() for label in heat_ax.get_xticklabels()]
+    assert labels == ["<|start_of_…", "user", "\\n", " internatio…", "twelve chars"]  # written out by hand
+
+
 #: The Evaluate tab shows its pictures two a row: each gets about half the page, measured in the
 #: served page at a 1280-pixel window (two 590-pixel picture boxes), less their padding.
 EVALUATE_PICTURE_PX = 580

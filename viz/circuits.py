@@ -4,7 +4,8 @@ head-averaged attention on each image token painted through the tiling plan's to
 from matplotlib.figure import Figure
 from PIL import Image
 
-from viz.figures import figure_to_image, mark_injection_layers, text_points, token_heatmap_grid
+from viz.figures import (HALF_PAGE_PX, ellipsized, figure_to_image, fitted_size, mark_injection_layers,
+                         text_points, token_heatmap_grid)
 
 
 def image_share_figure(summary: dict) -> Image.Image:
@@ -58,6 +59,8 @@ def attention_map_figure(image: Image.Image, summary: dict, view: str) -> Image.
 
 #: The reverse view names at most this many text tokens on its axis (every k-th past it).
 MAX_TOKEN_LABELS = 60
+#: and each at most this many characters (a longer one ends in "…"; the report's table gives it whole)
+TOKEN_LABEL_CHARS = 12
 
 
 def region_attention_figure(image: Image.Image, summary: dict) -> Image.Image:
@@ -93,7 +96,8 @@ def region_attention_figure(image: Image.Image, summary: dict) -> Image.Image:
                           extent=(-0.5, len(texts) - 0.5, layers[0] - 0.5, layers[-1] + 0.5))
     step = max(1, -(-len(texts) // MAX_TOKEN_LABELS))
     ticks = list(range(0, len(texts), step))
-    heat_ax.set_xticks(ticks, [repr(texts[i]["text"])[1:-1][:12] for i in ticks], rotation=90, fontsize=small)
+    heat_ax.set_xticks(ticks, [ellipsized(repr(texts[i]["text"])[1:-1], TOKEN_LABEL_CHARS)
+                                 for i in ticks], rotation=90, fontsize=small)
     for tick, i in zip(heat_ax.get_xticklabels(), ticks):
         tick.set_color("#d62728" if texts[i]["part"] == "answer" else "black")
     heat_ax.set_yticks(layers, [str(layer) + (f" {summary['injection_layers'][str(layer)]}"
@@ -107,15 +111,25 @@ def region_attention_figure(image: Image.Image, summary: dict) -> Image.Image:
     return figure_to_image(fig)
 
 
+#: The region picker shows the picture this many pixels on its longer side: the width of its box,
+#: one of a row of two (at its own size a 239 x 127 picture sat small in a corner of the box).
+PICKER_SIDE = HALF_PAGE_PX
+
+
+def picker_size(image_size: tuple[int, int]) -> tuple[int, int]:
+    """The size (width, height) :func:`region_overlay` shows a picture of ``image_size`` at."""
+    return fitted_size(*image_size, PICKER_SIDE)
+
+
 def region_overlay(image: Image.Image, box=None, point=None) -> Image.Image:
-    """``image`` at :func:`viz.figures.display_size` with the region ``box`` (picture pixels) framed
-    and the rest dimmed, or the first corner ``point`` marked: the app's region picker (map a click
-    on it back with :func:`viz.figures.original_point`)."""
+    """``image`` at :func:`picker_size` with the region ``box`` (picture pixels) framed and the
+    rest dimmed, or the first corner ``point`` marked: the app's region picker (map a click on it
+    back with :func:`viz.figures.original_point` and that size)."""
     from PIL import ImageDraw
 
-    from viz.figures import display_size, shown_picture
+    from viz.figures import shown_picture
 
-    width, height = display_size(*image.size)
+    width, height = picker_size(image.size)
     shown = shown_picture(image, (width, height)).copy()
     scale_x, scale_y = width / image.width, height / image.height
     line = max(2, round(min(width, height) / 120))
@@ -127,7 +141,7 @@ def region_overlay(image: Image.Image, box=None, point=None) -> Image.Image:
                 draw.rectangle(part, fill=(0, 0, 0, 90))
         draw.rectangle((left, top, right, bottom), outline="#d62728", width=line)
     if point is not None:
-        x, y = point[0] * scale_x, point[1] * scale_y
+        x, y = (point[0] + 0.5) * scale_x, (point[1] + 0.5) * scale_y  # the pixel's centre
         radius = 3 * line
         draw.line((x - radius, y, x + radius, y), fill="#d62728", width=line)
         draw.line((x, y - radius, x, y + radius), fill="#d62728", width=line)

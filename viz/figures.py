@@ -59,12 +59,28 @@ def heatmap_picture(image: Image.Image) -> tuple[Image.Image, float, float]:
     return shown_picture(image, (width, height)), width / image.width, height / image.height
 
 
-def original_point(x: float, y: float, image_size: tuple[int, int]) -> tuple[float, float]:
-    """A point of a picture shown at :func:`display_size` (e.g. a click on :func:`highlight_box`'s
-    output) -> the same point in the original image of ``image_size`` (width, height)."""
+def fitted_size(width: int, height: int, side: int) -> tuple[int, int]:
+    """``(width, height)`` scaled, up or down, so that the longer side is ``side`` pixels (then
+    :func:`display_size`'s bounds): a small picture fills the box the page shows it in instead of
+    sitting at its own few pixels in a corner of it."""
+    scale = side / max(width, height, 1)
+    return display_size(max(1, round(width * scale)), max(1, round(height * scale)))
+
+
+def original_point(x: float, y: float, image_size: tuple[int, int],
+                   shown_size: tuple[int, int] | None = None) -> tuple[float, float]:
+    """A point of a picture shown at ``shown_size`` (default :func:`display_size`; e.g. a click on
+    :func:`highlight_box`'s output) -> the same point in the original image of ``image_size``
+    (width, height)."""
     width, height = image_size
-    shown_width, shown_height = display_size(width, height)
+    shown_width, shown_height = shown_size or display_size(width, height)
     return x * width / shown_width, y * height / shown_height
+
+
+def ellipsized(text: str, chars: int) -> str:
+    """``text`` cut to at most ``chars`` characters, a cut one ending in "…": a tick label cut bare
+    reads as another token (``<|start_of_r``, ``<|end_of_tex``)."""
+    return text if len(text) <= chars else text[: chars - 1] + "…"
 
 
 def text_points(width_inches: float, shown_px: int = PAGE_WIDTH_PX) -> float:

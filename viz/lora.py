@@ -13,7 +13,7 @@ import numpy as np
 from matplotlib.figure import Figure
 from PIL import Image, ImageDraw, ImageFont
 
-from viz.figures import text_points
+from viz.figures import ellipsized, text_points
 
 #: |delta| (nats) at which the colour saturates.
 DELTA_SCALE = 4.0
@@ -49,8 +49,7 @@ def _visible(text: str) -> str:
 def tick_label(text: str) -> str:
     """A token as the plot's x axis names it: :func:`_visible`, shortened to ``TOKEN_LABEL_CHARS``
     with an ellipsis, so a cut label never reads as another token (``<|end_of_tex``)."""
-    text = _visible(text)
-    return text if len(text) <= TOKEN_LABEL_CHARS else text[: TOKEN_LABEL_CHARS - 1] + "…"
+    return ellipsized(_visible(text), TOKEN_LABEL_CHARS)
 
 
 def _tooltip(token: dict, names: tuple[str, str] = ("base", "adapter")) -> str:

@@ -5,6 +5,7 @@ difference between two pictures (patching). The work is :mod:`g4v.circuits`; eve
 writes the same JSON and PNG files as ``python -m g4v circuits ... --out`` into the visitor's own
 export folder."""
 
+import math
 import time
 
 import gradio as gr
@@ -12,12 +13,12 @@ import gradio as gr
 from g4v.circuits.attention import image_attention
 from g4v.circuits.common import CircuitSettings
 from g4v.circuits.exports import draw, write_view
-from g4v.circuits.knockout import attention_knockout
+from g4v.circuits.knockout import WHY_LITTLE_CHANGES, attention_knockout, barely_changed
 from g4v.circuits.patching import DIRECTION_CHOICES, patch_levels
 from g4v.circuits.reverse import parse_region, region_attention
 from g4v.errors import G4VError, quoted
 from g4v.images import open_image
-from viz.circuits import region_overlay
+from viz.circuits import picker_size, region_overlay
 from viz.figures import original_point
 from webapp.common import (MODEL_QUEUE, QUIET_INPUT, image_input, optional_whole, refuse_non_pictures, shows_errors,
                            time_left, use_last_chat_image, without_error_badges)
@@ -84,7 +85,8 @@ def knockout_report(summary: dict) -> str:
         "", f"| run | log-probability of {token} | top first token | greedy answer |", "|---|---|---|---|",
         f"| unchanged | {summary['logprob_before']:.4f} | {token} | {code_cell(summary['continuation_before'])} |",
         f"| knocked out | {summary['logprob_after']:.4f} ({summary['logprob_change']:+.4f}) | "
-        f"{code_cell(summary['top_token_after'])} | {code_cell(summary['continuation_after'])} |"])
+        f"{code_cell(summary['top_token_after'])} | {code_cell(summary['continuation_after'])} |",
+        *(["", WHY_LITTLE_CHANGES] if barely_changed(summary) else [])])
 
 
 PATCH_COLUMNS = ["run", "levels patched", "log-odds", "moved", "top first token", "greedy answer"]
@@ -216,14 +218,29 @@ def pick_corner(image_path, region, evt: gr.SelectData):
     if not image_path:
         raise G4VError("upload a picture first")
     picture = open_image(image_path)
-    x, y = original_point(*evt.index, picture.size)
-    x, y = min(max(0, round(x)), picture.width - 1), min(max(0, round(y)), picture.height - 1)
+    # the click is in the shown picture's pixels (Gradio's index); the picture pixel under the
+    # centre of the one clicked
+    x, y = original_point(evt.index[0] + 0.5, evt.index[1] + 0.5, picture.size, picker_size(picture.size))
+    x, y = min(max(0, math.floor(x)), picture.width - 1), min(max(0, math.floor(y)), picture.height - 1)
     parts = [part for part in (region or "").replace(" ", ",").split(",") if part.strip()]
     if len(parts) == 2 and all(part.strip().isdigit() for part in parts):
         first_x, first_y = int(parts[0]), int(parts[1])
         box = (min(first_x, x), min(first_y, y), max(first_x, x) + 1, max(first_y, y) + 1)
         return ",".join(map(str, box)), region_overlay(picture, box)
     return f"{x},{y}", region_overlay(picture, point=(x, y))
+
+
+def emptied(components: list) -> list:
+    """What each result box shows when it is emptied: no text, no picture, no rows, no files."""
+    return [[] if isinstance(component, gr.Dataframe) else "" if isinstance(component, gr.Markdown) else None
+            for component in components]
+
+
+def empties_on(event, components: list) -> None:
+    """``event`` (a new picture, another region) empties ``components``: the results shown were
+    computed from what was there before, and would stand unmarked beside the new input."""
+    event(lambda: emptied(components), None, components, api_visibility="private", queue=False,
+          show_progress="hidden")
 
 
 def circuits_tab(engine, last_chat_image: gr.State, sessions: SessionStores, concurrency: int = 1,
@@ -241,6 +258,7 @@ def circuits_tab(engine, last_chat_image: gr.State, sessions: SessionStores, con
             prompt = gr.Textbox(label="Prompt", value="What colour is the shape?", elem_id="circuits-prompt")
             layers = gr.Textbox(label=LAYERS_HELP, value=DEFAULTS.layers, elem_id="circuits-layers")
     attention, reverse, knockout, patch = make_handlers(engine, sessions, gpu_task)
+    results = {}  # view -> its result boxes
     model_bound = {"concurrency_id": MODEL_QUEUE, "concurrency_limit": concurrency}
     pictures = {"show_label": False, "format": "png"}  # each picture carries its own title
 
@@ -253,7 +271,7 @@ def circuits_tab(engine, last_chat_image: gr.State, sessions: SessionStores, con
         tiles = gr.Image(label="Attention on each tile token", elem_id="circuits-tiles", **pictures)
         base = gr.Image(label="Attention on each base-view token", elem_id="circuits-base", **pictures)
         export = gr.File(label="Export (attention.json, PNGs)", file_count="multiple", elem_id="circuits-attention-export")
-    outputs = [report, share, tiles, base, export]
+    outputs = results["attention"] = [report, share, tiles, base, export]
     without_error_badges(run.click(attention, [image, prompt, layers, token], outputs, api_name="circuits_attention",
                                    show_progress_on=report, **model_bound), outputs)
 
@@ -276,7 +294,7 @@ def circuits_tab(engine, last_chat_image: gr.State, sessions: SessionStores, con
         without_error_badges(event(show, [image, region], picker, api_visibility="private", **QUIET_INPUT), [picker])
     without_error_badges(picker.select(pick_corner, [image, region], [region, picker], api_visibility="private",
                                        **QUIET_INPUT), [region, picker])
-    outputs = [reverse_text, reverse_picture, reverse_export]
+    outputs = results["reverse"] = [reverse_text, reverse_picture, reverse_export]
     without_error_badges(run_reverse.click(reverse, [image, prompt, layers, region, answer_tokens], outputs,
                                            api_name="circuits_reverse", show_progress_on=reverse_text, **model_bound),
                          outputs)
@@ -290,7 +308,7 @@ def circuits_tab(engine, last_chat_image: gr.State, sessions: SessionStores, con
         run_knockout = gr.Button("Knock out", variant="primary", elem_id="circuits-knockout-run")
         knockout_text = gr.Markdown(elem_id="circuits-knockout-report")
         knockout_export = gr.File(label="Export (knockout.json)", file_count="multiple", elem_id="circuits-knockout-export")
-    outputs = [knockout_text, knockout_export]
+    outputs = results["knockout"] = [knockout_text, knockout_export]
     without_error_badges(run_knockout.click(knockout, [image, prompt, layers, window, new_tokens], outputs,
                                             api_name="circuits_knockout", show_progress_on=knockout_text,
                                             **model_bound), outputs)
@@ -318,9 +336,15 @@ def circuits_tab(engine, last_chat_image: gr.State, sessions: SessionStores, con
         patch_picture = gr.Image(label="Log-odds per level", elem_id="circuits-patch-picture", **pictures)
         patch_export = gr.File(label="Export (patching.json, patching.png)", file_count="multiple",
                                elem_id="circuits-patch-export")
-    outputs = [patch_text, patch_table, patch_picture, patch_export]
+    outputs = results["patch"] = [patch_text, patch_table, patch_picture, patch_export]
     without_error_badges(run_patch.click(patch, [image, other, prompt, levels, direction, patch_region, patch_tokens,
                                                  complement],
                                          outputs, api_name="circuits_patch", show_progress_on=patch_text,
                                          **model_bound), outputs)
+    # a new picture (uploaded, from Chat, a PDF page): every view's results were the old one's;
+    # a new picture B: the patching results were the old pair's
+    empties_on(image.change, [box for boxes in results.values() for box in boxes])
+    empties_on(other.change, results["patch"])
+    # another region (typed, or set by the two clicks): the reverse report named the old one
+    empties_on(region.change, results["reverse"])
     use_last_chat_image(from_chat, last_chat_image, image)

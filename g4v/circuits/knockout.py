@@ -29,6 +29,23 @@ from g4v.model.scoring import greedy_continuation, next_token_logprobs
 from g4v.tiling import plan_tiling
 
 
+#: The first answer token "barely changes" under the knockout when it is still the top token and its
+#: log-probability moved by less than this many nats: then the report says why that can be.
+SMALL_CHANGE = 0.1
+#: Why: the one sentence the app's report, the command's table and docs/circuits.md give (written
+#: here once; a test holds the docs to it).
+WHY_LITTLE_CHANGES = ("Only the answer positions are blocked: the prompt's own text tokens still read the image at "
+                      "those layers and carry it forward (the knockout of Zhang et al. 2024), and any layer outside "
+                      "the chosen ones still reads it.")
+
+
+def barely_changed(summary: dict) -> bool:
+    """Whether a knockout (``KnockoutResult.to_dict()``) left the first answer token the top one
+    with its log-probability within ``SMALL_CHANGE``: the case a reader takes for "the image is not
+    used there", which the knockout alone cannot say."""
+    return summary["top_token_after"] == summary["answer_token"] and abs(summary["logprob_change"]) < SMALL_CHANGE
+
+
 @dataclass
 class KnockoutResult:
     layers: list[int]  # the decoder layers where the answer positions could not read the image

@@ -157,12 +157,16 @@ def _print_reverse(summary: dict) -> None:
 
 
 def _print_knockout(summary: dict) -> None:
+    from g4v.circuits.knockout import WHY_LITTLE_CHANGES, barely_changed
+
     print(f"knocked out at layers {summary['layers']} (from position {summary['answer_position']} on)")
     print(f"first answer token {summary['answer_token']!r}: log-probability {summary['logprob_before']:.4f} -> "
           f"{summary['logprob_after']:.4f} ({summary['logprob_change']:+.4f}); "
           f"top token after: {summary['top_token_after']!r}")
     print(f"  before: {summary['continuation_before']!r}")
     print(f"  after:  {summary['continuation_after']!r}")
+    if barely_changed(summary):
+        print(WHY_LITTLE_CHANGES)
 
 
 def _print_patching(summary: dict) -> None:
