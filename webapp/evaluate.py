@@ -310,7 +310,7 @@ def evaluate_tab(engine, model: str, adapters_dir, workspace: EvalWorkspace, tar
     budget_section(workspace, choices, {choices[0].spec.engine_key(): engine}, adapters_dir,
                    [arm_a, dataset, files, *columns, limit, seed, max_new_tokens], concurrency, gpu_task)
     wire_dataset_info(workspace, dataset, files, columns, described, row_count)
-    wire_plan(row_count, limit, discordance, planned)
+    wire_plan(row_count, limit, discordance, margin, planned)
     evaluate = make_run(engine, workspace, choices, adapters_dir, gpu_task)
     # The results on show are marked as the previous run's while a new one starts and after it is
     # refused; the mark is a quick step of its own, which also clears the refusal's "Error" badge.

@@ -25,25 +25,38 @@ def equivalence_boxes() -> tuple[gr.Number, gr.Number]:
 def plan_view(rows: int | None, limit: int) -> tuple[gr.State, gr.Markdown]:
     """The dataset's row count (set as a dataset is chosen) and the line that shows the
     detectable difference for the rows a run will cover."""
-    return gr.State(rows), gr.Markdown(plan_text(rows, limit, EvalConfig.discordance), elem_id="eval-plan")
+    text = plan_text(rows, limit, EvalConfig.discordance, EvalConfig.margin)
+    return gr.State(rows), gr.Markdown(text, elem_id="eval-plan")
 
 
-def wire_plan(row_count, limit, discordance, planned) -> None:
-    """The line follows the dataset, the rows box and the discordance box."""
-    for source in (row_count, limit, discordance):
-        source.change(plan_text, [row_count, limit, discordance], planned, api_visibility="private", queue=False)
+def wire_plan(row_count, limit, discordance, margin, planned) -> None:
+    """The line follows the dataset, the rows box, the discordance box and the margin box."""
+    for source in (row_count, limit, discordance, margin):
+        source.change(plan_text, [row_count, limit, discordance, margin], planned, api_visibility="private",
+                      queue=False)
 
 
-def plan_text(rows, limit, discordance) -> str:
+def _share(value) -> float | None:
+    """A box's share strictly between 0 and 1, else None."""
+    try:
+        share = float(value)
+    except (TypeError, ValueError):
+        return None
+    return share if not isinstance(value, bool) and 0 < share < 1 else None
+
+
+def plan_text(rows, limit, discordance, margin=EvalConfig.margin) -> str:
     """Before a run: the detectable difference for the rows it will cover (the dataset's, cut to
-    the limit); empty while the boxes hold no valid numbers (Run names the problem)."""
+    the limit), and when they are too few for the margin, how many would do; empty while the
+    boxes hold no valid numbers (Run names the problem)."""
     try:
         cut = whole_or_none(limit, "limit", smallest=1, means_none=0)
-        if not rows or isinstance(discordance, bool) or not 0 < float(discordance) < 1:
-            return ""
-    except (G4VError, TypeError, ValueError):
+    except G4VError:
         return ""
-    return "Before the run: " + plan_line(detectable(min(rows, cut or rows), float(discordance))) + "."
+    share, points = _share(discordance), _share(margin)
+    if not rows or share is None or points is None:
+        return ""
+    return "Before the run: " + plan_line(detectable(min(rows, cut or rows), share, margin=points)) + "."
 
 
 def result_views() -> tuple[gr.Markdown, gr.Dataframe]:
