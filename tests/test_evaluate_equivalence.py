@@ -14,7 +14,7 @@ from g4v.evaluate.equivalence import detectable_difference, plan_line, rows_to_d
 from g4v.evaluate.fields import field_outcomes, field_scores, reference_kind
 from g4v.evaluate.run import SampleResult
 from g4v.evaluate.stats import detectable, summarise
-from webapp.evaluate_equivalence import plan_text
+from webapp.evaluate_equivalence import NO_FIELDS, plan_text, result_values
 from tests.cli import run_cli
 
 # (a_only, b_only, n): balanced, none discordant, all discordant, one-sided, large, B better
@@ -202,6 +202,18 @@ def test_summary_carries_equivalence_detectable_and_fields():
     assert summary["noise_floor"] is None and summary["fields"] is None
     floor = summarise(rows, "a", "a again", same_arm=True)["noise_floor"]
     assert floor == {"rows": 41, "disagree": 1, "text_differs": 1, "discordant": 1, "rate": pytest.approx(1 / 41)}
+
+
+def test_the_tab_hides_the_field_table_without_structured_references():
+    """A dataset of plain answers: no per-field table (an empty one under its headers read as "no
+    field moved"), one line in the Equivalence block instead; a key-value dataset: the table."""
+    plain = summarise([sample(0, "red", "blue", "red"), sample(1, "x", "x", "x")], "a", "b")
+    text, table = result_values(plain)
+    assert table["visible"] is False and table["value"] == [] and f"- {NO_FIELDS}" in text.splitlines()
+    truth = json.dumps({"total": "5"})
+    structured = summarise([sample(0, '{"total": "5"}', '{"total": "6"}', truth)], "a", "b")
+    text, table = result_values(structured)
+    assert table["visible"] is True and [row[0] for row in table["value"]] == ["$.total"] and NO_FIELDS not in text
 
 
 @pytest.mark.parametrize("bad", [0, 1, -0.1, 2, "0.02", True])

@@ -59,21 +59,30 @@ def plan_text(rows, limit, discordance, margin=EvalConfig.margin) -> str:
     return "Before the run: " + plan_line(detectable(min(rows, cut or rows), share, margin=points)) + "."
 
 
+#: The Equivalence block's line for a run without structured references (the per-field table
+#: stays hidden: an empty table under its headers read as "no field moved").
+NO_FIELDS = "per-field scores: none, this dataset has no key-value or table references"
+
+
 def result_views() -> tuple[gr.Markdown, gr.Dataframe]:
-    """The Equivalence block and the per-field table, filled after a run."""
+    """The Equivalence block and the per-field table, filled after a run; the table shows only
+    when the run has per-field scores."""
     block = gr.Markdown(elem_id="eval-equivalence")
     table = gr.Dataframe(headers=FIELD_HEADERS, label="Per-field scores (key-value and table answers), most moved first",
-                         interactive=False, elem_id="eval-fields", wrap=True, max_height=320,
+                         interactive=False, elem_id="eval-fields", wrap=True, max_height=320, visible=False,
                          column_widths=column_widths(FIELD_HEADERS))
     return block, table
 
 
-def result_values(summary: dict) -> tuple[str, list[list]]:
-    """What :func:`result_views` show for a run."""
-    return equivalence_text(summary), field_rows(summary.get("fields"))
+def result_values(summary: dict) -> tuple[str, dict]:
+    """What :func:`result_views` show for a run: the block's text, and the table's rows as an
+    update that hides it when there are none."""
+    rows = field_rows(summary.get("fields"))
+    return equivalence_text(summary), gr.update(value=rows, visible=bool(rows))
 
 
 def equivalence_text(summary: dict) -> str:
-    """The Equivalence block: the TOST verdict, the detectable difference, the noise floor."""
-    lines = summary_lines(summary)
-    return "\n".join(["**Equivalence**", "", *(f"- {line}" for line in lines)]) if lines else ""
+    """The Equivalence block: the TOST verdict, the detectable difference, the noise floor, and
+    a line when the run has no per-field scores."""
+    lines = summary_lines(summary) + ([] if summary.get("fields") else [NO_FIELDS])
+    return "\n".join(["**Equivalence**", "", *(f"- {line}" for line in lines)])
