@@ -1,6 +1,8 @@
 """The Evaluate tab's "can it say no change" parts: the margin and discordance boxes, the
-detectable difference shown before a run, and after it the Equivalence block and the per-field
-table (the numbers come from :mod:`g4v.evaluate.equivalence` and :mod:`g4v.evaluate.fields`)."""
+detectable difference shown before a run, and after it the Equivalence block, the per-field
+table and, for a precision pair, the per-level drift table (the numbers come from
+:mod:`g4v.evaluate.equivalence`, :mod:`g4v.evaluate.fields` and :func:`g4v.model.precision.drift_rows`,
+which the CLI prints too)."""
 
 import gradio as gr
 
@@ -9,6 +11,7 @@ from g4v.evaluate import EvalConfig
 from g4v.evaluate.equivalence import plan_line, summary_lines
 from g4v.evaluate.fields import FIELD_HEADERS, field_rows
 from g4v.evaluate.stats import detectable
+from g4v.model.precision import DRIFT_HEADERS, drift_rows, drift_title
 from webapp.evaluate_tables import column_widths, whole_or_none
 
 
@@ -64,21 +67,37 @@ def plan_text(rows, limit, discordance, margin=EvalConfig.margin) -> str:
 NO_FIELDS = "per-field scores: none, this dataset has no key-value or table references"
 
 
-def result_views() -> tuple[gr.Markdown, gr.Dataframe]:
-    """The Equivalence block and the per-field table, filled after a run; the table shows only
-    when the run has per-field scores."""
+#: The drift table's label before a run names one (a run sets its own, with its arms and rows).
+DRIFT_LABEL = "Per-level drift of B against A (a precision pair: the same model in two precisions)"
+
+
+def result_views() -> tuple[gr.Markdown, gr.Dataframe, gr.Dataframe]:
+    """The Equivalence block, the per-field table and the per-level drift table, filled after a
+    run; each table shows only when the run has its numbers (per-field scores; ``level_drift``)."""
     block = gr.Markdown(elem_id="eval-equivalence")
     table = gr.Dataframe(headers=FIELD_HEADERS, label="Per-field scores (key-value and table answers), most moved first",
                          interactive=False, elem_id="eval-fields", wrap=True, max_height=320, visible=False,
                          column_widths=column_widths(FIELD_HEADERS))
-    return block, table
+    drift = gr.Dataframe(headers=DRIFT_HEADERS, label=DRIFT_LABEL, interactive=False, elem_id="eval-drift",
+                         visible=False, column_widths=column_widths(DRIFT_HEADERS))
+    return block, table, drift
 
 
-def result_values(summary: dict) -> tuple[str, dict]:
-    """What :func:`result_views` show for a run: the block's text, and the table's rows as an
+def result_values(summary: dict) -> tuple[str, dict, dict]:
+    """What :func:`result_views` show for a run: the block's text, and each table's rows as an
     update that hides it when there are none."""
     rows = field_rows(summary.get("fields"))
-    return equivalence_text(summary), gr.update(value=rows, visible=bool(rows))
+    return equivalence_text(summary), gr.update(value=rows, visible=bool(rows)), drift_value(summary)
+
+
+def drift_value(summary: dict) -> dict:
+    """The drift table of a precision pair (``summary["level_drift"]``: the CLI's rows, its
+    title as the label), hidden for any other run."""
+    drift = summary.get("level_drift")
+    if not drift:
+        return gr.update(value=[], visible=False, label=DRIFT_LABEL)
+    label = f"{drift_title(drift)}; B = {drift['of']}, A = {drift['against']}"
+    return gr.update(value=drift_rows(drift), visible=True, label=label)
 
 
 def equivalence_text(summary: dict) -> str:
