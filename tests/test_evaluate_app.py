@@ -320,13 +320,14 @@ def finished(page, word: str = "Finished") -> None:
                            arg=word, timeout=300_000)
 
 
-def run_in_browser(page, url: str, limit: int, stop_once: bool = False) -> None:
-    """Open the Evaluate tab, pick base vs the French adapter on the bundled dataset, run, and wait
-    for the aggregate table (also the README screenshot's steps). ``stop_once``: press Stop as
-    soon as the run works, see the partial result, then Run again to finish it."""
+def run_in_browser(page, url: str, limit: int, stop_once: bool = False,
+                   arm_b: str = "hf + adapter tiny-trained-french") -> None:
+    """Open the Evaluate tab, pick base vs the French adapter (or the ``arm_b`` option) on the
+    bundled dataset, run, and wait for the aggregate table (also the README screenshot's steps).
+    ``stop_once``: press Stop as soon as the run works, see the partial result, then Run again."""
     page.goto(url)
     page.get_by_role("tab", name="Evaluate").click()
-    for box, option in (("#eval-arm-a", "hf (the app's model)"), ("#eval-arm-b", "hf + adapter tiny-trained-french")):
+    for box, option in (("#eval-arm-a", "hf (the app's model)"), ("#eval-arm-b", arm_b)):
         page.locator(f"{box} input").click()
         page.locator(f"{box} [role=option]", has_text=option).filter(visible=True).first.click()
         page.locator(f"{box} input").press("Escape")  # its list closes, so the next box's list is the only one

@@ -79,7 +79,7 @@ def result_views() -> tuple[gr.Markdown, gr.Dataframe, gr.Dataframe]:
                          interactive=False, elem_id="eval-fields", wrap=True, max_height=320, visible=False,
                          column_widths=column_widths(FIELD_HEADERS))
     drift = gr.Dataframe(headers=DRIFT_HEADERS, label=DRIFT_LABEL, interactive=False, elem_id="eval-drift",
-                         visible=False, column_widths=column_widths(DRIFT_HEADERS))
+                         wrap=True, visible=False, column_widths=column_widths(DRIFT_HEADERS))
     return block, table, drift
 
 
