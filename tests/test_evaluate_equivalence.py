@@ -208,11 +208,11 @@ def test_the_tab_hides_the_field_table_without_structured_references():
     """A dataset of plain answers: no per-field table (an empty one under its headers read as "no
     field moved"), one line in the Equivalence block instead; a key-value dataset: the table."""
     plain = summarise([sample(0, "red", "blue", "red"), sample(1, "x", "x", "x")], "a", "b")
-    text, table = result_values(plain)
+    text, table, _drift = result_values(plain)
     assert table["visible"] is False and table["value"] == [] and f"- {NO_FIELDS}" in text.splitlines()
     truth = json.dumps({"total": "5"})
     structured = summarise([sample(0, '{"total": "5"}', '{"total": "6"}', truth)], "a", "b")
-    text, table = result_values(structured)
+    text, table, _drift = result_values(structured)
     assert table["visible"] is True and [row[0] for row in table["value"]] == ["$.total"] and NO_FIELDS not in text
 
 
