@@ -113,6 +113,31 @@ def test_evaluate_tables_break_no_word_inside(app_url, shots, width):
         page.screenshot(path=str(shots / f"readable-2-evaluate-{width}.png"), full_page=True)
 
 
+#: The texts of one column's body cells in the element's table.
+COLUMN_TEXTS = """([selector, col]) => [...document.querySelector(selector).querySelectorAll('[data-testid^="cell-"]')]
+  .filter(cell => cell.dataset.testid.endsWith(`-${col}`)).map(cell => cell.innerText.trim())"""
+
+
+def test_evaluate_numbers_stay_whole_on_a_precision_pair(app_url, shots):
+    """A = hf, B = "hf, bfloat16" on 2 rows at 1280 pixels: the KL is tiny, so its cells carry
+    numbers in e-notation ("1.09e-05" broke at its hyphen in the walk): every aggregate cell, the
+    numbers included, on one line and whole; the drift table shows, its numbers unbroken too."""
+    from tests.test_evaluate_app import run_in_browser
+    from webapp.evaluate_tables import AGGREGATE_HEADERS
+
+    with browser_page(width=1280, height=1400) as page:
+        run_in_browser(page, app_url, limit=2, arm_b="hf, bfloat16")
+        page.locator("#eval-drift [data-testid^='cell-']").first.wait_for(state="visible", timeout=120_000)
+        kl = [text.replace("\u2060", "") for header in ("KL mean", "KL q99")  # less the invisible word joiners
+              for text in page.evaluate(COLUMN_TEXTS, ["#eval-aggregate", AGGREGATE_HEADERS.index(header)])]
+        assert kl and any("e-" in text for text in kl), kl  # the case of the walk: a small KL in e-notation
+        for table in ("#eval-aggregate", "#eval-drift"):
+            assert page.evaluate(SPLIT_WORDS, [table, SHORT_WORD]) == [], table
+        page.screenshot(path=str(shots / "readable-3-evaluate-precision.png"), full_page=True)
+        columns = page.evaluate(COLUMNS_IN_VIEW, "#eval-aggregate")
+        assert len(columns) == 11 and [c for c in columns if not (c["whole"] and c["inside"])] == []
+
+
 #: Whether the element's text is drawn whole (nothing scrolled or cut by its own width).
 FITS = "(selector) => { const e = document.querySelector(selector); return e.scrollWidth <= e.clientWidth + 1; }"
 

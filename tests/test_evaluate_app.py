@@ -22,6 +22,7 @@ from g4v.evaluate import BUNDLED_DATASET, SampleResult, open_dataset, summarise
 from g4v.evaluate import uploads
 from tests.browser import browser_page
 from tests.conftest import running_app
+from webapp.evaluate_equivalence import NO_FIELDS
 
 #: The app's upload limits in this module (set through its environment).
 APP_MAX_BYTES, APP_MAX_FILES = 4_000_000, 40
@@ -237,12 +238,12 @@ DOC_FIELDS = {"count": 1, "shapes": [{"shape": "star", "colour": "red"}]}
 def test_the_api_scores_a_key_value_dataset_per_field(client):
     """A JSON reference gets the per-field table: each leaf path a row, both arms the same model
     (noise floor), so nothing moved; the random-weight model's answer is no JSON: all missing."""
-    *_, equivalence, fields, _, _, _, _, _, _, summary = evaluate(client, dataset="data1:docs", arm_b="same", limit=None,
+    *_, equivalence, fields, drift, _, _, _, _, _, _, summary = evaluate(client, dataset="data1:docs", arm_b="same", limit=None,
                                                                   max_new_tokens=4)
     names = ["$.count", "$.shapes[*].colour", "$.shapes[*].shape"]
-    assert [row[0] for row in fields["data"]] == names  # none moved: by name
-    assert all(row[1:] == [1, "0 / 0 / 1 / 0", "0 / 0 / 1 / 0", 0, 0] for row in fields["data"])
-    assert summary["fields"]["rows"] == 1 and summary["fields"]["moved"] == []
+    assert fields["visible"] and [row[0] for row in fields["value"]["data"]] == names  # none moved: by name
+    assert all(row[1:] == [1, "0 / 0 / 1 / 0", "0 / 0 / 1 / 0", 0, 0] for row in fields["value"]["data"])
+    assert summary["fields"]["rows"] == 1 and summary["fields"]["moved"] == [] and not drift["visible"]
 
 
 def test_the_api_runs_a_noise_floor(client):
@@ -257,7 +258,8 @@ def test_the_api_runs_a_noise_floor(client):
 def test_the_api_runs_a_bf16_arm_with_per_level_drift(client):
     """The tab's "hf, bfloat16" arm (an engine of its own beside the app's float32 one): every row
     records the per-level drift of bf16 against float32, and the summary's means are those rows'."""
-    *_, export, summary = evaluate(client, arm_b="app:dtype=bfloat16", limit=2, max_new_tokens=4)
+    outputs = evaluate(client, arm_b="app:dtype=bfloat16", limit=2, max_new_tokens=4)
+    table, export, summary = outputs[4], outputs[-2], outputs[-1]
     rows, saved = exported_rows(export)
     assert saved == summary and summary["arms"]["b"]["label"] == "hf bfloat16"
     drift = summary["level_drift"]
@@ -266,13 +268,17 @@ def test_the_api_runs_a_bf16_arm_with_per_level_drift(client):
     for name, level in drift["levels"].items():
         assert level["rel_error_max"] == max(row["levels"][name]["rel_error"] for row in per_row) > 0
         assert level["cosine_min"] == min(row["levels"][name]["cosine"] for row in per_row) < 1
+    shown = {cells[0]: cells for cells in table["value"]["data"]}  # the tab's drift table: the same numbers
+    assert table["visible"] and list(shown) == list(drift["levels"])
+    assert all(float(shown[name][2]) == pytest.approx(level["rel_error_max"], rel=2e-3)
+               for name, level in drift["levels"].items())
 
 
 def test_the_api_runs_base_against_the_adapter_and_resumes(client):
     """After all the refusals the app still runs: 8 rows of the bundled dataset, base vs the French
     adapter. The returned summary equals summarise() of the exported rows; accuracy and agreement
     recounted here by hand; a second identical call is answered from the kept run folder."""
-    status, aggregate, equivalence, fields, *pictures, samples, export, summary = evaluate(client)
+    status, aggregate, equivalence, fields, drift, *pictures, samples, export, summary = evaluate(client)
     assert summary["n"] == LIMIT and summary["complete"] and summary["n_errors"] == 0
     rows, saved = exported_rows(export)
     assert saved == summary
@@ -290,7 +296,8 @@ def test_the_api_runs_base_against_the_adapter_and_resumes(client):
     assert "Finished" in status
     test = summary["equivalence"]  # the French adapter changes colour answers: not equivalent
     assert not test["equivalent"] and test["verdict"] in equivalence
-    assert fields["headers"][0] == "field" and fields["data"] == []  # no structured reference: no fields
+    assert not fields["visible"] and NO_FIELDS in equivalence  # no structured reference: no table, one line
+    assert not drift["visible"]  # an adapter pair, not a precision pair
 
     again = evaluate(client)
     assert again[-1] == summary  # the kept folder: nothing recomputed, nothing different
@@ -313,13 +320,14 @@ def finished(page, word: str = "Finished") -> None:
                            arg=word, timeout=300_000)
 
 
-def run_in_browser(page, url: str, limit: int, stop_once: bool = False) -> None:
-    """Open the Evaluate tab, pick base vs the French adapter on the bundled dataset, run, and wait
-    for the aggregate table (also the README screenshot's steps). ``stop_once``: press Stop as
-    soon as the run works, see the partial result, then Run again to finish it."""
+def run_in_browser(page, url: str, limit: int, stop_once: bool = False,
+                   arm_b: str = "hf + adapter tiny-trained-french") -> None:
+    """Open the Evaluate tab, pick base vs the French adapter (or the ``arm_b`` option) on the
+    bundled dataset, run, and wait for the aggregate table (also the README screenshot's steps).
+    ``stop_once``: press Stop as soon as the run works, see the partial result, then Run again."""
     page.goto(url)
     page.get_by_role("tab", name="Evaluate").click()
-    for box, option in (("#eval-arm-a", "hf (the app's model)"), ("#eval-arm-b", "hf + adapter tiny-trained-french")):
+    for box, option in (("#eval-arm-a", "hf (the app's model)"), ("#eval-arm-b", arm_b)):
         page.locator(f"{box} input").click()
         page.locator(f"{box} [role=option]", has_text=option).filter(visible=True).first.click()
         page.locator(f"{box} input").press("Escape")  # its list closes, so the next box's list is the only one

@@ -10,7 +10,7 @@ import pytest
 
 from g4v.errors import G4VError
 from g4v.evaluate import BUNDLED_DATASET, ArmSpec, EvalConfig, run_eval
-from g4v.evaluate.budget import CURVE_FILE, parse_keeps, parse_policies, run_budget_sweep
+from g4v.evaluate.budget import CURVE_FILE, curve_table, parse_keeps, parse_policies, run_budget_sweep
 from g4v.evaluate.stats import wilson_interval
 from g4v.paths import TRAINED_MODEL_DIR
 from tests.cli import run_cli
@@ -121,6 +121,12 @@ def test_budget_figure_draws_the_curve_and_says_when_empty():
     assert 800 <= picture.width <= 2400 and picture.height <= 2400
     empty = budget_figure({"arm": "hf", "keeps": [50], "policies": ["norm"], "points": []})
     assert empty.height < picture.height
+
+
+def test_sweep_header_names_the_arm_with_a_space():
+    curve = {"arm": "hf(granite4-vision-tiny-trained)[keep 50% norm]", "points": []}
+    assert curve_table(curve).splitlines()[0] == "token budget of hf (granite4-vision-tiny-trained)[keep 50% norm]"
+    assert curve_table({"arm": "openai@host:8000", "points": []}).splitlines()[0] == "token budget of openai@host:8000"
 
 
 def test_cli_sweep_writes_the_curve_and_refuses_bad_input_in_one_line(tmp_path):

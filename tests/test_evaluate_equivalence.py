@@ -10,10 +10,11 @@ from scipy import optimize, stats
 
 from g4v.errors import G4VError
 from g4v.evaluate import BUNDLED_DATASET, ArmSpec, EvalConfig, run_eval
-from g4v.evaluate.equivalence import detectable_difference, score_z, tost_paired
+from g4v.evaluate.equivalence import detectable_difference, plan_line, rows_to_detect, score_z, tost_paired
 from g4v.evaluate.fields import field_outcomes, field_scores, reference_kind
 from g4v.evaluate.run import SampleResult
-from g4v.evaluate.stats import summarise
+from g4v.evaluate.stats import detectable, summarise
+from webapp.evaluate_equivalence import NO_FIELDS, plan_text, result_values
 from tests.cli import run_cli
 
 # (a_only, b_only, n): balanced, none discordant, all discordant, one-sided, large, B better
@@ -89,6 +90,37 @@ def test_detectable_difference_none_when_no_difference_is_detectable():
     z = stats.norm.ppf(0.975)
     assert stats.norm.cdf((10 * 0.05 - z * math.sqrt(0.05)) / math.sqrt(0.05 - 0.05 ** 2)) < 0.8
     assert detectable_difference(100, 0.05) is None and detectable_difference(0, 0.1) is None
+
+
+def scipy_power(n, delta, discordance, alpha=0.05):
+    """The normal-approximation power of McNemar's test on n rows for a difference delta."""
+    z = stats.norm.ppf(1 - alpha / 2)
+    return stats.norm.cdf((math.sqrt(n) * delta - z * math.sqrt(discordance)) / math.sqrt(discordance - delta ** 2))
+
+
+@pytest.mark.parametrize("margin,discordance", [(0.02, 0.1), (0.05, 0.1), (0.1, 0.5), (0.01, 0.02), (0.2, 0.2)])
+def test_rows_to_detect_is_the_fewest_rows_with_the_power(margin, discordance):
+    needed = rows_to_detect(margin, discordance)
+    assert scipy_power(needed, margin, discordance) >= 0.8 - 1e-12 > scipy_power(needed - 1, margin, discordance)
+    assert detectable_difference(needed, discordance) <= margin + 1e-9
+    assert scipy_detectable(needed, discordance) <= margin + 1e-9
+
+
+def test_rows_to_detect_none_for_an_impossible_margin():
+    assert rows_to_detect(0.2, 0.1) is None and rows_to_detect(0.0, 0.1) is None
+
+
+def test_the_plan_says_how_many_rows_would_detect_the_margin():
+    needed = math.ceil(optimize.brentq(lambda n: scipy_power(n, 0.02, 0.1) - 0.8, 1, 1e7, xtol=1e-9))
+    planned = detectable(24, 0.1, margin=0.02)
+    assert planned["rows_for_margin"] == needed
+    assert plan_line(planned).endswith(f"none (too few rows for any difference); about {needed} rows would detect ±2 points")
+    assert f"about {needed} rows would detect ±2 points." in plan_text(24, 0, 0.1, 0.02)
+    wide = math.ceil(optimize.brentq(lambda n: scipy_power(n, 0.05, 0.1) - 0.8, 1, 1e7, xtol=1e-9))
+    assert f"about {wide} rows would detect ±5 points" in plan_text(24, 0, 0.1, 0.05)
+    # enough rows for the margin: no suffix; a bad margin box: no line (Run names the problem)
+    assert "would detect" not in plan_line(detectable(needed, 0.1, margin=0.02))
+    assert plan_text(24, 0, 0.1, "x") == "" and plan_text(24, 0, 0.1, 1.5) == ""
 
 
 # ── per-field scores ──────────────────────────────────────────────────────────────────────────
@@ -170,6 +202,18 @@ def test_summary_carries_equivalence_detectable_and_fields():
     assert summary["noise_floor"] is None and summary["fields"] is None
     floor = summarise(rows, "a", "a again", same_arm=True)["noise_floor"]
     assert floor == {"rows": 41, "disagree": 1, "text_differs": 1, "discordant": 1, "rate": pytest.approx(1 / 41)}
+
+
+def test_the_tab_hides_the_field_table_without_structured_references():
+    """A dataset of plain answers: no per-field table (an empty one under its headers read as "no
+    field moved"), one line in the Equivalence block instead; a key-value dataset: the table."""
+    plain = summarise([sample(0, "red", "blue", "red"), sample(1, "x", "x", "x")], "a", "b")
+    text, table, _drift = result_values(plain)
+    assert table["visible"] is False and table["value"] == [] and f"- {NO_FIELDS}" in text.splitlines()
+    truth = json.dumps({"total": "5"})
+    structured = summarise([sample(0, '{"total": "5"}', '{"total": "6"}', truth)], "a", "b")
+    text, table, _drift = result_values(structured)
+    assert table["visible"] is True and [row[0] for row in table["value"]] == ["$.total"] and NO_FIELDS not in text
 
 
 @pytest.mark.parametrize("bad", [0, 1, -0.1, 2, "0.02", True])

@@ -62,11 +62,35 @@ def test_cli_report_prints_the_drift_table(bf16_run):
     assert sum(line.startswith(("deepstack", "spatial_")) for line in table.splitlines()) == 8
 
 
+def test_the_tab_shows_the_drift_table_of_a_precision_pair(bf16_run):
+    """The Evaluate tab's drift table: one row per level, each the rows' own mean and extreme
+    (recomputed here from the per-row JSON), the same cells the CLI prints."""
+    from g4v.commands.eval import summary_table
+    from webapp.evaluate_equivalence import result_values
+
+    *_, drift = result_values(bf16_run.summary)
+    assert drift["visible"] is True and "over 4 rows" in drift["label"] and "B = hf[bfloat16], A = hf" in drift["label"]
+    per_row = [json.loads(row.level_drift)["levels"] for row in bf16_run.rows]
+    assert [cells[0] for cells in drift["value"]] == list(per_row[0])  # every level, in the model's order
+    for name, rel_mean, rel_max, cos_mean, cos_min in drift["value"]:
+        rel, cos = [row[name]["rel_error"] for row in per_row], [row[name]["cosine"] for row in per_row]
+        assert float(rel_mean) == pytest.approx(sum(rel) / len(rel), rel=2e-3)
+        assert float(rel_max) == pytest.approx(max(rel), rel=2e-3) and float(cos_min) == pytest.approx(min(cos), abs=1e-6)
+        assert float(cos_mean) == pytest.approx(sum(cos) / len(cos), abs=1e-6)
+    printed = summary_table(bf16_run.summary).splitlines()
+    for cells in drift["value"]:
+        assert [line.split() for line in printed if line.startswith(cells[0] + " ")] == [cells]
+
+
 def test_arms_in_one_precision_record_no_drift(trained_engine, tmp_path):
+    from webapp.evaluate_equivalence import result_values
+
     config = EvalConfig(a=ArmSpec("hf"), b=ArmSpec("hf", adapter="tiny-trained-french"), data=str(BUNDLED_DATASET),
                         limit=1, max_new_tokens=2)
     result = run_eval(config, tmp_path / "run", reuse={ArmSpec("hf"): trained_engine})
     assert result.rows[0].level_drift is None and "level_drift" not in result.summary
+    *_, drift = result_values(result.summary)
+    assert drift["visible"] is False and drift["value"] == []  # no precision pair: no drift table
 
 
 def test_int8_arm_with_the_vision_kept_drifts_only_after_the_injections(trained_engine, tmp_path):

@@ -32,6 +32,7 @@ def test_the_recipe_serves_the_lora_to_image_requests():
     ("native", "native", {"hf_overrides": {"adapter_path": str(VLORA_MODEL_DIR)}},
      "hf_overrides adapter_path is read by no code in vLLM 0.32's granite4_vision"),
     ("native", "native", {**RECIPE, "max_lora_rank": 8}, "max_lora_rank 8 is below the vision LoRA's rank 16"),
+    ("native", "native", {"max_lora_rank": 4}, "max_lora_rank 4 is below the vision LoRA's rank 16: once enable_lora"),
 ])
 def test_each_mistake_is_one_line_with_what_to_do(transformers, vllm, serving, start):
     found = lora_audit.findings(LORA, transformers, vllm, serving)
@@ -117,6 +118,39 @@ def test_the_port_tab_refuses_outside_folders_and_bad_json_in_one_line(checkpoin
     with pytest.raises(gr.Error) as err:
         make_port_diff(str(VLORA_MODEL_DIR), checkpoint)("x.png", "Hi", "native", "native", serving)
     assert words in err.value.message and "\n" not in err.value.message and "--vllm" not in err.value.message
+
+
+def test_the_audit_shows_every_refusal_and_every_finding_at_once(checkpoint):
+    """An unsafe folder and a too small rank in one set of arguments: the refusal of the folder and
+    the findings of the rest (the rank, adapter_path read by nothing, the LoRA not switched on),
+    not the refusal alone; every refused folder is named, each once."""
+    from webapp.port import audit_note
+
+    serving = '{"max_lora_rank": 4, "hf_overrides": {"adapter_path": "/etc"}}'
+    note = audit_note(checkpoint, "native", "native", serving)
+    head, *rest = note.splitlines()
+    assert head == (f"**Not usable**: vLLM LoRA arguments: adapter_path may only name this checkpoint's folder, "
+                    f"'{FOLDER}'")
+    lines = [line.removeprefix("- ") for line in rest if line.startswith("- ")]
+    starts = ["hf_overrides adapter_path is read by no code", "max_lora_rank 4 is below the vision LoRA's rank 16",
+              "vLLM does not apply the checkpoint's vision LoRA (enable_lora is off)"]
+    assert len(lines) == 3 and all(any(line.startswith(start) for line in lines) for start in starts), note
+    assert "/etc" not in "\n".join(lines) and str(VLORA_MODEL_DIR.parent) not in note
+    # the same arguments with the checkpoint's own folder: the same findings, no refusal
+    fine = audit_note(checkpoint, "native", "native", serving.replace("/etc", FOLDER))
+    assert "Not usable" not in fine and [line[2:] for line in fine.splitlines() if line.startswith("- ")] == lines
+    confined, refused = lora_audit.check_serving(
+        {"default_mm_loras": {"image": "/etc", "video": "../x"}, "hf_overrides": {"adapter_path": "/etc", "n": 1}},
+        VLORA_MODEL_DIR)
+    assert refused == ["default_mm_loras' 'image' entry may only name this checkpoint's folder, "
+                       f"'{FOLDER}'", f"default_mm_loras' 'video' entry may only name this checkpoint's folder, '{FOLDER}'",
+                       "hf_overrides takes only adapter_path here, not n",
+                       f"adapter_path may only name this checkpoint's folder, '{FOLDER}'"]
+    assert confined["default_mm_loras"] == {}  # no refused folder reaches vLLM
+    with pytest.raises(G4VError, match="; ") as err:  # the run path: all of them, in one line
+        lora_audit.confine_serving({"default_mm_loras": {"image": "/etc"}, "hf_overrides": {"adapter_path": "/etc"}},
+                                   VLORA_MODEL_DIR)
+    assert "\n" not in str(err.value)
 
 
 def test_the_port_tab_runs_port_diff_with_its_options(checkpoint, tmp_path):

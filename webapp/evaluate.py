@@ -288,7 +288,7 @@ def evaluate_tab(engine, model: str, adapters_dir, workspace: EvalWorkspace, tar
     aggregate = gr.Dataframe(headers=AGGREGATE_HEADERS, label="Aggregates (all, then per category)",
                              interactive=False, elem_id="eval-aggregate", wrap=True,
                              column_widths=column_widths(AGGREGATE_HEADERS))
-    equivalence, field_table = result_views()
+    equivalence, field_table, drift_table = result_views()
     with gr.Row():  # the figures carry their own titles
         accuracy_plot = gr.Image(show_label=False, format="png", elem_id="eval-accuracy-plot")
         paired_plot = gr.Image(show_label=False, format="png")
@@ -310,7 +310,7 @@ def evaluate_tab(engine, model: str, adapters_dir, workspace: EvalWorkspace, tar
     budget_section(workspace, choices, {choices[0].spec.engine_key(): engine}, adapters_dir,
                    [arm_a, dataset, files, *columns, limit, seed, max_new_tokens], concurrency, gpu_task)
     wire_dataset_info(workspace, dataset, files, columns, described, row_count)
-    wire_plan(row_count, limit, discordance, planned)
+    wire_plan(row_count, limit, discordance, margin, planned)
     evaluate = make_run(engine, workspace, choices, adapters_dir, gpu_task)
     # The results on show are marked as the previous run's while a new one starts and after it is
     # refused; the mark is a quick step of its own, which also clears the refusal's "Error" badge.
@@ -319,8 +319,8 @@ def evaluate_tab(engine, model: str, adapters_dir, workspace: EvalWorkspace, tar
     run.click(**mark)
     run.click(evaluate, [arm_a, arm_b, dataset, files, *columns, limit, seed, max_new_tokens, blank_probe, levels,
                          margin, discordance],
-              [status, aggregate, equivalence, field_table, accuracy_plot, paired_plot, kl_plot, divergence_plot, samples,
-               export, summary, run_state], api_name="evaluate", concurrency_id=MODEL_QUEUE, concurrency_limit=concurrency,
+              [status, aggregate, equivalence, field_table, drift_table, accuracy_plot, paired_plot, kl_plot,
+               divergence_plot, samples, export, summary, run_state], api_name="evaluate", concurrency_id=MODEL_QUEUE, concurrency_limit=concurrency,
               show_progress_on=status).failure(**mark)  # one progress bar, not one in each of the outputs
 
     def stop_run(request: gr.Request):

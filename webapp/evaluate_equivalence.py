@@ -1,6 +1,8 @@
 """The Evaluate tab's "can it say no change" parts: the margin and discordance boxes, the
-detectable difference shown before a run, and after it the Equivalence block and the per-field
-table (the numbers come from :mod:`g4v.evaluate.equivalence` and :mod:`g4v.evaluate.fields`)."""
+detectable difference shown before a run, and after it the Equivalence block, the per-field
+table and, for a precision pair, the per-level drift table (the numbers come from
+:mod:`g4v.evaluate.equivalence`, :mod:`g4v.evaluate.fields` and :func:`g4v.model.precision.drift_rows`,
+which the CLI prints too)."""
 
 import gradio as gr
 
@@ -9,6 +11,7 @@ from g4v.evaluate import EvalConfig
 from g4v.evaluate.equivalence import plan_line, summary_lines
 from g4v.evaluate.fields import FIELD_HEADERS, field_rows
 from g4v.evaluate.stats import detectable
+from g4v.model.precision import DRIFT_HEADERS, drift_rows, drift_title
 from webapp.evaluate_tables import column_widths, whole_or_none
 
 
@@ -25,42 +28,80 @@ def equivalence_boxes() -> tuple[gr.Number, gr.Number]:
 def plan_view(rows: int | None, limit: int) -> tuple[gr.State, gr.Markdown]:
     """The dataset's row count (set as a dataset is chosen) and the line that shows the
     detectable difference for the rows a run will cover."""
-    return gr.State(rows), gr.Markdown(plan_text(rows, limit, EvalConfig.discordance), elem_id="eval-plan")
+    text = plan_text(rows, limit, EvalConfig.discordance, EvalConfig.margin)
+    return gr.State(rows), gr.Markdown(text, elem_id="eval-plan")
 
 
-def wire_plan(row_count, limit, discordance, planned) -> None:
-    """The line follows the dataset, the rows box and the discordance box."""
-    for source in (row_count, limit, discordance):
-        source.change(plan_text, [row_count, limit, discordance], planned, api_visibility="private", queue=False)
+def wire_plan(row_count, limit, discordance, margin, planned) -> None:
+    """The line follows the dataset, the rows box, the discordance box and the margin box."""
+    for source in (row_count, limit, discordance, margin):
+        source.change(plan_text, [row_count, limit, discordance, margin], planned, api_visibility="private",
+                      queue=False)
 
 
-def plan_text(rows, limit, discordance) -> str:
+def _share(value) -> float | None:
+    """A box's share strictly between 0 and 1, else None."""
+    try:
+        share = float(value)
+    except (TypeError, ValueError):
+        return None
+    return share if not isinstance(value, bool) and 0 < share < 1 else None
+
+
+def plan_text(rows, limit, discordance, margin=EvalConfig.margin) -> str:
     """Before a run: the detectable difference for the rows it will cover (the dataset's, cut to
-    the limit); empty while the boxes hold no valid numbers (Run names the problem)."""
+    the limit), and when they are too few for the margin, how many would do; empty while the
+    boxes hold no valid numbers (Run names the problem)."""
     try:
         cut = whole_or_none(limit, "limit", smallest=1, means_none=0)
-        if not rows or isinstance(discordance, bool) or not 0 < float(discordance) < 1:
-            return ""
-    except (G4VError, TypeError, ValueError):
+    except G4VError:
         return ""
-    return "Before the run: " + plan_line(detectable(min(rows, cut or rows), float(discordance))) + "."
+    share, points = _share(discordance), _share(margin)
+    if not rows or share is None or points is None:
+        return ""
+    return "Before the run: " + plan_line(detectable(min(rows, cut or rows), share, margin=points)) + "."
 
 
-def result_views() -> tuple[gr.Markdown, gr.Dataframe]:
-    """The Equivalence block and the per-field table, filled after a run."""
+#: The Equivalence block's line for a run without structured references (the per-field table
+#: stays hidden: an empty table under its headers read as "no field moved").
+NO_FIELDS = "per-field scores: none, this dataset has no key-value or table references"
+
+
+#: The drift table's label before a run names one (a run sets its own, with its arms and rows).
+DRIFT_LABEL = "Per-level drift of B against A (a precision pair: the same model in two precisions)"
+
+
+def result_views() -> tuple[gr.Markdown, gr.Dataframe, gr.Dataframe]:
+    """The Equivalence block, the per-field table and the per-level drift table, filled after a
+    run; each table shows only when the run has its numbers (per-field scores; ``level_drift``)."""
     block = gr.Markdown(elem_id="eval-equivalence")
     table = gr.Dataframe(headers=FIELD_HEADERS, label="Per-field scores (key-value and table answers), most moved first",
-                         interactive=False, elem_id="eval-fields", wrap=True, max_height=320,
+                         interactive=False, elem_id="eval-fields", wrap=True, max_height=320, visible=False,
                          column_widths=column_widths(FIELD_HEADERS))
-    return block, table
+    drift = gr.Dataframe(headers=DRIFT_HEADERS, label=DRIFT_LABEL, interactive=False, elem_id="eval-drift",
+                         wrap=True, visible=False, column_widths=column_widths(DRIFT_HEADERS))
+    return block, table, drift
 
 
-def result_values(summary: dict) -> tuple[str, list[list]]:
-    """What :func:`result_views` show for a run."""
-    return equivalence_text(summary), field_rows(summary.get("fields"))
+def result_values(summary: dict) -> tuple[str, dict, dict]:
+    """What :func:`result_views` show for a run: the block's text, and each table's rows as an
+    update that hides it when there are none."""
+    rows = field_rows(summary.get("fields"))
+    return equivalence_text(summary), gr.update(value=rows, visible=bool(rows)), drift_value(summary)
+
+
+def drift_value(summary: dict) -> dict:
+    """The drift table of a precision pair (``summary["level_drift"]``: the CLI's rows, its
+    title as the label), hidden for any other run."""
+    drift = summary.get("level_drift")
+    if not drift:
+        return gr.update(value=[], visible=False, label=DRIFT_LABEL)
+    label = f"{drift_title(drift)}; B = {drift['of']}, A = {drift['against']}"
+    return gr.update(value=drift_rows(drift), visible=True, label=label)
 
 
 def equivalence_text(summary: dict) -> str:
-    """The Equivalence block: the TOST verdict, the detectable difference, the noise floor."""
-    lines = summary_lines(summary)
-    return "\n".join(["**Equivalence**", "", *(f"- {line}" for line in lines)]) if lines else ""
+    """The Equivalence block: the TOST verdict, the detectable difference, the noise floor, and
+    a line when the run has no per-field scores."""
+    lines = summary_lines(summary) + ([] if summary.get("fields") else [NO_FIELDS])
+    return "\n".join(["**Equivalence**", "", *(f"- {line}" for line in lines)])

@@ -7,7 +7,7 @@ from g4v.errors import G4VError, quoted
 from g4v.evaluate.stats import worst_rows
 
 AGGREGATE_HEADERS = ["group", "n", "errors", "A accuracy [95% CI]", "B accuracy [95% CI]",
-                     "right: both / A only / B only / neither", "McNemar p", "agreement", "KL mean", "KL q99",
+                     "right: both / A only / B only / neither", "McNemar p", "same answer", "KL mean", "KL q99",
                      "blank same: A / B"]
 SAMPLE_HEADERS = ["row", "id", "category", "prompt", "reference", "answer A", "answer B", "A right", "B right",
                   "agree", "first diff", "KL mean", "image tokens", "error"]
@@ -17,13 +17,22 @@ TEXT_COLUMNS = {"prompt", "reference", "answer A", "answer B", "error"}
 #: Columns of short names (ids such as ``p000-count``, categories), wide enough for a name of
 #: ``NAME_CHARS`` characters: sized for the header alone, the bundled ids (`p000-position`) broke
 #: at their hyphen.
-NAME_COLUMNS, NAME_CHARS = {"id", "category"}, 16
+NAME_COLUMNS, NAME_CHARS = {"id", "category", "level"}, 16
 #: Pixels per character of a header's longest word (the table's bold monospace), and the cell's own
 #: padding and menu button.
 HEADER_CHAR_PX, HEADER_EXTRA_PX, TEXT_COLUMN_PX = 9.5, 44, 220
 #: A long header's line, in characters: "right: both / A only / B only / neither" on two lines took
 #: 229 px, and the 11 aggregate columns then ran past a 1280-pixel window's table (the last one cut).
 HEADER_LINE_CHARS = 13
+#: Columns of numbers, wide enough for ``NUMBER_CHARS`` header characters whatever their header: a
+#: small KL in e-notation ("1.49e-06", 8 of the cells' narrower digits) broke at its hyphen at
+#: 1280 pixels in a column sized for "KL mean" alone. (The share of same answers is headed "same
+#: answer", not "agreement": that word's width paid for the KL columns within a 1280-pixel window.)
+NUMBER_COLUMNS, NUMBER_CHARS = {"McNemar p", "same answer", "KL mean", "KL q99", "rel err mean", "rel err max",
+                                "cosine mean", "cosine min"}, 5.5
+#: Joins an exponent's sign to its digits (U+2060 WORD JOINER, invisible): a number is never broken
+#: at its hyphen in a narrow window.
+WORD_JOINER = "\u2060"
 
 
 def column_widths(headers: list[str]) -> list[str]:
@@ -34,13 +43,20 @@ def column_widths(headers: list[str]) -> list[str]:
     widths = []
     for header in headers:
         characters = max(max(len(word) for word in header.split()), min(len(header) / 2, HEADER_LINE_CHARS),
-                         NAME_CHARS if header in NAME_COLUMNS else 0)
+                         NAME_CHARS if header in NAME_COLUMNS else 0, NUMBER_CHARS if header in NUMBER_COLUMNS else 0)
         widths.append(round(HEADER_CHAR_PX * characters + HEADER_EXTRA_PX))
     return [f"{max(width, TEXT_COLUMN_PX if header in TEXT_COLUMNS else 0)}px" for width, header in zip(widths, headers)]
 
 
+def unbroken(number: str) -> str:
+    """``number`` with its exponent's sign joined to the digits around it (``1.49e-06`` drawn whole)."""
+    return number.replace("e-", f"e{WORD_JOINER}-{WORD_JOINER}").replace("e+", f"e{WORD_JOINER}+{WORD_JOINER}")
+
+
 def _number(value, digits: int = 3) -> str:
-    return "–" if value is None else f"{value:.{digits}g}" if abs(value) < 1e-3 and value else f"{value:.{digits}f}"
+    if value is None:
+        return "–"
+    return unbroken(f"{value:.{digits}g}") if abs(value) < 1e-3 and value else f"{value:.{digits}f}"
 
 
 def _accuracy(arm: dict) -> str:
@@ -57,7 +73,7 @@ def _group_row(name: str, block: dict) -> list:
     p = paired.get("mcnemar_p")
     outcomes = " / ".join(str(paired.get(key, 0)) for key in ("both_right", "a_only", "b_only", "both_wrong"))
     return [name, block.get("n", 0), block.get("n_errors", 0), _accuracy(arms.get("a")), _accuracy(arms.get("b")),
-            outcomes, "–" if p is None else f"{p:.3g}", _number(block.get("agreement")), _number(kl.get("mean")),
+            outcomes, "–" if p is None else unbroken(f"{p:.3g}"), _number(block.get("agreement")), _number(kl.get("mean")),
             _number(kl.get("q99")), f"{_number(blank.get('a'))} / {_number(blank.get('b'))}"]
 
 

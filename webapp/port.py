@@ -58,32 +58,41 @@ class LoraSettings:
     vllm: str
     serving: dict | None
     findings: list[str] = field(default_factory=list)
+    refused: list[str] = field(default_factory=list)  # folders the app will not hand vLLM (the audit only)
 
     def to_dict(self) -> dict:
         return {"transformers": self.transformers, "vllm": self.vllm, "vllm_serving": self.serving,
-                "findings": self.findings}
+                "findings": self.findings, "refused": self.refused}
 
 
 def lora_settings(checkpoint: PortCheckpoint, vision_lora: str | None, vllm_vision_lora: str | None,
-                  serving_text: str | None) -> LoraSettings:
-    """The options as port-diff takes them; a bad one is one line (:class:`G4VError`)."""
+                  serving_text: str | None, strict: bool = True) -> LoraSettings:
+    """The options as port-diff takes them; a bad one is one line (:class:`G4VError`). ``strict``
+    False (the audit): a folder the app refuses goes into ``refused`` instead, beside the findings
+    of the rest, so the page shows every problem at once."""
     transformers, vllm = check_mode(vision_lora), check_mode(vllm_vision_lora)
     serving = lora_audit.parse_serving((serving_text or "").strip() or None, SERVING_NAME)
-    serving = lora_audit.confine_serving(serving, checkpoint.folder, SERVING_NAME)
+    serving, refused = lora_audit.check_serving(serving, checkpoint.folder)
+    if refused and strict:
+        raise G4VError(f"{SERVING_NAME}: " + "; ".join(refused))
     lora = checkpoint.lora
     vllm_side = vllm if lora else "off"
     used = lora_audit.recipe(lora, vllm_side) if serving is None else serving
     found = lora_audit.findings(lora, transformers if lora else "off", vllm_side, used)
-    return LoraSettings(transformers, vllm, serving, [checkpoint.shown(line) for line in found])
+    return LoraSettings(transformers, vllm, serving, [checkpoint.shown(line) for line in found], refused)
 
 
 def audit_note(checkpoint: PortCheckpoint, vision_lora, vllm_vision_lora, serving_text) -> str:
     """The options' audit, before anything runs: what the checkpoint has, then one line per finding
-    (or that both sides run the same model); a bad option says why here, where it is typed."""
+    (or that both sides run the same model); a bad option says why here, where it is typed, and a
+    refused folder comes with the findings of the rest (every problem at once)."""
     try:
-        settings = lora_settings(checkpoint, vision_lora, vllm_vision_lora, serving_text)
+        settings = lora_settings(checkpoint, vision_lora, vllm_vision_lora, serving_text, strict=False)
     except G4VError as err:
         return f"**Not usable**: {err}"
+    if settings.refused:
+        return "\n".join([f"**Not usable**: {SERVING_NAME}: " + "; ".join(settings.refused), "",
+                          *(f"- {line}" for line in settings.findings)])
     lora = checkpoint.lora
     head = ("This checkpoint has no vision LoRA (its weights are the vision model): the modes do not apply."
             if lora is None else f"Vision LoRA: rank {lora.rank}, {len(lora.modules)} modules; transformers "

@@ -173,11 +173,12 @@ def equivalence_lines(summary: dict) -> list[str]:
 
 
 def drift_lines(drift: dict) -> list[str]:
-    """The per-level drift of a precision pair (``summary["level_drift"]``), one line per level."""
-    lines = [f"per-level drift of B against A over {drift['n']} rows (relative error ||B - A|| / ||A||, cosine), "
-             f"next-token KL(A||B) mean {drift['next_token_kl_mean']:.3g}",
-             f"{'level':<12}{'rel err mean':>14}{'rel err max':>13}{'cosine mean':>13}{'cosine min':>12}"]
-    for name, level in drift["levels"].items():
-        lines.append(f"{name:<12}{level['rel_error_mean']:>14.3g}{level['rel_error_max']:>13.3g}"
-                     f"{level['cosine_mean']:>13.6f}{level['cosine_min']:>12.6f}")
-    return lines
+    """The per-level drift of a precision pair (``summary["level_drift"]``), one line per level
+    (the rows of :func:`g4v.model.precision.drift_rows`, which the Evaluate tab shows too)."""
+    from g4v.model.precision import DRIFT_HEADERS, drift_rows, drift_title
+
+    def line(cells: list[str]) -> str:  # the level's name to the left, the numbers to the right
+        return "".join(f"{cell:<{width}}" if i == 0 else f"{cell:>{width}}"
+                       for i, (cell, width) in enumerate(zip(cells, (12, 14, 13, 13, 12))))
+
+    return [drift_title(drift), line(DRIFT_HEADERS), *(line(row) for row in drift_rows(drift))]

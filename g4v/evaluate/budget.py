@@ -13,6 +13,7 @@ Random is the control: a policy is worth its ranking pass only where it beats ra
 
 import json
 import math
+import re
 import threading
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
@@ -183,7 +184,7 @@ def read_curve(out_dir: Path) -> dict | None:
 
 def curve_table(curve: dict) -> str:
     """One line per (policy, kept %): accuracy with its interval, agreement, mean KL with its interval."""
-    lines = [f"token budget of {curve['arm']}",
+    lines = [f"token budget of {spaced(curve['arm'])}",
              f"{'policy':<12}{'keep':>5}{'n':>5}  {'accuracy':>16}  {'agree':>6}  {'KL mean [95%]':>24}"]
     for point in curve["points"]:
         agree = "-" if point["agreement"] is None else f"{100 * point['agreement']:.1f}%"
@@ -191,6 +192,12 @@ def curve_table(curve: dict) -> str:
                                                    f"{point['kl_ci95'][1]:.4f}]")
         lines.append(f"{point['policy']:<12}{point['keep']:>4}%{point['n']:>5}  {accuracy_text(point):>16}  {agree:>6}  {kl:>24}")
     return "\n".join(lines)
+
+
+def spaced(arm: str) -> str:
+    """An arm's name for a sentence: ``hf(granite4-vision-tiny-trained)`` reads as
+    ``hf (granite4-vision-tiny-trained)``, its model in brackets after a space."""
+    return re.sub(r"^(\w+)\(", r"\1 (", arm, count=1)
 
 
 def accuracy_text(point: dict) -> str:

@@ -134,6 +134,19 @@ def detectable_difference(n: int, discordance: float = DISCORDANCE, alpha: float
     return (low + high) / 2
 
 
+def rows_to_detect(difference: float, discordance: float = DISCORDANCE, alpha: float = ALPHA,
+                   power: float = POWER) -> int | None:
+    """The fewest rows on which :func:`detectable_difference` is at most ``difference`` (the same
+    formula solved for n: ``n = ((z_test sqrt(d) + z_power sqrt(d - delta^2)) / delta)^2``), so a run
+    too short for any difference can say how long one must be; None when ``difference`` is not
+    above 0 or exceeds ``discordance`` (no share of discordant rows that small allows it)."""
+    if not 0 < difference <= discordance:
+        return None
+    z_test, z_power = _NORMAL.inv_cdf(1 - alpha / 2), _NORMAL.inv_cdf(power)
+    root = (z_test * math.sqrt(discordance) + z_power * math.sqrt(discordance - difference ** 2)) / difference
+    return math.ceil(root ** 2 - 1e-9)  # the bound itself counts; the epsilon absorbs rounding
+
+
 @dataclass
 class NoiseFloor:
     """An arm run twice over the same rows: how often the two runs differ. A deterministic arm
@@ -162,8 +175,10 @@ def noise_floor(rows: list) -> NoiseFloor:
 def plan_line(planned: dict) -> str:
     """Before a run: the smallest accuracy difference its rows can detect (``planned`` as
     :func:`g4v.evaluate.stats.detectable` gives it)."""
-    points = planned["at_assumed"]
+    points, margin, needed = planned["at_assumed"], planned.get("margin"), planned.get("rows_for_margin")
     found = f"{100 * points:.1f} points" if points is not None else "none (too few rows for any difference)"
+    if needed is not None and needed > planned["rows"]:
+        found += f"; about {needed} rows would detect ±{100 * margin:g} points"
     return (f"detectable difference at {100 * planned['power']:.0f}% power (McNemar, alpha {planned['alpha']:g}) on "
             f"{planned['rows']} rows, assuming {100 * planned['discordance_assumed']:g}% of rows right in one arm "
             f"only: {found}")

@@ -181,7 +181,7 @@ def run_eval(config: EvalConfig, out_dir: Path, *, adapters_dir=None, reuse=None
     check_arms([config.a, config.b], adapters_dir)
     order = row_order(len(dataset), config.limit, config.seed)
     if plan is not None:
-        plan(detectable(len(order), config.discordance))
+        plan(detectable(len(order), config.discordance, margin=config.margin))
     out_dir = Path(out_dir)
     store.prepare(out_dir, asdict(config))
     wanted = set(order)

@@ -17,7 +17,8 @@ import math
 import re
 import string
 
-from g4v.evaluate.equivalence import ALPHA, DISCORDANCE, MARGIN, POWER, detectable_difference, noise_floor, tost_paired
+from g4v.evaluate.equivalence import (ALPHA, DISCORDANCE, MARGIN, POWER, detectable_difference, noise_floor,
+                                      rows_to_detect, tost_paired)
 from g4v.evaluate.fields import field_scores
 
 #: z for a two-sided 95 % interval.
@@ -89,19 +90,23 @@ def summarise(rows: list, label_a: str, label_b: str, complete: bool = True, *, 
                               for name in categories}
     summary["worst"] = worst_rows(rows)
     paired = summary["equivalence"]  # its n: the rows both arms answered, with a reference
-    summary["detectable"] = detectable(paired["n"], discordance, paired["a_only"] + paired["b_only"])
+    summary["detectable"] = detectable(paired["n"], discordance, paired["a_only"] + paired["b_only"], margin)
     summary["noise_floor"] = noise_floor(rows).to_dict() if same_arm else None
     summary["fields"] = field_scores(rows)
     return summary
 
 
-def detectable(rows: int, discordance: float = DISCORDANCE, discordant: int | None = None) -> dict:
+def detectable(rows: int, discordance: float = DISCORDANCE, discordant: int | None = None,
+               margin: float = MARGIN) -> dict:
     """The smallest accuracy difference ``rows`` paired rows detect (McNemar, two-sided ``ALPHA``,
     power ``POWER``) at the assumed share of discordant rows, and at the observed one when
-    ``discordant`` is given: what the CLI prints before a run and the summary keeps."""
+    ``discordant`` is given, and how many rows would detect ``margin`` at the assumed share
+    (``rows_for_margin``, None when the margin exceeds it): what the CLI prints before a run and
+    the summary keeps."""
     observed = discordant / rows if discordant is not None and rows else None
     return {"rows": rows, "alpha": ALPHA, "power": POWER, "discordance_assumed": discordance,
             "at_assumed": detectable_difference(rows, discordance),
+            "margin": margin, "rows_for_margin": rows_to_detect(margin, discordance),
             "discordance_observed": observed,
             "at_observed": detectable_difference(rows, observed) if observed else None}
 

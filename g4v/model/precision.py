@@ -270,3 +270,20 @@ def drift_summary(per_row: list[dict]) -> dict | None:
                         "cosine_mean": math.fsum(cos) / len(cos), "cosine_min": min(cos)}
     kls = [row["next_token_kl"] for row in per_row]
     return {"n": len(per_row), "levels": levels, "next_token_kl_mean": math.fsum(kls) / len(kls)}
+
+
+#: The columns of :func:`drift_rows`: the CLI's drift table and the Evaluate tab's.
+DRIFT_HEADERS = ["level", "rel err mean", "rel err max", "cosine mean", "cosine min"]
+
+
+def drift_title(drift: dict) -> str:
+    """The line above the per-level drift table of a dataset run (``summary["level_drift"]``)."""
+    return (f"per-level drift of B against A over {drift['n']} rows (relative error ||B - A|| / ||A||, cosine), "
+            f"next-token KL(A||B) mean {drift['next_token_kl_mean']:.3g}")
+
+
+def drift_rows(drift: dict) -> list[list[str]]:
+    """One row of cells per level (:data:`DRIFT_HEADERS`), formatted once for the CLI and the tab:
+    errors to 3 significant digits, cosines to 6 decimals (bf16 keeps them near 1)."""
+    return [[name, f"{level['rel_error_mean']:.3g}", f"{level['rel_error_max']:.3g}", f"{level['cosine_mean']:.6f}",
+             f"{level['cosine_min']:.6f}"] for name, level in drift["levels"].items()]

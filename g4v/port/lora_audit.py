@@ -14,7 +14,11 @@ model:
 * (b) ``hf_overrides`` with ``adapter_path``: vLLM 0.32's ``granite4_vision.py`` offers it in its
   docstring as a full merge, but no code of that file reads it, so vLLM serves the base weights;
 * (c) ``max_lora_rank`` below the adapter's rank: vLLM refuses to load the LoRA and the requests
-  that carry it fail (the comparison then runs vLLM without it, and says so).
+  that carry it fail (the comparison then runs vLLM without it, and says so); written without
+  ``enable_lora``, it is a finding too (it fails as soon as the LoRA is switched on).
+
+A folder the app may not hand vLLM is refused (:func:`check_serving`), and the app's audit shows
+every refusal beside every finding of the rest, not the first refusal alone.
 """
 
 import json
@@ -63,27 +67,46 @@ def confine_serving(serving: dict | None, folder: Path | None, name: str = "the 
     checkpoint's folder, written as its name (``folder.name``; the page never shows server paths),
     and is given to vLLM as that folder; ``hf_overrides`` takes no other key (it rewrites the
     model's config; ``folder`` None: a model without a local folder, which takes no folder). Anything
-    else is one line."""
-    if serving is None:
-        return None
-    confined = dict(serving)
+    else is one line (every refusal of :func:`check_serving` in it)."""
+    confined, refusals = check_serving(serving, folder)
+    if refusals:
+        raise G4VError(f"{name}: " + "; ".join(refusals))
+    return confined
 
-    def own(value, where: str) -> str:
+
+def check_serving(serving: dict | None, folder: Path | None) -> tuple[dict | None, list[str]]:
+    """``serving`` confined as :func:`confine_serving` says, and every refusal at once (a list, so
+    the audit can show them beside its findings instead of the first alone). The confined dict
+    leaves out a refused ``default_mm_loras`` entry (vLLM would not get it) and keeps a refused
+    ``adapter_path`` as written (the audit still flags adapter_path itself); with any refusal it is
+    for the audit only, never for vLLM."""
+    if serving is None:
+        return None, []
+    confined, refusals = dict(serving), []
+
+    def own(value, where: str) -> str | None:
         if folder is None:
-            raise G4VError(f"{name}: {where} names a folder, and this model has no local folder")
-        if value != folder.name:
-            raise G4VError(f"{name}: {where} may only name this checkpoint's folder, {folder.name!r}")
-        return str(folder)
+            refusals.append(f"{where} names a folder, and this model has no local folder")
+        elif value != folder.name:
+            refusals.append(f"{where} may only name this checkpoint's folder, {folder.name!r}")
+        else:
+            return str(folder)
+        return None
 
     if serving.get("default_mm_loras") is not None:
-        confined["default_mm_loras"] = {modality: own(value, f"default_mm_loras' {modality!r} entry")
-                                        for modality, value in serving["default_mm_loras"].items()}
+        entries = {modality: own(value, f"default_mm_loras' {modality!r} entry")
+                   for modality, value in serving["default_mm_loras"].items()}
+        confined["default_mm_loras"] = {modality: path for modality, path in entries.items() if path is not None}
     if serving.get("hf_overrides") is not None:
         extra = set(serving["hf_overrides"]) - {"adapter_path"}
         if extra:
-            raise G4VError(f"{name}: hf_overrides takes only adapter_path here, not {', '.join(sorted(extra))}")
-        confined["hf_overrides"] = {"adapter_path": own(serving["hf_overrides"]["adapter_path"], "adapter_path")}
-    return confined
+            refusals.append(f"hf_overrides takes only adapter_path here, not {', '.join(sorted(extra))}")
+        if "adapter_path" in serving["hf_overrides"]:
+            given = serving["hf_overrides"]["adapter_path"]
+            confined["hf_overrides"] = {"adapter_path": own(given, "adapter_path") or given}
+        else:
+            confined["hf_overrides"] = {}
+    return confined, refusals
 
 
 def recipe(lora: VisionLora | None, mode: str) -> dict:
@@ -144,6 +167,9 @@ def findings(lora: VisionLora | None, transformers_mode: str, vllm_mode: str, se
                      f"vLLM refuses to load it and image requests fail (compared here without it); use "
                      f"--max-lora-rank {lora_rank_slot(lora.rank)}")
         return lines
+    if vllm_mode == "native" and serving.get("max_lora_rank", lora.rank) < lora.rank:  # written, LoRA not on yet
+        lines.append(f"max_lora_rank {serving['max_lora_rank']} is below the vision LoRA's rank {lora.rank}: once "
+                     f"enable_lora is on, vLLM refuses to load it; use --max-lora-rank {lora_rank_slot(lora.rank)}")
     on_vllm, why = vllm_applies(lora, vllm_mode, serving)
     on_transformers = transformers_mode != "off"
     if on_transformers and not on_vllm:
