@@ -82,6 +82,7 @@ def checkpoint():
      "hf_overrides adapter_path is read by no code in vLLM 0.32's granite4_vision"),
     ("native", "native", f'{{"enable_lora": true, "max_lora_rank": 8, "default_mm_loras": {{"image": "{FOLDER}"}}}}',
      "max_lora_rank 8 is below the vision LoRA's rank 16"),
+    ("off", "native", "", "transformers does not apply the checkpoint's vision LoRA (vision-lora=off)"),
 ])
 def test_the_port_tab_lists_each_misconfiguration_as_a_line(checkpoint, transformers, vllm, serving, start):
     """The tab's audit, from the config alone: each of the three misconfigurations (and the LoRA
@@ -96,6 +97,7 @@ def test_the_port_tab_lists_each_misconfiguration_as_a_line(checkpoint, transfor
         or lora_audit.recipe(LORA, vllm)
     assert lines == [line.replace(str(LORA.folder), FOLDER) for line in lora_audit.findings(LORA, transformers, vllm, used)]
     assert str(VLORA_MODEL_DIR.parent) not in note  # no server path in the page
+    assert "--vision-lora" not in note  # the tab's own options are dropdowns, not g4v's command-line flags
     default = audit_note(checkpoint, "native", "native", "")
     assert default.startswith("Vision LoRA: rank 16, 70 modules") and "- no finding" in default
 

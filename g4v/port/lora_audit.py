@@ -177,7 +177,7 @@ def findings(lora: VisionLora | None, transformers_mode: str, vllm_mode: str, se
                      f"language model; serve it with {_native_flags(lora)}, or a merged copy (python -m g4v merge-lora)")
     elif on_vllm and not on_transformers:
         lines.append("transformers does not apply the checkpoint's vision LoRA (vision-lora=off) while vLLM does: "
-                     "the sides are different models; use --vision-lora native or merged")
+                     "the sides are different models; apply it on the transformers side too (vision LoRA native or merged)")
     return lines
 
 
