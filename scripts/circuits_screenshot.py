@@ -11,7 +11,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from g4v.paths import EXAMPLES_DIR, TRAINED_MODEL_DIR  # noqa: E402
-from tests.browser import browser_page  # noqa: E402
+from tests.browser import browser_page, save_section  # noqa: E402
 from tests.conftest import running_app  # noqa: E402
 
 LOADED = "(s) => { const i = document.querySelector(s + ' img'); return !!i && i.complete && i.naturalWidth > 0 }"
@@ -30,14 +30,7 @@ def main() -> None:
         page.locator("#circuits-attention-run").click()
         for element in ("#circuits-share", "#circuits-tiles"):
             page.wait_for_function(LOADED, arg=element, timeout=300_000)
-        page.evaluate("window.scrollTo(0, 0)")  # bounding boxes are measured in the viewport
-        top = page.locator("#circuits-image").bounding_box()["y"] - 20
-        bottom = page.locator("#circuits-share").bounding_box()
-        page.screenshot(path=args.out, full_page=True,
-                        clip={"x": 0, "y": top, "width": 1100, "height": bottom["y"] + bottom["height"] + 10 - top})
-    from PIL import Image
-
-    Image.open(args.out).convert("RGB").quantize(256).save(args.out, optimize=True)  # a page shot needs few colours
+        save_section(page, args.out, "#circuits-image", "#circuits-share", width=1100)
     print(f"wrote {args.out}")
 
 

@@ -37,3 +37,17 @@ def pick_pdf_pages(page, prefix: str, pdf, thumbnails: int, pages: str | None = 
         page.locator(f"#{prefix}-doc-pages textarea, #{prefix}-doc-pages input").first.fill(pages)
     if use:
         page.locator(f"#{prefix}-doc-use").click()
+
+
+def save_section(page, out: str, top: str, bottom: str, width: int, above: int = 20) -> None:
+    """A README picture: the page from ``above`` px over the element ``top`` to 10 px under the
+    element ``bottom``, ``width`` wide, saved as a 256-colour PNG (a page shot needs few colours)."""
+    from PIL import Image
+
+    page.evaluate("window.scrollTo(0, 0)")  # bounding boxes are measured in the viewport
+    start = page.locator(top).bounding_box()["y"] - above
+    end = page.locator(bottom).bounding_box()
+    page.screenshot(path=out, full_page=True,
+                    clip={"x": 0, "y": start, "width": width, "height": end["y"] + end["height"] + 10 - start})
+    Image.open(out).convert("RGB").quantize(256).save(out, optimize=True)
+
