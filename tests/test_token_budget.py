@@ -173,3 +173,22 @@ def test_bench_measures_each_kept_fraction_on_the_shortened_sequence(tmp_path):
     assert "speed-up" in result.stdout
     bad = run_cli("bench", "token-budget", "--keeps", "50,half")
     assert bad.returncode != 0 and len(bad.stderr.strip().splitlines()) == 1 and "--keeps" in bad.stderr
+
+
+def test_a_reduced_request_streams_with_the_vision_lora_as_it_generates():
+    """On the layout checkpoint (vision LoRA beside the base, native mode), a reduced request holds
+    encoded features, not pixel values: streamed, it still runs with the vision LoRA, giving the
+    tokens generate gives, and not the base language model's."""
+    from g4v.engines.hf import TransformersEngine
+    from g4v.paths import VLORA_MODEL_DIR
+
+    native = TransformersEngine(str(VLORA_MODEL_DIR), device="cpu", dtype="float32", vision_lora="native")
+    off = TransformersEngine(str(VLORA_MODEL_DIR), device="cpu", dtype="float32", vision_lora="off")
+    settings = SamplingSettings(max_new_tokens=6)
+    message = [Message("user", "What colour is the star?", [picture(0)])]
+    reduced = reduce_request(native, native.prepare(message, settings.max_new_tokens), TokenBudget(50, "norm"))
+    assert "pixel_values" not in reduced.inputs and "mm_encoder_outputs" in reduced.inputs
+    generated = native.generate(reduced, settings).text
+    assert "".join(native.stream(reduced, settings)) == generated
+    without = reduce_request(off, off.prepare(message, settings.max_new_tokens), TokenBudget(50, "norm"))
+    assert off.generate(without, settings).text != generated  # the check can tell the LoRA was on

@@ -232,12 +232,13 @@ class TransformersEngine(Engine):
         # Validate and tokenise before the first yield, so bad input fails at the call site.
         settings = settings.validated()
         self._check_adapter(adapter)
-        inputs = self.prepare_inputs(messages, settings.max_new_tokens)
-        return self._stream(inputs, settings, cancel or threading.Event(), adapter)
+        request = self.prepare(messages, settings.max_new_tokens)
+        return self._stream(request, settings, cancel or threading.Event(), adapter)
 
     def _stream(
-        self, inputs: dict, settings: SamplingSettings, cancel: threading.Event, adapter: str | None = None
+        self, request: PreparedRequest, settings: SamplingSettings, cancel: threading.Event, adapter: str | None = None
     ) -> Iterator[str]:
+        inputs = request.inputs
         streamer = TextIteratorStreamer(self.tokenizer, skip_prompt=True, timeout=None, **_DECODE)
         consumer_gone = threading.Event()
         failure: list[BaseException] = []
@@ -256,7 +257,9 @@ class TransformersEngine(Engine):
                 failure.append(err)
                 streamer.end()
 
-        with self._lock, self._adapter_enabled(adapter, "pixel_values" in inputs):
+        # the request's own messages say whether it carries a picture, as for generate: a token
+        # budget's request holds encoded features instead of pixel values
+        with self._lock, self._adapter_enabled(adapter, request.has_image):
             worker = threading.Thread(target=run, name="g4v-hf-generate", daemon=True)
             worker.start()
             ended = False
