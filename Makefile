@@ -22,17 +22,23 @@ run: setup
 browser:
 	scripts/setup_browser.sh
 
+# The fast tier runs on every core (pytest-xdist, at most 4 workers); the tiers that start servers,
+# drive a browser or train run one test at a time, as their timeouts assume.
+FAST := not slow and not browser and not server and not training and not vllm
+PARALLEL := -n auto --maxprocesses=4
+
 test: setup browser vllm-env
-	$(PY) -m pytest
+	$(PY) -m pytest $(PARALLEL) -m "$(FAST)"
+	$(PY) -m pytest -m "not ($(FAST))"
 	$(VLLM_PY) -m pytest tests/vllm
 
-FAST := not slow and not browser and not server and not training and not vllm
 test-fast: setup
-	$(PY) -m pytest -m "$(FAST)"
+	$(PY) -m pytest $(PARALLEL) -m "$(FAST)"
 
 # The main suite alone (its Port-tab test still needs the vLLM environment).
 test-main: setup browser vllm-env
-	$(PY) -m pytest
+	$(PY) -m pytest $(PARALLEL) -m "$(FAST)"
+	$(PY) -m pytest -m "not ($(FAST))"
 
 test-vllm: vllm-env
 	$(VLLM_PY) -m pytest tests/vllm

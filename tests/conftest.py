@@ -11,6 +11,11 @@ from pathlib import Path
 # a vLLM worker) steal each other's cores at every parallel region: one generation ran 5-8x slower
 # under load (scripts/bench_threads.py). Results are unchanged: only how idle threads wait differs.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# Under pytest-xdist (``make test-fast`` runs its tier on every core) each worker gets its share of
+# the cores, not all of them: N workers each running torch on every core would oversubscribe them.
+# Processes a test starts (the CLI, a server) inherit the share.
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))))
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import pytest  # noqa: E402
