@@ -168,3 +168,50 @@ def test_batched_scoring_equals_each_row_scored_alone(hf_engine):
         assert batched.shape == reference.shape == (len(tokens), reference.shape[1])
         assert torch.allclose(batched, reference, atol=1e-4, rtol=0)
         assert torch.equal(batched.argmax(dim=1), reference.argmax(dim=1))
+
+
+def test_an_encoded_request_answers_and_scores_as_its_pixel_values(hf_engine):
+    """A request whose pictures went through the vision tower and projectors once
+    (``engine.encoded``) is the same prompt to the model: every greedy answer, alone and in a
+    batch, equals the pixel-value request's, and teacher-forced logits agree to float32 rounding.
+    Text-only requests come back as they are."""
+    from g4v.model.scoring import answer_logits_batch
+
+    prepared = [hf_engine.prepare(messages) for messages in MIXED]
+    encoded = [hf_engine.encoded(request) for request in prepared]
+    for request, made in zip(prepared, encoded):
+        if request.has_image:
+            assert "pixel_values" not in made.inputs and "mm_encoder_outputs" in made.inputs
+            assert torch.equal(made.inputs["input_ids"], request.inputs["input_ids"])
+            assert made.prompt_tokens == request.prompt_tokens
+        else:
+            assert made is request
+    alone = [hf_engine.generate(request, GREEDY).token_ids for request in prepared]
+    assert [hf_engine.generate(request, GREEDY).token_ids for request in encoded] == alone
+    assert [g.token_ids for g in hf_engine.generate_batch(encoded, GREEDY, batch_size=3)] == alone
+    tokens = [ids[:4] + [hf_engine.tokenizer.eos_token_id] for ids in alone]
+    for from_pixels, from_features in zip(answer_logits_batch(hf_engine, prepared, tokens, None),
+                                          answer_logits_batch(hf_engine, encoded, tokens, None)):
+        assert torch.allclose(from_features, from_pixels, atol=1e-4, rtol=0)
+
+
+def test_an_adapter_on_the_vision_side_keeps_the_pixel_values(tmp_path):
+    """When a loaded adapter reaches the vision tower, the features depend on the adapter a pass
+    enables, so no request is encoded ahead; an adapter on the language model alone changes
+    nothing to the features, so requests are."""
+    from peft import LoraConfig, get_peft_model
+
+    from g4v.engines.hf import TransformersEngine
+    from g4v.loading import load_model
+    from g4v.paths import BUNDLED_MODEL_DIR
+
+    for name, targets in (("text", r".*language_model.*\.q_proj"), ("vision", r".*vision_tower.*\.q_proj")):
+        model = load_model(str(BUNDLED_MODEL_DIR), device="cpu", dtype="float32").model
+        get_peft_model(model, LoraConfig(r=2, lora_alpha=2, target_modules=targets, init_lora_weights=False)
+                       ).save_pretrained(str(tmp_path / name))
+    engine = TransformersEngine(str(BUNDLED_MODEL_DIR), device="cpu", dtype="float32")
+    request = engine.prepare(MIXED[0])
+    engine.register_adapter("text", str(tmp_path / "text"))
+    assert "mm_encoder_outputs" in engine.encoded(request).inputs
+    engine.register_adapter("vision", str(tmp_path / "vision"))
+    assert engine.encoded(request) is request

@@ -18,7 +18,7 @@ from g4v.conversation import Message
 from g4v.demo import answering as demo_eval
 from g4v.demo import shapes as S
 from g4v.errors import G4VError
-from g4v.evaluate import BUNDLED_DATASET, ArmSpec, EvalConfig, read_results, run_eval
+from g4v.evaluate import BUNDLED_DATASET, ArmSpec, EvalConfig, open_dataset, read_results, run_eval
 from g4v.evaluate.run import HF_CHUNK
 from g4v.evaluate.store import PARQUET_FILE, ROWS_FILE, SUMMARY_FILE
 from g4v.paths import REPO_ROOT, TRAINED_MODEL_DIR
@@ -394,11 +394,23 @@ def test_a_row_processes_each_picture_and_prompt_once(trained_engine, tmp_path):
     rows = 6
     config = EvalConfig(a=ArmSpec("hf"), b=ArmSpec("hf", adapter=ADAPTER), data=str(BUNDLED_DATASET), limit=rows,
                         max_new_tokens=8, blank_probe=True, levels=True, batch_size=4)
-    with counted_processor(trained_engine) as calls:
-        result = run_eval(config, tmp_path / "run", reuse={ArmSpec("hf"): trained_engine})
+    tiles_seen = []  # tiles through the vision tower, call by call
+    hook = trained_engine.model.model.vision_tower.register_forward_hook(
+        lambda module, args, output: tiles_seen.append(int(args[0].shape[0])))
+    try:
+        with counted_processor(trained_engine) as calls:
+            result = run_eval(config, tmp_path / "run", reuse={ArmSpec("hf"): trained_engine})
+    finally:
+        hook.remove()
     assert len(result.rows) == rows and not any(row.error for row in result.rows)
     assert all(row.level_norms_a and row.kl_mean is not None and row.blank_same_a is not None for row in result.rows)
     assert len(calls) == 2 * rows
+    # and the vision tower and projectors run once for each of them too (a blank has its picture's
+    # size, so its tiles): every other pass reads the features they made
+    dataset = open_dataset(str(BUNDLED_DATASET))
+    tiles = [trained_engine.prepare([Message("user", "?", dataset.sample(i).images)]).inputs["pixel_values"].shape[1]
+             for i in range(rows)]
+    assert len(tiles_seen) == 2 * rows and sum(tiles_seen) == 2 * sum(tiles)
     prompts = [row.prompt for row in result.rows]
     assert sorted(text[0] for text in calls) == sorted(trained_engine.render_prompt([Message("user", p, [
         Image.new("RGB", (8, 8))])]) for p in prompts * 2)

@@ -20,6 +20,7 @@ import itertools
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 
 import torch
 from transformers import StoppingCriteria, StoppingCriteriaList, TextIteratorStreamer, set_seed
@@ -29,6 +30,7 @@ from g4v.engines.base import BATCH_SIZE, WITHOUT_VISION_LORA, Engine, EngineInfo
 from g4v.errors import G4VError, PromptTooLong
 from g4v.engines.vision_lora import check_base_available, describe
 from g4v.loading import VISION_ADAPTER, LoadedModel, load_model
+from g4v.model.encoding import encoded_inputs, features_shared
 from g4v.model.precision import quantize_model
 
 _DECODE = {"skip_special_tokens": True, "clean_up_tokenization_spaces": False}
@@ -118,6 +120,18 @@ class TransformersEngine(Engine):
                 f"the context window of {self.context_window()}"
             )
         return request
+
+    def encoded(self, request: PreparedRequest) -> PreparedRequest:
+        """``request`` (prepared) with its pictures already through the vision tower and the 8
+        projectors (:mod:`g4v.model.encoding`), for a request that several passes will read (a
+        dataset row's answers, scoring and norms): they then share one encoding. The request as it
+        is when it has no picture, or when an adapter on the model reaches the vision side (then
+        the features depend on the pass's adapter)."""
+        if "pixel_values" not in request.inputs or not features_shared(self.model):
+            return request
+        with self._lock, torch.inference_mode():
+            inputs = encoded_inputs(self.model, request.inputs)
+        return replace(request, inputs=inputs)
 
     def prepare_inputs(self, messages: list[Message] | PreparedRequest, max_new_tokens: int = 0) -> dict:
         """Tokenised prompt with expanded image placeholders, pixel values and image sizes."""

@@ -150,11 +150,13 @@ class Failed(Generation):
 
 class Requests:
     """Samples prepared for engines, each (engine, sample) once: what the answers, the blank
-    probes, teacher-forced scoring and per-level norms of the same rows share. Keyed by object
-    identity (a blanked copy is a sample of its own) and kept for one chunk of rows."""
+    probes, teacher-forced scoring and per-level norms of the same rows share. A transformers
+    engine's requests also carry their pictures encoded (vision tower and projectors once for all
+    those passes, :meth:`~g4v.engines.hf.TransformersEngine.encoded`). Keyed by object identity
+    (a blanked copy is a sample of its own) and kept for one chunk of rows."""
 
     def __init__(self):
-        self._made: dict[tuple[int, int], tuple[object, PreparedRequest | G4VError]] = {}
+        self._made: dict[tuple, tuple[object, PreparedRequest | G4VError]] = {}
 
     def get(self, engine: Engine, sample, max_new_tokens: int = 0, budget=None, adapter: str | None = None
             ) -> PreparedRequest:
@@ -165,10 +167,17 @@ class Requests:
             from g4v.model.token_budget import reduce_request
 
             key = (id(engine), id(sample), budget, adapter)
-            if key not in self._made:
-                full = self.get(engine, sample)
-                self._made[key] = (sample, reduce_request(engine, full, budget, adapter))
+            if key not in self._made:  # ranked and cut from the pixel values, then encoded
+                self._made[key] = (sample, reduce_request(engine, self._prepared(engine, sample), budget, adapter))
             return engine.prepare(self._made[key][1], max_new_tokens)
+        key = (id(engine), id(sample), "encoded")
+        if key not in self._made:
+            prepared = self._prepared(engine, sample)
+            encode = getattr(engine, "encoded", None)
+            self._made[key] = (sample, encode(prepared) if encode else prepared)
+        return engine.prepare(self._made[key][1], max_new_tokens)  # a prepared request: only the room is checked
+
+    def _prepared(self, engine: Engine, sample) -> PreparedRequest:
         key = (id(engine), id(sample))
         if key not in self._made:
             try:
@@ -179,7 +188,7 @@ class Requests:
         made = self._made[key][1]
         if isinstance(made, G4VError):
             raise made
-        return engine.prepare(made, max_new_tokens)  # a prepared request: only the room is checked
+        return made
 
 
 @dataclass

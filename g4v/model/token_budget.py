@@ -42,6 +42,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from g4v.errors import G4VError
+from g4v.model.encoding import encode_images
 
 POLICIES = ("norm", "attention", "attribution", "random")
 #: The kept percentages a sweep runs unless told otherwise.
@@ -90,20 +91,6 @@ class Reduction:
     def to_dict(self) -> dict:
         return {"budget": self.budget.to_dict(), "image_tokens": self.image_tokens, "kept": self.kept,
                 "prompt_tokens_before": self.prompt_tokens_before, "prompt_tokens_after": self.prompt_tokens_after}
-
-
-def _inner(model):
-    return getattr(model, "model", model)
-
-
-def encode_images(model, inputs: dict):
-    """The model's own image outputs for ``inputs`` (vision tower and 8 projectors once): an
-    object whose ``deepstack_features`` is ``[(llm_layer, [per picture (tokens, hidden)])]``."""
-    with torch.no_grad():
-        output = _inner(model).get_image_features(inputs["pixel_values"], inputs["image_sizes"], return_dict=True)
-    output.deepstack_features = [(layer, list(packed) if not isinstance(packed, torch.Tensor) else [packed])
-                                 for layer, packed in output.deepstack_features]
-    return output
 
 
 def _per_picture(levels: list[tuple[int, list[torch.Tensor]]]) -> list[int]:

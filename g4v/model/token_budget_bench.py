@@ -4,7 +4,7 @@ On one synthetic image prompt (``g4v.model.bench``: the bundled checkpoint, a la
 config with random weights, the same compute) it measures, interleaved round by round and taking
 each mode's fastest round:
 
-* ``encode``: the vision tower and the 8 projectors (:func:`~g4v.model.token_budget.encode_images`),
+* ``encode``: the vision tower and the 8 projectors (:func:`~g4v.model.encoding.encode_images`),
   which every budget pays in full (the picture is encoded before tokens are chosen);
 * ``prefill K%``: the language model's prefill (one forward to the first answer token's logits)
   on the sequence with K % of the image tokens, features given pre-encoded, for each K; the
@@ -20,8 +20,8 @@ from functools import partial
 import torch
 
 from g4v.model.bench import add_model_flags, build_model, fastest_seconds, run_benchmarks, synthetic_inputs
-from g4v.model.token_budget import (DEFAULT_KEEPS, POLICIES, SCORERS, TokenBudget, encode_images, kept_indices,
-                                    without_tokens)
+from g4v.model.encoding import encode_images
+from g4v.model.token_budget import DEFAULT_KEEPS, POLICIES, SCORERS, TokenBudget, kept_indices, without_tokens
 
 
 @dataclass
