@@ -18,7 +18,7 @@ import json
 import re
 import threading
 import zipfile
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import gradio as gr
@@ -28,7 +28,7 @@ from g4v.evaluate import BUNDLED_DATASET, Columns, EvalConfig, RunResult, open_d
 from g4v.evaluate.store import CSV_FILE, PARQUET_FILE, ROWS_FILE, RUN_FILE, SUMMARY_FILE, read_settings, shareable
 from g4v.evaluate.uploads import UPLOAD_SUFFIXES, extract_upload
 from viz.evaluate import run_figures
-from webapp.common import MODEL_QUEUE, QUIET_INPUT, shows_errors
+from webapp.common import MODEL_QUEUE, QUIET_INPUT, OutputBoxes, shows_errors
 from webapp.evaluate_budget import budget_section
 from webapp.evaluate_choices import (BUNDLED, SAME_AS_A, SAME_AS_A_LABEL, UPLOAD, ArmChoice, arm_choices,
                                      dataset_choices, dataset_label)
@@ -193,10 +193,10 @@ class OpenTargets:
 
 
 @dataclass
-class ResultBoxes:
+class ResultBoxes(OutputBoxes):
     """What a run fills, in the order of the ``/evaluate`` endpoint's outputs (API clients read its
     results by position): built once by the tab, given to ``run.click`` as :meth:`components` and
-    filled by name by :func:`show_result`, so no tuple has to be kept in step with a list."""
+    filled by name by :func:`show_result`."""
 
     status: gr.Markdown
     aggregate: gr.Dataframe
@@ -211,10 +211,6 @@ class ResultBoxes:
     export: gr.File
     summary: gr.JSON
     run_state: gr.State
-
-    def components(self) -> list:
-        """The boxes as the event's outputs, in the endpoint's order (the fields' order)."""
-        return [getattr(self, box.name) for box in fields(self)]
 
 
 def make_run(engine, workspace: EvalWorkspace, choices: list[ArmChoice], adapters_dir, gpu_task, boxes: ResultBoxes):
