@@ -15,7 +15,7 @@ from g4v.circuits.patching import patch_levels
 from g4v.circuits.reverse import region_attention
 from g4v.paths import EXAMPLES_DIR
 from tests.conftest import make_image
-from webapp.circuits import make_handlers, pick_corner, show_region
+from webapp.circuits import circuits_tab, make_handlers, pick_corner, show_region
 from webapp.sessions import SessionStores
 
 EXAMPLE = str(EXAMPLES_DIR / "shapes-wide.png")
@@ -24,8 +24,21 @@ PROMPT = "What shape is green?"
 
 @pytest.fixture(scope="module")
 def handlers(hf_engine, tmp_path_factory):
+    """The four handlers on the tab's own result boxes, each giving its values as its endpoint
+    does: in the order of its view's boxes, after checking it filled every box and nothing else."""
     sessions = SessionStores(tmp_path_factory.mktemp("sessions"), {"inspect": 8})
-    yield make_handlers(hf_engine, sessions, lambda fn: fn)
+    with gr.Blocks():
+        boxes = circuits_tab(None, gr.State(None), sessions)
+
+    def in_endpoint_order(handler, view):
+        def call(*arguments):
+            shown = handler(*arguments)
+            assert set(shown) == set(view.components()) and len(shown) == len(view.components())
+            return [shown[box] for box in view.components()]
+        return call
+
+    yield [in_endpoint_order(handler, view)
+           for handler, view in zip(make_handlers(hf_engine, sessions, lambda fn: fn, boxes), boxes.views(), strict=True)]
     sessions.close()
 
 
@@ -290,13 +303,19 @@ RESULTS = {"attention": ["circuits-attention-report", "circuits-share", "circuit
 @pytest.fixture(scope="module")
 def tab(tmp_path_factory):
     """The tab as the app builds it (no handler runs the model here)."""
-    from webapp.circuits import circuits_tab
-
     sessions = SessionStores(tmp_path_factory.mktemp("tab-sessions"), {"inspect": 8})
     with gr.Blocks() as page:
         circuits_tab(None, gr.State(None), sessions)
     yield page
     sessions.close()
+
+
+@pytest.mark.parametrize("view", list(RESULTS))
+def test_each_endpoint_keeps_its_outputs_in_order(tab, view):
+    """API clients read a view's results by position: ``/circuits_<view>`` gives its boxes in the
+    order of :data:`RESULTS`, whatever order the handler fills them in."""
+    [event] = [function for function in tab.fns.values() if function.api_name == f"circuits_{view}"]
+    assert [box.elem_id for box in event.outputs] == RESULTS[view]
 
 
 def emptied_by(page, elem_id: str, event: str) -> dict:

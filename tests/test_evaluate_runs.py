@@ -228,8 +228,6 @@ def test_a_killed_run_resumes_to_the_same_results(trained_engine, tmp_path):
 def test_cli_writes_the_tabs_plots_as_png(tmp_path, capsys):
     """Issue 31, item 11: ``eval --out DIR`` writes the pictures the Evaluate tab shows (the same
     figures, redrawn here from the run's own files as the tab draws them) and lists them."""
-    from dataclasses import asdict
-
     import numpy as np
 
     from g4v.cli import main
@@ -240,7 +238,7 @@ def test_cli_writes_the_tabs_plots_as_png(tmp_path, capsys):
                  "--limit", "4", "--max-new-tokens", "6", "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     again = read_results(out)
-    expected = run_figures(again.summary, [asdict(row) for row in again.rows])
+    expected = run_figures(again.summary, again.rows)
     for name in ("accuracy", "paired", "kl", "divergence"):
         path = out / f"{name}.png"
         assert f"wrote {path}" in printed

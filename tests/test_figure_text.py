@@ -5,6 +5,7 @@ text calls, the legends' and axes' boxes), and the size each text has once the p
 picture at most ``PAGE_WIDTH_PX`` wide is computed from the drawn size and the picture's width."""
 
 import math
+from dataclasses import fields
 
 import gradio as gr
 import numpy as np
@@ -13,6 +14,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg, RendererAgg
 from matplotlib.figure import Figure
 from matplotlib.text import Text
 
+from g4v.evaluate import SampleResult
 from g4v.loading import load_config
 from g4v.paths import BUNDLED_MODEL_DIR
 from g4v.tiling import plan_tiling
@@ -284,8 +286,8 @@ def test_reverse_axis_shortens_long_tokens_with_an_ellipsis(picture_and_tokens, 
 EVALUATE_PICTURE_PX = 580
 
 
-def evaluate_run(categories: int) -> tuple[dict, list[dict]]:
-    """A run's summary and rows as ``g4v.evaluate`` writes them, with long category names."""
+def evaluate_run(categories: int) -> tuple[dict, list[SampleResult]]:
+    """A run's summary and typed rows as ``g4v.evaluate`` returns them, with long category names."""
     def block(n, shift):
         arms = {arm: {"label": f"arm {arm} with a long label", "accuracy": 0.5 + shift * sign, "ci95": [0.3, 0.8],
                       "n_scored": n} for arm, sign in (("a", 1), ("b", -1))}
@@ -293,8 +295,9 @@ def evaluate_run(categories: int) -> tuple[dict, list[dict]]:
                                                  "mcnemar_p": 0.62 + shift}}
     summary = block(40, 0.1) | {"by_category": {f"category number {i} of the set": block(10, i / 50)
                                                 for i in range(categories)}}
-    rows = [{"index": i, "kl_mean": 10 ** (-3 + i / 10), "kl_max": 10 ** (-2 + i / 10), "first_divergence": i % 7,
-             "agree": i % 3 == 0, "error": None} for i in range(40)]
+    empty = dict.fromkeys(field.name for field in fields(SampleResult))  # what the pictures do not read
+    rows = [SampleResult(**{**empty, "index": i, "kl_mean": 10 ** (-3 + i / 10), "kl_max": 10 ** (-2 + i / 10),
+                            "first_divergence": i % 7, "agree": i % 3 == 0}) for i in range(40)]
     return summary, rows
 
 

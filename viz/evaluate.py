@@ -1,8 +1,9 @@
 """Pictures of a dataset run: where each arm is right, where the two arms part, and by how much.
 
 Input is plain data: the summary dict of ``g4v.evaluate.summarise`` (the ``summary.json`` a run
-writes) and the per-sample rows as dicts (one per line of ``samples.jsonl``), so a finished run can
-be redrawn without the model. Every function returns one bounded PIL picture; when there is
+writes) and the per-sample rows as ``run_eval`` returns them (``g4v.evaluate.SampleResult``, also
+what ``read_results`` reads back from ``samples.jsonl``; only their attributes are read, so this
+module needs no model code), so a finished run can be redrawn without the model. Every function returns one bounded PIL picture; when there is
 nothing to draw (no references, no KL because an arm cannot score) the picture says why instead of
 showing empty axes. Every text is sized by ``viz.figures.text_points`` for the figure's width and
 the half page the tab gives each picture (two a row), as in the other panels' pictures, so it
@@ -126,13 +127,13 @@ def _finite(values) -> np.ndarray:
     return array[np.isfinite(array)]
 
 
-def kl_histogram(rows: list[dict]) -> Image.Image:
+def kl_histogram(rows: list) -> Image.Image:
     """How far apart the two arms' next-token distributions are, sample by sample: a histogram of
     the per-sample mean KL(A || B) on a log scale (KL spans orders of magnitude), with each
-    sample's largest KL beside it."""
+    sample's largest KL beside it. ``rows``: typed rows, their ``kl_mean`` and ``kl_max`` read."""
     title = "KL(A || B) per sample (nats, log scale)"
-    means = _finite(row.get("kl_mean") for row in rows)
-    peaks = _finite(row.get("kl_max") for row in rows)
+    means = _finite(row.kl_mean for row in rows)
+    peaks = _finite(row.kl_max for row in rows)
     if not means.size:
         return note_figure(title, "No KL to draw: it needs both arms on local transformers "
                                   "(a vLLM or remote arm gives no full next-token distributions).", HALF_PAGE_PX)
@@ -156,12 +157,13 @@ def kl_histogram(rows: list[dict]) -> Image.Image:
     return figure_to_image(fig)
 
 
-def divergence_histogram(rows: list[dict]) -> Image.Image:
+def divergence_histogram(rows: list) -> Image.Image:
     """Where the two greedy answers first differ (answer token index), for the samples that
-    differ at all; the share that agree entirely is in the title."""
-    scored = [row for row in rows if not row.get("error")]
-    positions = _finite(row.get("first_divergence") for row in scored)
-    agree = sum(1 for row in scored if row.get("agree"))
+    differ at all; the share that agree entirely is in the title. ``rows``: typed rows, their
+    ``error``, ``first_divergence`` and ``agree`` read."""
+    scored = [row for row in rows if not row.error]
+    positions = _finite(row.first_divergence for row in scored)
+    agree = sum(1 for row in scored if row.agree)
     title = f"First differing answer token ({agree} of {len(scored)} samples agree entirely)"
     if not positions.size:
         note = "The two arms gave the same greedy answer on every sample." if scored else "No samples yet."
@@ -180,7 +182,8 @@ def divergence_histogram(rows: list[dict]) -> Image.Image:
     return figure_to_image(fig)
 
 
-def run_figures(summary: dict, rows: list[dict]) -> dict[str, Image.Image]:
-    """Every picture of a run, by name (the Evaluate tab shows them in this order)."""
+def run_figures(summary: dict, rows: list) -> dict[str, Image.Image]:
+    """Every picture of a run, by name (the Evaluate tab shows them in this order); ``rows`` are
+    the run's typed rows (``RunResult.rows``)."""
     return {"accuracy": accuracy_figure(summary), "paired": paired_figure(summary),
             "kl": kl_histogram(rows), "divergence": divergence_histogram(rows)}

@@ -7,6 +7,7 @@ export folder."""
 
 import math
 import time
+from dataclasses import dataclass, fields
 
 import gradio as gr
 
@@ -20,8 +21,8 @@ from g4v.errors import G4VError, quoted
 from g4v.images import open_image
 from viz.circuits import picker_size, region_overlay
 from viz.figures import original_point
-from webapp.common import (MODEL_QUEUE, QUIET_INPUT, image_input, optional_whole, refuse_non_pictures, shows_errors,
-                           time_left, use_last_chat_image, without_error_badges)
+from webapp.common import (MODEL_QUEUE, QUIET_INPUT, OutputBoxes, image_input, optional_whole, refuse_non_pictures,
+                           shows_errors, time_left, use_last_chat_image, without_error_badges)
 from webapp.documents import document_picker
 from webapp.sessions import SessionStores, session_key
 
@@ -118,9 +119,61 @@ def patching_report(summary: dict) -> str:
     return "\n\n".join(lines)
 
 
-def make_handlers(engine, sessions: SessionStores, gpu_task):
-    """The tab's four runs, each wrapped for one-line refusals; each writes its export files into
-    the visitor's own store and returns their paths last."""
+@dataclass
+class AttentionBoxes(OutputBoxes):
+    """The attention view's results, in ``/circuits_attention``'s order."""
+
+    report: gr.Markdown
+    share: gr.Image
+    tiles: gr.Image
+    base: gr.Image
+    export: gr.File
+
+
+@dataclass
+class ReverseBoxes(OutputBoxes):
+    """The reverse view's results, in ``/circuits_reverse``'s order."""
+
+    report: gr.Markdown
+    picture: gr.Image
+    export: gr.File
+
+
+@dataclass
+class KnockoutBoxes(OutputBoxes):
+    """The knockout's results, in ``/circuits_knockout``'s order."""
+
+    report: gr.Markdown
+    export: gr.File
+
+
+@dataclass
+class PatchBoxes(OutputBoxes):
+    """Patching's results, in ``/circuits_patch``'s order."""
+
+    report: gr.Markdown
+    table: gr.Dataframe
+    picture: gr.Image
+    export: gr.File
+
+
+@dataclass
+class CircuitBoxes:
+    """Each view's result boxes (what :func:`circuits_tab` builds and returns)."""
+
+    attention: AttentionBoxes
+    reverse: ReverseBoxes
+    knockout: KnockoutBoxes
+    patch: PatchBoxes
+
+    def views(self) -> list[OutputBoxes]:
+        return [getattr(self, view.name) for view in fields(self)]
+
+
+def make_handlers(engine, sessions: SessionStores, gpu_task, boxes: CircuitBoxes):
+    """The tab's four runs, in :class:`CircuitBoxes`' order, each wrapped for one-line refusals and
+    returning its values by box (``boxes``); each writes its export files into the visitor's own
+    store and shows their paths."""
 
     def run_view(view: str, work, image_path, prompt, settings, request, progress, other_path=None):
         started = time.monotonic()
@@ -152,8 +205,10 @@ def make_handlers(engine, sessions: SessionStores, gpu_task):
         answer token) to every image token at the chosen layers."""
         summary, pictures, files = run_view("attention", image_attention, image_path, prompt,
                                             settings_from_inputs(layers, token=token), request, progress)
-        return (attention_report(summary), pictures["image_share.png"], pictures["attention_tiles.png"],
-                pictures["attention_base.png"], files)
+        shown = boxes.attention
+        return {shown.report: attention_report(summary), shown.share: pictures["image_share.png"],
+                shown.tiles: pictures["attention_tiles.png"], shown.base: pictures["attention_base.png"],
+                shown.export: files}
 
     @gpu_task
     @shows_errors
@@ -162,7 +217,8 @@ def make_handlers(engine, sessions: SessionStores, gpu_task):
         """Which text tokens (prompt and first greedy answer tokens) attend to a region of the picture."""
         settings = settings_from_inputs(layers, max_new_tokens=max_new_tokens, box=region)
         summary, pictures, files = run_view("reverse", region_attention, image_path, prompt, settings, request, progress)
-        return reverse_report(summary), pictures["reverse.png"], files
+        shown = boxes.reverse
+        return {shown.report: reverse_report(summary), shown.picture: pictures["reverse.png"], shown.export: files}
 
     @gpu_task
     @shows_errors
@@ -172,7 +228,7 @@ def make_handlers(engine, sessions: SessionStores, gpu_task):
         every injection layer): the first answer token's log-probability and the answer, before and after."""
         settings = settings_from_inputs(layers, window=window, max_new_tokens=max_new_tokens)
         summary, _, files = run_view("knockout", attention_knockout, image_path, prompt, settings, request, progress)
-        return knockout_report(summary), files
+        return {boxes.knockout.report: knockout_report(summary), boxes.knockout.export: files}
 
     @gpu_task
     @shows_errors
@@ -184,7 +240,9 @@ def make_handlers(engine, sessions: SessionStores, gpu_task):
                                         region=region, complement=complement)
         summary, pictures, files = run_view("patch", patch_levels, image_path, prompt, settings, request, progress,
                                             other_path)
-        return patching_report(summary), patching_rows(summary), pictures["patching.png"], files
+        shown = boxes.patch
+        return {shown.report: patching_report(summary), shown.table: patching_rows(summary),
+                shown.picture: pictures["patching.png"], shown.export: files}
 
     return attention, reverse, knockout, patch
 
@@ -244,7 +302,8 @@ def empties_on(event, components: list) -> None:
 
 
 def circuits_tab(engine, last_chat_image: gr.State, sessions: SessionStores, concurrency: int = 1,
-                 gpu_task=lambda fn: fn) -> None:
+                 gpu_task=lambda fn: fn) -> CircuitBoxes:
+    """Render the Circuits tab into the current ``gr.Blocks``; returns its result boxes."""
     gr.Markdown("Where the language model reads the picture: the attention of one text token on every image "
                 "token, by layer (the 8 injection layers marked); which text tokens read a region of the "
                 "picture; and what blocking the answer's attention to the picture changes. Each run is one "
@@ -257,8 +316,6 @@ def circuits_tab(engine, last_chat_image: gr.State, sessions: SessionStores, con
             document_picker(image, elem_id="circuits-doc")
             prompt = gr.Textbox(label="Prompt", value="What colour is the shape?", elem_id="circuits-prompt")
             layers = gr.Textbox(label=LAYERS_HELP, value=DEFAULTS.layers, elem_id="circuits-layers")
-    attention, reverse, knockout, patch = make_handlers(engine, sessions, gpu_task)
-    results = {}  # view -> its result boxes
     model_bound = {"concurrency_id": MODEL_QUEUE, "concurrency_limit": concurrency}
     pictures = {"show_label": False, "format": "png"}  # each picture carries its own title
 
@@ -271,9 +328,7 @@ def circuits_tab(engine, last_chat_image: gr.State, sessions: SessionStores, con
         tiles = gr.Image(label="Attention on each tile token", elem_id="circuits-tiles", **pictures)
         base = gr.Image(label="Attention on each base-view token", elem_id="circuits-base", **pictures)
         export = gr.File(label="Export (attention.json, PNGs)", file_count="multiple", elem_id="circuits-attention-export")
-    outputs = results["attention"] = [report, share, tiles, base, export]
-    without_error_badges(run.click(attention, [image, prompt, layers, token], outputs, api_name="circuits_attention",
-                                   show_progress_on=report, **model_bound), outputs)
+    attention = AttentionBoxes(report=report, share=share, tiles=tiles, base=base, export=export)
 
     with gr.Tab("Reverse view: a region", id="circuits-reverse"):
         with gr.Row():
@@ -294,10 +349,7 @@ def circuits_tab(engine, last_chat_image: gr.State, sessions: SessionStores, con
         without_error_badges(event(show, [image, region], picker, api_visibility="private", **QUIET_INPUT), [picker])
     without_error_badges(picker.select(pick_corner, [image, region], [region, picker], api_visibility="private",
                                        **QUIET_INPUT), [region, picker])
-    outputs = results["reverse"] = [reverse_text, reverse_picture, reverse_export]
-    without_error_badges(run_reverse.click(reverse, [image, prompt, layers, region, answer_tokens], outputs,
-                                           api_name="circuits_reverse", show_progress_on=reverse_text, **model_bound),
-                         outputs)
+    reverse = ReverseBoxes(report=reverse_text, picture=reverse_picture, export=reverse_export)
 
     with gr.Tab("Knockout", id="circuits-knockout"):
         with gr.Row():
@@ -308,10 +360,7 @@ def circuits_tab(engine, last_chat_image: gr.State, sessions: SessionStores, con
         run_knockout = gr.Button("Knock out", variant="primary", elem_id="circuits-knockout-run")
         knockout_text = gr.Markdown(elem_id="circuits-knockout-report")
         knockout_export = gr.File(label="Export (knockout.json)", file_count="multiple", elem_id="circuits-knockout-export")
-    outputs = results["knockout"] = [knockout_text, knockout_export]
-    without_error_badges(run_knockout.click(knockout, [image, prompt, layers, window, new_tokens], outputs,
-                                            api_name="circuits_knockout", show_progress_on=knockout_text,
-                                            **model_bound), outputs)
+    knockout = KnockoutBoxes(report=knockout_text, export=knockout_export)
 
     with gr.Tab("Patching: picture A with B's features", id="circuits-patching"):
         with gr.Row():
@@ -336,15 +385,24 @@ def circuits_tab(engine, last_chat_image: gr.State, sessions: SessionStores, con
         patch_picture = gr.Image(label="Log-odds per level", elem_id="circuits-patch-picture", **pictures)
         patch_export = gr.File(label="Export (patching.json, patching.png)", file_count="multiple",
                                elem_id="circuits-patch-export")
-    outputs = results["patch"] = [patch_text, patch_table, patch_picture, patch_export]
-    without_error_badges(run_patch.click(patch, [image, other, prompt, levels, direction, patch_region, patch_tokens,
-                                                 complement],
-                                         outputs, api_name="circuits_patch", show_progress_on=patch_text,
-                                         **model_bound), outputs)
+    patch = PatchBoxes(report=patch_text, table=patch_table, picture=patch_picture, export=patch_export)
+    boxes = CircuitBoxes(attention=attention, reverse=reverse, knockout=knockout, patch=patch)
+    handlers = dict(zip((view.name for view in fields(CircuitBoxes)), make_handlers(engine, sessions, gpu_task, boxes),
+                        strict=True))
+    # view -> its button and inputs; its endpoint is circuits_<view>
+    runs = {"attention": (run, [image, prompt, layers, token]),
+            "reverse": (run_reverse, [image, prompt, layers, region, answer_tokens]),
+            "knockout": (run_knockout, [image, prompt, layers, window, new_tokens]),
+            "patch": (run_patch, [image, other, prompt, levels, direction, patch_region, patch_tokens, complement])}
+    for name, (button, inputs) in runs.items():
+        view = getattr(boxes, name)
+        without_error_badges(button.click(handlers[name], inputs, view.components(), api_name=f"circuits_{name}",
+                                          show_progress_on=view.report, **model_bound), view.components())
     # a new picture (uploaded, from Chat, a PDF page): every view's results were the old one's;
     # a new picture B: the patching results were the old pair's
-    empties_on(image.change, [box for boxes in results.values() for box in boxes])
-    empties_on(other.change, results["patch"])
+    empties_on(image.change, [box for view in boxes.views() for box in view.components()])
+    empties_on(other.change, patch.components())
     # another region (typed, or set by the two clicks): the reverse report named the old one
-    empties_on(region.change, results["reverse"])
+    empties_on(region.change, reverse.components())
     use_last_chat_image(from_chat, last_chat_image, image)
+    return boxes

@@ -3,6 +3,7 @@
 Gradio-only helpers; the work itself happens in plain functions of the ``g4v`` package.
 """
 
+import dataclasses
 import functools
 import html
 import inspect
@@ -68,6 +69,17 @@ def shows_errors(fn):
         except Exception as err:
             raise translate(err) from None
     return call
+
+
+class OutputBoxes:
+    """Base of a dataclass holding an event's output components: :meth:`components` lists them in
+    field order, which is the event's outputs list (and its API endpoint's results, by position),
+    and the handler returns ``{box: value}`` (a box left out keeps what it shows), so no tuple has
+    to be kept in step with that list by hand."""
+
+    def components(self) -> list:
+        """The boxes in field order: the event's outputs."""
+        return [getattr(self, box.name) for box in dataclasses.fields(self)]
 
 
 class ImageFile(gr.Image):

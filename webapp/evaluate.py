@@ -24,11 +24,11 @@ from pathlib import Path
 import gradio as gr
 
 from g4v.errors import G4VError, quoted
-from g4v.evaluate import BUNDLED_DATASET, Columns, EvalConfig, open_dataset, run_eval
+from g4v.evaluate import BUNDLED_DATASET, Columns, EvalConfig, RunResult, open_dataset, run_eval
 from g4v.evaluate.store import CSV_FILE, PARQUET_FILE, ROWS_FILE, RUN_FILE, SUMMARY_FILE, read_settings, shareable
 from g4v.evaluate.uploads import UPLOAD_SUFFIXES, extract_upload
 from viz.evaluate import run_figures
-from webapp.common import MODEL_QUEUE, QUIET_INPUT, shows_errors
+from webapp.common import MODEL_QUEUE, QUIET_INPUT, OutputBoxes, shows_errors
 from webapp.evaluate_budget import budget_section
 from webapp.evaluate_choices import (BUNDLED, SAME_AS_A, SAME_AS_A_LABEL, UPLOAD, ArmChoice, arm_choices,
                                      dataset_choices, dataset_label)
@@ -192,7 +192,28 @@ class OpenTargets:
     lora_prompt: gr.Textbox
 
 
-def make_run(engine, workspace: EvalWorkspace, choices: list[ArmChoice], adapters_dir, gpu_task):
+@dataclass
+class ResultBoxes(OutputBoxes):
+    """What a run fills, in the order of the ``/evaluate`` endpoint's outputs (API clients read its
+    results by position): built once by the tab, given to ``run.click`` as :meth:`components` and
+    filled by name by :func:`show_result`."""
+
+    status: gr.Markdown
+    aggregate: gr.Dataframe
+    equivalence: gr.Markdown
+    field_table: gr.Dataframe
+    drift_table: gr.Dataframe
+    accuracy_plot: gr.Image
+    paired_plot: gr.Image
+    kl_plot: gr.Image
+    divergence_plot: gr.Image
+    samples: gr.Dataframe
+    export: gr.File
+    summary: gr.JSON
+    run_state: gr.State
+
+
+def make_run(engine, workspace: EvalWorkspace, choices: list[ArmChoice], adapters_dir, gpu_task, boxes: ResultBoxes):
     reuse = {choices[0].spec.engine_key(): engine}
 
     def config_from(visitor, *inputs):
@@ -220,7 +241,7 @@ def make_run(engine, workspace: EvalWorkspace, choices: list[ArmChoice], adapter
         result = in_worker(workspace, request, progress, "samples", lambda report, cancel: run_eval(
             config, out_dir, adapters_dir=adapters_dir, reuse=reuse, data_dirs=workspace.allowed_dirs(visitor),
             progress=report, cancel=cancel))
-        yield show_result(result, config, workspace.export(out_dir, visitor, dataset_name))
+        yield show_result(boxes, result, config, workspace.export(out_dir, visitor, dataset_name))
 
     return evaluate
 
@@ -240,15 +261,19 @@ def previous_run(status: str | None) -> str:
     return status if not status.strip() or status.startswith(PREVIOUS_RUN) else f"{PREVIOUS_RUN}\n\n{status}"
 
 
-def show_result(result, config: EvalConfig, export: Path) -> tuple:
-    """Every output of the tab for a finished or stopped run."""
-    rows = [asdict(row) for row in result.rows]
-    pictures = run_figures(result.summary, rows)
+def show_result(boxes: ResultBoxes, result: RunResult, config: EvalConfig, export: Path) -> dict:
+    """Every output of the tab for a finished or stopped run, by box."""
+    pictures = run_figures(result.summary, result.rows)
+    equivalence, field_table, drift_table = result_values(result.summary)
     run = {"source": config.data, "columns": asdict(config.columns),
            "adapters": [config.a.adapter, config.b.adapter], "out_dir": str(result.out_dir)}
-    return (run_status(result.summary, config.a.display, config.b.display), aggregate_rows(result.summary),
-            *result_values(result.summary), pictures["accuracy"], pictures["paired"], pictures["kl"], pictures["divergence"],
-            sample_rows(result.summary, rows), str(export), result.summary, run)
+    return {boxes.status: run_status(result.summary, config.a.display, config.b.display),
+            boxes.aggregate: aggregate_rows(result.summary), boxes.equivalence: equivalence,
+            boxes.field_table: field_table, boxes.drift_table: drift_table,
+            boxes.accuracy_plot: pictures["accuracy"], boxes.paired_plot: pictures["paired"],
+            boxes.kl_plot: pictures["kl"], boxes.divergence_plot: pictures["divergence"],
+            boxes.samples: sample_rows(result.rows), boxes.export: str(export), boxes.summary: result.summary,
+            boxes.run_state: run}
 
 
 def evaluate_tab(engine, model: str, adapters_dir, workspace: EvalWorkspace, targets: OpenTargets | None = None,
@@ -311,7 +336,11 @@ def evaluate_tab(engine, model: str, adapters_dir, workspace: EvalWorkspace, tar
                    [arm_a, dataset, files, *columns, limit, seed, max_new_tokens], concurrency, gpu_task)
     wire_dataset_info(workspace, dataset, files, columns, described, row_count)
     wire_plan(row_count, limit, discordance, margin, planned)
-    evaluate = make_run(engine, workspace, choices, adapters_dir, gpu_task)
+    boxes = ResultBoxes(status=status, aggregate=aggregate, equivalence=equivalence, field_table=field_table,
+                        drift_table=drift_table, accuracy_plot=accuracy_plot, paired_plot=paired_plot, kl_plot=kl_plot,
+                        divergence_plot=divergence_plot, samples=samples, export=export, summary=summary,
+                        run_state=run_state)
+    evaluate = make_run(engine, workspace, choices, adapters_dir, gpu_task, boxes)
     # The results on show are marked as the previous run's while a new one starts and after it is
     # refused; the mark is a quick step of its own, which also clears the refusal's "Error" badge.
     mark = {"fn": previous_run, "inputs": status, "outputs": status, "api_visibility": "private", "queue": False,
@@ -319,8 +348,7 @@ def evaluate_tab(engine, model: str, adapters_dir, workspace: EvalWorkspace, tar
     run.click(**mark)
     run.click(evaluate, [arm_a, arm_b, dataset, files, *columns, limit, seed, max_new_tokens, blank_probe, levels,
                          margin, discordance],
-              [status, aggregate, equivalence, field_table, drift_table, accuracy_plot, paired_plot, kl_plot,
-               divergence_plot, samples, export, summary, run_state], api_name="evaluate", concurrency_id=MODEL_QUEUE, concurrency_limit=concurrency,
+              boxes.components(), api_name="evaluate", concurrency_id=MODEL_QUEUE, concurrency_limit=concurrency,
               show_progress_on=status).failure(**mark)  # one progress bar, not one in each of the outputs
 
     def stop_run(request: gr.Request):
@@ -343,12 +371,14 @@ def wire_dataset_info(workspace: EvalWorkspace, dataset, files, columns, describ
 
     @shows_errors
     def describe(key, uploaded, request: gr.Request):
+        """The guessed column boxes (by role), the line under the dataset and its row count, by box;
+        a box left out keeps what it shows."""
         if key == UPLOAD and not uploaded:
-            return (*[gr.skip()] * len(columns), UPLOAD_HINT, gr.skip())
+            return {described: UPLOAD_HINT}
         with workspace.sessions.using(session_key(request)) as visitor:
             mapping = guessed_columns(key, uploaded, workspace, visitor, strict=True)
-        return (*[mapping[role] or "" for role in COLUMN_ROLES], f"{mapping['rows']:,} rows in {dataset_label(key)}.",
-                mapping["rows"])
+        return {**{box: mapping[role] or "" for role, box in zip(COLUMN_ROLES, columns, strict=True)},
+                described: f"{mapping['rows']:,} rows in {dataset_label(key)}.", row_count: mapping["rows"]}
 
     def uploaded(upload, chosen):
         """The dropdown on the upload, and what it showed before (a refused upload goes back to it)."""

@@ -1,9 +1,11 @@
-"""The Evaluate tab's tables and status line, from a run's summary dict and rows (plain data in,
-lists of cells out), and the check of the tab's whole-number boxes."""
+"""The Evaluate tab's tables and status line, from a run's summary dict and its typed rows
+(:class:`~g4v.evaluate.SampleResult`, as ``run_eval`` returns them; lists of cells out), and the
+check of the tab's whole-number boxes."""
 
 import math
 
 from g4v.errors import G4VError, quoted
+from g4v.evaluate import SampleResult
 from g4v.evaluate.stats import worst_rows
 
 AGGREGATE_HEADERS = ["group", "n", "errors", "A accuracy [95% CI]", "B accuracy [95% CI]",
@@ -84,17 +86,10 @@ def aggregate_rows(summary: dict) -> list[list]:
     return rows
 
 
-class _Row:
-    """A row dict seen as the attributes ``worst_rows`` reads."""
-
-    def __init__(self, values: dict):
-        self.__dict__.update(values)
-
-
-def worst_first(rows: list[dict]) -> list[dict]:
+def worst_first(rows: list[SampleResult]) -> list[SampleResult]:
     """All rows, those most worth a look first (the run summary's own ranking), then by row."""
-    ranked = worst_rows([_Row(row) for row in rows], limit=len(rows))
-    by_index = {row["index"]: row for row in rows}
+    ranked = worst_rows(rows, limit=len(rows))
+    by_index = {row.index: row for row in rows}
     rest = sorted(set(by_index) - set(ranked))
     return [by_index[index] for index in [*ranked, *rest]]
 
@@ -103,12 +98,12 @@ def _flag(value) -> str:
     return "–" if value is None else "yes" if value else "no"
 
 
-def sample_rows(summary: dict, rows: list[dict]) -> list[list]:
-    """The per-sample table: one list of cells per row, worst first."""
-    return [[row["index"], row.get("sample_id"), row.get("category") or "", row.get("prompt"), row.get("reference") or "",
-             row.get("answer_a"), row.get("answer_b"), _flag(row.get("correct_a")), _flag(row.get("correct_b")),
-             _flag(row.get("agree")), "" if row.get("first_divergence") is None else row["first_divergence"],
-             _number(row.get("kl_mean")), row.get("image_tokens") or "", row.get("error") or ""]
+def sample_rows(rows: list[SampleResult]) -> list[list]:
+    """The per-sample table: one list of cells per row (``RunResult.rows``), worst first."""
+    return [[row.index, row.sample_id, row.category or "", row.prompt, row.reference or "", row.answer_a,
+             row.answer_b, _flag(row.correct_a), _flag(row.correct_b), _flag(row.agree),
+             "" if row.first_divergence is None else row.first_divergence, _number(row.kl_mean),
+             row.image_tokens or "", row.error or ""]
             for row in worst_first(rows)]
 
 

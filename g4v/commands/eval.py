@@ -125,11 +125,9 @@ def _report_sweep(curve, out_dir: Path) -> int:
 
 def write_plots(result, out_dir: Path) -> list[Path]:
     """The pictures the Evaluate tab shows for this run, drawn by the same function, as PNG files."""
-    from dataclasses import asdict
-
     from viz.evaluate import run_figures
 
-    pictures = run_figures(result.summary, [asdict(row) for row in result.rows])
+    pictures = run_figures(result.summary, result.rows)
     paths = []
     for name, file_name in PLOT_FILES.items():
         pictures[name].save(out_dir / file_name)

@@ -1,0 +1,82 @@
+"""The Evaluate tab's results from a run's typed rows (no model: the rows are built here): the
+sample table ranks ``SampleResult`` rows worst first with each row's own values in its cells, and
+``show_result`` fills every result box by name, in the order the ``/evaluate`` endpoint keeps."""
+
+from dataclasses import replace
+
+import gradio as gr
+import numpy as np
+
+from g4v.evaluate import BUNDLED_DATASET, ArmSpec, EvalConfig, RunResult, SampleResult
+from g4v.evaluate.data import EvalSample
+from g4v.evaluate.run import error_row
+from viz.evaluate import divergence_histogram, kl_histogram
+from webapp.evaluate import ResultBoxes, show_result
+from webapp.evaluate_tables import SAMPLE_HEADERS, sample_rows
+
+#: The ``/evaluate`` endpoint's outputs, in the order API clients unpack them (the State last,
+#: which the API does not return).
+ENDPOINT_ORDER = ["status", "aggregate", "equivalence", "field_table", "drift_table", "accuracy_plot", "paired_plot",
+                  "kl_plot", "divergence_plot", "samples", "export", "summary", "run_state"]
+
+
+def row(index: int, *, agree: bool, correct: tuple = (None, None), kl: float | None = None,
+        error: str | None = None, category: str = "colour") -> SampleResult:
+    """A finished row: answers "x" and "x" or "y", the given scores; an ``error`` row as the run keeps one."""
+    sample = EvalSample(index, f"id-{index}", [], f"prompt {index}", "x", category)
+    if error:
+        return error_row(sample, error)
+    return replace(error_row(sample, "unused"), answer_a="x", answer_b="x" if agree else "y", agree=agree,
+                   correct_a=correct[0], correct_b=correct[1], first_divergence=None if agree else 0, kl_mean=kl,
+                   kl_max=None if kl is None else 2 * kl, image_tokens=52, error=None)
+
+
+def rows() -> list[SampleResult]:
+    return [row(0, agree=True, correct=(True, True), kl=0.0),  # nothing to look at
+            row(1, agree=False, correct=(False, False), kl=0.3),  # both wrong, disagreeing
+            row(2, agree=False, correct=(True, False), kl=0.1),  # one arm right: split
+            row(3, agree=True, correct=(True, True), kl=0.05),  # agreeing, a little KL
+            row(4, agree=False, correct=(False, True), kl=0.2),  # split, more KL than row 2
+            row(5, agree=True, error="picture cannot be opened"),
+            row(6, agree=True, correct=(False, False), kl=0.0, category="shape")]
+
+
+def test_the_sample_table_ranks_typed_rows_worst_first():
+    """The summary's ranking in words: errors, then split disagreements by KL, then other
+    disagreements, then agreeing rows with KL; the rest by row number."""
+    table = sample_rows(rows())
+    assert [cells[0] for cells in table] == [5, 4, 2, 1, 3, 0, 6]
+    by_index = {cells[0]: dict(zip(SAMPLE_HEADERS, cells)) for cells in table}
+    assert len(table[0]) == len(SAMPLE_HEADERS)
+    assert by_index[4] == {"row": 4, "id": "id-4", "category": "colour", "prompt": "prompt 4", "reference": "x",
+                           "answer A": "x", "answer B": "y", "A right": "no", "B right": "yes", "agree": "no",
+                           "first diff": 0, "KL mean": "0.200", "image tokens": 52, "error": ""}
+    assert by_index[5]["error"] == "picture cannot be opened" and by_index[5]["A right"] == "–"
+    assert by_index[5]["KL mean"] == "–" and by_index[5]["image tokens"] == ""
+    assert by_index[6]["category"] == "shape" and by_index[6]["first diff"] == ""
+
+
+def test_show_result_fills_every_box_by_name_in_the_endpoints_order(tmp_path):
+    config = EvalConfig(a=ArmSpec("hf", label="base"), b=ArmSpec("hf", adapter="demo", label="adapter"),
+                        data=str(BUNDLED_DATASET))
+    finished = rows()
+    result = RunResult(tmp_path, finished, config.summarise(finished, complete=True))
+    with gr.Blocks():
+        boxes = ResultBoxes(status=gr.Markdown(), aggregate=gr.Dataframe(), equivalence=gr.Markdown(),
+                            field_table=gr.Dataframe(), drift_table=gr.Dataframe(), accuracy_plot=gr.Image(),
+                            paired_plot=gr.Image(), kl_plot=gr.Image(), divergence_plot=gr.Image(),
+                            samples=gr.Dataframe(), export=gr.File(), summary=gr.JSON(), run_state=gr.State())
+    assert boxes.components() == [getattr(boxes, name) for name in ENDPOINT_ORDER]
+    shown = show_result(boxes, result, config, tmp_path / "evaluation.zip")
+    assert list(shown) == boxes.components()  # every box, nothing else
+    assert shown[boxes.status].startswith("**Finished**: 7 sample(s), 1 with errors. A = `base`, B = `adapter`.")
+    assert [cells[0] for cells in shown[boxes.aggregate]] == ["all", "colour", "shape"]
+    assert shown[boxes.equivalence].startswith("**Equivalence**")
+    assert not shown[boxes.field_table]["visible"] and not shown[boxes.drift_table]["visible"]
+    assert shown[boxes.samples] == sample_rows(finished)
+    assert shown[boxes.export] == str(tmp_path / "evaluation.zip")
+    assert shown[boxes.summary] is result.summary and shown[boxes.summary]["n"] == 7
+    assert shown[boxes.run_state] == {"source": str(BUNDLED_DATASET), "columns": {role: None for role in (
+        "image", "prompt", "reference", "category", "id")}, "adapters": [None, "demo"], "out_dir": str(tmp_path)}
+    for box, draw in ((boxes.kl_plot, kl_histogram), (boxes.divergence_plot, divergence_histogram)):
+        assert np.array_equal(np.asarray(shown[box]), np.asarray(draw(finished)))  # each picture in its own box
