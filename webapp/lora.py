@@ -4,9 +4,9 @@ import threading
 
 import gradio as gr
 
+from g4v.conversation import SamplingSettings
 from g4v.lora.choices import (adapter_folder_help, adapter_note, base_warning, describe_adapters,
                               preselected_adapter)
-from g4v.conversation import SamplingSettings
 from g4v.lora.models import model_choices
 from g4v.lora.settings import LoraDiffSettings
 from g4v.lora.side_by_side import lora_side_by_side
