@@ -42,12 +42,16 @@ class Message:
 
 @dataclass(frozen=True)
 class SamplingSettings:
-    """Decoding settings shared by all backends. ``temperature == 0`` means greedy decoding."""
+    """Decoding settings shared by all backends. ``temperature == 0`` means greedy decoding.
 
-    max_new_tokens: int = 256
-    temperature: float = 0.0
-    top_p: float = 1.0
-    seed: int | None = None
+    The one place for their defaults: ``chat``'s flags derive from these fields
+    (:mod:`g4v.commands.settings_flags`) and the Chat tab's sliders start at them."""
+
+    max_new_tokens: int = field(default=256, metadata={"help": "longest answer, in tokens (default %(default)s)"})
+    temperature: float = field(default=0.0, metadata={"help": "sampling temperature (default %(default)s; 0 decodes greedily)"})
+    top_p: float = field(default=1.0, metadata={"help": "nucleus sampling: the smallest set of tokens holding this "
+                                                        "much probability (default %(default)s: all)"})
+    seed: int | None = field(default=None, metadata={"help": "seed of the sampler (default: a fresh one each run)"})
 
     @property
     def greedy(self) -> bool:

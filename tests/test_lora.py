@@ -19,6 +19,7 @@ from g4v.loading import load_model
 from g4v.lora.folders import CONFIG_FILE
 from g4v.lora.activation import activate_adapter
 from g4v.lora.choices import adapter_choices
+from g4v.lora.settings import LoraDiffSettings
 from g4v.lora.side_by_side import lora_side_by_side, stream_side_by_side
 from g4v.lora.token_diff import lora_diff, lora_token_diff
 from g4v.paths import ASSETS_DIR, BUNDLED_MODEL_DIR
@@ -205,8 +206,11 @@ def test_app_functions(engine, chat):
     pairs = list(lora_side_by_side(engine, ADAPTER_NAME, chat[0].text, chat[0].images, SamplingSettings(max_new_tokens=8)))
     assert pairs[-1] == (engine.generate(chat, SamplingSettings(max_new_tokens=8)).text,
                          engine.generate(chat, SamplingSettings(max_new_tokens=8), adapter=ADAPTER_NAME).text)
-    view = lora_token_diff(engine, ADAPTER_NAME, chat[0].text, chat[0].images, max_new_tokens=6)
+    view = lora_token_diff(engine, chat[0].text, chat[0].images, LoraDiffSettings(adapter=ADAPTER_NAME, max_new_tokens=6))
     assert view.data["adapter"] == ADAPTER_NAME and "<span" in view.html and view.figure.axes
+    direct = lora_diff(engine, chat, ADAPTER_NAME, SamplingSettings(max_new_tokens=6)).to_dict()  # the same request, by hand
+    assert [view.data[key] for key in ("base_text", "adapter_text", "base_tokens", "adapter_tokens")] \
+        == [direct[key] for key in ("base_text", "adapter_text", "base_tokens", "adapter_tokens")]
 
 
 def test_bad_adapters_leave_the_engine_serving(engine, chat, tmp_path):

@@ -163,20 +163,26 @@ def test_the_port_tab_runs_port_diff_with_its_options(checkpoint, tmp_path):
 
     import gradio as gr
 
+    from dataclasses import replace
+
     from g4v.commands.port_diff import add_parser
+    from g4v.commands.settings_flags import settings_from_args
     from g4v.port.in_vllm_env import port_diff_command
+    from g4v.port.settings import PortDiffSettings
     from webapp.port import lora_settings, port_tab
 
     text = f'{{"enable_lora": true, "max_lora_rank": 8, "default_mm_loras": {{"image": "{FOLDER}"}}}}'
     settings = lora_settings(checkpoint, "merged", "native", text)
-    command = port_diff_command("python", "x.png", "Hi", str(VLORA_MODEL_DIR), tmp_path / "p.png", 4,
-                                settings.transformers, settings.vllm, settings.serving)
+    request = replace(settings.request(), max_new_tokens=4, atol=1e-6)
+    command = port_diff_command("python", "x.png", "Hi", str(VLORA_MODEL_DIR), tmp_path / "p.png", request)
     parser = argparse.ArgumentParser()
     add_parser(parser.add_subparsers())
     args = parser.parse_args(command[3:])
-    assert (args.vision_lora, args.vllm_vision_lora) == ("merged", "native")
+    assert (args.vision_lora, args.vllm_vision_lora, args.max_new_tokens, args.atol) == ("merged", "native", 4, 1e-6)
+    assert settings_from_args(PortDiffSettings, args) == request  # every field back as the tab set it
     assert lora_audit.parse_serving(args.vllm_serving) == {**json.loads(text), "default_mm_loras": {"image": str(LORA.folder)}}
-    assert port_diff_command("python", "x.png", "Hi", "m", tmp_path / "p.png")[-1] == str(tmp_path / "p.png")  # CLI defaults
+    defaults = parser.parse_args(port_diff_command("python", "x.png", "Hi", "m", tmp_path / "p.png")[3:])
+    assert settings_from_args(PortDiffSettings, defaults) == PortDiffSettings()  # CLI defaults
 
     with gr.Blocks() as demo:
         port_tab(str(VLORA_MODEL_DIR), gr.State())

@@ -202,7 +202,8 @@ def chat_tab(engine, last_chat_image: gr.State, examples: list[list], concurrenc
     tabs fill (the Evaluate tab's "Open in Chat")."""
 
     @shows_errors
-    def accept(message, history, max_new_tokens=SamplingSettings.max_new_tokens, temperature=0.0, top_p=1.0, seed=0):
+    def accept(message, history, max_new_tokens=SamplingSettings.max_new_tokens,
+               temperature=SamplingSettings.temperature, top_p=SamplingSettings.top_p, seed=0):
         """Check the message (its pictures opened once, here) and the sampling settings; only then
         clear the box (disabled while the answer streams). Both checks run here, outside the model's
         queue, so a refusal shows at once even while other visitors' answers hold the model."""
@@ -249,8 +250,8 @@ def chat_tab(engine, last_chat_image: gr.State, examples: list[list], concurrenc
     follow_answers, task, schema = chat_documents(box, chatbot)  # PDF pages, task presets, the structured panel
     with gr.Accordion("Sampling", open=False):
         max_new_tokens = gr.Slider(1, MAX_NEW_TOKENS, value=SamplingSettings.max_new_tokens, step=1, label="Max new tokens")
-        temperature = gr.Slider(0.0, 2.0, value=0.0, step=0.05, label="Temperature (0 = greedy)")
-        top_p = gr.Slider(0.05, 1.0, value=1.0, step=0.05, label="Top-p")
+        temperature = gr.Slider(0.0, 2.0, value=SamplingSettings.temperature, step=0.05, label="Temperature (0 = greedy)")
+        top_p = gr.Slider(0.05, 1.0, value=SamplingSettings.top_p, step=0.05, label="Top-p")
         seed = gr.Number(value=0, label="Seed (-1 = random)")  # checked by sampling_settings
     chat_examples(examples, box, task, schema)  # a document example also picks its task preset
     sending = gr.State(None)  # the message being answered, put back in the box if the answer fails

@@ -110,7 +110,7 @@ def image_input(**kwargs) -> ImageFile:
     return ImageFile(type="filepath", image_mode=None, sources=["upload"], **kwargs)
 
 
-def sampling_settings(max_new_tokens, temperature=0.0, top_p=1.0, seed=0,
+def sampling_settings(max_new_tokens, temperature=SamplingSettings.temperature, top_p=SamplingSettings.top_p, seed=0,
                       limit: int = MAX_NEW_TOKENS) -> SamplingSettings:
     """Checked settings from the UI's sliders, or from API values that no slider bounded (NaN,
     fractions, strings): one :class:`G4VError` naming the first bad value."""

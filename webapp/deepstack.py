@@ -3,14 +3,17 @@ changes when levels are zeroed or scaled."""
 
 import gradio as gr
 
-from g4v.model.levels import describe_levels, parse_scale_specs
+from g4v.model.levels import describe_levels
 from g4v.inspect.run import run_inspection
+from g4v.inspect.settings import InspectSettings
 from webapp.common import (MODEL_QUEUE, image_input, refuse_non_pictures, shows_errors, use_last_chat_image,
                             without_error_badges)
 from webapp.documents import document_picker
 from webapp.sessions import SessionStores, session_key
 
 LEVEL_COLUMNS = ["level", "kind", "vision layer", "LLM layer", "injected norm", "residual before", "residual after"]
+#: The tab's starting choices: ``inspect``'s defaults, written once in InspectSettings.
+DEFAULTS = InspectSettings()
 
 
 def ablation_report(summary: dict) -> str:
@@ -37,9 +40,12 @@ def make_inspect(engine, sessions: SessionStores, gpu_task):
     def inspect(image_path, prompt, ablate, scales_text, full, request: gr.Request):
         """Capture the 8 injections for one image and prompt; ablate or scale levels if asked. The
         export goes to the visitor's own store."""
-        scales = parse_scale_specs(part.strip() for part in (scales_text or "").split(",") if part.strip())
+        settings = InspectSettings(ablate=list(ablate or ()), full=bool(full),
+                                   scale=[part.strip() for part in (scales_text or "").split(",") if part.strip()])
+        scales = settings.scales()
         with sessions.using(session_key(request)) as visitor:
-            result = run_inspection(engine, image_path, prompt, ablate=ablate or (), scale=scales, full=bool(full),
+            result = run_inspection(engine, image_path, prompt, ablate=settings.ablate, scale=scales,
+                                    full=settings.full, max_new_tokens=settings.max_new_tokens,
                                     exports=visitor.stores["inspect"])
         rows = [[lv["name"], lv["kind"], lv["vision_layer"], lv["llm_layer"], round(lv["injected_norm_mean"], 3),
                  round(lv["residual_norm_before_mean"], 3), round(lv["residual_norm_after_mean"], 3)]
@@ -65,9 +71,10 @@ def deepstack_tab(engine, config, last_chat_image: gr.State, sessions: SessionSt
             from_chat = gr.Button("Use the last chat image", elem_id="deepstack-from-chat")
             document_picker(image, elem_id="deepstack-doc")
             prompt = gr.Textbox(label="Prompt", value="What colour is the shape?", elem_id="deepstack-prompt")
-            ablate = gr.CheckboxGroup(level_names, label="Ablate (zero) these levels")
-            scales = gr.Textbox(label="Scale levels", placeholder="e.g. deepstack0=0.5, spatial_TL=2")
-            full = gr.Checkbox(label="Keep full tensors in the export")
+            ablate = gr.CheckboxGroup(level_names, value=DEFAULTS.ablate, label="Ablate (zero) these levels")
+            scales = gr.Textbox(value=", ".join(DEFAULTS.scale), label="Scale levels",
+                                placeholder="e.g. deepstack0=0.5, spatial_TL=2")
+            full = gr.Checkbox(value=DEFAULTS.full, label="Keep full tensors in the export")
             run = gr.Button("Inspect", variant="primary", elem_id="deepstack-run")
     table = gr.Dataframe(headers=LEVEL_COLUMNS, label="Levels", interactive=False)
     report = gr.Markdown()

@@ -4,21 +4,26 @@ import threading
 
 import gradio as gr
 
+from g4v.conversation import SamplingSettings
 from g4v.lora.choices import (adapter_folder_help, adapter_note, base_warning, describe_adapters,
                               preselected_adapter)
-from g4v.lora.models import DEFAULT_LEFT, DEFAULT_RIGHT, model_choices
+from g4v.lora.models import model_choices
+from g4v.lora.settings import LoraDiffSettings
 from g4v.lora.side_by_side import lora_side_by_side
-from g4v.lora.token_diff import DIFF_TOKENS, lora_token_diff
+from g4v.lora.token_diff import lora_token_diff
 from webapp.common import (MODEL_QUEUE, image_input, refuse_non_pictures, sampling_settings, shows_errors,
                             use_last_chat_image, without_error_badges)
 from webapp.documents import document_picker
+
+#: The tab's starting choices: the command's defaults (``lora-diff``), written once in LoraDiffSettings.
+DEFAULTS = LoraDiffSettings()
 
 
 def make_handlers(engine, adapters_dir, gpu_task):
     @gpu_task
     @shows_errors
-    def side_by_side(adapter, image_path, prompt, max_new_tokens, temperature, seed, left=DEFAULT_LEFT,
-                     right=DEFAULT_RIGHT):
+    def side_by_side(adapter, image_path, prompt, max_new_tokens, temperature, seed, left=DEFAULTS.left,
+                     right=DEFAULTS.right):
         """The two chosen models' answers, streamed together with the same settings and seed."""
         settings = sampling_settings(max_new_tokens, temperature, seed=seed)
         yield from lora_side_by_side(engine, adapter or "", prompt, [image_path] if image_path else [], settings,
@@ -26,12 +31,12 @@ def make_handlers(engine, adapters_dir, gpu_task):
 
     @gpu_task
     @shows_errors
-    def token_diff(adapter, image_path, prompt, max_new_tokens, left=DEFAULT_LEFT, right=DEFAULT_RIGHT):
+    def token_diff(adapter, image_path, prompt, max_new_tokens, left=DEFAULTS.left, right=DEFAULTS.right):
         """Greedy answers of the two chosen models, scored token by token under both; the answer
         boxes get those answers too, so they never show an earlier input's answers beside the diff."""
-        settings = sampling_settings(max_new_tokens)
-        view = lora_token_diff(engine, adapter or "", prompt, [image_path] if image_path else [],
-                               settings.max_new_tokens, adapters_dir=adapters_dir, left=left, right=right)
+        settings = LoraDiffSettings(adapter=adapter or None, left=left, right=right,
+                                    max_new_tokens=sampling_settings(max_new_tokens).max_new_tokens)
+        view = lora_token_diff(engine, prompt, [image_path] if image_path else [], settings, adapters_dir=adapters_dir)
         return view.html, view.figure, view.data, view.data["base_text"], view.data["adapter_text"]
 
     return side_by_side, token_diff
@@ -42,8 +47,8 @@ def _pickers(engine, adapters_dir, adapter, left, right):
     list lacks falls back to the default)."""
     choices = model_choices(engine, adapter, adapters_dir)
     labels = dict((which, label) for label, which in choices)
-    left = left if left in labels else DEFAULT_LEFT
-    right = right if right in labels else DEFAULT_RIGHT
+    left = left if left in labels else DEFAULTS.left
+    right = right if right in labels else DEFAULTS.right
     return (gr.Dropdown(choices=choices, value=left), gr.Dropdown(choices=choices, value=right),
             gr.Textbox(label=labels[left]), gr.Textbox(label=labels[right]))
 
@@ -69,13 +74,14 @@ def lora_tab(engine, model: str, adapters_dir, last_chat_image: gr.State, concur
         with gr.Column():
             from_chat = gr.Button("Use the last chat image", elem_id="lora-from-chat")
             document_picker(image, elem_id="lora-doc")
-            max_new_tokens = gr.Slider(1, 256, value=DIFF_TOKENS, step=1, label="Max new tokens")
-            temperature = gr.Slider(0.0, 2.0, value=0.0, step=0.05, label="Temperature (0 = greedy)")
+            max_new_tokens = gr.Slider(1, 256, value=DEFAULTS.max_new_tokens, step=1, label="Max new tokens")
+            temperature = gr.Slider(0.0, 2.0, value=SamplingSettings.temperature, step=0.05,
+                                    label="Temperature (0 = greedy)")
             seed = gr.Number(value=0, label="Seed")  # checked by sampling_settings
     choices = model_choices(engine, adapter.value, adapters_dir)
     with gr.Row():
-        left = gr.Dropdown(choices, value=DEFAULT_LEFT, label="Left model", elem_id="lora-left")
-        right = gr.Dropdown(choices, value=DEFAULT_RIGHT, label="Right model", elem_id="lora-right")
+        left = gr.Dropdown(choices, value=DEFAULTS.left, label="Left model", elem_id="lora-left")
+        right = gr.Dropdown(choices, value=DEFAULTS.right, label="Right model", elem_id="lora-right")
     warning = gr.Markdown(base_warning(adapter.value, adapters_dir, model), elem_id="lora-base-warning")
     prompt = gr.Textbox(label="Prompt", value="What colour is the shape?", elem_id="lora-prompt")
     with gr.Row():
@@ -84,8 +90,8 @@ def lora_tab(engine, model: str, adapters_dir, last_chat_image: gr.State, concur
         stop = gr.Button("Stop")
     with gr.Row():
         labels = dict((which, label) for label, which in choices)
-        base_answer = gr.Textbox(label=labels[DEFAULT_LEFT], lines=4, interactive=False, elem_id="lora-left-answer")
-        adapter_answer = gr.Textbox(label=labels[DEFAULT_RIGHT], lines=4, interactive=False,
+        base_answer = gr.Textbox(label=labels[DEFAULTS.left], lines=4, interactive=False, elem_id="lora-left-answer")
+        adapter_answer = gr.Textbox(label=labels[DEFAULTS.right], lines=4, interactive=False,
                                     elem_id="lora-right-answer")
     diff_html = gr.HTML(elem_id="lora-diff")
     diff_plot = gr.Plot(label="Log-probabilities and KL per token")

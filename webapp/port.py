@@ -2,16 +2,18 @@
 level, per layer, per config field. It runs ``python -m g4v port-diff`` in the vLLM environment,
 with the CLI's vision-LoRA options (``--vision-lora``, ``--vllm-vision-lora``, ``--vllm-serving``)."""
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import gradio as gr
 
 from g4v.engines import vllm_python
-from g4v.engines.vision_lora import DEFAULT_MODE, MODES, VisionLora, check_mode, find_vision_lora
+from g4v.engines.vision_lora import MODES, VisionLora, check_mode, find_vision_lora
 from g4v.errors import G4VError
 from g4v.port import lora_audit
 from g4v.port.in_vllm_env import run_port_diff_in_vllm_env
+from g4v.port.settings import PortDiffSettings
 from g4v.port.table import LEVEL_COLUMNS, level_rows, without_model_path
 from webapp.common import image_input, refuse_non_pictures, shows_errors, use_last_chat_image, without_error_badges
 from webapp.documents import document_picker
@@ -21,6 +23,8 @@ SETUP_HINT = ("The vLLM environment was not found, so this tab cannot run here. 
               "at a Python that has vLLM, then restart the app.")
 #: What the refusals call the serving box (the app has no ``--vllm-serving`` flag).
 SERVING_NAME = "vLLM LoRA arguments"
+#: The tab's starting options: ``port-diff``'s defaults, written once in PortDiffSettings.
+DEFAULTS = PortDiffSettings()
 
 
 @dataclass(frozen=True)
@@ -52,7 +56,11 @@ class PortCheckpoint:
 class LoraSettings:
     """The tab's vision LoRA options, checked: both sides' modes, vLLM's LoRA arguments as given
     (None: g4v's recipe for the mode; folders confined to the checkpoint's), and the audit's
-    findings for them (:func:`g4v.port.lora_audit.findings`, from the config alone, no vLLM)."""
+    findings for them (:func:`g4v.port.lora_audit.findings`, from the config alone, no vLLM).
+
+    Not merged into :class:`PortDiffSettings`: that is the request (what ``port-diff`` is asked),
+    this is the tab's check of its vision LoRA part (the parsed, confined arguments, the findings,
+    the refused folders), shown before anything runs; :meth:`request` is the one from the other."""
 
     transformers: str
     vllm: str
@@ -63,6 +71,11 @@ class LoraSettings:
     def to_dict(self) -> dict:
         return {"transformers": self.transformers, "vllm": self.vllm, "vllm_serving": self.serving,
                 "findings": self.findings, "refused": self.refused}
+
+    def request(self) -> PortDiffSettings:
+        """The ``port-diff`` request these options make (the rest at its defaults)."""
+        return PortDiffSettings(vision_lora=self.transformers, vllm_vision_lora=self.vllm,
+                                vllm_serving=None if self.serving is None else json.dumps(self.serving))
 
 
 def lora_settings(checkpoint: PortCheckpoint, vision_lora: str | None, vllm_vision_lora: str | None,
@@ -106,13 +119,13 @@ def make_port_diff(model: str, checkpoint: PortCheckpoint | None = None):
     checkpoint = checkpoint or PortCheckpoint.of(model)
 
     @shows_errors
-    def port_diff(image_path, prompt, vision_lora=DEFAULT_MODE, vllm_vision_lora=DEFAULT_MODE, vllm_serving=None):
+    def port_diff(image_path, prompt, vision_lora=DEFAULTS.vision_lora, vllm_vision_lora=DEFAULTS.vllm_vision_lora,
+                  vllm_serving=DEFAULTS.vllm_serving):
         """vLLM's granite4_vision against transformers for one image (runs in the vLLM environment),
         with the vision LoRA options checked before vLLM starts (every option has a default, so an
         API client that sends only the image and prompt still runs: ``vllm_serving`` None, not "")."""
         settings = lora_settings(checkpoint, vision_lora, vllm_vision_lora, vllm_serving)
-        report = run_port_diff_in_vllm_env(image_path, prompt, model, vision_lora=settings.transformers,
-                                           vllm_vision_lora=settings.vllm, vllm_serving=settings.serving)
+        report = run_port_diff_in_vllm_env(image_path, prompt, model, settings.request())
         verdict, rows, summary = tab_outputs(report.summary, checkpoint)
         return verdict, rows, str(report.png), summary
 
@@ -162,9 +175,9 @@ def port_tab(model: str, last_chat_image: gr.State) -> None:
     name = checkpoint.folder.name if checkpoint.folder else "FOLDER"
     with gr.Accordion("Vision LoRA and vLLM serving", open=checkpoint.lora is not None):
         with gr.Row():
-            hf_mode = gr.Dropdown(list(MODES), value=DEFAULT_MODE, label="transformers: vision LoRA",
+            hf_mode = gr.Dropdown(list(MODES), value=DEFAULTS.vision_lora, label="transformers: vision LoRA",
                                   elem_id="port-vision-lora")
-            vllm_mode = gr.Dropdown(list(MODES), value=DEFAULT_MODE, label="vLLM: vision LoRA",
+            vllm_mode = gr.Dropdown(list(MODES), value=DEFAULTS.vllm_vision_lora, label="vLLM: vision LoRA",
                                     info="native: the LoRA per image request; merged: a merged copy; off: the base",
                                     elem_id="port-vllm-vision-lora")
         serving = gr.Textbox(label=SERVING_NAME + " (JSON, as you serve it; empty: g4v's recipe for the mode)",
@@ -172,7 +185,8 @@ def port_tab(model: str, last_chat_image: gr.State) -> None:
                                          f'{{"image": "{name}"}}}}',
                              info=f"keys: {', '.join(lora_audit.SERVING_KEYS)}; a folder is this checkpoint's, "
                                   f"by its name ({name})", elem_id="port-vllm-serving")
-        audit = gr.Markdown(audit_note(checkpoint, DEFAULT_MODE, DEFAULT_MODE, ""), elem_id="port-lora-audit")
+        audit = gr.Markdown(audit_note(checkpoint, DEFAULTS.vision_lora, DEFAULTS.vllm_vision_lora, ""),
+                            elem_id="port-lora-audit")
     options = [hf_mode, vllm_mode, serving]
     for option in options:
         option.change(lambda *values: audit_note(checkpoint, *values), options, audit, api_visibility="private",

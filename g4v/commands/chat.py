@@ -5,6 +5,7 @@ import sys
 from g4v.commands.common import add_adapters_dir_flag, add_backend_flag, add_model_flags
 from g4v.commands.engine_flags import add_engine_flags, engine_options
 from g4v.commands.inputs import add_page_flags, open_inputs
+from g4v.commands.settings_flags import add_settings_flags, settings_from_args
 from g4v.commands.tasks import add_task_flags, report, task_prompt
 from g4v.documents.pdf import DEFAULT_DPI
 from g4v.conversation import MAX_IMAGES_PER_MESSAGE, MAX_NEW_TOKENS, Message, SamplingSettings, validate_conversation
@@ -23,10 +24,7 @@ def add_parser(subparsers):
     parser.add_argument("--adapter", default=None,
                         help="answer with this LoRA adapter (a name or folder inside the adapter folders)")
     add_adapters_dir_flag(parser)
-    parser.add_argument("--max-new-tokens", type=int, default=SamplingSettings.max_new_tokens)
-    parser.add_argument("--temperature", type=float, default=0.0, help="0 (default) decodes greedily")
-    parser.add_argument("--top-p", type=float, default=1.0)
-    parser.add_argument("--seed", type=int, default=None)
+    add_settings_flags(parser, SamplingSettings)
     parser.add_argument("prompt", nargs="?", default=None, help="the question (leave out with a --task)")
     return parser
 
@@ -44,7 +42,7 @@ def run(args) -> int:
     prompt = task_prompt(args)
     messages = [Message("user", prompt, open_images(args.image, args.pages, args.dpi))]
     validate_conversation(messages)
-    settings = SamplingSettings(args.max_new_tokens, args.temperature, args.top_p, args.seed).validated(MAX_NEW_TOKENS)
+    settings = settings_from_args(SamplingSettings, args).validated(MAX_NEW_TOKENS)
     if args.adapter is not None:
         from g4v.lora.folders import adapter_dirs, resolve_adapter
 

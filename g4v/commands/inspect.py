@@ -8,40 +8,33 @@ from pathlib import Path
 
 from g4v.commands.common import add_model_flags
 from g4v.commands.inputs import add_picture_flags, open_single
+from g4v.commands.settings_flags import add_settings_flags, settings_from_args
 from g4v.errors import G4VError
+from g4v.inspect.settings import InspectSettings
 
 
 def add_parser(subparsers):
-    from g4v.inspect.ablation import CONTINUATION_TOKENS  # torch: the command needs it anyway
-
     parser = subparsers.add_parser("inspect", help="deepstack and spatial activation inspector")
     add_model_flags(parser)
     add_picture_flags(parser)
     parser.add_argument("--out", required=True, metavar="DIR", help="folder for summary.json, PNGs, capture")
-    parser.add_argument("--ablate", nargs="+", action="extend", default=[], metavar="LEVEL",
-                        help="zero these levels (name such as deepstack0 or spatial_TL, or index 0-7)")
-    parser.add_argument("--scale", nargs="+", action="extend", default=[], metavar="LEVEL=F",
-                        help="multiply a level's features by F")
-    parser.add_argument("--full", action="store_true", help="keep full tensors in capture.safetensors")
-    parser.add_argument("--max-new-tokens", type=int, default=CONTINUATION_TOKENS,
-                        help=f"greedy continuation length (default {CONTINUATION_TOKENS}; 0: none)")
+    add_settings_flags(parser, InspectSettings)  # --ablate, --scale, --full, --max-new-tokens
     return parser
 
 
 def run(args) -> int:
-    from g4v.model.levels import parse_scale_specs
-
     # Everything the user typed is checked before the (slow) model load.
+    settings = settings_from_args(InspectSettings, args)
     image = open_single(args.image, args.pages, args.dpi)
     if not args.prompt.strip():
         raise G4VError("the prompt is empty")
-    scale = parse_scale_specs(args.scale)
-    if args.max_new_tokens < 0:
-        raise G4VError(f"--max-new-tokens must be >= 0, got {args.max_new_tokens}")
+    scale = settings.scales()
+    if settings.max_new_tokens < 0:
+        raise G4VError(f"--max-new-tokens must be >= 0, got {settings.max_new_tokens}")
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise G4VError(f"--out is a file, not a folder: {out}")
-    _check_levels_early(args.model, args.ablate, scale)
+    _check_levels_early(args.model, settings.ablate, scale)
 
     from g4v.engines.hf import TransformersEngine
     from g4v.inspect.run import run_inspection
@@ -49,8 +42,8 @@ def run(args) -> int:
 
     engine = TransformersEngine(args.model or default_model(), device=args.device, dtype=args.dtype)
     try:
-        result = run_inspection(engine, image, args.prompt, ablate=args.ablate, scale=scale, full=args.full,
-                                max_new_tokens=args.max_new_tokens, out_dir=out, make_zip=False)
+        result = run_inspection(engine, image, args.prompt, ablate=settings.ablate, scale=scale, full=settings.full,
+                                max_new_tokens=settings.max_new_tokens, out_dir=out, make_zip=False)
     finally:
         engine.close()
     _print_report(result)

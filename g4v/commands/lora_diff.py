@@ -9,9 +9,11 @@ from g4v.commands.chat import open_images, warn_about_base
 from g4v.commands.common import add_adapters_dir_flag, add_model_flags
 from g4v.commands.engine_flags import add_vision_lora_flag
 from g4v.commands.inputs import add_page_flags
-from g4v.conversation import Message, SamplingSettings, validate_conversation
+from g4v.commands.settings_flags import add_settings_flags, settings_from_args
+from g4v.conversation import Message, validate_conversation
 from g4v.errors import G4VError
-from g4v.lora.models import ADAPTER, DEFAULT_LEFT, DEFAULT_RIGHT, MODELS
+from g4v.lora.models import ADAPTER
+from g4v.lora.settings import LoraDiffSettings
 
 #: What ``--help`` and the README show first.
 SYNOPSIS = ("python -m g4v lora-diff [--model M] [--adapter A] [--left base|vision|adapter] "
@@ -21,8 +23,6 @@ TOKEN_WIDTH = 16
 
 
 def add_parser(subparsers):
-    from g4v.lora.token_diff import DIFF_TOKENS  # torch: the command needs it anyway
-
     parser = subparsers.add_parser("lora-diff", help="compare two models' answers token by token (default: the "
                                                     "model Chat runs vs the same with an adapter)",
                                    description=f"{SYNOPSIS}\n\nWhere one model's answer departs from another's, "
@@ -32,15 +32,11 @@ def add_parser(subparsers):
                                                "answers, --plot the per-token plot.",
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
     add_model_flags(parser)
-    parser.add_argument("--adapter", default=None, help="adapter name or folder inside the adapter folders "
-                                                        "(needed when a side is 'adapter')")
-    parser.add_argument("--left", choices=MODELS, default=DEFAULT_LEFT, help=f"left model (default {DEFAULT_LEFT})")
-    parser.add_argument("--right", choices=MODELS, default=DEFAULT_RIGHT, help=f"right model (default {DEFAULT_RIGHT})")
+    add_settings_flags(parser, LoraDiffSettings)  # --adapter, --left, --right, --max-new-tokens
     add_vision_lora_flag(parser)
     parser.add_argument("--image", action="append", default=[], metavar="PATH", help="an image or a PDF (repeatable)")
     add_page_flags(parser)
     parser.add_argument("--prompt", required=True, help="the question")
-    parser.add_argument("--max-new-tokens", type=int, default=DIFF_TOKENS)
     parser.add_argument("--json", action="store_true", help="print the full result as JSON")
     parser.add_argument("--png", default=None, metavar="PATH", help="also save the highlighted answers as a PNG")
     parser.add_argument("--plot", default=None, metavar="PATH", help="also save the per-token plot as a PNG")
@@ -52,13 +48,14 @@ def run(args) -> int:
     # Check everything the user typed before the (slow) model load.
     messages = [Message("user", args.prompt, open_images(args.image, args.pages, args.dpi))]
     validate_conversation(messages)
-    settings = SamplingSettings(max_new_tokens=args.max_new_tokens).validated()
+    settings = settings_from_args(LoraDiffSettings, args)
+    sampling = settings.sampling()
     from g4v.lora.folders import adapter_dirs, resolve_adapter
 
-    if ADAPTER in (args.left, args.right):
-        if not args.adapter:
+    if ADAPTER in (settings.left, settings.right):
+        if not settings.adapter:
             raise G4VError("--adapter is needed to compare the adapter (or choose --left and --right among base, vision)")
-        resolve_adapter(args.adapter, adapter_dirs(args.adapters_dir))
+        resolve_adapter(settings.adapter, adapter_dirs(args.adapters_dir))
 
     from g4v.engines.hf import TransformersEngine
     from g4v.lora.choices import base_warning
@@ -66,14 +63,14 @@ def run(args) -> int:
     from g4v.lora.token_diff import lora_diff
     from g4v.paths import default_model
 
-    warn_about_base(base_warning(args.adapter, args.adapters_dir, args.model or default_model()))
+    warn_about_base(base_warning(settings.adapter, args.adapters_dir, args.model or default_model()))
 
     engine = TransformersEngine(args.model or default_model(), device=args.device, dtype=args.dtype,
                                 vision_lora=args.vision_lora)
     if "vision_lora" in engine.info.details:
         print(engine.info.details["vision_lora"], file=sys.stderr)
-    left, right = resolve_sides(engine, args.left, args.right, args.adapter, args.adapters_dir)
-    data = lora_diff(engine, messages, right.adapter, settings, left.adapter, (left.label, right.label)).to_dict()
+    left, right = resolve_sides(engine, settings.left, settings.right, settings.adapter, args.adapters_dir)
+    data = lora_diff(engine, messages, right.adapter, sampling, left.adapter, (left.label, right.label)).to_dict()
     _save_pictures(data, args.png, args.plot)
     print(json.dumps(data, indent=2) if args.json else _report(data))
     return 0

@@ -9,15 +9,13 @@ Exit status: 0 when the report was printed, 1 for bad input (one ``error:`` line
 with ``--fail-on-diff``, :data:`EXIT_DIFFERS` when the verdict is DIFFERS (the report is printed
 all the same), so CI can tell "the port departs" from "the tool could not run"."""
 
-import argparse
 import json
-import math
 import os
 
 from g4v.commands.inputs import add_picture_flags
-from g4v.engines.vision_lora import DEFAULT_MODE, MODES
+from g4v.commands.settings_flags import add_settings_flags, settings_from_args
 from g4v.errors import G4VError
-from g4v.port import COMPARED_TOKENS
+from g4v.port.settings import PortDiffSettings
 
 #: ``--fail-on-diff``'s exit status when the verdict is DIFFERS (1 and 2 are taken by errors).
 EXIT_DIFFERS = 3
@@ -28,22 +26,7 @@ def add_parser(subparsers):
     parser.add_argument("--model", default=None,
                         help="model folder or hub id (default: $G4V_MODEL, else the bundled checkpoint)")
     add_picture_flags(parser)
-    parser.add_argument("--max-new-tokens", type=int, default=COMPARED_TOKENS,
-                        help=f"greedy tokens compared (default {COMPARED_TOKENS})")
-    parser.add_argument("--atol", type=_tolerance_flag, default=None,
-                        help="per-level absolute tolerance (default: torch.testing's for the dtype, 1e-5)")
-    parser.add_argument("--rtol", type=_tolerance_flag, default=None,
-                        help="per-level relative tolerance, times max(|ref|, token RMS) (default 1e-4 in float32)")
-    parser.add_argument("--vision-lora", choices=MODES, default=DEFAULT_MODE,
-                        help="transformers' mode for a checkpoint's vision LoRA (native, merged, off)")
-    parser.add_argument("--vllm-vision-lora", choices=MODES, default=DEFAULT_MODE,
-                        help="vLLM's mode: native serves the base with the LoRA per image request, "
-                             "merged a merged copy, off the base alone")
-    parser.add_argument("--vllm-serving", default=None, metavar="JSON",
-                        help=("vLLM's LoRA arguments as you serve the checkpoint, audited and used, e.g. "
-                              '\'{"enable_lora": true, "max_lora_rank": 256, "default_mm_loras": {"image": "DIR"}}\' '
-                              "(keys: enable_lora, max_lora_rank, max_loras, default_mm_loras, hf_overrides; "
-                              "default: g4v's recipe for --vllm-vision-lora)"))
+    add_settings_flags(parser, PortDiffSettings)  # --max-new-tokens, the tolerances, the vision LoRA's options
     parser.add_argument("--fail-on-diff", action="store_true",
                         help=f"exit with status {EXIT_DIFFERS} when the verdict is DIFFERS (for CI)")
     parser.add_argument("--json", action="store_true", help="print the full result as JSON")
@@ -60,17 +43,19 @@ def run(args) -> int:
                        "(scripts/setup_vllm_cpu_env.sh, then .venv-vllm/bin/python -m g4v port-diff ...)")
     from g4v.port.lora_audit import parse_serving
 
-    serving = parse_serving(args.vllm_serving)
+    settings = settings_from_args(PortDiffSettings, args)
+    serving = parse_serving(settings.vllm_serving)
     picture = open_single(args.image, args.pages, args.dpi)  # check the input before the (slow) model loads
     # vLLM logs to stdout by default (its engine processes inherit this); keep stdout for the report.
     os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
-    if args.max_new_tokens < 0:
-        raise G4VError(f"--max-new-tokens must be >= 0, got {args.max_new_tokens}")
+    if settings.max_new_tokens < 0:
+        raise G4VError(f"--max-new-tokens must be >= 0, got {settings.max_new_tokens}")
     from g4v.port.run import run_port_diff
 
-    result = run_port_diff(picture, args.prompt, model=args.model, max_new_tokens=args.max_new_tokens,
-                           atol=args.atol, rtol=args.rtol, draw=bool(args.png), vision_lora=args.vision_lora,
-                           vllm_vision_lora=args.vllm_vision_lora, vllm_serving=serving)
+    result = run_port_diff(picture, args.prompt, model=args.model, max_new_tokens=settings.max_new_tokens,
+                           atol=settings.atol, rtol=settings.rtol, draw=bool(args.png),
+                           vision_lora=settings.vision_lora, vllm_vision_lora=settings.vllm_vision_lora,
+                           vllm_serving=serving)
     if args.png:
         result.figure.save(args.png)
     print(json.dumps(result.summary, indent=2) if args.json else report(result.summary))
@@ -80,17 +65,6 @@ def run(args) -> int:
 def exit_status(summary: dict, fail_on_diff: bool) -> int:
     """0, or :data:`EXIT_DIFFERS` when asked to fail and the verdict is DIFFERS."""
     return EXIT_DIFFERS if fail_on_diff and not summary.get("ok") else 0
-
-
-def _tolerance_flag(text: str) -> float:
-    """argparse type for ``--atol`` / ``--rtol``: a finite number >= 0 (argparse names the flag)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
-    if not math.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text!r}")
-    return value
 
 
 #: The table's headers as the report prints them (:data:`g4v.port.table.LEVEL_COLUMNS`, short), and widths.

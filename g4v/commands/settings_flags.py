@@ -14,8 +14,15 @@ For each field (``dataclasses.fields`` order):
 * a ``bool`` field takes ``--name/--no-name`` (``BooleanOptionalAction``); with its own
   ``metadata["flag"]`` it is a plain switch instead: ``store_false`` when the default is True
   (``--no-lora`` for ``enable_lora``), ``store_true`` otherwise;
-* a ``dict`` or ``list`` field takes JSON (``metavar`` JSON);
-* any other field takes its type (``int``, ``float``, ``str``; ``X | None`` reads as ``X``).
+* a ``list`` field with ``metadata["nargs"]`` takes one or more values, repeatable
+  (``--ablate deepstack0 spatial_TL --ablate 3``: ``action="extend"``, each value of the list's
+  element type);
+* any other ``dict`` or ``list`` field takes JSON (``metavar`` JSON);
+* any other field takes its type (``int``, ``float``, ``str``; ``X | None`` reads as ``X``), or
+  ``metadata["parse"]``: a function of the text that returns the value or raises ``ValueError``
+  with the line argparse prints (a library's own check, with no argparse in it);
+* ``metadata["choices"]`` and ``metadata["metavar"]`` go to ``add_argument`` as they are; a help
+  text may say ``%(default)s``, which argparse fills in from the field's default.
 
 Pure ``argparse`` and ``dataclasses``: no g4v import, so every command can use it.
 """
@@ -63,23 +70,47 @@ def settings_from_args(cls, args: argparse.Namespace, exclude: tuple[str, ...] =
 
 def _parsing(field: dataclasses.Field, hint) -> dict:
     """``add_argument`` keywords that read the field's type."""
+    given = {key: field.metadata[key] for key in ("choices", "metavar") if key in field.metadata}
     kind = _plain_type(hint)
     if kind is bool:
         if "flag" in field.metadata:
             return {"action": "store_false" if field.default is True else "store_true"}
         return {"action": argparse.BooleanOptionalAction}
+    if kind is list and "nargs" in field.metadata:
+        element = (typing.get_args(_unwrapped(hint)) or (str,))[0]
+        return {"nargs": field.metadata["nargs"], "action": "extend", "type": element, **given}
+    if "parse" in field.metadata:
+        return {"type": _checked_reader(field.metadata["parse"]), **given}
     if kind in (dict, list):
-        return {"type": _json_reader(kind), "metavar": "JSON"}
-    return {"type": kind}
+        return {"type": _json_reader(kind), "metavar": "JSON", **given}
+    return {"type": kind, **given}
 
 
-def _plain_type(hint):
-    """``X`` for ``X``, ``X | None`` and ``Optional[X]``; ``dict`` for ``dict[str, str]``."""
+def _checked_reader(parse):
+    """``parse`` as an argparse type: its ``ValueError`` is the line argparse prints for the flag."""
+    def read(text: str):
+        try:
+            return parse(text)
+        except ValueError as err:
+            raise argparse.ArgumentTypeError(str(err)) from None
+
+    read.__name__ = getattr(parse, "__name__", "value")
+    return read
+
+
+def _unwrapped(hint):
+    """``X`` for ``X``, ``X | None`` and ``Optional[X]``."""
     if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
         options = [arg for arg in typing.get_args(hint) if arg is not type(None)]
         if len(options) != 1:
             raise TypeError(f"no single flag type for {hint}")
         hint = options[0]
+    return hint
+
+
+def _plain_type(hint):
+    """``X`` for ``X``, ``X | None`` and ``Optional[X]``; ``dict`` for ``dict[str, str]``."""
+    hint = _unwrapped(hint)
     return typing.get_origin(hint) or hint
 
 

@@ -13,12 +13,13 @@ from dataclasses import dataclass
 import torch
 
 from g4v.errors import G4VError
+from g4v.inspect.settings import InspectSettings
 from g4v.model.capture import Capture, capture_forward
 from g4v.model.levels import Level
 from g4v.model.scoring import greedy_continuation, kl_divergence, next_token_logprobs, next_token_probs
 
 #: Greedy tokens shown before and after a change, unless told (``inspect``, the Deepstack tab).
-CONTINUATION_TOKENS = 16
+CONTINUATION_TOKENS = InspectSettings.max_new_tokens
 
 @dataclass
 class TokenProb:

@@ -20,6 +20,7 @@ from g4v.errors import G4VError
 from g4v.images import named_size, open_image
 from g4v.loading import model_name
 from g4v.inspect.ablation import CONTINUATION_TOKENS, AblationResult, RunOutcome, compare_scaled, run_outcome
+from g4v.inspect.settings import InspectSettings
 from g4v.model.capture import Capture, capture_forward
 from g4v.model.exports import ExportStore, default_export_store
 from g4v.model.levels import Level, describe_levels, level_scales, unit_scale_levels
@@ -49,7 +50,7 @@ class InspectionResult:
     export_zip: Path | None  # those files zipped, inside export_dir (make_zip=True)
 
 
-def run_inspection(engine, image, prompt: str, ablate=(), scale: dict | None = None, full: bool = False,
+def run_inspection(engine, image, prompt: str, ablate=(), scale: dict | None = None, full: bool = InspectSettings.full,
                    max_new_tokens: int = CONTINUATION_TOKENS, out_dir: str | Path | None = None,
                    make_zip: bool = True, exports: ExportStore | None = None) -> InspectionResult:
     """Inspect what the 8 injections carry for ``image`` (a PIL image or path) and ``prompt``.

@@ -15,6 +15,8 @@ on them:
 These four are the adapter handling every engine user of an adapter shares (Chat, LoRA, Evaluate):
 other panels may import them. The LoRA panel's own work:
 
+* :mod:`g4v.lora.settings`: what a token diff is asked (:class:`~g4v.lora.settings.LoraDiffSettings`,
+  the one place for its defaults: ``lora-diff``'s flags, the tab's pickers and slider).
 * :mod:`g4v.lora.side_by_side`: two models' answers streamed side by side.
 * :mod:`g4v.lora.token_diff`: where the adapter's answer departs from the base's, token by token
   (transformers engine only: it needs logits).

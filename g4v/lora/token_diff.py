@@ -19,12 +19,13 @@ import torch
 
 from g4v.conversation import Message, SamplingSettings
 from g4v.engines import transformers_engine
-from g4v.lora.models import ADAPTER, DEFAULT_LEFT, DEFAULT_RIGHT, VISION, model_label, resolve_sides
+from g4v.lora.models import ADAPTER, VISION, model_label, resolve_sides
+from g4v.lora.settings import LoraDiffSettings
 from g4v.lora.side_by_side import chat_input
 from g4v.model.scoring import answer_logits_batch, kl_divergence
 
 #: Greedy tokens each model answers with in a token diff, unless told (``lora-diff``, the LoRA tab).
-DIFF_TOKENS = 48
+DIFF_TOKENS = LoraDiffSettings.max_new_tokens
 
 
 @dataclass
@@ -92,7 +93,7 @@ def lora_diff(engine, messages: list[Message], adapter: str | None, settings: Sa
     names the model Chat runs and that model + the adapter)."""
     transformers_engine(engine, "the token-level LoRA comparison")
     labels = labels or (model_label(VISION, engine), model_label(ADAPTER, engine, adapter))
-    settings = (settings or SamplingSettings(max_new_tokens=DIFF_TOKENS)).validated()
+    settings = (settings or LoraDiffSettings().sampling()).validated()
     request = engine.prepare(messages)
     base = engine.generate(request, settings, adapter=left)
     tuned = engine.generate(request, settings, adapter=adapter)
@@ -117,18 +118,18 @@ class LoraDiffView:
     data: dict
 
 
-def lora_token_diff(
-    engine, adapter: str, prompt: str, images=(), max_new_tokens: int = DIFF_TOKENS, adapters_dir=None,
-    left: str = DEFAULT_LEFT, right: str = DEFAULT_RIGHT,
-) -> LoraDiffView:
-    """For the LoRA tab: greedy answers of the ``left`` and ``right`` models (``g4v.lora.models``),
-    scored token by token."""
+def lora_token_diff(engine, prompt: str, images=(), settings: LoraDiffSettings | None = None,
+                    adapters_dir=None) -> LoraDiffView:
+    """For the LoRA tab: greedy answers of the ``settings.left`` and ``settings.right`` models
+    (``g4v.lora.models``; an ``adapter`` side runs ``settings.adapter``), scored token by token.
+    ``settings`` None: :class:`LoraDiffSettings`' defaults."""
     from viz.lora import diff_html, diff_plot
 
+    settings = settings or LoraDiffSettings()
     messages = chat_input(prompt, images)
-    settings = SamplingSettings(max_new_tokens=max_new_tokens).validated()
-    first, second = resolve_sides(engine, left, right, adapter, adapters_dir)
-    data = lora_diff(engine, messages, second.adapter, settings, first.adapter, (first.label, second.label)).to_dict()
+    sampling = settings.sampling()
+    first, second = resolve_sides(engine, settings.left, settings.right, settings.adapter, adapters_dir)
+    data = lora_diff(engine, messages, second.adapter, sampling, first.adapter, (first.label, second.label)).to_dict()
     return LoraDiffView(html=diff_html(data), figure=diff_plot(data), data=data)
 
 

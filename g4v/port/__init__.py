@@ -20,6 +20,8 @@ same image processor; the pixel values are handed to vLLM explicitly anyway.
 
 The modules, in the order a run uses them:
 
+* :mod:`g4v.port.settings`: what a comparison is asked (:class:`~g4v.port.settings.PortDiffSettings`,
+  the one place for its defaults: ``port-diff``'s flags, the tab's dropdowns).
 * :mod:`g4v.port.run`: one comparison end to end (:func:`~g4v.port.run.run_port_diff`), its
   result and its picture; the CLI (``python -m g4v port-diff``) calls it.
 * :mod:`g4v.port.probe`: :class:`~g4v.port.probe.VLLMProbe`, the ``vllm.LLM`` the comparison

@@ -10,13 +10,13 @@ import json
 import os
 import subprocess
 import tempfile
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from g4v.engines import vllm_python
 from g4v.errors import G4VError
 from g4v.paths import REPO_ROOT
-from g4v.port import COMPARED_TOKENS
+from g4v.port.settings import PortDiffSettings
 
 
 @dataclass
@@ -26,25 +26,23 @@ class PortDiffReport:
 
 
 def port_diff_command(python, image_path: str, prompt: str, model: str, png: Path,
-                      max_new_tokens: int = COMPARED_TOKENS, vision_lora: str | None = None,
-                      vllm_vision_lora: str | None = None, vllm_serving: dict | None = None) -> list[str]:
-    """The ``port-diff`` command line: the CLI twin's flags, the vision LoRA's included (``None``:
-    the CLI's default)."""
+                      settings: PortDiffSettings | None = None) -> list[str]:
+    """The ``port-diff`` command line: the CLI twin's flags, one per field of ``settings`` that is
+    set (None: the CLI's defaults), each named as ``port-diff`` derives it from the field
+    (``--`` + the name in kebab case: :func:`g4v.commands.settings_flags.flag_of`, which the
+    library may not import; tests/test_port_lora_audit.py parses the line back)."""
     command = [str(python), "-m", "g4v", "port-diff", "--model", model, "--image", str(image_path),
-               "--prompt", prompt, "--max-new-tokens", str(int(max_new_tokens)), "--json", "--png", str(png)]
-    for flag, value in (("--vision-lora", vision_lora), ("--vllm-vision-lora", vllm_vision_lora),
-                        ("--vllm-serving", None if vllm_serving is None else json.dumps(vllm_serving))):
+               "--prompt", prompt, "--json", "--png", str(png)]
+    for name, value in asdict(settings or PortDiffSettings()).items():
         if value is not None:
-            command += [flag, value]
+            command += ["--" + name.replace("_", "-"), str(value)]
     return command
 
 
-def run_port_diff_in_vllm_env(image_path: str, prompt: str, model: str, max_new_tokens: int = COMPARED_TOKENS,
-                              timeout: float = 900, vision_lora: str | None = None,
-                              vllm_vision_lora: str | None = None, vllm_serving: dict | None = None) -> PortDiffReport:
+def run_port_diff_in_vllm_env(image_path: str, prompt: str, model: str, settings: PortDiffSettings | None = None,
+                              timeout: float = 900) -> PortDiffReport:
     """Compare vLLM's port with transformers for one image and prompt (for timings see
-    docs/port_diff.md), with a vision LoRA in modes ``vision_lora`` (transformers) and
-    ``vllm_vision_lora`` under vLLM's LoRA arguments ``vllm_serving`` (``port-diff``'s flags)."""
+    docs/port_diff.md), as ``port-diff`` with ``settings`` would (None: its defaults)."""
     python = vllm_python()
     if python is None:
         raise G4VError("the port inspector needs the vLLM environment: run scripts/setup_vllm_cpu_env.sh "
@@ -55,8 +53,7 @@ def run_port_diff_in_vllm_env(image_path: str, prompt: str, model: str, max_new_
         raise G4VError("the prompt is empty: type a message")
     out = Path(tempfile.mkdtemp(prefix="g4v-port-diff-"))
     png = out / "port_diff.png"
-    command = port_diff_command(python, image_path, prompt, model, png, max_new_tokens, vision_lora,
-                                vllm_vision_lora, vllm_serving)
+    command = port_diff_command(python, image_path, prompt, model, png, settings)
     try:
         done = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=timeout,
                               env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})

@@ -1,0 +1,30 @@
+"""What a token-level LoRA comparison is asked: :class:`LoraDiffSettings`, the one place for its defaults.
+
+``python -m g4v lora-diff`` derives its ``--adapter``, ``--left``, ``--right`` and ``--max-new-tokens``
+flags from the fields (:mod:`g4v.commands.settings_flags`), the LoRA tab starts its pickers and
+its slider at them, and :func:`g4v.lora.token_diff.lora_token_diff` takes the object itself: a
+default changed here changes all three. No torch here, so the command's flags cost no import.
+"""
+
+from dataclasses import dataclass, field
+
+from g4v.conversation import SamplingSettings
+from g4v.lora.models import DEFAULT_LEFT, DEFAULT_RIGHT, MODELS
+
+
+@dataclass(frozen=True)
+class LoraDiffSettings:
+    """Which two models answer (:mod:`g4v.lora.models`: ``base``, ``vision``, ``adapter``), with which
+    adapter, and how long their greedy answers are."""
+
+    adapter: str | None = field(default=None, metadata={
+        "help": "adapter name or folder inside the adapter folders (needed when a side is 'adapter')"})
+    left: str = field(default=DEFAULT_LEFT, metadata={"choices": MODELS, "help": "left model (default %(default)s)"})
+    right: str = field(default=DEFAULT_RIGHT, metadata={"choices": MODELS, "help": "right model (default %(default)s)"})
+    max_new_tokens: int = field(default=48, metadata={
+        "help": "greedy tokens each model answers with (default %(default)s)"})
+
+    def sampling(self) -> SamplingSettings:
+        """Greedy decoding of :attr:`max_new_tokens`, checked (one line for a bad length): both
+        answers are decoded greedily, so where they part is the models' doing, not a draw's."""
+        return SamplingSettings(max_new_tokens=self.max_new_tokens).validated()
