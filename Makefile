@@ -22,14 +22,16 @@ run: setup
 browser:
 	scripts/setup_browser.sh
 
-# The fast tier runs on every core (pytest-xdist, at most 4 workers); the tiers that start servers,
-# drive a browser or train run one test at a time, as their timeouts assume.
+# Tests that run in this process (the fast tier, the slow and training tiers) run on every core
+# (pytest-xdist, at most 4 workers, each with its share of the cores); the tiers that start servers
+# or drive a browser run one test at a time, as their timeouts assume.
 FAST := not slow and not browser and not server and not training and not vllm
+IN_PROCESS := not browser and not server and not vllm
 PARALLEL := -n auto --maxprocesses=4
 
 test: setup browser vllm-env
-	$(PY) -m pytest $(PARALLEL) -m "$(FAST)"
-	$(PY) -m pytest -m "not ($(FAST))"
+	$(PY) -m pytest $(PARALLEL) -m "$(IN_PROCESS)"
+	$(PY) -m pytest -m "not ($(IN_PROCESS))"
 	$(VLLM_PY) -m pytest tests/vllm
 
 test-fast: setup
@@ -37,8 +39,8 @@ test-fast: setup
 
 # The main suite alone (its Port-tab test still needs the vLLM environment).
 test-main: setup browser vllm-env
-	$(PY) -m pytest $(PARALLEL) -m "$(FAST)"
-	$(PY) -m pytest -m "not ($(FAST))"
+	$(PY) -m pytest $(PARALLEL) -m "$(IN_PROCESS)"
+	$(PY) -m pytest -m "not ($(IN_PROCESS))"
 
 test-vllm: vllm-env
 	$(VLLM_PY) -m pytest tests/vllm
