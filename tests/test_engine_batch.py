@@ -171,14 +171,17 @@ def test_batched_scoring_equals_each_row_scored_alone(hf_engine):
 
 
 def test_an_encoded_request_answers_and_scores_as_its_pixel_values(hf_engine):
-    """A request whose pictures went through the vision tower and projectors once
-    (``engine.encoded``) is the same prompt to the model: every greedy answer, alone and in a
-    batch, equals the pixel-value request's, and teacher-forced logits agree to float32 rounding.
-    Text-only requests come back as they are."""
+    """Requests whose pictures went through the vision tower and projectors once
+    (``engine.encoded``; those of one tile shape together) are the same prompts to the model:
+    every greedy answer, alone and in a batch, equals the pixel-value request's, and teacher-forced
+    logits agree to float32 rounding. Text-only requests come back as they are."""
     from g4v.model.scoring import answer_logits_batch
 
-    prepared = [hf_engine.prepare(messages) for messages in MIXED]
-    encoded = [hf_engine.encoded(request) for request in prepared]
+    twice = MIXED + [[Message("user", "And its colour?", [make_image(128, 128, seed=9)])],  # shapes shared
+                     [Message("user", "Compare them.", [make_image(130, 420, seed=5), make_image(128, 128, seed=6)])]]
+    prepared = [hf_engine.prepare(messages) for messages in twice]
+    assert len({tuple(r.inputs["pixel_values"].shape[1:]) for r in prepared if r.has_image}) < sum(r.has_image for r in prepared)
+    encoded = hf_engine.encoded(prepared)
     for request, made in zip(prepared, encoded):
         if request.has_image:
             assert "pixel_values" not in made.inputs and "mm_encoder_outputs" in made.inputs
@@ -212,6 +215,6 @@ def test_an_adapter_on_the_vision_side_keeps_the_pixel_values(tmp_path):
     engine = TransformersEngine(str(BUNDLED_MODEL_DIR), device="cpu", dtype="float32")
     request = engine.prepare(MIXED[0])
     engine.register_adapter("text", str(tmp_path / "text"))
-    assert "mm_encoder_outputs" in engine.encoded(request).inputs
+    assert "mm_encoder_outputs" in engine.encoded([request])[0].inputs
     engine.register_adapter("vision", str(tmp_path / "vision"))
-    assert engine.encoded(request) is request
+    assert engine.encoded([request])[0] is request

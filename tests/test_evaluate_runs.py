@@ -392,7 +392,7 @@ def test_a_row_processes_each_picture_and_prompt_once(trained_engine, tmp_path):
     rows = 6
     config = EvalConfig(a=ArmSpec("hf"), b=ArmSpec("hf", adapter=ADAPTER), data=str(BUNDLED_DATASET), limit=rows,
                         max_new_tokens=8, blank_probe=True, levels=True, batch_size=4)
-    tiles_seen = []  # tiles through the vision tower, call by call
+    tiles_seen = []  # tiles through the vision tower, call by call (pictures of one shape go together)
     hook = trained_engine.model.model.vision_tower.register_forward_hook(
         lambda module, args, output: tiles_seen.append(int(args[0].shape[0])))
     try:
@@ -408,7 +408,7 @@ def test_a_row_processes_each_picture_and_prompt_once(trained_engine, tmp_path):
     dataset = open_dataset(str(BUNDLED_DATASET))
     tiles = [trained_engine.prepare([Message("user", "?", dataset.sample(i).images)]).inputs["pixel_values"].shape[1]
              for i in range(rows)]
-    assert len(tiles_seen) == 2 * rows and sum(tiles_seen) == 2 * sum(tiles)
+    assert sum(tiles_seen) == 2 * sum(tiles)
     prompts = [row.prompt for row in result.rows]
     assert sorted(text[0] for text in calls) == sorted(trained_engine.render_prompt([Message("user", p, [
         Image.new("RGB", (8, 8))])]) for p in prompts * 2)

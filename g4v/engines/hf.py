@@ -121,17 +121,28 @@ class TransformersEngine(Engine):
             )
         return request
 
-    def encoded(self, request: PreparedRequest) -> PreparedRequest:
-        """``request`` (prepared) with its pictures already through the vision tower and the 8
-        projectors (:mod:`g4v.model.encoding`), for a request that several passes will read (a
-        dataset row's answers, scoring and norms): they then share one encoding. The request as it
-        is when it has no picture, or when an adapter on the model reaches the vision side (then
-        the features depend on the pass's adapter)."""
-        if "pixel_values" not in request.inputs or not features_shared(self.model):
-            return request
-        with self._lock, torch.inference_mode():
-            inputs = encoded_inputs(self.model, request.inputs)
-        return replace(request, inputs=inputs)
+    def encoded(self, requests: list[PreparedRequest], batch_size: int = BATCH_SIZE) -> list[PreparedRequest]:
+        """``requests`` (prepared) with their pictures already through the vision tower and the 8
+        projectors (:mod:`g4v.model.encoding`), for requests that several passes will read (a
+        dataset row's answers, scoring and norms): they then share one encoding. Pictures of one
+        tile-stack shape are encoded ``batch_size`` requests at a time. A request without a
+        picture comes back as it is, and so does every request when an adapter on the model
+        reaches the vision side (then the features depend on the pass's adapter)."""
+        made = list(requests)
+        if not features_shared(self.model):
+            return made
+        shapes: dict[tuple, list[int]] = {}
+        for position, request in enumerate(requests):
+            if "pixel_values" in request.inputs:
+                shapes.setdefault(tuple(request.inputs["pixel_values"].shape[1:]), []).append(position)
+        for positions in shapes.values():
+            for start in range(0, len(positions), batch_size):
+                chunk = positions[start:start + batch_size]
+                with self._lock, torch.inference_mode():
+                    inputs = encoded_inputs(self.model, [requests[position].inputs for position in chunk])
+                for position, encoded in zip(chunk, inputs):
+                    made[position] = replace(requests[position], inputs=encoded)
+        return made
 
     def prepare_inputs(self, messages: list[Message] | PreparedRequest, max_new_tokens: int = 0) -> dict:
         """Tokenised prompt with expanded image placeholders, pixel values and image sizes."""

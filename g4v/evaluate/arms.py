@@ -170,12 +170,26 @@ class Requests:
             if key not in self._made:  # ranked and cut from the pixel values, then encoded
                 self._made[key] = (sample, reduce_request(engine, self._prepared(engine, sample), budget, adapter))
             return engine.prepare(self._made[key][1], max_new_tokens)
-        key = (id(engine), id(sample), "encoded")
-        if key not in self._made:
-            prepared = self._prepared(engine, sample)
-            encode = getattr(engine, "encoded", None)
-            self._made[key] = (sample, encode(prepared) if encode else prepared)
-        return engine.prepare(self._made[key][1], max_new_tokens)  # a prepared request: only the room is checked
+        self.encode(engine, [sample])
+        made = self._made[(id(engine), id(sample), "encoded")][1]
+        if isinstance(made, G4VError):
+            raise made
+        return engine.prepare(made, max_new_tokens)  # a prepared request: only the room is checked
+
+    def encode(self, engine: Engine, samples: list, batch_size: int = 1) -> None:
+        """Prepare ``samples`` and, on an engine that can (transformers), encode their pictures,
+        ``batch_size`` requests together (:meth:`~g4v.engines.hf.TransformersEngine.encoded`); each once."""
+        todo = [sample for sample in samples if (id(engine), id(sample), "encoded") not in self._made]
+        ready = []
+        for sample in todo:
+            try:
+                ready.append((sample, self._prepared(engine, sample)))
+            except G4VError as err:
+                self._made[(id(engine), id(sample), "encoded")] = (sample, err)
+        encode = getattr(engine, "encoded", None)
+        made = encode([request for _, request in ready], batch_size) if encode and ready else [r for _, r in ready]
+        for (sample, _), request in zip(ready, made):
+            self._made[(id(engine), id(sample), "encoded")] = (sample, request)
 
     def _prepared(self, engine: Engine, sample) -> PreparedRequest:
         key = (id(engine), id(sample))
@@ -237,6 +251,8 @@ class Arm:
         """The hf way: each sample prepared once, refused ones answered with a :class:`Failed`,
         the rest through ``generate_batch`` one batch at a time (a cancel stops between batches)."""
         settings = settings.validated()
+        if self.spec.budget is None or self.spec.budget.plain:
+            requests.encode(self.engine, samples, self.batch_size)  # their pictures a batch at a time
         ready = []
         for position, sample in enumerate(samples):
             try:
