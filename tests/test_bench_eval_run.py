@@ -32,9 +32,10 @@ def test_the_report_gives_rows_per_second_and_both_ratios():
     batched = [answer([1]), answer([2]), answer([9]), answer([4])]
     text = report(asked, {"rows": 30, "wall_s": 10.0, "cpu_s": 15.0, "errors": 0},
                   {"rows": 30, "wall_s": 40.0, "cpu_s": 60.0, "errors": 1},
-                  [(1, 8.0, alone), (8, 2.0, batched)], "old")
+                  [(1, 8.0, alone, 2.0), (8, 2.0, batched, 1.0)], "old")
     lines = text.splitlines()
     assert "| this checkout | 30 | 0 | 10.0 | 3.00 | 4.00x | 15.0 | 0.25x |" in lines  # 30/10 rows/s vs 30/40
     assert "| baseline (old) | 30 | 1 | 40.0 | 0.75 | 1.00x | 60.0 | 1.00x |" in lines
-    assert "| 1 | 8.0 | 0.50 | 1.00x | 4/4 |" in lines
-    assert "| 8 | 2.0 | 2.00 | 4.00x | 3/4 |" in lines  # one answer differs
+    assert "| 1 | 8.0 | 0.50 | 1.00x | 2.0 | 1.00x | 4/4 |" in lines
+    # one answer differs; after encoding, 8 - 2 s one by one against 2 - 1 s batched
+    assert "| 8 | 2.0 | 2.00 | 4.00x | 1.0 | 6.00x | 3/4 |" in lines
