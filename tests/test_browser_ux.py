@@ -208,7 +208,8 @@ def test_evaluate_shows_one_progress_bar_with_an_estimate_and_whole_header_words
         page.get_by_role("tab", name="Evaluate").click()
         page.wait_for_selector("#eval-aggregate th span.header")
         assert page.evaluate(BROKEN_HEADER_WORDS) == []
-        page.locator("#eval-limit input").fill("8")
+        # enough rows that the run lasts past its first progress update (8 took under a second)
+        page.locator("#eval-limit input").fill("120")
         page.locator("#eval-run").click()
         page.wait_for_function(f"() => [...document.querySelectorAll('{PROGRESS}')].some(e => / s left| min left/"
                                ".test(e.closest('.wrap, div').parentElement.innerText))", timeout=240_000)

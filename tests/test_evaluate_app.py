@@ -345,8 +345,9 @@ def run_in_browser(page, url: str, limit: int, stop_once: bool = False,
 
 
 #: Rows of the run the browser test stops and resumes: enough chunks that a Stop pressed after the
-#: first lands before the last (batched answers made 12 rows finish within seconds).
-STOPPED_RUN_ROWS = 48
+#: first lands before the last (batched answers, and each picture encoded once, made 12 rows finish
+#: within a second or two).
+STOPPED_RUN_ROWS = 120
 
 
 def test_the_tab_in_a_browser_runs_and_opens_a_row_in_chat(app, output_dir):

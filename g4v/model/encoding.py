@@ -9,6 +9,10 @@ the 8 Q-Former projectors, most of a short answer's cost on the bundled checkpoi
 That holds only while the features do not depend on which adapter a pass enables: every LoRA
 layer on the model must sit in the language model (the real model's vision LoRA does; a user's
 adapter may also reach the vision tower or a projector, and then each pass encodes for itself).
+
+The cost is memory: features are larger than pixel values. On the real model (hidden 2560, bf16)
+they take about 41 MB per thousand image tokens for the 8 levels together, kept while the passes
+that read them run (a dataset run keeps one chunk of rows).
 """
 
 import torch
