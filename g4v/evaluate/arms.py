@@ -28,9 +28,10 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from g4v.conversation import Message, SamplingSettings
-from g4v.engines.base import BATCH_SIZE, Engine, Generation, PreparedRequest
+from g4v.engines.base import BATCH_SIZE, Engine, Generation
 from g4v.engines.vision_lora import check_mode
 from g4v.evaluate.arm_settings import checked_budget, checked_precision
+from g4v.evaluate.requests import Requests, cuts_tokens
 from g4v.errors import G4VError, quoted
 
 BACKENDS = ("hf", "vllm", "openai")
@@ -148,63 +149,6 @@ class Failed(Generation):
     error: str = ""
 
 
-class Requests:
-    """Samples prepared for engines, each (engine, sample) once: what the answers, the blank
-    probes, teacher-forced scoring and per-level norms of the same rows share. A transformers
-    engine's requests also carry their pictures encoded (vision tower and projectors once for all
-    those passes, :meth:`~g4v.engines.hf.TransformersEngine.encoded`). Keyed by object identity
-    (a blanked copy is a sample of its own) and kept for one chunk of rows."""
-
-    def __init__(self):
-        self._made: dict[tuple, tuple[object, PreparedRequest | G4VError]] = {}
-
-    def get(self, engine: Engine, sample, max_new_tokens: int = 0, budget=None, adapter: str | None = None
-            ) -> PreparedRequest:
-        """The prepared request (a G4VError for a sample the engine refuses, raised each time);
-        with a token ``budget``, the request with only its kept image tokens (ranked with
-        ``adapter``), made once from the full one."""
-        if budget is not None and not budget.plain:
-            from g4v.model.token_budget import reduce_request
-
-            key = (id(engine), id(sample), budget, adapter)
-            if key not in self._made:  # ranked and cut from the pixel values, then encoded
-                self._made[key] = (sample, reduce_request(engine, self._prepared(engine, sample), budget, adapter))
-            return engine.prepare(self._made[key][1], max_new_tokens)
-        self.encode(engine, [sample])
-        made = self._made[(id(engine), id(sample), "encoded")][1]
-        if isinstance(made, G4VError):
-            raise made
-        return engine.prepare(made, max_new_tokens)  # a prepared request: only the room is checked
-
-    def encode(self, engine: Engine, samples: list, batch_size: int = 1) -> None:
-        """Prepare ``samples`` and, on an engine that can (transformers), encode their pictures,
-        ``batch_size`` requests together (:meth:`~g4v.engines.hf.TransformersEngine.encoded`); each once."""
-        todo = [sample for sample in samples if (id(engine), id(sample), "encoded") not in self._made]
-        ready = []
-        for sample in todo:
-            try:
-                ready.append((sample, self._prepared(engine, sample)))
-            except G4VError as err:
-                self._made[(id(engine), id(sample), "encoded")] = (sample, err)
-        encode = getattr(engine, "encoded", None)
-        made = encode([request for _, request in ready], batch_size) if encode and ready else [r for _, r in ready]
-        for (sample, _), request in zip(ready, made):
-            self._made[(id(engine), id(sample), "encoded")] = (sample, request)
-
-    def _prepared(self, engine: Engine, sample) -> PreparedRequest:
-        key = (id(engine), id(sample))
-        if key not in self._made:
-            try:
-                made = engine.prepare([Message("user", sample.prompt, list(sample.images))])
-            except G4VError as err:
-                made = err
-            self._made[key] = (sample, made)  # the sample is kept so that its id stays its own
-        made = self._made[key][1]
-        if isinstance(made, G4VError):
-            raise made
-        return made
-
-
 @dataclass
 class Arm:
     """An opened arm: the engine it runs on and the adapter name the engine knows."""
@@ -251,7 +195,7 @@ class Arm:
         """The hf way: each sample prepared once, refused ones answered with a :class:`Failed`,
         the rest through ``generate_batch`` one batch at a time (a cancel stops between batches)."""
         settings = settings.validated()
-        if self.spec.budget is None or self.spec.budget.plain:
+        if not cuts_tokens(self.spec.budget):
             requests.encode(self.engine, samples, self.batch_size)  # their pictures a batch at a time
         ready = []
         for position, sample in enumerate(samples):

@@ -77,7 +77,8 @@ def time_batching(spec, samples: list, config, rounds: int = 2) -> list[tuple[in
     The two take turns ``rounds`` times and each keeps its fastest time, so a burst of load on a
     shared machine slows one round, not one side of the ratio."""
     from g4v.engines.base import BATCH_SIZE
-    from g4v.evaluate.arms import Requests, open_arm
+    from g4v.evaluate.arms import open_arm
+    from g4v.evaluate.requests import Requests
 
     settings = config.settings()
     best: dict[int, tuple[int, float, list, float]] = {}

@@ -26,7 +26,8 @@ from g4v.conversation import MAX_NEW_TOKENS, SamplingSettings
 from g4v.errors import G4VError
 import g4v.evaluate.store as store
 from g4v.engines.base import BATCH_SIZE
-from g4v.evaluate.arms import VLLM_IN_FLIGHT, Arm, ArmSpec, Requests, check_arms, open_arms
+from g4v.evaluate.arms import VLLM_IN_FLIGHT, Arm, ArmSpec, check_arms, open_arms
+from g4v.evaluate.requests import Requests
 from g4v.evaluate.data import Columns, EvalSample, open_dataset
 from g4v.evaluate.scoring import (PairScores, agreement, blanked, image_tokens, level_drift, level_norms,
                                   precision_pair, score_pairs)
