@@ -28,7 +28,7 @@ from g4v.evaluate import BUNDLED_DATASET, Columns, EvalConfig, RunResult, open_d
 from g4v.evaluate.store import CSV_FILE, PARQUET_FILE, ROWS_FILE, RUN_FILE, SUMMARY_FILE, read_settings, shareable
 from g4v.evaluate.uploads import UPLOAD_SUFFIXES, extract_upload
 from viz.evaluate import run_figures
-from webapp.common import MODEL_QUEUE, QUIET_INPUT, OutputBoxes, shows_errors
+from webapp.common import MODEL_QUEUE, QUIET_INPUT, OutputBoxes, run_keeping_previous, shows_errors
 from webapp.evaluate_budget import budget_section
 from webapp.evaluate_choices import (BUNDLED, SAME_AS_A, SAME_AS_A_LABEL, UPLOAD, ArmChoice, arm_choices,
                                      dataset_choices, dataset_label)
@@ -51,9 +51,6 @@ DEFAULT_LIMIT = 24
 #: Pixels of the upload box's file list: four files (a table, its pictures; Gradio draws a row
 #: about 60 px tall) show without scrolling.
 UPLOAD_BOX_HEIGHT = 270
-#: Put above the status while a new run starts and after it is refused: the tables and figures
-#: below are still the previous run's.
-PREVIOUS_RUN = "*The results below are from the previous run.*"
 #: Under the dataset choice while "upload" is chosen and the box is empty (or a refused upload left it).
 UPLOAD_HINT = "Upload a .zip of a dataset folder, or a table file with its pictures."
 
@@ -255,12 +252,6 @@ def shared_name(key, files) -> str:
     return "upload: " + ", ".join(Path(p).name for p in (file_path(f) for f in files or []) if p)
 
 
-def previous_run(status: str | None) -> str:
-    """The status line with :data:`PREVIOUS_RUN` above it (once), or as it is when no run shows."""
-    status = status or ""
-    return status if not status.strip() or status.startswith(PREVIOUS_RUN) else f"{PREVIOUS_RUN}\n\n{status}"
-
-
 def show_result(boxes: ResultBoxes, result: RunResult, config: EvalConfig, export: Path) -> dict:
     """Every output of the tab for a finished or stopped run, by box."""
     pictures = run_figures(result.summary, result.rows)
@@ -341,15 +332,10 @@ def evaluate_tab(engine, model: str, adapters_dir, workspace: EvalWorkspace, tar
                         divergence_plot=divergence_plot, samples=samples, export=export, summary=summary,
                         run_state=run_state)
     evaluate = make_run(engine, workspace, choices, adapters_dir, gpu_task, boxes)
-    # The results on show are marked as the previous run's while a new one starts and after it is
-    # refused; the mark is a quick step of its own, which also clears the refusal's "Error" badge.
-    mark = {"fn": previous_run, "inputs": status, "outputs": status, "api_visibility": "private", "queue": False,
-            **QUIET_INPUT}
-    run.click(**mark)
-    run.click(evaluate, [arm_a, arm_b, dataset, files, *columns, limit, seed, max_new_tokens, blank_probe, levels,
-                         margin, discordance],
-              boxes.components(), api_name="evaluate", concurrency_id=MODEL_QUEUE, concurrency_limit=concurrency,
-              show_progress_on=status).failure(**mark)  # one progress bar, not one in each of the outputs
+    run_keeping_previous(run, evaluate, [arm_a, arm_b, dataset, files, *columns, limit, seed, max_new_tokens,
+                                         blank_probe, levels, margin, discordance],
+                         boxes.components(), status, api_name="evaluate", concurrency_id=MODEL_QUEUE,
+                         concurrency_limit=concurrency, show_progress_on=status)  # one progress bar, not one a box
 
     def stop_run(request: gr.Request):
         if not workspace.stop(session_key(request) or "api"):
