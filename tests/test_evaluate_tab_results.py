@@ -6,12 +6,16 @@ from dataclasses import replace
 
 import gradio as gr
 import numpy as np
+import pytest
 
 from g4v.evaluate import BUNDLED_DATASET, ArmSpec, EvalConfig, RunResult, SampleResult
 from g4v.evaluate.data import EvalSample
+from g4v.errors import G4VError
 from g4v.evaluate.run import error_row
 from viz.evaluate import divergence_histogram, kl_histogram
-from webapp.evaluate import ResultBoxes, show_result
+from webapp.evaluate import EvalWorkspace, ResultBoxes, show_result
+from webapp.evaluate_choices import BUNDLED, ArmChoice
+from webapp.evaluate_runs import eval_config
 from webapp.evaluate_tables import SAMPLE_HEADERS, sample_rows
 
 #: The ``/evaluate`` endpoint's outputs, in the order API clients unpack them (the State last,
@@ -80,3 +84,17 @@ def test_show_result_fills_every_box_by_name_in_the_endpoints_order(tmp_path):
         "image", "prompt", "reference", "category", "id")}, "adapters": [None, "demo"], "out_dir": str(tmp_path)}
     for box, draw in ((boxes.kl_plot, kl_histogram), (boxes.divergence_plot, divergence_histogram)):
         assert np.array_equal(np.asarray(shown[box]), np.asarray(draw(finished)))  # each picture in its own box
+
+
+@pytest.mark.parametrize("box, value, shown_as", [("limit", 2.5, "Rows"), ("limit", -3, "Rows"),
+                                                  ("seed", 1.5, "Shuffle seed"), ("margin", 2, "Equivalence margin"),
+                                                  ("discordance", 0, "Assumed share of rows right in one arm only")])
+def test_a_refused_number_is_named_as_its_box_is_labelled(box, value, shown_as):
+    """The run's numbers are checked before any model loads, each refusal naming the box by the
+    words its label begins with, not by the field the settings keep it in."""
+    choices = [ArmChoice("app", "hf (the app's model)", ArmSpec("hf", label="hf"))]
+    given = {"limit": 2, "seed": -1, "margin": 0.02, "discordance": 0.1, box: value}
+    with pytest.raises(G4VError) as refused:
+        eval_config(EvalWorkspace(sessions=None), choices, None, "app", "app", BUNDLED, None, ("",) * 5,
+                    given["limit"], given["seed"], 16, False, False, given["margin"], given["discordance"])
+    assert str(refused.value).startswith(f"{shown_as} must be "), refused.value
