@@ -44,8 +44,11 @@ KEEP_UPLOADS = 4
 KEEP_RUNS = 8
 #: ... and the tab's stores with these bounds (export zips and opened samples' pictures: ``files``).
 STORES = {"uploads": KEEP_UPLOADS, "runs": KEEP_RUNS, "files": 4 * KEEP_RUNS}
-#: Files of a run folder that its export zip holds.
+#: Files of a run folder that its export zip holds, the zip's name, and the export box's label,
+#: which says the download is that one zip.
 EXPORTED = (PARQUET_FILE, CSV_FILE, SUMMARY_FILE, RUN_FILE, ROWS_FILE)
+EXPORT_ZIP = "evaluation.zip"
+EXPORT_LABEL = f"Export: {EXPORT_ZIP}, one zip of {', '.join(EXPORTED)}"
 #: Rows a run in the tab covers unless told otherwise (a first look, not the whole dataset).
 DEFAULT_LIMIT = 24
 #: Pixels of the upload box's file list: four files (a table, its pictures; Gradio draws a row
@@ -141,7 +144,7 @@ class EvalWorkspace:
     def export(self, out_dir: Path, visitor: Session, dataset: str) -> Path:
         """A zip of the run's result files, in a folder of its own; its ``run.json`` names the
         dataset and the models without server paths (:func:`~g4v.evaluate.store.shareable`)."""
-        target = visitor.stores["files"].new_folder() / "evaluation.zip"
+        target = visitor.stores["files"].new_folder() / EXPORT_ZIP
         with zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as zipped:
             for name in EXPORTED:
                 if name == RUN_FILE:
@@ -318,7 +321,7 @@ def evaluate_tab(engine, model: str, adapters_dir, workspace: EvalWorkspace, tar
         to_chat = gr.Button("Open in Chat", elem_id="eval-open-chat")
         to_deepstack = gr.Button("Open in Deepstack", elem_id="eval-open-deepstack")
         to_lora = gr.Button("Open in LoRA", elem_id="eval-open-lora")
-    export = gr.File(label="Export (samples.parquet, samples.csv, summary.json)", elem_id="eval-export")
+    export = gr.File(label=EXPORT_LABEL, elem_id="eval-export")
     with gr.Accordion("Summary (JSON)", open=False):
         summary = gr.JSON()
     run_state, row_state = gr.State(None), gr.State(None)
