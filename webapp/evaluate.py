@@ -33,6 +33,7 @@ from webapp.evaluate_budget import budget_section
 from webapp.evaluate_choices import (BUNDLED, SAME_AS_A, SAME_AS_A_LABEL, UPLOAD, ArmChoice, arm_choices,
                                      dataset_choices, dataset_label)
 from webapp.evaluate_equivalence import equivalence_boxes, plan_view, result_values, result_views, wire_plan
+from webapp.evaluate_open import OpenTargets, wire_open_buttons
 from webapp.evaluate_runs import COLUMN_ROLES, eval_config, in_worker
 from webapp.evaluate_tables import (AGGREGATE_HEADERS, ROWS_NAME, SAMPLE_HEADERS, SEED_NAME, aggregate_rows,
                                     column_widths, run_status, sample_rows)
@@ -177,19 +178,6 @@ class EvalWorkspace:
 
 
 # ── the tab ────────────────────────────────────────────────────────────────────────────────────
-
-
-@dataclass
-class OpenTargets:
-    """The other tabs' inputs a sample can be opened in, and the tabs that hold them."""
-
-    tabs: gr.Tabs
-    chat_box: gr.MultimodalTextbox
-    deepstack_image: gr.Image
-    deepstack_prompt: gr.Textbox
-    lora_adapter: gr.Dropdown
-    lora_image: gr.Image
-    lora_prompt: gr.Textbox
 
 
 @dataclass
@@ -352,7 +340,7 @@ def evaluate_tab(engine, model: str, adapters_dir, workspace: EvalWorkspace, tar
 
     samples.select(select, None, [row_state, picked], api_visibility="private", queue=False)
     if targets is not None:
-        wire_open_buttons(workspace, targets, run_state, row_state, to_chat, to_deepstack, to_lora)
+        wire_open_buttons(workspace, targets, run_state, row_state, (to_chat, to_deepstack, to_lora))
 
 
 def wire_dataset_info(workspace: EvalWorkspace, dataset, files, columns, described, row_count) -> None:
@@ -397,35 +385,3 @@ def guessed_columns(key, uploaded, workspace: EvalWorkspace, visitor: Session | 
             raise
         return {}
     return {**asdict(loaded.columns), "rows": len(loaded)}
-
-
-def wire_open_buttons(workspace: EvalWorkspace, targets: OpenTargets, run_state, row_state, to_chat, to_deepstack,
-                      to_lora) -> None:
-    """Each button puts the selected sample's picture(s) and prompt into that tab and switches to it."""
-
-    def pictures(run, index, request):
-        with workspace.sessions.using(session_key(request)) as visitor:
-            return workspace.sample_pictures(run, index, visitor)
-
-    @shows_errors
-    def open_chat(run, index, request: gr.Request):
-        paths, prompt = pictures(run, index, request)
-        return {"text": prompt, "files": paths}, gr.Tabs(selected="chat")
-
-    @shows_errors
-    def open_deepstack(run, index, request: gr.Request):
-        paths, prompt = pictures(run, index, request)
-        return paths[0], prompt, gr.Tabs(selected="deepstack")
-
-    @shows_errors
-    def open_lora(run, index, request: gr.Request):
-        paths, prompt = pictures(run, index, request)
-        adapter = next((name for name in run["adapters"] if name), None)
-        return paths[0], prompt, gr.Dropdown(value=adapter) if adapter else gr.skip(), gr.Tabs(selected="lora")
-
-    private = {"api_visibility": "private"}
-    to_chat.click(open_chat, [run_state, row_state], [targets.chat_box, targets.tabs], **private)
-    to_deepstack.click(open_deepstack, [run_state, row_state],
-                       [targets.deepstack_image, targets.deepstack_prompt, targets.tabs], **private)
-    to_lora.click(open_lora, [run_state, row_state],
-                  [targets.lora_image, targets.lora_prompt, targets.lora_adapter, targets.tabs], **private)
