@@ -51,7 +51,7 @@ def targets():
     with gr.Blocks():
         tabs = gr.Tabs()
         return OpenTargets(OpenInChat(gr.MultimodalTextbox(), tabs), OpenInDeepstack(gr.Image(), gr.Textbox(), tabs),
-                           OpenInLora(gr.Image(), gr.Textbox(), gr.Dropdown(), tabs))
+                           OpenInLora(gr.Image(), gr.Textbox(), gr.Dropdown(["demo"]), tabs))
 
 
 @pytest.mark.parametrize("adapters", [[None, "demo"], [None, None]])
