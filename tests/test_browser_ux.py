@@ -277,7 +277,7 @@ def test_a_refused_upload_leaves_the_box_and_a_failed_run_marks_the_old_results(
     import shutil
     import zipfile
 
-    from webapp.evaluate import PREVIOUS_RUN
+    from webapp.common import PREVIOUS_RUN
 
     bad = tmp_path / "bad.zip"
     with zipfile.ZipFile(bad, "w") as zipped:

@@ -203,10 +203,11 @@ BAD_INPUT = [
     ("too many files", {"dataset": "upload", "files": ["many.zip"]}, f"{APP_MAX_FILES + 1} files"),
     ("unknown column", {"columns": ("", "question_text", "", "", "")}, "column 'question_text' (for prompt)"),
     ("broken JSON line", {"dataset": "data1:broken.jsonl"}, "line 2 of broken.jsonl is not valid JSON"),
-    ("margin past 1", {"margin": 2}, "margin must be a number between 0 and 1"),
-    ("no discordance", {"discordance": 0}, "discordance must be a number between 0 and 1"),
-    ("negative limit", {"limit": -3}, "limit must be a whole number"),
-    ("fractional limit", {"limit": 2.5}, "limit must be a whole number"),
+    ("margin past 1", {"margin": 2}, "Equivalence margin must be a number between 0 and 1"),
+    ("no discordance", {"discordance": 0}, "Assumed share of rows right in one arm only must be a number between 0 and 1"),
+    ("negative limit", {"limit": -3}, "Rows must be a whole number"),
+    ("fractional limit", {"limit": 2.5}, "Rows must be a whole number"),
+    ("fractional seed", {"seed": 1.5}, "Shuffle seed must be a whole number"),
     ("no new tokens", {"max_new_tokens": 0}, "less than minimum value 1"),  # the slider's own check
     ("adapter arm not offered", {"arm_b": "app+../../etc"}, NOT_OFFERED),
 ]

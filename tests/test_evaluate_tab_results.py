@@ -2,16 +2,20 @@
 sample table ranks ``SampleResult`` rows worst first with each row's own values in its cells, and
 ``show_result`` fills every result box by name, in the order the ``/evaluate`` endpoint keeps."""
 
-from dataclasses import replace
+from dataclasses import asdict, replace
 
 import gradio as gr
 import numpy as np
+import pytest
 
 from g4v.evaluate import BUNDLED_DATASET, ArmSpec, EvalConfig, RunResult, SampleResult
 from g4v.evaluate.data import EvalSample
+from g4v.errors import G4VError
 from g4v.evaluate.run import error_row
 from viz.evaluate import divergence_histogram, kl_histogram
-from webapp.evaluate import ResultBoxes, show_result
+from webapp.evaluate import EvalWorkspace, ResultBoxes, show_result
+from webapp.evaluate_choices import BUNDLED, ArmChoice
+from webapp.evaluate_runs import eval_config
 from webapp.evaluate_tables import SAMPLE_HEADERS, sample_rows
 
 #: The ``/evaluate`` endpoint's outputs, in the order API clients unpack them (the State last,
@@ -80,3 +84,61 @@ def test_show_result_fills_every_box_by_name_in_the_endpoints_order(tmp_path):
         "image", "prompt", "reference", "category", "id")}, "adapters": [None, "demo"], "out_dir": str(tmp_path)}
     for box, draw in ((boxes.kl_plot, kl_histogram), (boxes.divergence_plot, divergence_histogram)):
         assert np.array_equal(np.asarray(shown[box]), np.asarray(draw(finished)))  # each picture in its own box
+
+
+@pytest.mark.parametrize("box, value, shown_as", [("limit", 2.5, "Rows"), ("limit", -3, "Rows"),
+                                                  ("seed", 1.5, "Shuffle seed"), ("margin", 2, "Equivalence margin"),
+                                                  ("discordance", 0, "Assumed share of rows right in one arm only")])
+def test_a_refused_number_is_named_as_its_box_is_labelled(box, value, shown_as):
+    """The run's numbers are checked before any model loads, each refusal naming the box by the
+    words its label begins with, not by the field the settings keep it in."""
+    choices = [ArmChoice("app", "hf (the app's model)", ArmSpec("hf", label="hf"))]
+    given = {"limit": 2, "seed": -1, "margin": 0.02, "discordance": 0.1, box: value}
+    with pytest.raises(G4VError) as refused:
+        eval_config(EvalWorkspace(sessions=None), choices, None, "app", "app", BUNDLED, None, ("",) * 5,
+                    given["limit"], given["seed"], 16, False, False, given["margin"], given["discordance"])
+    assert str(refused.value).startswith(f"{shown_as} must be "), refused.value
+
+
+def test_a_full_accuracy_bar_ends_inside_the_frame():
+    """A bar at 1.00 (the top one, "all") stops short of the axes' right edge and below its top
+    edge, so its end and its whisker's cap show instead of running under the frame."""
+    from viz.evaluate import ARM_COLOURS, accuracy_figure
+
+    config = EvalConfig(a=ArmSpec("hf", label="base"), b=ArmSpec("hf", adapter="demo", label="adapter"),
+                        data=str(BUNDLED_DATASET))
+    full = [row(index, agree=True, correct=(True, True), kl=0.0) for index in range(6)]
+    pixels = np.asarray(accuracy_figure(config.summarise(full, complete=True)).convert("RGB")).astype(int)
+    blue = np.abs(pixels - [int(ARM_COLOURS["a"][i:i + 2], 16) for i in (1, 3, 5)]).sum(axis=2) < 30
+    dark = pixels.sum(axis=2) < 150
+    spines_x = np.flatnonzero(dark.sum(axis=0) > 0.5 * pixels.shape[0])  # the frame's left and right sides
+    spines_y = np.flatnonzero(dark.sum(axis=1) > 0.5 * pixels.shape[1])  # its top and bottom
+    bar_rows, bar_columns = np.nonzero(blue)
+    assert spines_x.max() - bar_columns.max() >= 8 and bar_rows.min() - spines_y.min() >= 8
+
+
+def test_the_export_label_names_the_one_zip_and_what_it_holds(tmp_path):
+    """The download is one zip: the box's label names that file and each file inside it."""
+    import zipfile
+
+    import g4v.evaluate.store as store
+    from g4v.evaluate import open_dataset, run_eval
+    from webapp.evaluate import EXPORT_LABEL
+    from webapp.sessions import SessionStores
+
+    config = EvalConfig(a=ArmSpec("hf"), b=ArmSpec("hf"), data=str(BUNDLED_DATASET), limit=2)
+    out = tmp_path / "run"
+    store.prepare(out, asdict(config))
+    writer = store.RowWriter(out)  # rows that failed: a finished run without a model
+    writer.write([error_row(open_dataset(config.data).sample(index), "unreadable") for index in range(2)])
+    writer.close()
+    run_eval(config, out)
+    (tmp_path / "sessions").mkdir()
+    sessions = SessionStores(tmp_path / "sessions", {"files": 2})
+    with sessions.using("visitor") as visitor:
+        zipped = EvalWorkspace(sessions).export(out, visitor, "bundled")
+    with zipfile.ZipFile(zipped) as archive:
+        held = archive.namelist()
+    sessions.close()
+    assert f"Export: {zipped.name}, one zip of " in EXPORT_LABEL
+    assert len(held) == 5 and all(name in EXPORT_LABEL for name in held), (held, EXPORT_LABEL)

@@ -25,6 +25,8 @@ ARM_COLOURS = {"a": "#1f77b4", "b": "#ff7f0e"}
 MAX_CATEGORIES = 24
 #: Longest category label drawn, in characters.
 MAX_LABEL = 18
+#: Room left past an accuracy of 1 and beyond the outer bars, in axis units.
+HEADROOM = 0.08
 #: The four outcomes of a paired comparison, in drawing order, with their colours.
 PAIRED_OUTCOMES = (("both_right", "both right", "#4caf50"), ("a_only", "only A right", ARM_COLOURS["a"]),
                    ("b_only", "only B right", ARM_COLOURS["b"]), ("both_wrong", "both wrong", "#bdbdbd"))
@@ -80,7 +82,10 @@ def accuracy_figure(summary: dict) -> Image.Image:
         ax.barh(rows + offset, values, height, xerr=whiskers, capsize=3, color=ARM_COLOURS[arm],
                 label=f"{arm.upper()}: {_short(_arm_label(summary, arm), 40)}")
     ax.set_yticks(rows, [f"{_short(name)} (n={part.get('n', 0)})" for name, part in groups], fontsize=small)
-    ax.set_xlim(0, 1)
+    # headroom past 1 and above the top bar: a full bar and its whisker's cap end inside the frame,
+    # not under it
+    ax.set_xlim(0, 1 + HEADROOM)
+    ax.set_ylim(-0.5 - HEADROOM, len(groups) - 0.5 + HEADROOM)
     ax.set_xticks([0, 0.25, 0.5, 0.75, 1.0])
     ax.tick_params(axis="x", labelsize=small)
     ax.set_xlabel("accuracy", fontsize=small)

@@ -21,8 +21,9 @@ from g4v.errors import G4VError, quoted
 from g4v.images import open_image
 from viz.circuits import picker_size, region_overlay
 from viz.figures import original_point
-from webapp.common import (MODEL_QUEUE, QUIET_INPUT, OutputBoxes, image_input, optional_whole, refuse_non_pictures,
-                           shows_errors, time_left, use_last_chat_image, without_error_badges)
+from webapp.common import (MODEL_QUEUE, QUIET_INPUT, OutputBoxes, image_input, optional_whole, previous_run_mark,
+                           refuse_non_pictures, run_keeping_previous, shows_errors, time_left, use_last_chat_image,
+                           without_error_badges)
 from webapp.documents import document_picker
 from webapp.sessions import SessionStores, session_key
 
@@ -395,14 +396,17 @@ def circuits_tab(engine, last_chat_image: gr.State, sessions: SessionStores, con
             "knockout": (run_knockout, [image, prompt, layers, window, new_tokens]),
             "patch": (run_patch, [image, other, prompt, levels, direction, patch_region, patch_tokens, complement])}
     for name, (button, inputs) in runs.items():
+        # a refused run leaves the view's results, its report marked as the previous run's
         view = getattr(boxes, name)
-        without_error_badges(button.click(handlers[name], inputs, view.components(), api_name=f"circuits_{name}",
-                                          show_progress_on=view.report, **model_bound), view.components())
+        event = run_keeping_previous(button, handlers[name], inputs, view.components(), view.report,
+                                     api_name=f"circuits_{name}", show_progress_on=view.report, **model_bound)
+        without_error_badges(event, [box for box in view.components() if box is not view.report])  # its own: the mark
     # a new picture (uploaded, from Chat, a PDF page): every view's results were the old one's;
     # a new picture B: the patching results were the old pair's
     empties_on(image.change, [box for view in boxes.views() for box in view.components()])
     empties_on(other.change, patch.components())
-    # another region (typed, or set by the two clicks): the reverse report named the old one
-    empties_on(region.change, reverse.components())
+    # another region (typed, or set by the two clicks): the reverse results, whose report names the
+    # old one, stay until the next run, marked as the previous run's (a refused region keeps them)
+    region.change(**previous_run_mark(reverse.report))
     use_last_chat_image(from_chat, last_chat_image, image)
     return boxes

@@ -169,6 +169,37 @@ def without_error_badges(event, outputs: list) -> None:
                   queue=False, **QUIET_INPUT)
 
 
+#: Put above a result's status or report while a new run starts and after it is refused (or its
+#: inputs changed): what shows below is still the previous run's, kept rather than emptied.
+PREVIOUS_RUN = "*The results below are from the previous run.*"
+
+
+def previous_run(status: str | None) -> str:
+    """The status line with :data:`PREVIOUS_RUN` above it (once), or as it is when no run shows."""
+    status = status or ""
+    return status if not status.strip() or status.startswith(PREVIOUS_RUN) else f"{PREVIOUS_RUN}\n\n{status}"
+
+
+def previous_run_mark(status: gr.Markdown) -> dict:
+    """The listener settings of a quick step that marks ``status`` (the line above a run's results)
+    as the previous run's (:func:`previous_run`), for an event that makes those results old; being
+    a step of its own that writes ``status``, it also takes a refusal's "Error" badge off it."""
+    return {"fn": previous_run, "inputs": status, "outputs": status, "api_visibility": "private", "queue": False,
+            **QUIET_INPUT}
+
+
+def run_keeping_previous(button: gr.Button, fn, inputs: list, outputs: list, status: gr.Markdown, **settings):
+    """Wire ``button`` to run ``fn`` and return that event. ``status`` is marked as the previous
+    run's while the run starts (the mark is registered first: it shows before the run's own first
+    update) and again when the run is refused, so a refusal leaves the results on show, marked,
+    rather than emptying them or passing them off as its own."""
+    mark = previous_run_mark(status)
+    button.click(**mark)
+    event = button.click(fn, inputs, outputs, **settings)
+    event.failure(**mark)
+    return event
+
+
 def refuse_non_pictures(image: gr.Image) -> None:
     """A file ``image`` cannot show (not a picture, truncated, too many pixels) is taken out of the
     box as soon as it is uploaded, with one toast saying why, so no broken picture waits there for

@@ -28,14 +28,15 @@ from g4v.evaluate import BUNDLED_DATASET, Columns, EvalConfig, RunResult, open_d
 from g4v.evaluate.store import CSV_FILE, PARQUET_FILE, ROWS_FILE, RUN_FILE, SUMMARY_FILE, read_settings, shareable
 from g4v.evaluate.uploads import UPLOAD_SUFFIXES, extract_upload
 from viz.evaluate import run_figures
-from webapp.common import MODEL_QUEUE, QUIET_INPUT, OutputBoxes, shows_errors
+from webapp.common import MODEL_QUEUE, QUIET_INPUT, OutputBoxes, run_keeping_previous, shows_errors
 from webapp.evaluate_budget import budget_section
 from webapp.evaluate_choices import (BUNDLED, SAME_AS_A, SAME_AS_A_LABEL, UPLOAD, ArmChoice, arm_choices,
                                      dataset_choices, dataset_label)
 from webapp.evaluate_equivalence import equivalence_boxes, plan_view, result_values, result_views, wire_plan
+from webapp.evaluate_open import OpenTargets, wire_open_buttons
 from webapp.evaluate_runs import COLUMN_ROLES, eval_config, in_worker
-from webapp.evaluate_tables import (AGGREGATE_HEADERS, SAMPLE_HEADERS, aggregate_rows, column_widths, run_status,
-                                    sample_rows)
+from webapp.evaluate_tables import (AGGREGATE_HEADERS, ROWS_NAME, SAMPLE_HEADERS, SEED_NAME, aggregate_rows,
+                                    column_widths, run_status, sample_rows)
 from webapp.sessions import Session, SessionStores, session_key
 
 #: Uploaded datasets kept on disk per visitor (the oldest goes when another arrives) ...
@@ -44,16 +45,16 @@ KEEP_UPLOADS = 4
 KEEP_RUNS = 8
 #: ... and the tab's stores with these bounds (export zips and opened samples' pictures: ``files``).
 STORES = {"uploads": KEEP_UPLOADS, "runs": KEEP_RUNS, "files": 4 * KEEP_RUNS}
-#: Files of a run folder that its export zip holds.
+#: Files of a run folder that its export zip holds, the zip's name, and the export box's label,
+#: which says the download is that one zip.
 EXPORTED = (PARQUET_FILE, CSV_FILE, SUMMARY_FILE, RUN_FILE, ROWS_FILE)
+EXPORT_ZIP = "evaluation.zip"
+EXPORT_LABEL = f"Export: {EXPORT_ZIP}, one zip of {', '.join(EXPORTED)}"
 #: Rows a run in the tab covers unless told otherwise (a first look, not the whole dataset).
 DEFAULT_LIMIT = 24
 #: Pixels of the upload box's file list: four files (a table, its pictures; Gradio draws a row
 #: about 60 px tall) show without scrolling.
 UPLOAD_BOX_HEIGHT = 270
-#: Put above the status while a new run starts and after it is refused: the tables and figures
-#: below are still the previous run's.
-PREVIOUS_RUN = "*The results below are from the previous run.*"
 #: Under the dataset choice while "upload" is chosen and the box is empty (or a refused upload left it).
 UPLOAD_HINT = "Upload a .zip of a dataset folder, or a table file with its pictures."
 
@@ -144,7 +145,7 @@ class EvalWorkspace:
     def export(self, out_dir: Path, visitor: Session, dataset: str) -> Path:
         """A zip of the run's result files, in a folder of its own; its ``run.json`` names the
         dataset and the models without server paths (:func:`~g4v.evaluate.store.shareable`)."""
-        target = visitor.stores["files"].new_folder() / "evaluation.zip"
+        target = visitor.stores["files"].new_folder() / EXPORT_ZIP
         with zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as zipped:
             for name in EXPORTED:
                 if name == RUN_FILE:
@@ -177,19 +178,6 @@ class EvalWorkspace:
 
 
 # ── the tab ────────────────────────────────────────────────────────────────────────────────────
-
-
-@dataclass
-class OpenTargets:
-    """The other tabs' inputs a sample can be opened in, and the tabs that hold them."""
-
-    tabs: gr.Tabs
-    chat_box: gr.MultimodalTextbox
-    deepstack_image: gr.Image
-    deepstack_prompt: gr.Textbox
-    lora_adapter: gr.Dropdown
-    lora_image: gr.Image
-    lora_prompt: gr.Textbox
 
 
 @dataclass
@@ -255,12 +243,6 @@ def shared_name(key, files) -> str:
     return "upload: " + ", ".join(Path(p).name for p in (file_path(f) for f in files or []) if p)
 
 
-def previous_run(status: str | None) -> str:
-    """The status line with :data:`PREVIOUS_RUN` above it (once), or as it is when no run shows."""
-    status = status or ""
-    return status if not status.strip() or status.startswith(PREVIOUS_RUN) else f"{PREVIOUS_RUN}\n\n{status}"
-
-
 def show_result(boxes: ResultBoxes, result: RunResult, config: EvalConfig, export: Path) -> dict:
     """Every output of the tab for a finished or stopped run, by box."""
     pictures = run_figures(result.summary, result.rows)
@@ -298,8 +280,8 @@ def evaluate_tab(engine, model: str, adapters_dir, workspace: EvalWorkspace, tar
                               elem_id=f"eval-column-{role}") for role in COLUMN_ROLES]
     with gr.Row():
         # No precision or bounds on the boxes: Gradio would round 2.5 silently; whole_or_none refuses it.
-        limit = gr.Number(value=DEFAULT_LIMIT, label="Rows (0: all)", elem_id="eval-limit")
-        seed = gr.Number(value=-1, label="Shuffle seed (-1: dataset order)")
+        limit = gr.Number(value=DEFAULT_LIMIT, label=f"{ROWS_NAME} (0: all)", elem_id="eval-limit")
+        seed = gr.Number(value=-1, label=f"{SEED_NAME} (-1: dataset order)")
         max_new_tokens = gr.Slider(1, 256, value=EvalConfig.max_new_tokens, step=1, label="Max new tokens")
         blank_probe = gr.Checkbox(label="Blank-image probe (is the picture ignored?)")
         levels = gr.Checkbox(label="Per-level injected norms (transformers arms)")
@@ -327,7 +309,7 @@ def evaluate_tab(engine, model: str, adapters_dir, workspace: EvalWorkspace, tar
         to_chat = gr.Button("Open in Chat", elem_id="eval-open-chat")
         to_deepstack = gr.Button("Open in Deepstack", elem_id="eval-open-deepstack")
         to_lora = gr.Button("Open in LoRA", elem_id="eval-open-lora")
-    export = gr.File(label="Export (samples.parquet, samples.csv, summary.json)", elem_id="eval-export")
+    export = gr.File(label=EXPORT_LABEL, elem_id="eval-export")
     with gr.Accordion("Summary (JSON)", open=False):
         summary = gr.JSON()
     run_state, row_state = gr.State(None), gr.State(None)
@@ -341,15 +323,10 @@ def evaluate_tab(engine, model: str, adapters_dir, workspace: EvalWorkspace, tar
                         divergence_plot=divergence_plot, samples=samples, export=export, summary=summary,
                         run_state=run_state)
     evaluate = make_run(engine, workspace, choices, adapters_dir, gpu_task, boxes)
-    # The results on show are marked as the previous run's while a new one starts and after it is
-    # refused; the mark is a quick step of its own, which also clears the refusal's "Error" badge.
-    mark = {"fn": previous_run, "inputs": status, "outputs": status, "api_visibility": "private", "queue": False,
-            **QUIET_INPUT}
-    run.click(**mark)
-    run.click(evaluate, [arm_a, arm_b, dataset, files, *columns, limit, seed, max_new_tokens, blank_probe, levels,
-                         margin, discordance],
-              boxes.components(), api_name="evaluate", concurrency_id=MODEL_QUEUE, concurrency_limit=concurrency,
-              show_progress_on=status).failure(**mark)  # one progress bar, not one in each of the outputs
+    run_keeping_previous(run, evaluate, [arm_a, arm_b, dataset, files, *columns, limit, seed, max_new_tokens,
+                                         blank_probe, levels, margin, discordance],
+                         boxes.components(), status, api_name="evaluate", concurrency_id=MODEL_QUEUE,
+                         concurrency_limit=concurrency, show_progress_on=status)  # one progress bar, not one a box
 
     def stop_run(request: gr.Request):
         if not workspace.stop(session_key(request) or "api"):
@@ -363,7 +340,7 @@ def evaluate_tab(engine, model: str, adapters_dir, workspace: EvalWorkspace, tar
 
     samples.select(select, None, [row_state, picked], api_visibility="private", queue=False)
     if targets is not None:
-        wire_open_buttons(workspace, targets, run_state, row_state, to_chat, to_deepstack, to_lora)
+        wire_open_buttons(workspace, targets, run_state, row_state, (to_chat, to_deepstack, to_lora))
 
 
 def wire_dataset_info(workspace: EvalWorkspace, dataset, files, columns, described, row_count) -> None:
@@ -408,35 +385,3 @@ def guessed_columns(key, uploaded, workspace: EvalWorkspace, visitor: Session | 
             raise
         return {}
     return {**asdict(loaded.columns), "rows": len(loaded)}
-
-
-def wire_open_buttons(workspace: EvalWorkspace, targets: OpenTargets, run_state, row_state, to_chat, to_deepstack,
-                      to_lora) -> None:
-    """Each button puts the selected sample's picture(s) and prompt into that tab and switches to it."""
-
-    def pictures(run, index, request):
-        with workspace.sessions.using(session_key(request)) as visitor:
-            return workspace.sample_pictures(run, index, visitor)
-
-    @shows_errors
-    def open_chat(run, index, request: gr.Request):
-        paths, prompt = pictures(run, index, request)
-        return {"text": prompt, "files": paths}, gr.Tabs(selected="chat")
-
-    @shows_errors
-    def open_deepstack(run, index, request: gr.Request):
-        paths, prompt = pictures(run, index, request)
-        return paths[0], prompt, gr.Tabs(selected="deepstack")
-
-    @shows_errors
-    def open_lora(run, index, request: gr.Request):
-        paths, prompt = pictures(run, index, request)
-        adapter = next((name for name in run["adapters"] if name), None)
-        return paths[0], prompt, gr.Dropdown(value=adapter) if adapter else gr.skip(), gr.Tabs(selected="lora")
-
-    private = {"api_visibility": "private"}
-    to_chat.click(open_chat, [run_state, row_state], [targets.chat_box, targets.tabs], **private)
-    to_deepstack.click(open_deepstack, [run_state, row_state],
-                       [targets.deepstack_image, targets.deepstack_prompt, targets.tabs], **private)
-    to_lora.click(open_lora, [run_state, row_state],
-                  [targets.lora_image, targets.lora_prompt, targets.lora_adapter, targets.tabs], **private)

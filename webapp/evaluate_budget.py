@@ -8,7 +8,7 @@ progress and Stop. Its folder is kept per settings like a run's, so
 the same sweep again resumes. The same function answers the ``/evaluate_budget`` API endpoint.
 """
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import gradio as gr
 
@@ -16,7 +16,7 @@ from g4v.errors import G4VError
 from g4v.evaluate.budget import accuracy_text, parse_keeps, parse_policies, run_budget_sweep
 from g4v.model.token_budget import DEFAULT_KEEPS, POLICIES
 from viz.token_budget import budget_figure
-from webapp.common import MODEL_QUEUE, shows_errors, without_error_badges
+from webapp.common import MODEL_QUEUE, OutputBoxes, shows_errors, without_error_badges
 from webapp.evaluate_runs import eval_config, in_worker
 from webapp.sessions import session_key
 
@@ -33,6 +33,16 @@ def curve_markdown(curve: dict) -> str:
         kl = "-" if point["kl_mean"] is None else f"{point['kl_mean']:.3f} [{point['kl_ci95'][0]:.3f}-{point['kl_ci95'][1]:.3f}]"
         lines.append(f"| {point['policy']} | {point['keep']}% | {point['n']} | {accuracy_text(point)} | {agree} | {kl} |")
     return "\n".join(lines)
+
+
+@dataclass
+class BudgetBoxes(OutputBoxes):
+    """The sweep's results, in the order of the ``/evaluate_budget`` endpoint's outputs (API clients
+    read its results by position)."""
+
+    status: gr.Markdown
+    plot: gr.Image
+    curve: gr.JSON
 
 
 def budget_section(workspace, choices, reuse: dict, adapters_dir, inputs: list, concurrency: int = 1,
@@ -52,15 +62,15 @@ def budget_section(workspace, choices, reuse: dict, adapters_dir, inputs: list, 
             policies = gr.CheckboxGroup(list(POLICIES), value=list(DEFAULT_POLICIES), label="Policies",
                                         elem_id="eval-budget-policies")
         run = gr.Button("Run token-budget sweep", elem_id="eval-budget-run")
-        status = gr.Markdown(elem_id="eval-budget-status")
-        plot = gr.Image(show_label=False, format="png", elem_id="eval-budget-plot")
-        curve = gr.JSON(label="Curve (JSON)", visible=False)
+        boxes = BudgetBoxes(status=gr.Markdown(elem_id="eval-budget-status"),
+                            plot=gr.Image(show_label=False, format="png", elem_id="eval-budget-plot"),
+                            curve=gr.JSON(label="Curve (JSON)", visible=False))
 
     @gpu_task
     @shows_errors
     def sweep(arm_a, dataset, files, image_col, prompt_col, reference_col, category_col, id_col, limit, seed,
               max_new_tokens, kept, chosen, request: gr.Request, progress=gr.Progress()):
-        """Run (or resume) the sweep; returns the table, the curve picture and the curve's data."""
+        """Run (or resume) the sweep; returns the table, the curve picture and the curve's data, by box."""
         wanted_keeps = parse_keeps(kept)
         if not chosen:
             raise G4VError("choose at least one token policy")
@@ -82,8 +92,8 @@ def budget_section(workspace, choices, reuse: dict, adapters_dir, inputs: list, 
             finally:
                 workspace.release(out_dir, visitor)
         data = result.to_dict()
-        return curve_markdown(data), budget_figure(data), data
+        return {boxes.status: curve_markdown(data), boxes.plot: budget_figure(data), boxes.curve: data}
 
-    event = run.click(sweep, [*inputs, keeps, policies], [status, plot, curve], api_name="evaluate_budget",
-                      concurrency_id=MODEL_QUEUE, concurrency_limit=concurrency, show_progress_on=status)
-    without_error_badges(event, [status, plot, curve])
+    event = run.click(sweep, [*inputs, keeps, policies], boxes.components(), api_name="evaluate_budget",
+                      concurrency_id=MODEL_QUEUE, concurrency_limit=concurrency, show_progress_on=boxes.status)
+    without_error_badges(event, boxes.components())

@@ -6,23 +6,34 @@ which the CLI prints too)."""
 
 import gradio as gr
 
-from g4v.errors import G4VError
+from g4v.errors import G4VError, quoted
 from g4v.evaluate import EvalConfig
 from g4v.evaluate.equivalence import plan_line, summary_lines
 from g4v.evaluate.fields import FIELD_HEADERS, field_rows
 from g4v.evaluate.stats import detectable
 from g4v.model.precision import DRIFT_HEADERS, drift_rows, drift_title
-from webapp.evaluate_tables import column_widths, whole_or_none
+from webapp.evaluate_tables import ROWS_NAME, column_widths, whole_or_none
+
+
+#: The boxes' names, as their labels begin and as a refusal names them.
+MARGIN_NAME, DISCORDANCE_NAME = "Equivalence margin", "Assumed share of rows right in one arm only"
 
 
 def equivalence_boxes() -> tuple[gr.Number, gr.Number]:
     """The equivalence margin and the share of discordant rows assumed before a run."""
     with gr.Row():
-        margin = gr.Number(value=EvalConfig.margin, label="Equivalence margin (0.02 = ±2 points of accuracy)",
+        margin = gr.Number(value=EvalConfig.margin, label=f"{MARGIN_NAME} (0.02 = ±2 points of accuracy)",
                            elem_id="eval-margin")
         discordance = gr.Number(value=EvalConfig.discordance, elem_id="eval-discordance",
-                                label="Assumed share of rows right in one arm only (for the detectable difference)")
+                                label=f"{DISCORDANCE_NAME} (for the detectable difference)")
     return margin, discordance
+
+
+def checked_share(value, name: str) -> float:
+    """A margin or discordance box's value, strictly between 0 and 1, or one line naming the box."""
+    if _share(value) is None or not isinstance(value, (int, float)):
+        raise G4VError(f"{name} must be a number between 0 and 1 (0.02 = 2 points), got {quoted(value)}")
+    return value
 
 
 def plan_view(rows: int | None, limit: int) -> tuple[gr.State, gr.Markdown]:
@@ -53,7 +64,7 @@ def plan_text(rows, limit, discordance, margin=EvalConfig.margin) -> str:
     the limit), and when they are too few for the margin, how many would do; empty while the
     boxes hold no valid numbers (Run names the problem)."""
     try:
-        cut = whole_or_none(limit, "limit", smallest=1, means_none=0)
+        cut = whole_or_none(limit, ROWS_NAME, smallest=1, means_none=0)
     except G4VError:
         return ""
     share, points = _share(discordance), _share(margin)

@@ -10,7 +10,8 @@ from g4v.evaluate import Columns, EvalConfig, open_dataset
 from g4v.evaluate.equivalence import DISCORDANCE, MARGIN
 from webapp.common import sampling_settings, time_left
 from webapp.evaluate_choices import ArmChoice, pick_arms
-from webapp.evaluate_tables import whole_or_none
+from webapp.evaluate_equivalence import DISCORDANCE_NAME, MARGIN_NAME, checked_share
+from webapp.evaluate_tables import ROWS_NAME, SEED_NAME, whole_or_none
 from webapp.sessions import session_key
 
 #: Seconds between progress updates while a run works.
@@ -28,10 +29,12 @@ def eval_config(workspace, choices: list[ArmChoice], visitor, arm_a, arm_b, data
                          for role, value in zip(COLUMN_ROLES, columns)})
     source = workspace.source(dataset, files, visitor)
     open_dataset(str(source), mapping, workspace.allowed_dirs(visitor))  # a bad dataset stops here, before any model
+    # each number named as the visitor sees its box (EvalConfig.check names the command's flags)
     return EvalConfig(a=a, b=b, data=str(source), columns=mapping,
-                      limit=whole_or_none(limit, "limit", smallest=1, means_none=0),
-                      seed=whole_or_none(seed, "seed", smallest=0, means_none=-1), max_new_tokens=tokens,
-                      blank_probe=bool(blank_probe), levels=bool(levels), margin=margin, discordance=discordance)
+                      limit=whole_or_none(limit, ROWS_NAME, smallest=1, means_none=0),
+                      seed=whole_or_none(seed, SEED_NAME, smallest=0, means_none=-1), max_new_tokens=tokens,
+                      blank_probe=bool(blank_probe), levels=bool(levels), margin=checked_share(margin, MARGIN_NAME),
+                      discordance=checked_share(discordance, DISCORDANCE_NAME))
 
 
 def in_worker(workspace, request, progress, unit: str, job):

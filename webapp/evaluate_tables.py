@@ -123,6 +123,10 @@ def run_status(summary: dict, label_a: str, label_b: str) -> str:
     return " ".join(parts)
 
 
+#: The rows and seed boxes' names, as their labels begin and as a refusal names them.
+ROWS_NAME, SEED_NAME = "Rows", "Shuffle seed"
+
+
 def whole_or_none(value, name: str, smallest: int, means_none: int) -> int | None:
     """A whole-number box (a number box cannot be empty): ``means_none`` or empty is None, else a
     whole number >= ``smallest``."""

@@ -14,7 +14,8 @@ from webapp.chat import chat_tab
 from webapp.circuits import circuits_tab
 from webapp.common import engine_line
 from webapp.deepstack import deepstack_tab
-from webapp.evaluate import STORES, EvalWorkspace, OpenTargets, evaluate_tab
+from webapp.evaluate import STORES, EvalWorkspace, evaluate_tab
+from webapp.evaluate_open import OpenInChat, OpenInDeepstack, OpenInLora, OpenTargets
 from webapp.lora import lora_tab
 from webapp.port import port_tab
 from webapp.sessions import SessionStores, session_key
@@ -109,8 +110,8 @@ def build_app(engine: Engine, model: str, concurrency: int = 1, adapters_dir=Non
                 lora_adapter, lora_image, lora_prompt = lora_tab(engine, model, adapters_dir, last_chat_image,
                                                                  concurrency, gpu_task)
             with gr.Tab("Evaluate", id="evaluate"):
-                targets = OpenTargets(tabs, chat_box, deepstack_image, deepstack_prompt, lora_adapter, lora_image,
-                                      lora_prompt)
+                targets = OpenTargets(OpenInChat(chat_box, tabs), OpenInDeepstack(deepstack_image, deepstack_prompt, tabs),
+                                      OpenInLora(lora_image, lora_prompt, lora_adapter, tabs))
                 evaluate_tab(engine, model, adapters_dir, EvalWorkspace(sessions, data_dirs), targets,
                              eval_servers, concurrency, gpu_task)
     return demo
