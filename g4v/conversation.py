@@ -45,7 +45,13 @@ def check_answer_length(value) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise ValueError(f"must be a positive integer, got {value!r}")
     if value > MAX_NEW_TOKENS:
-        raise ValueError(f"is {value}, the limit is {MAX_NEW_TOKENS}")
+        raise ValueError(f"must be at most {MAX_NEW_TOKENS}, got {value}")
+
+
+def check_continuation_length(value) -> None:
+    """An inspector's greedy continuation length: a whole number, 0 for none."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ValueError(f"must be a whole number >= 0, got {value!r}")
 
 
 def _check_temperature(value) -> None:
@@ -72,12 +78,12 @@ class SamplingSettings:
     Chat tab's sliders start at them."""
 
     max_new_tokens: int = field(default=256, metadata={
-        "check": check_answer_length, "help": "longest answer, in tokens (default %(default)s)"})
+        "check": check_answer_length, "help": "longest answer, in tokens"})
     temperature: float = field(default=0.0, metadata={
-        "check": _check_temperature, "help": "sampling temperature (default %(default)s; 0 decodes greedily)"})
+        "check": _check_temperature, "help": "sampling temperature (0 decodes greedily)"})
     top_p: float = field(default=1.0, metadata={
         "check": _check_top_p, "help": "nucleus sampling: the smallest set of tokens holding this "
-                                       "much probability (default %(default)s: all)"})
+                                       "much probability (1: all)"})
     seed: int | None = field(default=None, metadata={
         "check": _check_seed, "help": "seed of the sampler (default: a fresh one each run)"})
 

@@ -65,7 +65,7 @@ class AttributionSettings:
         "metavar": "TEXT", "help": "answer text to explain (default: the model's own greedy answer)"})
     token: int | None = field(default=0, metadata={
         "parse": read_token, "metavar": "N|all",
-        "help": "answer token to explain (default %(default)s; 0 = first), or 'all' for the whole answer; "
+        "help": "answer token to explain (0 = first), or 'all' for the whole answer; "
                 "not with --against, which explains the whole answer"})
     against: tuple = field(default=(), metadata={
         "nargs": "+", "metavar": "TEXT",

@@ -12,6 +12,7 @@ from __future__ import annotations  # torch in annotations only: the circuits fl
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from g4v.conversation import check_continuation_length
 from g4v.errors import G4VError
 from g4v.model.levels import Level
 
@@ -30,7 +31,7 @@ class CircuitSettings:
         "help": "sequence position of the query token (default: the last prompt token, which "
                 "produces the first answer token; negative counts from the end)"})
     max_new_tokens: int = field(default=12, metadata={
-        "help": "knockout, patch: greedy continuation length (0: none); reverse: the answer tokens read with the prompt"})
+        "check": check_continuation_length, "help": "knockout, patch: greedy continuation length (0: none); reverse: the answer tokens read with the prompt"})
     levels: str = field(default="all", metadata={
         "help": "patch: the levels patched one at a time: all, or names or indices, comma-separated "
                 "(e.g. deepstack0,spatial_TL or 0,4)"})
@@ -82,8 +83,10 @@ def window_layers(levels: list[Level], window: int, num_layers: int) -> list[int
 
 def check_new_tokens(tokens) -> int:
     """The checked greedy continuation length of a knockout."""
-    if not isinstance(tokens, int) or isinstance(tokens, bool) or tokens < 0:
-        raise G4VError(f"max_new_tokens must be a whole number >= 0, got {tokens!r}")
+    try:
+        check_continuation_length(tokens)
+    except ValueError as err:
+        raise G4VError(f"max_new_tokens {err}") from None
     return tokens
 
 

@@ -24,8 +24,9 @@ For each field (``dataclasses.fields`` order):
 * ``metadata["check"]``: the dataclass's own check of a value (the one its validation runs,
   :func:`g4v.errors.check_fields`), run on the value read from the text: its ``ValueError`` is
   the line argparse prints after the flag's name, so a bad value is refused like a bad type;
-* ``metadata["choices"]`` and ``metadata["metavar"]`` go to ``add_argument`` as they are; a help
-  text may say ``%(default)s``, which argparse fills in from the field's default.
+* ``metadata["choices"]`` and ``metadata["metavar"]`` go to ``add_argument`` as they are; the
+  help does not state the default: ``python -m g4v``'s help formatter appends every flag's
+  (:class:`g4v.cli.DefaultsShown`).
 
 Pure ``argparse`` and ``dataclasses``: no g4v import, so every command can use it.
 """
