@@ -168,3 +168,28 @@ def test_chat_reads_adapters_from_the_adapters_dir(tmp_path):
     assert ours.stdout == bundled.stdout
     assert_one_line_error(g4v(*common[:-1], "--adapter", "demo-lora", "--adapters-dir", str(tmp_path), "hi"),
                           "unknown adapter 'demo-lora'")
+
+
+#: Imported only when a command runs: ``--help`` (each command's too) builds without them.
+HEAVY = ("torch", "transformers", "gradio", "vllm")
+HELP_WITHOUT_HEAVY = f"""
+import sys
+for name in {HEAVY!r}:
+    sys.modules[name] = None  # an import of it fails
+from g4v.cli import COMMANDS, main
+for argv in [[], *([name.replace("_", "-")] for name in COMMANDS), ["bench", "eval"], ["circuits", "knockout"]]:
+    try:
+        main([*argv, "--help"])
+    except SystemExit as done:
+        assert done.code == 0, argv
+print("ok")
+"""
+
+
+def test_help_imports_no_heavy_library():
+    """``python -m g4v --help`` took 9 s importing torch and transformers for every command module.
+    A fresh interpreter (this test process has them imported already) with them made unimportable
+    prints every command's help."""
+    done = subprocess.run([sys.executable, "-c", HELP_WITHOUT_HEAVY], cwd=REPO_ROOT, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-2000:]
