@@ -137,6 +137,7 @@ def test_tabs_start_at_the_settings_defaults(hf_engine):
 
     from g4v.loading import load_config
     from g4v.paths import ASSETS_DIR, BUNDLED_MODEL_DIR
+    from webapp.attribution import attribution_tab
     from webapp.chat import chat_tab
     from webapp.deepstack import deepstack_tab
     from webapp.lora import lora_tab
@@ -154,3 +155,7 @@ def test_tabs_start_at_the_settings_defaults(hf_engine):
     tab = widget_values(lambda: deepstack_tab(None, load_config(BUNDLED_MODEL_DIR), gr.State(), None))
     assert (tab["Ablate (zero) these levels"], tab["Scale levels"], tab["Keep full tensors in the export"]) \
         == (inspect_.ablate, ", ".join(inspect_.scale), inspect_.full)
+    attribution = AttributionSettings()
+    tab = widget_values(lambda: attribution_tab(None, None, gr.State(), None))
+    assert (tab["attribution-token"], tab["Method"], tab["attribution-against"]) \
+        == (str(attribution.token), attribution.method, ", ".join(attribution.against))
