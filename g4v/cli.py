@@ -11,6 +11,7 @@ arguments are checked here, for every command, before anything slow starts.
 
 import argparse
 import importlib
+import re
 import sys
 
 from g4v.errors import G4VError
@@ -22,11 +23,46 @@ COMMANDS = ["chat", "tiling", "inspect", "merge_lora", "lora_diff", "port_diff",
 TEXT_ARGUMENTS = {"prompt": "the prompt", "adapter": "--adapter"}
 
 
+#: A help text that already says its default ("default: $G4V_MODEL", not "--default-mm-loras").
+_STATES_DEFAULT = re.compile(r"(?<![-\w])default\b")
+
+
+class DefaultsShown(argparse.HelpFormatter):
+    """Every flag's help ends with its default, where it has one its help does not already state."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        default = action.default
+        shown = action.option_strings and action.nargs != 0  # a switch's default is its absence
+        if not shown or _STATES_DEFAULT.search(text) or default is None or default is argparse.SUPPRESS:
+            return text
+        value = "none" if default == [] else "%(default)s"
+        return f"{text} (default: {value})" if text else f"default: {value}"
+
+
 class OneLineParser(argparse.ArgumentParser):
-    """argparse prints a usage block before its error; users get one line that names the problem."""
+    """argparse prints a usage block before its error; users get one line that names the problem.
+    Help lists each flag's default (:class:`DefaultsShown`)."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", DefaultsShown)
+        super().__init__(*args, **kwargs)
+
+    def add_subparsers(self, **kwargs):
+        kwargs.setdefault("action", Commands)
+        return super().add_subparsers(**kwargs)
 
     def error(self, message):
         self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+class Commands(argparse._SubParsersAction):
+    """The commands' subparsers: a command's one-line ``help`` in the list is also the description
+    its own ``--help`` starts with."""
+
+    def add_parser(self, name, **kwargs):
+        kwargs.setdefault("description", kwargs.get("help"))
+        return super().add_parser(name, **kwargs)
 
 
 def build_parser() -> argparse.ArgumentParser:

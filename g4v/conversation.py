@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from PIL import Image
 
-from g4v.errors import G4VError, PromptTooLong
+from g4v.errors import G4VError, PromptTooLong, check_fields
 
 ROLES = ("system", "user", "assistant")
 
@@ -40,35 +40,63 @@ class Message:
     images: list[Image.Image] = field(default_factory=list)
 
 
+def check_answer_length(value) -> None:
+    """A request's ``max_new_tokens``: a whole number from 1 to :data:`MAX_NEW_TOKENS`."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"must be a positive integer, got {value!r}")
+    if value > MAX_NEW_TOKENS:
+        raise ValueError(f"must be at most {MAX_NEW_TOKENS}, got {value}")
+
+
+def check_continuation_length(value) -> None:
+    """An inspector's greedy continuation length: a whole number, 0 for none."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ValueError(f"must be a whole number >= 0, got {value!r}")
+
+
+def _check_temperature(value) -> None:
+    if not _is_number(value) or not 0 <= value <= 5:
+        raise ValueError(f"must be between 0 and 5, got {value!r}")
+
+
+def _check_top_p(value) -> None:
+    if not _is_number(value) or not 0 < value <= 1:
+        raise ValueError(f"must be in (0, 1], got {value!r}")
+
+
+def _check_seed(value) -> None:
+    if value is not None and (not isinstance(value, int) or not 0 <= value < 2**32):
+        raise ValueError(f"must be a whole number from 0 to {2**32 - 1}, got {value!r}")
+
+
 @dataclass(frozen=True)
 class SamplingSettings:
     """Decoding settings shared by all backends. ``temperature == 0`` means greedy decoding.
 
-    The one place for their defaults: ``chat``'s flags derive from these fields
-    (:mod:`g4v.commands.settings_flags`) and the Chat tab's sliders start at them."""
+    The one place for their defaults and checks: ``chat``'s flags derive from these fields
+    (:mod:`g4v.commands.settings_flags`, which runs each field's check on the value typed) and the
+    Chat tab's sliders start at them."""
 
-    max_new_tokens: int = field(default=256, metadata={"help": "longest answer, in tokens (default %(default)s)"})
-    temperature: float = field(default=0.0, metadata={"help": "sampling temperature (default %(default)s; 0 decodes greedily)"})
-    top_p: float = field(default=1.0, metadata={"help": "nucleus sampling: the smallest set of tokens holding this "
-                                                        "much probability (default %(default)s: all)"})
-    seed: int | None = field(default=None, metadata={"help": "seed of the sampler (default: a fresh one each run)"})
+    max_new_tokens: int = field(default=256, metadata={
+        "check": check_answer_length, "help": "longest answer, in tokens"})
+    temperature: float = field(default=0.0, metadata={
+        "check": _check_temperature, "help": "sampling temperature (0 decodes greedily)"})
+    top_p: float = field(default=1.0, metadata={
+        "check": _check_top_p, "help": "nucleus sampling: the smallest set of tokens holding this "
+                                       "much probability (1: all)"})
+    seed: int | None = field(default=None, metadata={
+        "check": _check_seed, "help": "seed of the sampler (default: a fresh one each run)"})
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
 
     def validated(self, max_new_tokens_limit: int | None = None) -> "SamplingSettings":
-        """Return self, or raise :class:`G4VError` naming the first bad value."""
-        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
-            raise G4VError(f"max_new_tokens must be a positive integer, got {self.max_new_tokens!r}")
+        """Return self, or raise :class:`G4VError` naming the first bad value (``max_new_tokens_limit``:
+        a caller's own limit, below :data:`MAX_NEW_TOKENS`)."""
+        check_fields(self)
         if max_new_tokens_limit is not None and self.max_new_tokens > max_new_tokens_limit:
             raise G4VError(f"max_new_tokens is {self.max_new_tokens}, the limit is {max_new_tokens_limit}")
-        if not _is_number(self.temperature) or not 0 <= self.temperature <= 5:
-            raise G4VError(f"temperature must be between 0 and 5, got {self.temperature!r}")
-        if not _is_number(self.top_p) or not 0 < self.top_p <= 1:
-            raise G4VError(f"top_p must be in (0, 1], got {self.top_p!r}")
-        if self.seed is not None and (not isinstance(self.seed, int) or not 0 <= self.seed < 2**32):
-            raise G4VError(f"seed must be a whole number from 0 to {2**32 - 1}, got {self.seed!r}")
         return self
 
 

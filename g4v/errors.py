@@ -29,6 +29,22 @@ def quoted(value, limit: int = 40) -> str:
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
+def check_fields(settings) -> None:
+    """Run each field's own check (``metadata["check"]``: a function of the value that raises
+    ``ValueError`` with what is wrong) on a settings dataclass; the first failure is one line that
+    names the field (``max_new_tokens must be ...``). The command line runs the same functions on
+    the values typed, naming the flag (:mod:`g4v.commands.settings_flags`)."""
+    import dataclasses
+
+    for field in dataclasses.fields(settings):
+        check = field.metadata.get("check")
+        if check is not None:
+            try:
+                check(getattr(settings, field.name))
+            except ValueError as err:
+                raise G4VError(f"{field.name} {err}") from None
+
+
 class PromptTooLong(G4VError):
     """The prompt and the tokens asked for do not fit the model's context window. Engines raise it
     before anything streams, so a chat can drop its oldest turns and try again."""

@@ -217,7 +217,7 @@ def test_a_failed_pass_leaves_no_eager_attention_and_no_hook(hf_engine):
     """The pass fails half-way (a hook of the test's raises in layer 2): eager attention is switched
     back and the circuits hooks are gone all the same."""
     from g4v.circuits.attention import attention_rows
-    from g4v.circuits.common import eager_attention
+    from g4v.model.attention import eager_attention
     from g4v.circuits.knockout import knocked_out
     from g4v.model.hooks import Hooks
 

@@ -74,7 +74,6 @@ BAD = [
     (["knockout", "--window", "1000"], "larger than"),
     (["knockout", "--window", "-1"], "whole number"),
     (["knockout", "--window", "1", "--layers", "2-3"], "not both"),
-    (["knockout", "--max-new-tokens", "-1"], "max_new_tokens"),
     (["knockout", "--max-new-tokens", "1000000000"], "too long"),
     (["reverse"], "needs a region"),
     (["reverse", "--box", "0,0,5000,10"], "outside the picture"),

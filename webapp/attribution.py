@@ -16,6 +16,8 @@ from webapp.documents import document_picker
 from webapp.sessions import SessionStores, session_key
 
 WHOLE_ANSWER = "the whole answer"
+#: What the tab's widgets start at: the settings' own defaults (``python -m g4v attribute``'s too).
+DEFAULTS = AttributionSettings()
 RUN_HINT = ("An explanation runs the model forward and backward many times (the deletion test, the logit lens): "
             "about 30 s for the demo checkpoint on a CPU, longer for the real model; the bar shows the time left.")
 
@@ -87,10 +89,10 @@ def attribution_tab(engine, config, last_chat_image: gr.State, sessions: Session
             document_picker(image, elem_id="attribution-doc")
             prompt = gr.Textbox(label="Prompt", value="What colour is the shape?", elem_id="attribution-prompt")
             target = gr.Textbox(label="Answer to explain (empty: the model's own answer)")
-            token = gr.Dropdown(["0", WHOLE_ANSWER], value="0", allow_custom_value=True,
+            token = gr.Dropdown([str(DEFAULTS.token), WHOLE_ANSWER], value=str(DEFAULTS.token), allow_custom_value=True,
                                 label="Answer token (filled after a run)", elem_id="attribution-token")
             with gr.Row():
-                method = gr.Radio(list(METHODS), value="gradxinput", label="Method")
+                method = gr.Radio(list(METHODS), value=DEFAULTS.method, label="Method")
                 deletion_level = gr.Dropdown([""] + level_names, value="", label="Deletion test at one level only")
             against = gr.Textbox(label="Explain against (other answers, comma-separated; empty: the answer's "
                                  "own log-probability)", value="", placeholder="e.g. red, green, blue",

@@ -13,16 +13,8 @@ import torch
 
 from g4v.attribution.forward import DEFAULT_BATCH, Answer, Encoded, logprobs_of_variants
 from g4v.attribution.gradients import Attribution
+from g4v.attribution.settings import DEFAULT_FRACTIONS, DEFAULT_RANKING, DEFAULT_SEEDS, RANKINGS, check_fractions
 from g4v.errors import G4VError
-
-DEFAULT_FRACTIONS = (0.0, 0.05, 0.1, 0.2, 0.3, 0.5)
-DEFAULT_SEEDS = 3
-#: How the tokens are ranked for removal: ``positive`` by the evidence *for* the target a token
-#: brings through its levels (each level's score clipped at 0, then summed), ``signed`` by its net
-#: score (the levels' scores summed, so a level that argues against hides one that argues for).
-#: ``positive`` was chosen on validation pictures (docs/attribution.md has both on held-out ones).
-RANKINGS = ("positive", "signed")
-DEFAULT_RANKING = "positive"
 
 
 @dataclass
@@ -59,13 +51,6 @@ def describe_area(deletion: dict, measure: str) -> str:
             f"image tokens the map ranks first are removed than when random ones are (the random mean minus "
             f"the attributed curve, summed over the share removed by the trapezoid rule); above 0 the map "
             f"beats chance: here it {verdict} random removal.")
-
-
-def check_fractions(fractions) -> list[float]:
-    fractions = sorted({float(f) for f in fractions})
-    if len(fractions) < 2 or not all(0.0 <= f <= 1.0 for f in fractions):
-        raise G4VError(f"deletion fractions must be at least two numbers from 0 to 1, got {fractions}")
-    return fractions
 
 
 def removal_masks(order: torch.Tensor, fractions: list[float], num_levels: int, level: int | None) -> torch.Tensor:

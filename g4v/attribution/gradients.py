@@ -18,11 +18,10 @@ import torch
 
 from g4v.attribution.forward import (DEFAULT_BATCH, Answer, Encoded, answer_logprobs, frozen_parameters,
                                      variants_per_pass)
+from g4v.attribution.settings import DEFAULT_IG_STEPS, METHODS
 from g4v.errors import G4VError
 from g4v.model.levels import Level
 
-METHODS = ("gradxinput", "ig")
-DEFAULT_IG_STEPS = 16  # path points for integrated gradients (Captum's Gauss-Legendre rule)
 
 
 @dataclass

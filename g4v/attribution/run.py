@@ -12,13 +12,13 @@ from pathlib import Path
 import torch
 from PIL import Image
 
-from g4v.attribution.deletion import (DEFAULT_FRACTIONS, DEFAULT_RANKING, DEFAULT_SEEDS, RANKINGS, DeletionCurve,
-                                      check_fractions, deletion_curve)
+from g4v.attribution.deletion import DeletionCurve, deletion_curve
 from g4v.attribution.forward import Answer, answer_ids, encode_image, make_answer
-from g4v.attribution.gradients import DEFAULT_IG_STEPS, METHODS, Attribution, attribute
+from g4v.attribution.gradients import Attribution, attribute
 from g4v.attribution.lens import LogitLens, logit_lens
 from g4v.attribution.regions import region_scores
-from g4v.conversation import Message, check_text, max_text_chars
+from g4v.attribution.settings import MAX_ANSWER_TOKENS, AttributionSettings
+from g4v.conversation import Message
 from g4v.engines import transformers_engine
 from g4v.errors import G4VError, quoted
 from g4v.images import named_size, open_image
@@ -34,51 +34,6 @@ FIGURE_FILES = {"tile": "attribution_tiles.png", "base": "attribution_base.png",
                 "deletion": "deletion.png", "lens": "lens.png", "lens_levels": "lens_levels.png"}
 LENS_LAYERS_SHOWN = 4  # lens panels drawn: evenly spaced residual-stream points, the last included
 REGION_PANEL = "both views"  # the tile figure's panel of region scores (g4v.attribution.regions)
-#: Bounds on the answers to contrast with: each is one more sequence in every forward pass.
-MAX_ALTERNATIVES = 16
-MAX_ALTERNATIVE_CHARS = 200
-#: The longest answer explained, in tokens (a greedy answer's ``max_new_tokens`` or a typed target):
-#: every forward pass keeps a vocabulary-wide row of logits per answer token and sequence.
-MAX_ANSWER_TOKENS = 256
-
-
-@dataclass
-class AttributionSettings:
-    """What to explain and how; every default is written here once (the CLI's flags come from it)."""
-
-    target: str | None = None  # answer text to explain (teacher-forced); None: the model's greedy answer
-    token: int | None = 0  # answer token to explain; None: the whole answer (sum of log-probs)
-    against: tuple = ()  # other answers: explain the whole answer's log-odds against them instead
-    method: str = "gradxinput"  # one of METHODS
-    steps: int = DEFAULT_IG_STEPS  # integrated-gradient path points
-    deletion_level: str | None = None  # None: remove at every level; else one level's name or index
-    deletion_ranking: str = DEFAULT_RANKING  # one of RANKINGS: which tokens the deletion test removes first
-    fractions: tuple = DEFAULT_FRACTIONS
-    seeds: int = DEFAULT_SEEDS
-    lens: bool = True
-    max_new_tokens: int = 16  # length of the greedy answer when no target is given
-
-    def checked(self) -> "AttributionSettings":
-        if self.method not in METHODS:
-            raise G4VError(f"unknown attribution method {self.method!r} (expected one of {', '.join(METHODS)})")
-        if not isinstance(self.max_new_tokens, int) or not 1 <= self.max_new_tokens <= MAX_ANSWER_TOKENS:
-            raise G4VError(f"max_new_tokens must be 1-{MAX_ANSWER_TOKENS}, got {self.max_new_tokens!r}")
-        if self.target is not None:  # by characters first: a tokenizer would take any length
-            check_text(self.target, max_text_chars(MAX_ANSWER_TOKENS), "the answer to explain")
-        if self.method == "ig" and not (isinstance(self.steps, int) and 2 <= self.steps <= 512):
-            raise G4VError(f"integrated gradients needs 2-512 steps, got {self.steps!r}")
-        if not isinstance(self.seeds, int) or not 1 <= self.seeds <= 50:
-            raise G4VError(f"the deletion test needs 1-50 random seeds, got {self.seeds!r}")
-        check_fractions(self.fractions)
-        if self.deletion_ranking not in RANKINGS:
-            raise G4VError(f"unknown deletion ranking {self.deletion_ranking!r} (expected one of {', '.join(RANKINGS)})")
-        if len(self.against) > MAX_ALTERNATIVES:
-            raise G4VError(f"at most {MAX_ALTERNATIVES} answers to contrast with, got {len(self.against)}")
-        for text in self.against:
-            if not isinstance(text, str) or not text.strip():
-                raise G4VError("an answer to contrast with is empty")
-            check_text(text, MAX_ALTERNATIVE_CHARS, "an answer to contrast with")
-        return self
 
 
 @dataclass

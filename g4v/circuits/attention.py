@@ -16,12 +16,12 @@ from dataclasses import dataclass
 import torch
 from PIL import Image
 
-from g4v.circuits.common import CircuitSettings, Progress, eager_pass, image_positions, parse_layers, query_position
+from g4v.circuits.common import CircuitSettings, image_positions, parse_layers, query_position
 from g4v.conversation import Message
 from g4v.engines import transformers_engine
 from g4v.errors import G4VError
 from g4v.images import open_image
-from g4v.model.attention import attention_rows
+from g4v.model.attention import Progress, attention_rows, eager_pass
 from g4v.model.levels import describe_levels
 from g4v.tiling import TOKEN_KINDS, TilingPlan, plan_tiling
 

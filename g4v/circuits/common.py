@@ -1,19 +1,23 @@
 """What both circuits views share: their settings, the checked layer selection and query position,
-the image-token positions of a prompt, and eager attention for one pass.
+the image-token positions of a prompt. Eager attention for one pass is the shared layer's
+(:mod:`g4v.model.attention`, the token budget reads attention too).
 
 Only eager attention materialises the attention weights (SDPA and flash attention never form them),
 so a circuits pass switches the language model to eager and back in ``finally``: a chat answer
 served later by the same model never runs slower, or differently, because of an inspection.
 """
 
+from __future__ import annotations  # torch in annotations only: the circuits flags import this module without it
+
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-import torch
-
+from g4v.conversation import check_continuation_length
 from g4v.errors import G4VError
-# moved to the shared layer (the token budget reads attention too); the circuits views import them here
-from g4v.model.attention import Progress, eager_attention, eager_pass  # noqa: F401
 from g4v.model.levels import Level
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass
@@ -27,7 +31,7 @@ class CircuitSettings:
         "help": "sequence position of the query token (default: the last prompt token, which "
                 "produces the first answer token; negative counts from the end)"})
     max_new_tokens: int = field(default=12, metadata={
-        "help": "knockout, patch: greedy continuation length (0: none); reverse: the answer tokens read with the prompt"})
+        "check": check_continuation_length, "help": "knockout, patch: greedy continuation length (0: none); reverse: the answer tokens read with the prompt"})
     levels: str = field(default="all", metadata={
         "help": "patch: the levels patched one at a time: all, or names or indices, comma-separated "
                 "(e.g. deepstack0,spatial_TL or 0,4)"})
@@ -79,8 +83,10 @@ def window_layers(levels: list[Level], window: int, num_layers: int) -> list[int
 
 def check_new_tokens(tokens) -> int:
     """The checked greedy continuation length of a knockout."""
-    if not isinstance(tokens, int) or isinstance(tokens, bool) or tokens < 0:
-        raise G4VError(f"max_new_tokens must be a whole number >= 0, got {tokens!r}")
+    try:
+        check_continuation_length(tokens)
+    except ValueError as err:
+        raise G4VError(f"max_new_tokens {err}") from None
     return tokens
 
 
@@ -97,6 +103,8 @@ def query_position(token: int | None, seq_len: int) -> int:
 def image_positions(inputs: dict, config, expected: int) -> torch.Tensor:
     """(num_image_tokens,) sequence positions of the image tokens, which must number ``expected``
     (the tiling plan's count): the model packs one image's features in the plan's order."""
+    import torch
+
     positions = torch.nonzero(inputs["input_ids"][0] == config.image_token_index).flatten().cpu()
     if positions.numel() == 0:
         raise G4VError("the circuits views need an image in the prompt")

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 
 import torch
 
-from g4v.circuits.common import CircuitSettings, Progress, check_new_tokens, eager_attention, image_positions, parse_layers, window_layers
+from g4v.circuits.common import CircuitSettings, check_new_tokens, image_positions, parse_layers, window_layers
+from g4v.model.attention import Progress, eager_attention
 from g4v.conversation import Message
 from g4v.engines import transformers_engine
 from g4v.errors import G4VError

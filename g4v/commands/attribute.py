@@ -5,71 +5,42 @@ random removal (the deletion test); and the logit lens at the image positions.
 Writes ``summary.json``, the PNGs and ``attribution.safetensors`` into ``DIR``.
 """
 
+import dataclasses
 import json
 from pathlib import Path
 
+from g4v.attribution.settings import AttributionSettings
 from g4v.commands.common import add_model_flags
 from g4v.commands.inputs import add_picture_flags, open_single
+from g4v.commands.settings_flags import add_settings_flags, settings_from_args
 from g4v.errors import G4VError
 
 
-def add_parser(subparsers):
-    from g4v.attribution.deletion import RANKINGS
-    from g4v.attribution.gradients import METHODS
-    from g4v.attribution.run import AttributionSettings
+#: AttributionSettings fields that are no flag: the deletion test's fractions are the library's.
+_NOT_FLAGS = ("fractions",)
+#: The fields that cannot go together: a contrast (--against) explains the whole answer, not a token.
+_EXCLUSIVE = ("token", "against")
 
-    defaults = AttributionSettings()
+
+def add_parser(subparsers):
     parser = subparsers.add_parser("attribute", help="per-level attribution, deletion test and logit lens")
     add_model_flags(parser)
     add_picture_flags(parser)
     parser.add_argument("--out", required=True, metavar="DIR", help="folder for summary.json, PNGs, tensors")
-    parser.add_argument("--target", default=defaults.target, metavar="TEXT",
-                        help="answer text to explain (default: the model's own greedy answer)")
-    parser.add_argument("--against", nargs="+", default=list(defaults.against), metavar="TEXT",
-                        help="explain the whole answer's log-odds against these other answers (contrast)")
-    parser.add_argument("--token", default=None, metavar="N|all",
-                        help=f"answer token to explain (default {defaults.token}; 0 = first), or 'all' for the whole "
-                             "answer; not with --against, which explains the whole answer")
-    parser.add_argument("--method", choices=METHODS, default=defaults.method)
-    parser.add_argument("--steps", type=int, default=defaults.steps, help="integrated-gradient steps")
-    parser.add_argument("--deletion-level", default=defaults.deletion_level, metavar="LEVEL",
-                        help="remove tokens at this level only in the deletion test (default: all levels)")
-    parser.add_argument("--seeds", type=int, default=defaults.seeds, help="random orders in the deletion test")
-    parser.add_argument("--deletion-ranking", choices=RANKINGS, default=defaults.deletion_ranking,
-                        help="remove first the tokens with the most evidence for the target (positive: each "
-                             "level's score clipped at 0) or the highest net score (signed)")
-    parser.add_argument("--no-lens", action="store_true", help="skip the logit lens")
-    parser.add_argument("--max-new-tokens", type=int, default=defaults.max_new_tokens,
-                        help="length of the greedy answer when no --target is given")
+    others = tuple(field.name for field in dataclasses.fields(AttributionSettings) if field.name not in _EXCLUSIVE)
+    add_settings_flags(parser.add_mutually_exclusive_group(), AttributionSettings, exclude=others)
+    add_settings_flags(parser, AttributionSettings, exclude=_NOT_FLAGS + _EXCLUSIVE)
     return parser
 
 
-def parse_token(text: str) -> int | None:
-    if text.strip().lower() == "all":
-        return None
-    try:
-        return int(text)
-    except ValueError:
-        raise G4VError(f"--token must be a whole number or 'all', got {text!r}") from None
-
-
 def run(args) -> int:
-    from g4v.attribution.run import AttributionSettings
-
     image = open_single(args.image, args.pages, args.dpi)  # checked before the (slow) model load
     if not args.prompt.strip():
         raise G4VError("the prompt is empty")
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise G4VError(f"--out is a file, not a folder: {out.name}")
-    if args.against and args.token is not None:
-        raise G4VError("--token and --against cannot go together: a contrast explains the whole answer")
-    token = AttributionSettings.token if args.token is None else parse_token(args.token)
-    settings = AttributionSettings(target=args.target, token=token, against=tuple(args.against),
-                                   method=args.method,
-                                   steps=args.steps, deletion_level=args.deletion_level, seeds=args.seeds,
-                                   deletion_ranking=args.deletion_ranking,
-                                   lens=not args.no_lens, max_new_tokens=args.max_new_tokens).checked()
+    settings = settings_from_args(AttributionSettings, args, exclude=_NOT_FLAGS).checked()
 
     from tqdm import tqdm
 

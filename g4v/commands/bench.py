@@ -152,12 +152,27 @@ TARGETS = {
 
 def add_parser(subparsers):
     parser = subparsers.add_parser("bench", help="benchmarks that print speed ratios")
-    targets = parser.add_subparsers(dest="target", required=True, parser_class=type(parser))
+    targets = parser.add_subparsers(dest="target", required=True, parser_class=_flags_when_chosen(type(parser)))
     for name, (help_text, add_arguments, run_target) in TARGETS.items():
         target = targets.add_parser(name, help=help_text)
-        add_arguments(target)
+        target.add_flags = add_arguments
         target.set_defaults(bench_run=run_target)
     return parser
+
+
+def _flags_when_chosen(parser_class):
+    """A parser class whose flags are added only when its target is parsed: a benchmark's flags come
+    from its own module, which imports torch, and ``python -m g4v --help`` should not pay for five."""
+    class Target(parser_class):
+        add_flags = None
+
+        def parse_known_args(self, args=None, namespace=None):
+            if self.add_flags is not None:
+                add_flags, self.add_flags = self.add_flags, None
+                add_flags(self)
+            return super().parse_known_args(args, namespace)
+
+    return Target
 
 
 def run(args) -> int:

@@ -8,13 +8,13 @@ from g4v.engines import BACKENDS
 def add_model_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None,
                         help="model folder or hub id (default: $G4V_MODEL, else the bundled checkpoint)")
-    parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default)")
-    parser.add_argument("--dtype", default="auto", help="float32, bfloat16, float16 or auto (default)")
+    parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto")
+    parser.add_argument("--dtype", default="auto", help="float32, bfloat16, float16 or auto")
 
 
 def add_backend_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backend", default="auto", choices=BACKENDS,
-                        help="inference backend (default: auto)")
+                        help="inference backend")
 
 
 def add_adapters_dir_flag(parser: argparse.ArgumentParser) -> None:

@@ -9,16 +9,24 @@ import argparse
 from pathlib import Path
 
 from g4v.conversation import MAX_IMAGES_PER_MESSAGE
-from g4v.documents.pdf import DEFAULT_DPI, HEADER_WINDOW, looks_like_pdf, render_pages
+from g4v.documents.pdf import DEFAULT_DPI, HEADER_WINDOW, check_dpi, looks_like_pdf, render_pages
 from g4v.errors import G4VError
 from g4v.images import open_image
 
 
 def add_page_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pages", default="1", metavar="RANGE",
-                        help='for a PDF: the pages to use, e.g. "1" (default), "2-3" or "1,3"')
-    parser.add_argument("--dpi", default=DEFAULT_DPI, type=float, metavar="N",
-                        help=f"for a PDF: render resolution in dots per inch (default {DEFAULT_DPI})")
+                        help='for a PDF: the pages to use, e.g. "1", "2-3" or "1,3"')
+    parser.add_argument("--dpi", default=DEFAULT_DPI, type=_dpi, metavar="N",
+                        help="for a PDF: render resolution in dots per inch")
+
+
+def _dpi(text: str) -> float:
+    """``--dpi`` read and checked as the renderer checks it, so argparse refuses it naming the flag."""
+    try:
+        return check_dpi(text)
+    except G4VError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def add_picture_flags(parser: argparse.ArgumentParser) -> None:

@@ -29,8 +29,6 @@ def run(args) -> int:
     if not args.prompt.strip():
         raise G4VError("the prompt is empty")
     scale = settings.scales()
-    if settings.max_new_tokens < 0:
-        raise G4VError(f"--max-new-tokens must be >= 0, got {settings.max_new_tokens}")
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise G4VError(f"--out is a file, not a folder: {out}")

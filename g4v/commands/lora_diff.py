@@ -1,7 +1,6 @@
-"""``python -m g4v lora-diff`` (:data:`SYNOPSIS`): where an adapter's answer departs from the base
+"""``python -m g4v lora-diff [--adapter A] [--left M] [--right M] --image IMG --prompt P``: where an adapter's answer departs from the base
 model's, token by token (transformers backend)."""
 
-import argparse
 import json
 import sys
 
@@ -15,9 +14,6 @@ from g4v.errors import G4VError
 from g4v.lora.models import ADAPTER
 from g4v.lora.settings import LoraDiffSettings
 
-#: What ``--help`` and the README show first.
-SYNOPSIS = ("python -m g4v lora-diff [--model M] [--adapter A] [--left base|vision|adapter] "
-            "[--right base|vision|adapter] --image IMG --prompt P [--json] [--png OUT.png] [--plot OUT.png]")
 #: Width of the token column of the report: a token's quoted text, shortened to fit, quotes kept.
 TOKEN_WIDTH = 16
 
@@ -25,16 +21,16 @@ TOKEN_WIDTH = 16
 def add_parser(subparsers):
     parser = subparsers.add_parser("lora-diff", help="compare two models' answers token by token (default: the "
                                                     "model Chat runs vs the same with an adapter)",
-                                   description=f"{SYNOPSIS}\n\nWhere one model's answer departs from another's, "
-                                               "token by token: the base language model, the vision model (what "
-                                               "Chat runs) or it with the adapter; a checkpoint without a vision LoRA "
-                                               "has only the model and the adapter. --png saves the highlighted "
-                                               "answers, --plot the per-token plot.",
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+                                   description="Where one model's answer departs from another's, token by token: "
+                                               "the base language model, the vision model (what Chat runs) or it "
+                                               "with the adapter; a checkpoint without a vision LoRA has only the "
+                                               "model and the adapter. --png saves the highlighted answers, --plot "
+                                               "the per-token plot.")
     add_model_flags(parser)
     add_settings_flags(parser, LoraDiffSettings)  # --adapter, --left, --right, --max-new-tokens
     add_vision_lora_flag(parser)
-    parser.add_argument("--image", action="append", default=[], metavar="PATH", help="an image or a PDF (repeatable)")
+    parser.add_argument("--image", action="append", required=True, metavar="PATH",
+                        help="an image or a PDF (repeatable)")
     add_page_flags(parser)
     parser.add_argument("--prompt", required=True, help="the question")
     parser.add_argument("--json", action="store_true", help="print the full result as JSON")

@@ -48,8 +48,6 @@ def run(args) -> int:
     picture = open_single(args.image, args.pages, args.dpi)  # check the input before the (slow) model loads
     # vLLM logs to stdout by default (its engine processes inherit this); keep stdout for the report.
     os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
-    if settings.max_new_tokens < 0:
-        raise G4VError(f"--max-new-tokens must be >= 0, got {settings.max_new_tokens}")
     from g4v.port.run import run_port_diff
 
     result = run_port_diff(picture, args.prompt, model=args.model, max_new_tokens=settings.max_new_tokens,

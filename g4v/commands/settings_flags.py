@@ -14,15 +14,19 @@ For each field (``dataclasses.fields`` order):
 * a ``bool`` field takes ``--name/--no-name`` (``BooleanOptionalAction``); with its own
   ``metadata["flag"]`` it is a plain switch instead: ``store_false`` when the default is True
   (``--no-lora`` for ``enable_lora``), ``store_true`` otherwise;
-* a ``list`` field with ``metadata["nargs"]`` takes one or more values, repeatable
-  (``--ablate deepstack0 spatial_TL --ablate 3``: ``action="extend"``, each value of the list's
-  element type);
+* a ``list`` or ``tuple`` field with ``metadata["nargs"]`` takes one or more values, repeatable
+  (``--ablate deepstack0 spatial_TL --ablate 3``: ``action="extend"``, each value of the
+  element type; a tuple field gets a tuple back);
 * any other ``dict`` or ``list`` field takes JSON (``metavar`` JSON);
 * any other field takes its type (``int``, ``float``, ``str``; ``X | None`` reads as ``X``), or
   ``metadata["parse"]``: a function of the text that returns the value or raises ``ValueError``
   with the line argparse prints (a library's own check, with no argparse in it);
-* ``metadata["choices"]`` and ``metadata["metavar"]`` go to ``add_argument`` as they are; a help
-  text may say ``%(default)s``, which argparse fills in from the field's default.
+* ``metadata["check"]``: the dataclass's own check of a value (the one its validation runs,
+  :func:`g4v.errors.check_fields`), run on the value read from the text: its ``ValueError`` is
+  the line argparse prints after the flag's name, so a bad value is refused like a bad type;
+* ``metadata["choices"]`` and ``metadata["metavar"]`` go to ``add_argument`` as they are; the
+  help does not state the default: ``python -m g4v``'s help formatter appends every flag's
+  (:class:`g4v.cli.DefaultsShown`).
 
 Pure ``argparse`` and ``dataclasses``: no g4v import, so every command can use it.
 """
@@ -55,7 +59,10 @@ def add_settings_flags(parser, cls, exclude: tuple[str, ...] = ()) -> None:
     (a parser or an argument group). Each flag's ``dest`` is the field's name."""
     hints = typing.get_type_hints(cls)
     for field in flagged_fields(cls, exclude):
-        parser.add_argument(flag_of(field), dest=field.name, default=default_of(field),
+        default = default_of(field)
+        if isinstance(default, tuple):
+            default = list(default)  # argparse's "extend" appends to it; settings_from_args makes it a tuple again
+        parser.add_argument(flag_of(field), dest=field.name, default=default,
                             help=field.metadata.get("help"), **_parsing(field, hints[field.name]))
 
 
@@ -65,6 +72,9 @@ def settings_from_args(cls, args: argparse.Namespace, exclude: tuple[str, ...] =
     default)."""
     values = {field.name: getattr(args, field.name) for field in flagged_fields(cls, exclude)
               if field.name not in given}
+    for field in flagged_fields(cls, exclude):
+        if field.name in values and isinstance(default_of(field), tuple):
+            values[field.name] = tuple(values[field.name])  # argparse's "extend" needs a list
     return cls(**values, **given)
 
 
@@ -76,23 +86,35 @@ def _parsing(field: dataclasses.Field, hint) -> dict:
         if "flag" in field.metadata:
             return {"action": "store_false" if field.default is True else "store_true"}
         return {"action": argparse.BooleanOptionalAction}
-    if kind is list and "nargs" in field.metadata:
+    if kind in (list, tuple) and "nargs" in field.metadata:
         element = (typing.get_args(_unwrapped(hint)) or (str,))[0]
         return {"nargs": field.metadata["nargs"], "action": "extend", "type": element, **given}
     if "parse" in field.metadata:
-        return {"type": _checked_reader(field.metadata["parse"]), **given}
+        return {"type": _checked_reader(field.metadata["parse"], field.metadata.get("check")), **given}
     if kind in (dict, list):
         return {"type": _json_reader(kind), "metavar": "JSON", **given}
+    if "check" in field.metadata:
+        return {"type": _checked_reader(kind, field.metadata["check"]), **given}
     return {"type": kind, **given}
 
 
-def _checked_reader(parse):
-    """``parse`` as an argparse type: its ``ValueError`` is the line argparse prints for the flag."""
+def _checked_reader(parse, check=None):
+    """``parse`` (then ``check``, when given) as an argparse type: a ``ValueError`` of either is
+    the line argparse prints after the flag's name. ``parse`` is a type such as ``int``, whose own
+    ``ValueError`` is argparse's usual "invalid int value" line, or a field's ``metadata["parse"]``."""
     def read(text: str):
         try:
-            return parse(text)
+            value = parse(text)
+        except ValueError as err:
+            if isinstance(parse, type):
+                raise  # argparse words it: "invalid int value: 'x'"
+            raise argparse.ArgumentTypeError(str(err)) from None
+        try:
+            if check is not None:
+                check(value)
         except ValueError as err:
             raise argparse.ArgumentTypeError(str(err)) from None
+        return value
 
     read.__name__ = getattr(parse, "__name__", "value")
     return read

@@ -18,15 +18,19 @@ loads ``adapter_model.safetensors`` as one more weight shard and fails on its ``
 names. Both get :class:`BaseView`, a temporary folder of links to every file but the adapter's.
 """
 
+from __future__ import annotations  # torch in annotations only: the CLI's flags import MODES without it
+
 import json
 import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from g4v.errors import G4VError, first_line
+
+if TYPE_CHECKING:
+    import torch
 
 MODES = ("native", "merged", "off")
 #: Every engine here can apply the LoRA per request, so native is the default everywhere.
@@ -122,6 +126,8 @@ def find_vision_lora(source: str) -> VisionLora | None:
 
 def merge_into(model: torch.nn.Module, lora: VisionLora) -> None:
     """``W += scaling * B @ A`` for every adapted layer, computed in float32."""
+    import torch
+
     layers = dict(model.named_modules())
     with torch.no_grad():
         for name, (lora_a, lora_b) in lora.pairs().items():

@@ -31,7 +31,7 @@ from g4v.engines.base import WITHOUT_VISION_LORA, Engine, EngineInfo, Generation
 from g4v.engines.event_loop import LoopThread
 from g4v.engines.vision_lora import check_base_available, lora_rank_slot, served_view
 from g4v.engines.vllm_start import OutputTail, start_error
-from g4v.errors import G4VError, PromptTooLong, first_line
+from g4v.errors import G4VError, PromptTooLong, check_fields, first_line
 
 #: How often a waiting consumer looks at its cancel event (seconds).
 _POLL_S = 0.05
@@ -48,6 +48,16 @@ _FINISH_REASONS = {"stop": "stop", "length": "length", "abort": "cancelled"}
 _END = object()
 
 
+def _count(value) -> None:
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+        raise ValueError(f"must be a whole number >= 1, got {value!r}")
+
+
+def _share(value) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1):
+        raise ValueError(f"must be a number in (0, 1], got {value!r}")
+
+
 @dataclass
 class VLLMSettings:
     """The settings users tune, passed through to vLLM's engine arguments (``None``: vLLM's or
@@ -58,18 +68,21 @@ class VLLMSettings:
     from these fields."""
 
     dtype: str | None = None
-    tensor_parallel_size: int = 1
-    pipeline_parallel_size: int = 1
-    max_model_len: int | None = None
-    max_num_batched_tokens: int | None = None
+    tensor_parallel_size: int = field(default=1, metadata={"check": _count, "help": "GPUs each layer is split over"})
+    pipeline_parallel_size: int = field(default=1, metadata={"check": _count, "help": "GPUs the layers are staged on"})
+    max_model_len: int | None = field(default=None, metadata={
+        "check": _count, "help": "context length in tokens, prompt and answer (default: the model's; 4096 on the CPU)"})
+    max_num_batched_tokens: int | None = field(default=None, metadata={
+        "check": _count, "help": "tokens scheduled in one engine step (default: vLLM's)"})
     gpu_memory_utilization: float | None = field(
-        default=None, metadata={"help": "share of GPU memory (on the CPU build: of RAM) vLLM may take"})
+        default=None, metadata={"check": _share, "help": "share of GPU memory (on the CPU build: of RAM) vLLM may take"})
     enforce_eager: bool | None = field(default=None, metadata={"help": "skip CUDA graphs and compilation"})
     #: LoRA slots are reserved at start-up, so adapters can only be served when this is on.
     enable_lora: bool = field(default=True, metadata={
         "flag": "--no-lora", "help": "start vLLM without LoRA slots (a little faster; adapters cannot be served)"})
-    max_lora_rank: int | None = None
-    max_loras: int | None = field(default=None, metadata={"help": "adapters vLLM keeps loaded at once"})
+    max_lora_rank: int | None = field(default=None, metadata={
+        "check": _count, "help": "largest LoRA rank vLLM reserves room for (default: vLLM's, raised to a vision LoRA's)"})
+    max_loras: int | None = field(default=None, metadata={"check": _count, "help": "adapters vLLM keeps loaded at once"})
     #: ``{"image": PATH}`` applies that LoRA to every request with an image (vLLM feature).
     default_mm_loras: dict | None = field(
         default=None, metadata={"help": 'apply a LoRA to every image request, e.g. \'{"image": "PATH"}\''})
@@ -96,6 +109,7 @@ def cpu_defaults(settings: VLLMSettings) -> dict:
 def engine_arguments(model: str, settings: VLLMSettings, vision_rank: int | None = None) -> dict:
     """vLLM ``AsyncEngineArgs`` keywords for ``model`` under ``settings``; ``vision_rank``: a vision
     LoRA served natively (settings that cannot serve it are one line, not a silent base)."""
+    check_fields(settings)
     args = {
         "model": model,
         "tensor_parallel_size": settings.tensor_parallel_size,

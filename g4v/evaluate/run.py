@@ -22,8 +22,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from g4v.conversation import MAX_NEW_TOKENS, SamplingSettings
-from g4v.errors import G4VError
+from g4v.conversation import MAX_NEW_TOKENS, SamplingSettings, check_answer_length
+from g4v.errors import G4VError, check_fields
 import g4v.evaluate.store as store
 from g4v.engines.base import BATCH_SIZE
 from g4v.evaluate.arms import VLLM_IN_FLIGHT, Arm, ArmSpec, check_arms, open_arms
@@ -39,6 +39,23 @@ from g4v.evaluate.stats import detectable, matches, summarise
 HF_CHUNK = 4
 
 
+def _whole_from(low: int, high: int | None = None):
+    """A check that a value is a whole number from ``low`` (to ``high``); None passes (not set)."""
+    def check(value) -> None:
+        if value is None:
+            return
+        if not isinstance(value, int) or isinstance(value, bool) or value < low or value > (high or value):
+            bounds = f"from {low} to {high}" if high else f">= {low}"
+            raise ValueError(f"must be a whole number {bounds}, got {value!r}")
+
+    return check
+
+
+def _share(value) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1:
+        raise ValueError(f"must be a number between 0 and 1 (0.02 = 2 points), got {value!r}")
+
+
 @dataclass
 class EvalConfig:
     """The question a run answers; ``run.json`` records it."""
@@ -47,18 +64,25 @@ class EvalConfig:
     b: ArmSpec
     data: str
     columns: Columns = field(default_factory=Columns)
-    limit: int | None = field(default=None, metadata={"help": "only the first N rows (after --seed's shuffle)"})
-    seed: int | None = field(default=None, metadata={"help": "shuffle the rows with this seed before --limit"})
-    max_new_tokens: int = field(default=32, metadata={"help": "longest answer, in tokens (greedy decoding)"})
-    concurrency: int = field(default=8, metadata={"help": "requests in flight for an openai arm"})
+    limit: int | None = field(default=None, metadata={
+        "check": _whole_from(1), "help": "only the first N rows (after --seed's shuffle)"})
+    seed: int | None = field(default=None, metadata={
+        "check": _whole_from(0), "help": "shuffle the rows with this seed before --limit"})
+    max_new_tokens: int = field(default=32, metadata={
+        "check": check_answer_length, "help": "longest answer, in tokens (greedy decoding)"})
+    concurrency: int = field(default=8, metadata={
+        "check": _whole_from(1, 256), "help": "requests in flight for an openai arm"})
     batch_size: int = field(default=BATCH_SIZE, metadata={
+        "check": _whole_from(1, 256),
         "help": "rows an hf arm answers and scores as one batch (1: one by one; the same greedy answers)"})
     blank_probe: bool = field(default=False, metadata={
         "help": "also answer with every picture blanked: flags arms whose answer ignores the image"})
     levels: bool = field(default=False, metadata={"help": "per-level injected norms (Deepstack capture), hf arms"})
     margin: float = field(default=MARGIN, metadata={
+        "check": _share,
         "help": "equivalence margin: the TOST asks whether |accuracy A - accuracy B| < this (0.02 = 2 points)"})
     discordance: float = field(default=DISCORDANCE, metadata={
+        "check": _share,
         "help": "share of rows assumed right in one arm only, for the detectable difference shown before the run "
                 "(a pilot's value; the summary adds the observed one)"})
 
@@ -68,19 +92,7 @@ class EvalConfig:
 
     def check(self) -> None:
         """Refuse bad numbers in one line, before anything loads."""
-        self.settings()
-        if self.limit is not None and (not isinstance(self.limit, int) or self.limit < 1):
-            raise G4VError(f"limit must be a whole number >= 1, got {self.limit!r}")
-        if not isinstance(self.concurrency, int) or not 1 <= self.concurrency <= 256:
-            raise G4VError(f"concurrency must be a whole number from 1 to 256, got {self.concurrency!r}")
-        if not isinstance(self.batch_size, int) or not 1 <= self.batch_size <= 256:
-            raise G4VError(f"batch size must be a whole number from 1 to 256, got {self.batch_size!r}")
-        if self.seed is not None and (not isinstance(self.seed, int) or self.seed < 0):
-            raise G4VError(f"seed must be a whole number >= 0, got {self.seed!r}")
-        for name in ("margin", "discordance"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1:
-                raise G4VError(f"{name} must be a number between 0 and 1 (0.02 = 2 points), got {value!r}")
+        check_fields(self)
 
     @property
     def same_arm(self) -> bool:

@@ -9,14 +9,19 @@ log-probability of a greedy answer under its own arm is that of its greedy choic
 float64 from the logits.
 """
 
+from __future__ import annotations  # torch in annotations only: the eval flags import this package without it
+
 import json
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
 from PIL import Image
 
 from g4v.engines.base import BATCH_SIZE, Generation
 from g4v.evaluate.stats import kl_stats
+
+if TYPE_CHECKING:
+    import torch
 
 #: Stands for "the model chose to stop" when comparing token lists (stopping is a decision too).
 STOP = -1
@@ -105,12 +110,16 @@ def _teacher_forced(arm, samples, token_lists, requests, batch_size) -> list[tor
 
 def sum_logprob(logits: torch.Tensor, tokens: list[int]) -> float:
     """Sum over positions of log p(token): logits (len(tokens), vocab) -> a number."""
+    import torch
+
     logprobs = torch.log_softmax(logits.double(), dim=-1)
     return float(logprobs[torch.arange(len(tokens)), torch.tensor(tokens)].sum())
 
 
 def kl_per_position(logits_p: torch.Tensor, logits_q: torch.Tensor) -> torch.Tensor:
     """KL(p || q) in nats at each position: two (positions, vocab) logits -> (positions,), float64."""
+    import torch
+
     from g4v.model.scoring import kl_divergence
 
     return kl_divergence(torch.log_softmax(logits_p.double(), dim=-1), torch.log_softmax(logits_q.double(), dim=-1))

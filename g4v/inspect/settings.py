@@ -8,6 +8,7 @@ changes all three. No torch here, so the command's flags cost no import.
 
 from dataclasses import dataclass, field
 
+from g4v.conversation import check_continuation_length
 from g4v.model.levels import parse_scale_specs
 
 
@@ -24,7 +25,7 @@ class InspectSettings:
         "nargs": "+", "metavar": "LEVEL=F", "help": "multiply a level's features by F"})
     full: bool = field(default=False, metadata={"flag": "--full", "help": "keep full tensors in capture.safetensors"})
     max_new_tokens: int = field(default=16, metadata={
-        "help": "greedy continuation length (default %(default)s; 0: none)"})
+        "check": check_continuation_length, "help": "greedy continuation length (0: none)"})
 
     def scales(self) -> dict[str, float]:
         """``{level: factor}`` from :attr:`scale` (level names are checked against the model later);

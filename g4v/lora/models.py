@@ -18,7 +18,6 @@ from dataclasses import dataclass
 
 from g4v.engines.base import WITHOUT_VISION_LORA
 from g4v.errors import G4VError
-from g4v.lora.activation import REPLACES, activate_adapter
 
 BASE, VISION, ADAPTER = "base", "vision", "adapter"
 MODELS = (BASE, VISION, ADAPTER)
@@ -56,6 +55,8 @@ def model_label(which: str, engine, adapter: str | None = None, kind: str | None
             return "model"
         return {"native": "vision model", "merged": "vision model (merged)",
                 "off": "base language model (vision LoRA off)"}[engine.vision_mode]
+    from g4v.lora.activation import REPLACES  # torch's: the lora-diff flags import this module without it
+
     name = adapter or "adapter"
     if kind == REPLACES:
         return f"{name} (replaces the vision LoRA)"
@@ -86,6 +87,8 @@ def resolve_sides(engine, left: str, right: str, adapter: str | None, adapters_d
     if ADAPTER in (left, right):
         if not (adapter or "").strip():
             raise G4VError("choose an adapter to compare (or compare two other models)")
+        from g4v.lora.activation import activate_adapter
+
         spec = activate_adapter(engine, adapter, adapters_dir)
 
     def side(which):

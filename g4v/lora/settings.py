@@ -8,7 +8,7 @@ default changed here changes all three. No torch here, so the command's flags co
 
 from dataclasses import dataclass, field
 
-from g4v.conversation import SamplingSettings
+from g4v.conversation import SamplingSettings, check_answer_length
 from g4v.lora.models import DEFAULT_LEFT, DEFAULT_RIGHT, MODELS
 
 
@@ -19,10 +19,10 @@ class LoraDiffSettings:
 
     adapter: str | None = field(default=None, metadata={
         "help": "adapter name or folder inside the adapter folders (needed when a side is 'adapter')"})
-    left: str = field(default=DEFAULT_LEFT, metadata={"choices": MODELS, "help": "left model (default %(default)s)"})
-    right: str = field(default=DEFAULT_RIGHT, metadata={"choices": MODELS, "help": "right model (default %(default)s)"})
+    left: str = field(default=DEFAULT_LEFT, metadata={"choices": MODELS, "help": "left model"})
+    right: str = field(default=DEFAULT_RIGHT, metadata={"choices": MODELS, "help": "right model"})
     max_new_tokens: int = field(default=48, metadata={
-        "help": "greedy tokens each model answers with (default %(default)s)"})
+        "check": check_answer_length, "help": "greedy tokens each model answers with"})
 
     def sampling(self) -> SamplingSettings:
         """Greedy decoding of :attr:`max_new_tokens`, checked (one line for a bad length): both

@@ -15,17 +15,18 @@ workbench's one feature comparison (:func:`g4v.model.drift.feature_drift`, which
 uses too), plus the next-token KL (:func:`g4v.model.scoring.kl_divergence`).
 """
 
+from __future__ import annotations  # torch in annotations only: the precision flags import Precision without it
+
 import importlib.util
 import math
 from dataclasses import dataclass, field
-
-import torch
+from typing import TYPE_CHECKING
 
 from g4v.errors import G4VError, quoted
-from g4v.model.capture import capture_forward
-from g4v.model.drift import feature_drift
 from g4v.model.levels import Level, describe_levels
-from g4v.model.scoring import kl_divergence, next_token_logprobs
+
+if TYPE_CHECKING:
+    import torch
 
 DTYPES = ("float32", "bfloat16", "float16")
 #: What ``dtype=`` also takes, by the names torch and the loaders use.
@@ -119,6 +120,7 @@ def quantize_model(model: torch.nn.Module, quant: str, vision: bool = True) -> l
     mode, a user's adapter) stay in the model's dtype: they are small, and PEFT adds their product
     to the quantized base layer's output."""
     require_quant_library(check_quant(quant))
+    import torch
     from torchao.quantization import Int8WeightOnlyConfig, quantize_
 
     chosen = [name for name, module in model.named_modules()
@@ -138,17 +140,23 @@ def quantize_model(model: torch.nn.Module, quant: str, vision: bool = True) -> l
 
 
 def _quantizable(name: str, module: torch.nn.Module) -> bool:
+    import torch
+
     return type(module) is torch.nn.Linear and "lora_" not in name
 
 
 def quantized_layers(model: torch.nn.Module) -> list[str]:
     """Names of the linear layers whose weight is an int8 tensor (what :func:`quantize_model` made)."""
+    import torch
+
     return [name for name, module in model.named_modules()
             if isinstance(module, torch.nn.Linear) and is_int8(module.weight)]
 
 
 def is_int8(weight: torch.Tensor) -> bool:
     """Whether a weight is stored as int8 (torchao's ``Int8Tensor``, its data in ``qdata``)."""
+    import torch
+
     data = getattr(weight, "qdata", None)
     return isinstance(data, torch.Tensor) and data.dtype == torch.int8
 
@@ -199,6 +207,8 @@ class DriftReport:
 def level_drift(levels: list[Level], reference: dict[str, torch.Tensor], candidate: dict[str, torch.Tensor]
                 ) -> list[LevelDrift]:
     """Each level's candidate features ``(image tokens, hidden)`` against the reference's, by name."""
+    from g4v.model.drift import feature_drift
+
     rows = []
     for level in levels:
         ref, got = reference.get(level.name), candidate.get(level.name)
@@ -215,6 +225,9 @@ def level_drift(levels: list[Level], reference: dict[str, torch.Tensor], candida
 def injected_features(engine, request, adapter: str | None = None) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
     """One instrumented forward pass of a transformers engine on ``request`` (messages or a prepared
     request): ``({level name: injected (image tokens, hidden)}, next-token log-probabilities (vocab,))``."""
+    from g4v.model.capture import capture_forward
+    from g4v.model.scoring import next_token_logprobs
+
     prepared = engine.prepare(request)
     with engine.adapter_scope(adapter, image=prepared.has_image) as model:
         capture, logits = capture_forward(model, prepared.inputs, full=True, levels=describe_levels(model.config),
@@ -228,6 +241,8 @@ def engine_drift(reference_engine, reference_request, candidate_engine, candidat
     """The candidate engine against the reference on the same request, each prepared by its own
     engine (pixel values in its dtype): ``(per-level drift, next-token KL(reference || candidate),
     reference's top token id, candidate's)``."""
+    from g4v.model.scoring import kl_divergence
+
     ref_features, ref_logprobs = injected_features(reference_engine, reference_request, reference_adapter)
     got_features, got_logprobs = injected_features(candidate_engine, candidate_request, candidate_adapter)
     levels = describe_levels(reference_engine.model.config)

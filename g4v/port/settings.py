@@ -9,6 +9,7 @@ command line. A default changed here changes the command, the tab and the comman
 import math
 from dataclasses import dataclass, field
 
+from g4v.conversation import check_continuation_length
 from g4v.engines.vision_lora import DEFAULT_MODE, MODES
 from g4v.port import COMPARED_TOKENS
 
@@ -32,7 +33,7 @@ class PortDiffSettings:
     recipe for ``vllm_vision_lora``); :func:`g4v.port.lora_audit.parse_serving` reads and checks it."""
 
     max_new_tokens: int = field(default=COMPARED_TOKENS, metadata={
-        "help": "greedy tokens compared (default %(default)s)"})
+        "check": check_continuation_length, "help": "greedy tokens compared"})
     atol: float | None = field(default=None, metadata={
         "parse": tolerance, "help": "per-level absolute tolerance (default: torch.testing's for the dtype, 1e-5)"})
     rtol: float | None = field(default=None, metadata={
