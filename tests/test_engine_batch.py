@@ -5,7 +5,7 @@ text-only requests in it; the vision LoRA in native mode still applies per reque
 import pytest
 import torch
 
-from g4v.conversation import Message, SamplingSettings
+from g4v.conversation import MAX_NEW_TOKENS, Message, SamplingSettings
 from g4v.engines.base import PreparedRequest
 from g4v.errors import G4VError, PromptTooLong
 from g4v.tiling import plan_tiling
@@ -93,9 +93,11 @@ def test_a_prepared_request_is_reused_without_processing_again(hf_engine):
 def test_a_batch_refuses_bad_input_in_one_line(hf_engine):
     with pytest.raises(G4VError, match="batch size must be a whole number >= 1"):
         hf_engine.generate_batch(MIXED, GREEDY, batch_size=0)
-    request = hf_engine.prepare(MIXED[0])
+    # A prompt that fits the window but leaves less room than the longest answer a request may ask for.
+    crowded = hf_engine.prepare([Message("user", "red " * (hf_engine.context_window() - MAX_NEW_TOKENS // 2))])
+    assert crowded.prompt_tokens <= hf_engine.context_window() < crowded.prompt_tokens + MAX_NEW_TOKENS
     with pytest.raises(PromptTooLong, match="the prompt is too long"):
-        hf_engine.generate_batch([request], SamplingSettings(max_new_tokens=hf_engine.context_window()))
+        hf_engine.generate_batch([crowded], SamplingSettings(max_new_tokens=MAX_NEW_TOKENS))
     with pytest.raises(G4VError, match="unknown adapter"):
         hf_engine.generate_batch(MIXED, GREEDY, adapter="nope")
     assert hf_engine.generate_batch([], GREEDY) == []
