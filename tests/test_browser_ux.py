@@ -512,8 +512,14 @@ def test_refused_picks_and_settings_leave_no_badge_and_the_results_in_place(app_
         page.get_by_role("tab", name="Chat").click()
         page.get_by_text("Sampling").click()
         seed = page.get_by_label("Seed (-1 = random)")
-        seed.fill("99999999999")
-        seed.press("Tab")  # the number is committed before the message goes
+        # The accordion's boxes mount as it opens; a number typed while they do can be put back to
+        # the box's value (seen once, in CI), so the number is typed again until it holds.
+        for _ in range(10):
+            seed.fill("99999999999")
+            seed.press("Tab")  # the number is committed before the message goes
+            if seed.input_value() == "99999999999":
+                break
+            page.wait_for_timeout(200)
         assert seed.input_value() == "99999999999"
         page.locator("#chat-box textarea").fill("What shape is green?")
         page.locator("#chat-box textarea").press("Enter")
