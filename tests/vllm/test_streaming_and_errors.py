@@ -11,15 +11,15 @@ import httpx
 import pytest
 from g4v_cases import CASES, GREEDY
 
-from g4v.conversation import SamplingSettings
+from g4v.conversation import MAX_NEW_TOKENS, SamplingSettings
 from g4v.errors import G4VError
 from g4v.paths import REPO_ROOT
 
 pytestmark = pytest.mark.vllm
 
 BACKENDS = ["in_process", "remote"]
-#: Long enough that a cancelled answer cannot have finished on its own.
-LONG = SamplingSettings(max_new_tokens=2000)
+#: Long enough that a cancelled answer cannot have finished on its own: the longest a request may ask for.
+LONG = SamplingSettings(max_new_tokens=MAX_NEW_TOKENS)
 
 
 def engine_for(request, backend):
@@ -67,7 +67,7 @@ def test_cancelling_a_stream_frees_the_engine(backend, how, request, reference):
     cancel = threading.Event()
     stream = engine.stream(CASES["text_only"], LONG, cancel=cancel)
     received = [next(stream), next(stream)]
-    # The answer runs to 2000 tokens (about a minute here), so the request is still running after
+    # The answer runs to 1024 tokens (half a minute here), so the request is still running after
     # two pieces. The in-process engine counts it directly; the server's running-requests gauge was
     # seen to lag or miss short windows under load, so for it only the end state is checked.
     if backend == "in_process":
