@@ -70,11 +70,11 @@ def settings_from_args(cls, args: argparse.Namespace, exclude: tuple[str, ...] =
     """``cls`` built from the parsed flags of :func:`add_settings_flags` (same ``exclude``); the
     keywords in ``given`` set fields directly (an excluded field not in ``given`` keeps its
     default)."""
-    values = {field.name: getattr(args, field.name) for field in flagged_fields(cls, exclude)
-              if field.name not in given}
+    values = {}
     for field in flagged_fields(cls, exclude):
-        if field.name in values and isinstance(default_of(field), tuple):
-            values[field.name] = tuple(values[field.name])  # argparse's "extend" needs a list
+        if field.name not in given:
+            value = getattr(args, field.name)  # a tuple field's list (argparse's "extend" needs one) back as a tuple
+            values[field.name] = tuple(value) if isinstance(default_of(field), tuple) else value
     return cls(**values, **given)
 
 
