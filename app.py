@@ -26,6 +26,7 @@ else:  # a cache folder the caller chose: what this run adds to it still goes at
 
 from g4v.commands.engine_flags import add_engine_flags, engine_options  # noqa: E402
 from g4v.engines import BACKENDS, create_engine  # noqa: E402
+from g4v.engines.deferred import DeferredEngine  # noqa: E402
 from g4v.errors import G4VError  # noqa: E402
 from g4v.paths import EXAMPLES_DIR, default_model  # noqa: E402
 from webapp.common import MAX_UPLOAD_SIZE  # noqa: E402
@@ -72,7 +73,9 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> None:
     args = parse_args(argv)
     try:
-        engine = create_engine(args.backend, args.model, **engine_options(args))
+        # The transformers engine is checked and described now and loaded once the page is served
+        # (g4v.engines.deferred): start-up is then the page's, not the model's.
+        engine = create_engine(args.backend, args.model, defer=True, **engine_options(args))
         demo = build_app(engine, args.model, args.concurrency, adapters_dir=args.adapters_dir, gpu_task=gpu_task,
                          data_dirs=args.data_dirs, eval_servers=args.eval_servers)  # a bad --eval-server: one line
     except G4VError as err:
@@ -91,6 +94,15 @@ def main(argv=None) -> None:
         quiet=True,  # Gradio's own lines suggest share=True: this app never makes a share link
         prevent_thread_lock=True,
     )
+    try:
+        if isinstance(engine, DeferredEngine):  # a request sent meanwhile waits for this one load
+            engine.load()
+    except G4VError as err:  # weights that do not load: one line, and the server goes with it
+        demo.close()
+        raise SystemExit(f"error: {err}") from None
+    except KeyboardInterrupt:
+        demo.close()
+        raise SystemExit(130) from None
     print(f"* Running on local URL: {demo.local_url} (never a share link; see the README, App settings)", flush=True)
     demo.block_thread()  # until Ctrl-C or SIGTERM, which close the server
 

@@ -221,6 +221,9 @@ def read_raw_config(source: str | Path) -> dict:
 def engine_config(engine):
     """The transformers config of an engine's model: the loaded model's own, else the config file
     of the model it serves (vLLM in process; a remote server's model when it is a local folder)."""
+    known = getattr(engine, "known_config", None)  # a DeferredEngine's, without loading it
+    if known is not None:
+        return known
     loaded = getattr(engine, "loaded", None)
     if loaded is not None:
         return loaded.model.config

@@ -97,3 +97,25 @@ def test_one_client_is_one_conversation_and_a_new_client_starts_afresh(app_url, 
              Message("user", "What shape is it?")]
     assert second == hf_engine.generate(turns, SamplingSettings(max_new_tokens=12)).text
     assert chat(Client(app_url, verbose=False), "What shape is it?") == engine_answer(hf_engine, "What shape is it?")
+
+
+def test_weights_that_do_not_load_end_the_app_with_one_line(tmp_path):
+    """The page is served while the model loads (g4v.engines.deferred); weights that then fail to
+    load stop the server, and the app exits with one line, not a traceback or a page that hangs."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    from g4v.engines.serving import free_port
+    from g4v.paths import BUNDLED_MODEL_DIR, REPO_ROOT
+
+    folder = tmp_path / "broken"
+    shutil.copytree(BUNDLED_MODEL_DIR, folder)
+    (folder / "model.safetensors").write_bytes(b"not a safetensors file")
+    env = {**os.environ, "GRADIO_SERVER_PORT": str(free_port())}
+    done = subprocess.run([sys.executable, "app.py", "--model", str(folder)], cwd=REPO_ROOT, env=env,
+                          capture_output=True, text=True, timeout=240)
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines()[-1].startswith("error: could not load model ")
+    assert "Traceback" not in done.stderr and "Running on" not in done.stdout

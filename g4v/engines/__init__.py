@@ -46,8 +46,11 @@ def vllm_python() -> Path | None:
 def transformers_engine(engine, purpose: str):
     """``engine`` when it is the transformers engine (the one whose model this process holds and
     can instrument), else a G4VError saying that ``purpose`` needs it."""
+    from g4v.engines.deferred import DeferredEngine
     from g4v.engines.hf import TransformersEngine
 
+    if isinstance(engine, DeferredEngine):  # the app's engine, loaded behind its page
+        engine = engine.load()
     if not isinstance(engine, TransformersEngine):
         backend = getattr(getattr(engine, "info", None), "backend", type(engine).__name__)
         raise G4VError(f"{purpose} needs the transformers backend (hf), not {backend}")
@@ -73,8 +76,12 @@ def describe_choice(requested: str, chosen: str) -> str:
     return f"backend: hf (auto: {reason}; transformers)"
 
 
-def create_engine(backend: str = "auto", model: str | None = None, **options) -> Engine:
+def create_engine(backend: str = "auto", model: str | None = None, defer: bool = False, **options) -> Engine:
     """Load ``model`` (default: ``$G4V_MODEL`` or the bundled checkpoint) behind ``backend``.
+
+    ``defer``: for the transformers engine, check the model and describe it now, and load it when
+    it is first used (a :class:`~g4v.engines.deferred.DeferredEngine`; the app serves its page
+    meanwhile). The other backends start their worker processes or reach their server now.
 
     ``options``: ``device``/``dtype`` (hf), ``vllm`` (a :class:`~g4v.engines.vllm_engine.VLLMSettings`),
     ``base_url``/``api_key`` (openai; there ``model`` is the served model name, default the
@@ -84,6 +91,12 @@ def create_engine(backend: str = "auto", model: str | None = None, **options) ->
     from g4v.paths import default_model
 
     chosen = choose_backend(backend)
+    details = {"auto": backend == "auto", "choice": describe_choice(backend, chosen)}
+    if defer and chosen == "hf" and not options.get("quant"):
+        from g4v.engines.deferred import defer_transformers
+
+        return defer_transformers(model or default_model(), details, device=options.get("device"),
+                                  dtype=options.get("dtype"), vision_lora=options.get("vision_lora"))
     if chosen == "openai":
         from g4v.engines.remote import RemoteEngine
 
@@ -104,8 +117,7 @@ def create_engine(backend: str = "auto", model: str | None = None, **options) ->
         engine = TransformersEngine(model or default_model(), device=options.get("device"), dtype=options.get("dtype"),
                                     vision_lora=options.get("vision_lora"), quant=options.get("quant"),
                                     quant_vision=options.get("quant_vision", True))
-    engine.info.details["auto"] = backend == "auto"
-    engine.info.details["choice"] = describe_choice(backend, chosen)
+    engine.info.details.update(details)
     return engine
 
 

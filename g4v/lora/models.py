@@ -107,7 +107,8 @@ def model_choices(engine, adapter: str | None, adapters_dir=None) -> list[tuple[
     from g4v.lora.folders import adapter_dirs
 
     kind = None
-    if (adapter or "").strip():
+    if (adapter or "").strip() and engine.vision_lora is not None:  # without one every adapter's kind is None
+        # (checking the adapter builds the model's module tree: the app's page is built before the model loads)
         try:
             kind = adapter_kind(load_adapter_spec(adapter, engine_config(engine), adapter_dirs(adapters_dir)), engine)
         except G4VError:
