@@ -36,7 +36,9 @@ try:  # Hugging Face ZeroGPU: GPU work must run inside functions decorated with 
     import spaces
 
     gpu_task = spaces.GPU
+    zero_gpu = True
 except ImportError:  # anywhere else the decorator is a no-op
+    zero_gpu = False
 
     def gpu_task(fn=None, **_):
         return fn if fn is not None else (lambda f: f)
@@ -74,8 +76,9 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     try:
         # The transformers engine is checked and described now and loaded once the page is served
-        # (g4v.engines.deferred): start-up is then the page's, not the model's.
-        engine = create_engine(args.backend, args.model, defer=True, **engine_options(args))
+        # (g4v.engines.deferred): start-up is then the page's, not the model's. Not on ZeroGPU,
+        # whose GPU calls run in processes forked from this one: none may fork mid-load.
+        engine = create_engine(args.backend, args.model, defer=not zero_gpu, **engine_options(args))
         demo = build_app(engine, args.model, args.concurrency, adapters_dir=args.adapters_dir, gpu_task=gpu_task,
                          data_dirs=args.data_dirs, eval_servers=args.eval_servers)  # a bad --eval-server: one line
     except G4VError as err:

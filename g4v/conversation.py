@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from PIL import Image
 
-from g4v.errors import G4VError, PromptTooLong, check_fields
+from g4v.errors import G4VError, PromptTooLong, check_fields, whole_number
 
 ROLES = ("system", "user", "assistant")
 
@@ -40,18 +40,10 @@ class Message:
     images: list[Image.Image] = field(default_factory=list)
 
 
-def check_answer_length(value) -> None:
-    """A request's ``max_new_tokens``: a whole number from 1 to :data:`MAX_NEW_TOKENS`."""
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"must be a positive integer, got {value!r}")
-    if value > MAX_NEW_TOKENS:
-        raise ValueError(f"must be at most {MAX_NEW_TOKENS}, got {value}")
-
-
-def check_continuation_length(value) -> None:
-    """An inspector's greedy continuation length: a whole number, 0 for none."""
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise ValueError(f"must be a whole number >= 0, got {value!r}")
+#: A request's ``max_new_tokens``: a whole number from 1 to :data:`MAX_NEW_TOKENS`.
+check_answer_length = whole_number(1, MAX_NEW_TOKENS)
+#: An inspector's greedy continuation length: a whole number, 0 for none.
+check_continuation_length = whole_number(0)
 
 
 def _check_temperature(value) -> None:
@@ -64,9 +56,7 @@ def _check_top_p(value) -> None:
         raise ValueError(f"must be in (0, 1], got {value!r}")
 
 
-def _check_seed(value) -> None:
-    if value is not None and (not isinstance(value, int) or not 0 <= value < 2**32):
-        raise ValueError(f"must be a whole number from 0 to {2**32 - 1}, got {value!r}")
+_check_seed = whole_number(0, 2**32 - 1, optional=True)  # None: a fresh seed
 
 
 @dataclass(frozen=True)

@@ -45,6 +45,29 @@ def check_fields(settings) -> None:
                 raise G4VError(f"{field.name} {err}") from None
 
 
+def whole_number(low: int, high: int | None = None, optional: bool = False):
+    """A field's check (``metadata["check"]``): a whole number from ``low`` (to ``high``), in one
+    wording for every such setting; ``optional``: None passes (the setting is left to a default)."""
+    bounds = f"from {low} to {high}" if high is not None else f">= {low}"
+
+    def check(value) -> None:
+        if value is None and optional:
+            return
+        if not isinstance(value, int) or isinstance(value, bool) or value < low or high is not None and value > high:
+            raise ValueError(f"must be a whole number {bounds}, got {quoted(value)}")
+
+    return check
+
+
+def check_value(name: str, value, check) -> None:
+    """``check(value)`` for a value that is no settings field (a function's argument), its
+    complaint one line naming ``name``, as :func:`check_fields` names a field."""
+    try:
+        check(value)
+    except ValueError as err:
+        raise G4VError(f"{name} {err}") from None
+
+
 class PromptTooLong(G4VError):
     """The prompt and the tokens asked for do not fit the model's context window. Engines raise it
     before anything streams, so a chat can drop its oldest turns and try again."""

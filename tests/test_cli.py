@@ -108,7 +108,7 @@ def test_chat_refuses_more_new_tokens_than_the_app_allows():
     from g4v.conversation import MAX_NEW_TOKENS
 
     result = g4v("chat", "--max-new-tokens", str(MAX_NEW_TOKENS + 1), "hi")
-    assert_one_line_error(result, f"argument --max-new-tokens: must be at most {MAX_NEW_TOKENS}, got {MAX_NEW_TOKENS + 1}")
+    assert_one_line_error(result, f"argument --max-new-tokens: must be a whole number from 1 to {MAX_NEW_TOKENS}, got {MAX_NEW_TOKENS + 1}")
     assert result.returncode == 2
 
 

@@ -4,6 +4,7 @@ settings dataclasses' own (``metadata["check"]``), which the UI and the API run 
 
 import argparse
 import dataclasses
+import re
 
 import pytest
 
@@ -95,9 +96,25 @@ def test_an_out_of_range_value_is_refused_by_the_flag_with_the_settings_own_word
 
 def test_the_dataclass_check_names_the_field():
     """The UI's and the API's path: the same check, through the dataclass, names the field."""
-    with pytest.raises(G4VError, match=r"^max_new_tokens must be a positive integer, got 0$"):
+    with pytest.raises(G4VError, match=r"^max_new_tokens must be a whole number from 1 to 1024, got 0$"):
         SamplingSettings(max_new_tokens=0).validated()
-    with pytest.raises(G4VError, match=r"^seeds must be 1-50 random seeds, got 0$"):
+    with pytest.raises(G4VError, match=r"^seeds must be a whole number from 1 to 50, got 0$"):
         AttributionSettings(seeds=0).checked()
     with pytest.raises(G4VError, match=r"^tensor_parallel_size must be a whole number >= 1, got 0$"):
         check_fields(VLLMSettings(tensor_parallel_size=0))
+
+
+RE_WHOLE = re.compile(r"must be a whole number (from \d+ to \d+|>= \d+), got (-1000000|2\.5)")
+WHOLE = [(command, field) for command, field in CHECKED if field.type in (int, "int", int | None, "int | None")]
+
+
+def test_every_whole_number_setting_is_refused_in_one_wording():
+    """Whole-number settings share one check (``g4v.errors.whole_number``): a fraction and a value
+    below the range get the same sentence in every command, with the range it allows."""
+    assert len(WHOLE) >= 12, [field.name for _, field in WHOLE]
+    for _, field in WHOLE:
+        for bad in (BAD, 2.5):
+            with pytest.raises(ValueError) as raised:
+                field.metadata["check"](bad)
+            assert RE_WHOLE.fullmatch(str(raised.value)), (field.name, str(raised.value))
+

@@ -113,7 +113,7 @@ def test_bad_messages_get_one_line(value, words):
     ((8, math.inf, 1.0, 0), "temperature must be a finite number"),
     ((8, 0.0, "x", 0), "top_p must be a finite number"),
     ((8, 0.0, 1.0, math.nan), "seed must be a finite number"),
-    ((10**6, 0.0, 1.0, 0), "max_new_tokens must be at most 1024"),
+    ((10**6, 0.0, 1.0, 0), "max_new_tokens must be a whole number from 1 to 1024, got 1000000"),
     ((8, 10**330, 1.0, 0), "temperature must be a finite number"),  # too large for a float
     ((8, 0.0, 1.0, 10**330), "seed must be a whole number from 0 to 4294967295"),
 ])

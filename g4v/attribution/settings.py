@@ -9,7 +9,7 @@ command's flags cost no import; the gradient and deletion modules take their def
 from dataclasses import dataclass, field
 
 from g4v.conversation import check_text, max_text_chars
-from g4v.errors import G4VError, check_fields
+from g4v.errors import G4VError, check_fields, whole_number
 
 METHODS = ("gradxinput", "ig")
 DEFAULT_IG_STEPS = 16  # path points for integrated gradients (Captum's Gauss-Legendre rule)
@@ -46,17 +46,6 @@ def read_token(text: str) -> int | None:
         raise ValueError(f"must be a whole number or 'all', got {text!r}") from None
 
 
-def _whole_in(low: int, high: int, what: str = ""):
-    """A check that a value is a whole number from ``low`` to ``high`` (``what``: the unit named)."""
-    unit = f" {what}" if what else ""
-
-    def check(value) -> None:
-        if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
-            raise ValueError(f"must be {low}-{high}{unit}, got {value!r}")
-
-    return check
-
-
 @dataclass
 class AttributionSettings:
     """What to explain and how; every default is written here once (the CLI's flags come from it)."""
@@ -72,7 +61,7 @@ class AttributionSettings:
         "help": "explain the whole answer's log-odds against these other answers (contrast)"})
     method: str = field(default="gradxinput", metadata={"choices": METHODS, "help": "attribution method"})
     steps: int = field(default=DEFAULT_IG_STEPS, metadata={
-        "check": _whole_in(2, 512, "steps"), "help": "integrated-gradient steps"})
+        "check": whole_number(2, 512), "help": "integrated-gradient steps"})
     deletion_level: str | None = field(default=None, metadata={
         "metavar": "LEVEL", "help": "remove tokens at this level only in the deletion test (default: all levels)"})
     deletion_ranking: str = field(default=DEFAULT_RANKING, metadata={
@@ -80,10 +69,10 @@ class AttributionSettings:
                                      "each level's score clipped at 0) or the highest net score (signed)"})
     fractions: tuple = DEFAULT_FRACTIONS  # shares of tokens the deletion test removes (no flag)
     seeds: int = field(default=DEFAULT_SEEDS, metadata={
-        "check": _whole_in(1, 50, "random seeds"), "help": "random orders in the deletion test"})
+        "check": whole_number(1, 50), "help": "random orders in the deletion test"})
     lens: bool = field(default=True, metadata={"flag": "--no-lens", "help": "skip the logit lens"})
     max_new_tokens: int = field(default=16, metadata={
-        "check": _whole_in(1, MAX_ANSWER_TOKENS), "help": "length of the greedy answer when no --target is given"})
+        "check": whole_number(1, MAX_ANSWER_TOKENS), "help": "length of the greedy answer when no --target is given"})
 
     def checked(self) -> "AttributionSettings":
         if self.method not in METHODS:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from g4v.conversation import check_continuation_length
-from g4v.errors import G4VError
+from g4v.errors import G4VError, check_value, whole_number
 from g4v.model.levels import Level
 
 if TYPE_CHECKING:
@@ -72,8 +72,7 @@ def parse_layers(spec: str, num_layers: int) -> list[int]:
 
 def window_layers(levels: list[Level], window: int, num_layers: int) -> list[int]:
     """The layers within ``window`` of any injection layer, clipped to the model's layers."""
-    if not isinstance(window, int) or window < 0:
-        raise G4VError(f"the window must be a whole number >= 0, got {window!r}")
+    check_value("the window", window, whole_number(0))
     if window >= num_layers:
         raise G4VError(f"a window of {window} layers is larger than this model's {num_layers} layers: "
                        "use --layers all to cover every layer")
@@ -83,10 +82,7 @@ def window_layers(levels: list[Level], window: int, num_layers: int) -> list[int
 
 def check_new_tokens(tokens) -> int:
     """The checked greedy continuation length of a knockout."""
-    try:
-        check_continuation_length(tokens)
-    except ValueError as err:
-        raise G4VError(f"max_new_tokens {err}") from None
+    check_value("max_new_tokens", tokens, check_continuation_length)
     return tokens
 
 

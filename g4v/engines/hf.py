@@ -27,7 +27,7 @@ from transformers import StoppingCriteria, StoppingCriteriaList, TextIteratorStr
 
 from g4v.conversation import Message, SamplingSettings, to_template_messages, validate_conversation
 from g4v.engines.base import BATCH_SIZE, WITHOUT_VISION_LORA, Engine, EngineInfo, Generation, PreparedRequest
-from g4v.errors import G4VError, PromptTooLong
+from g4v.errors import G4VError, PromptTooLong, check_value, whole_number
 from g4v.engines.vision_lora import check_base_available, describe
 from g4v.loading import VISION_ADAPTER, LoadedModel, load_model
 from g4v.model.encoding import encoded_inputs, features_shared
@@ -217,8 +217,7 @@ class TransformersEngine(Engine):
         together with the LoRA on and the text-only ones without it, as they would one by one."""
         settings = settings.validated()
         self._check_adapter(adapter)
-        if not isinstance(batch_size, int) or batch_size < 1:
-            raise G4VError(f"batch size must be a whole number >= 1, got {batch_size!r}")
+        check_value("batch size", batch_size, whole_number(1))
         prepared = [self.prepare(request, settings.max_new_tokens) for request in requests]
         groups: dict[str | None, list[int]] = {}
         for position, request in enumerate(prepared):

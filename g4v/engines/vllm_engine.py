@@ -31,7 +31,7 @@ from g4v.engines.base import WITHOUT_VISION_LORA, Engine, EngineInfo, Generation
 from g4v.engines.event_loop import LoopThread
 from g4v.engines.vision_lora import check_base_available, lora_rank_slot, served_view
 from g4v.engines.vllm_start import OutputTail, start_error
-from g4v.errors import G4VError, PromptTooLong, check_fields, first_line
+from g4v.errors import G4VError, PromptTooLong, check_fields, first_line, whole_number
 
 #: How often a waiting consumer looks at its cancel event (seconds).
 _POLL_S = 0.05
@@ -48,9 +48,7 @@ _FINISH_REASONS = {"stop": "stop", "length": "length", "abort": "cancelled"}
 _END = object()
 
 
-def _count(value) -> None:
-    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
-        raise ValueError(f"must be a whole number >= 1, got {value!r}")
+_count = whole_number(1, optional=True)  # None: vLLM's own default
 
 
 def _share(value) -> None:

@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from g4v.conversation import MAX_NEW_TOKENS, SamplingSettings, check_answer_length
-from g4v.errors import G4VError, check_fields
+from g4v.errors import G4VError, check_fields, whole_number
 import g4v.evaluate.store as store
 from g4v.engines.base import BATCH_SIZE
 from g4v.evaluate.arms import VLLM_IN_FLIGHT, Arm, ArmSpec, check_arms, open_arms
@@ -37,18 +37,6 @@ from g4v.evaluate.stats import detectable, matches, summarise
 #: Fewest rows per chunk when both arms are local transformers (a chunk holds at least one batch);
 #: a batching arm gets chunks as large as the requests it keeps in flight.
 HF_CHUNK = 4
-
-
-def _whole_from(low: int, high: int | None = None):
-    """A check that a value is a whole number from ``low`` (to ``high``); None passes (not set)."""
-    def check(value) -> None:
-        if value is None:
-            return
-        if not isinstance(value, int) or isinstance(value, bool) or value < low or value > (high or value):
-            bounds = f"from {low} to {high}" if high else f">= {low}"
-            raise ValueError(f"must be a whole number {bounds}, got {value!r}")
-
-    return check
 
 
 def _share(value) -> None:
@@ -65,15 +53,15 @@ class EvalConfig:
     data: str
     columns: Columns = field(default_factory=Columns)
     limit: int | None = field(default=None, metadata={
-        "check": _whole_from(1), "help": "only the first N rows (after --seed's shuffle)"})
+        "check": whole_number(1, optional=True), "help": "only the first N rows (after --seed's shuffle)"})
     seed: int | None = field(default=None, metadata={
-        "check": _whole_from(0), "help": "shuffle the rows with this seed before --limit"})
+        "check": whole_number(0, optional=True), "help": "shuffle the rows with this seed before --limit"})
     max_new_tokens: int = field(default=32, metadata={
         "check": check_answer_length, "help": "longest answer, in tokens (greedy decoding)"})
     concurrency: int = field(default=8, metadata={
-        "check": _whole_from(1, 256), "help": "requests in flight for an openai arm"})
+        "check": whole_number(1, 256, optional=True), "help": "requests in flight for an openai arm"})
     batch_size: int = field(default=BATCH_SIZE, metadata={
-        "check": _whole_from(1, 256),
+        "check": whole_number(1, 256, optional=True),
         "help": "rows an hf arm answers and scores as one batch (1: one by one; the same greedy answers)"})
     blank_probe: bool = field(default=False, metadata={
         "help": "also answer with every picture blanked: flags arms whose answer ignores the image"})

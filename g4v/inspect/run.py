@@ -14,9 +14,9 @@ from pathlib import Path
 
 from PIL import Image
 
-from g4v.conversation import Message
+from g4v.conversation import Message, check_continuation_length
 from g4v.engines import transformers_engine
-from g4v.errors import G4VError
+from g4v.errors import G4VError, check_value
 from g4v.images import named_size, open_image
 from g4v.loading import model_name
 from g4v.inspect.ablation import CONTINUATION_TOKENS, AblationResult, RunOutcome, compare_scaled, run_outcome
@@ -70,8 +70,7 @@ def run_inspection(engine, image, prompt: str, ablate=(), scale: dict | None = N
     if image is None:
         raise G4VError("the deepstack inspector needs an image")
     picture = open_image(image)
-    if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
-        raise G4VError(f"max_new_tokens must be a whole number >= 0, got {max_new_tokens!r}")
+    check_value("max_new_tokens", max_new_tokens, check_continuation_length)
     inputs = engine.prepare_inputs([Message("user", prompt, [picture])], max_new_tokens)
     plan = plan_tiling((picture.height, picture.width), config)
 

@@ -14,8 +14,8 @@ from pathlib import Path
 import torch
 from PIL import Image
 
-from g4v.conversation import Message
-from g4v.errors import G4VError
+from g4v.conversation import Message, check_continuation_length
+from g4v.errors import G4VError, check_value
 from g4v.images import named_size, open_image
 from g4v.loading import read_raw_config
 from g4v.model.capture import capture_forward
@@ -146,8 +146,7 @@ def _check_request(image, prompt: str, max_new_tokens, atol, rtol) -> None:
         raise G4VError("the port inspector needs an image")
     if not str(prompt or "").strip():
         raise G4VError("the port inspector needs a prompt")
-    if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
-        raise G4VError(f"max_new_tokens must be a whole number >= 0, got {max_new_tokens!r}")
+    check_value("max_new_tokens", max_new_tokens, check_continuation_length)
     default_tolerance(torch.float32, atol, rtol)
 
 
