@@ -9,6 +9,7 @@ in plain functions of the :mod:`g4v` package.
 import argparse
 import os
 import signal
+import time
 
 # Before Gradio is imported: no telemetry, and a cache folder of this app's own. Gradio serves any
 # file inside its cache folder, so a shared one (/tmp/gradio) would serve other programs' files.
@@ -97,16 +98,19 @@ def main(argv=None) -> None:
         quiet=True,  # Gradio's own lines suggest share=True: this app never makes a share link
         prevent_thread_lock=True,
     )
-    try:
-        if isinstance(engine, DeferredEngine):  # a request sent meanwhile waits for this one load
-            engine.load()
-    except G4VError as err:  # weights that do not load: one line, and the server goes with it
-        demo.close()
-        raise SystemExit(f"error: {err}") from None
-    except KeyboardInterrupt:
-        demo.close()
-        raise SystemExit(130) from None
     print(f"* Running on local URL: {demo.local_url} (never a share link; see the README, App settings)", flush=True)
+    if isinstance(engine, DeferredEngine):  # a request sent meanwhile waits for this one load
+        print("* Loading the model; the page is up, and a request sent meanwhile waits for it", flush=True)
+        started = time.monotonic()
+        try:
+            engine.load()
+        except G4VError as err:  # weights that do not load: one line, and the server goes with it
+            demo.close()
+            raise SystemExit(f"error: {err}") from None
+        except KeyboardInterrupt:
+            demo.close()
+            raise SystemExit(130) from None
+        print(f"* Model loaded in {time.monotonic() - started:.1f} s", flush=True)
     demo.block_thread()  # until Ctrl-C or SIGTERM, which close the server
 
 

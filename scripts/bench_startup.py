@@ -4,8 +4,8 @@
 
 Each run is a fresh process: first ``import torch, transformers, gradio`` alone (the floor no app
 can beat), then ``app.py`` on the bundled checkpoint until its port answers (the page is served;
-the model loads behind it, :mod:`g4v.engines.deferred`) and until it prints its "Running on" line
-(the model is loaded: the first answer needs nothing more). Prints each run and the ratios of the
+the model loads behind it, :mod:`g4v.engines.deferred`) and until it says "Model loaded" (the
+first answer needs nothing more). Prints each run and the ratios of the
 medians measured in this run (issue 36's target: serving at most 1.5x the imports).
 """
 
@@ -34,29 +34,29 @@ def time_imports() -> float:
 
 def time_app(model: str, limit: float = 300) -> tuple[float, float]:
     """Seconds from starting ``app.py`` until its port accepts a connection, and until it says
-    it runs (its model loaded)."""
+    its model is loaded."""
     port = free_port()
     env = {**os.environ, "GRADIO_SERVER_PORT": str(port)}
     start = time.perf_counter()
     app = subprocess.Popen([sys.executable, "app.py", "--model", model], cwd=ROOT, env=env,
                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    said_running: list[float] = []
+    said_loaded: list[float] = []
 
     def read_lines():
         for line in app.stdout:
-            if line.startswith("* Running on") and not said_running:
-                said_running.append(time.perf_counter() - start)
+            if line.startswith("* Model loaded") and not said_loaded:
+                said_loaded.append(time.perf_counter() - start)
 
     reader = threading.Thread(target=read_lines, daemon=True)
     reader.start()
     try:
         wait_until_serving(port, limit, app, interval=0.05)
         serving = time.perf_counter() - start
-        while not said_running and app.poll() is None and time.perf_counter() - start < limit:
+        while not said_loaded and app.poll() is None and time.perf_counter() - start < limit:
             time.sleep(0.05)
-        if not said_running:
-            raise SystemExit("error: app.py served its page but never said it runs")
-        return serving, said_running[0]
+        if not said_loaded:
+            raise SystemExit("error: app.py served its page but never said its model loaded")
+        return serving, said_loaded[0]
     except G4VError as err:
         raise SystemExit(f"error: app.py: {err}") from None
     finally:

@@ -118,4 +118,5 @@ def test_weights_that_do_not_load_end_the_app_with_one_line(tmp_path):
                           capture_output=True, text=True, timeout=240)
     assert done.returncode == 1
     assert done.stderr.strip().splitlines()[-1].startswith("error: could not load model ")
-    assert "Traceback" not in done.stderr and "Running on" not in done.stdout
+    assert "Traceback" not in done.stderr and "Model loaded" not in done.stdout
+    assert "* Loading the model" in done.stdout  # after the page was served

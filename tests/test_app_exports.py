@@ -242,6 +242,11 @@ def test_exports_are_not_copied_and_are_gone_after_shutdown(app):
 def test_the_launch_lines_offer_no_share_link(app):
     """Gradio's own launch lines suggest ``share=True``; this app prints its address and says it
     never makes a share link (issue 31)."""
-    log = (REPO_ROOT / "test-output" / f"app-{app.url.rstrip('/').rsplit(':', 1)[1]}.log").read_text()
-    assert f"Running on local URL: {app.url.rstrip('/')}" in log
+    log_file = REPO_ROOT / "test-output" / f"app-{app.url.rstrip('/').rsplit(':', 1)[1]}.log"
+    line = f"Running on local URL: {app.url.rstrip('/')}"
+    deadline = time.monotonic() + 60  # the port opens inside launch; the line is printed once it returns
+    while line not in log_file.read_text() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    log = log_file.read_text()
+    assert line in log
     assert "share=True" not in log and "public link" not in log
