@@ -118,3 +118,12 @@ def test_every_whole_number_setting_is_refused_in_one_wording():
                 field.metadata["check"](bad)
             assert RE_WHOLE.fullmatch(str(raised.value)), (field.name, str(raised.value))
 
+
+
+@pytest.mark.parametrize("argv, line", [
+    (("bench", "engines", "--backends", "hf", "--chats", "0"), "error: --chats must be a whole number >= 1, got 0"),
+    (("bench", "inspect", "--repeats", "0"), "error: --repeats must be a whole number >= 1, got 0"),
+])
+def test_a_benchs_own_counts_are_refused_in_the_same_words(argv, line):
+    result = run_cli(*argv)
+    assert result.returncode == 1 and result.stderr.strip() == line

@@ -19,9 +19,9 @@ def add_engines_arguments(parser) -> None:
     add_engine_flags(parser)
     parser.add_argument("--backends", default=None,
                         help="comma-separated, from hf, vllm, openai (default: every one available here)")
-    parser.add_argument("--chats", type=int, default=8, help="conversations submitted at once (default 8)")
+    parser.add_argument("--chats", type=int, default=8, help="conversations submitted at once")
     parser.add_argument("--max-new-tokens", type=int, default=ENGINE_BENCH_TOKENS,
-                        help=f"new tokens per conversation (default {ENGINE_BENCH_TOKENS})")
+                        help="new tokens per conversation")
     parser.add_argument("--serve", action="store_true",
                         help="for the openai backend, start a local vLLM server (127.0.0.1) for the run")
     parser.add_argument("--vision-lora-modes", default=None, metavar="MODES",
@@ -34,12 +34,11 @@ def run_engines(args) -> int:
 
     from g4v.engines import bench as engine_bench
     from g4v.conversation import SamplingSettings
-    from g4v.errors import G4VError
+    from g4v.errors import check_value, whole_number
 
     backends = args.backends.split(",") if args.backends else engine_bench.default_backends(args.base_url, args.serve)
     engine_bench.check_backends(backends, args.base_url, args.serve)
-    if args.chats < 1:
-        raise G4VError(f"--chats must be at least 1, got {args.chats}")
+    check_value("--chats", args.chats, whole_number(1))
     settings = SamplingSettings(max_new_tokens=args.max_new_tokens).validated()
     conversations = engine_bench.workload(args.chats)
     options = engine_options(args)

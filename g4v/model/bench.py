@@ -17,7 +17,7 @@ from functools import partial
 
 import torch
 
-from g4v.errors import G4VError
+from g4v.errors import G4VError, check_value, whole_number
 
 TEXT_TOKENS = 32  # text tokens around the image tokens
 
@@ -158,8 +158,7 @@ def run_benchmarks(args, bench_one, describe) -> int:
     image_size = parse_size(args.image_size)
     if getattr(args, "threads", None):
         torch.set_num_threads(args.threads)
-    if args.repeats < 1:
-        raise G4VError(f"--repeats must be at least 1, got {args.repeats}")
+    check_value("--repeats", args.repeats, whole_number(1))
     results = []
     for name in args.models:
         result = bench_one(name, device, dtype, image_size, args.repeats)
@@ -186,10 +185,10 @@ def add_model_flags(parser, models: tuple[str, ...] = ("bundled",), repeats: int
     """The flags every model benchmark shares (which models, device, dtype, picture size, rounds,
     JSON output); each bench adds its own after them."""
     parser.add_argument("--models", nargs="+", default=list(models), metavar="MODEL",
-                        help=f"bundled, larger, real, or a config.json / model folder (default: {' '.join(models)})")
+                        help="bundled, larger, real, or a config.json / model folder")
     parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default)")
     parser.add_argument("--dtype", default="auto", help="float32, bfloat16, float16 or auto (default)")
-    parser.add_argument("--image-size", default="384x768", metavar="HxW", help="synthetic image size (default 384x768)")
-    parser.add_argument("--repeats", type=int, default=repeats, help=f"timed rounds per mode (default {repeats})")
+    parser.add_argument("--image-size", default="384x768", metavar="HxW", help="synthetic image size")
+    parser.add_argument("--repeats", type=int, default=repeats, help="timed rounds per mode")
     parser.add_argument("--json", default=None, metavar="PATH", help="also write the results as JSON")
 
