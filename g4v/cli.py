@@ -36,7 +36,10 @@ class DefaultsShown(argparse.HelpFormatter):
         shown = action.option_strings and action.nargs != 0  # a switch's default is its absence
         if not shown or _STATES_DEFAULT.search(text) or default is None or default is argparse.SUPPRESS:
             return text
-        value = "none" if default == [] else "%(default)s"
+        if isinstance(default, (list, tuple)):  # as it is typed: "bundled larger", not a Python list
+            value = " ".join(map(str, default)) or "none"
+        else:
+            value = "%(default)s"
         return f"{text} (default: {value})" if text else f"default: {value}"
 
 

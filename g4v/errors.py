@@ -53,7 +53,7 @@ def whole_number(low: int, high: int | None = None, optional: bool = False):
     def check(value) -> None:
         if value is None and optional:
             return
-        if not isinstance(value, int) or isinstance(value, bool) or value < low or high is not None and value > high:
+        if not isinstance(value, int) or isinstance(value, bool) or value < low or (high is not None and value > high):
             raise ValueError(f"must be a whole number {bounds}, got {quoted(value)}")
 
     return check

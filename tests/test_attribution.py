@@ -214,8 +214,8 @@ def test_bad_requests_get_one_line(hf_engine, request_inputs, tmp_path):
         (AttributionSettings(method="saliency"), "unknown attribution method"),
         (AttributionSettings(deletion_level="deepstack9"), "unknown level"),
         (AttributionSettings(fractions=(0.5,)), "deletion fractions"),
-        (AttributionSettings(method="ig", steps=1), "2-512 steps"),
-        (AttributionSettings(seeds=0), "1-50 random seeds"),
+        (AttributionSettings(method="ig", steps=1), "steps must be a whole number from 2 to 512"),
+        (AttributionSettings(seeds=0), "seeds must be a whole number from 1 to 50"),
     ]
     for settings, words in cases:
         with pytest.raises(G4VError, match=words) as info:

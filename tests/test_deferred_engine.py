@@ -38,11 +38,11 @@ def test_what_it_says_before_loading_is_what_the_loaded_engine_says(model, mode)
     deferred = create_engine("auto", str(model), defer=True, vision_lora=mode, **CPU)
     assert isinstance(deferred, DeferredEngine)
     before = (deferred.info, engine_line(deferred), engine_line(deferred, inspector=True), deferred.vision_mode,
-              deferred.vision_lora is None, geometry(engine_config(deferred)))
+              deferred.vision_lora is None, geometry(engine_config(deferred)), deferred.context_window())
     assert not deferred.is_loaded
     loaded = create_engine("auto", str(model), vision_lora=mode, **CPU)
     assert before == (loaded.info, engine_line(loaded), engine_line(loaded, inspector=True), loaded.vision_mode,
-                      loaded.vision_lora is None, geometry(engine_config(loaded)))
+                      loaded.vision_lora is None, geometry(engine_config(loaded)), loaded.context_window())
     deferred.load()
     assert deferred.info == loaded.info and deferred.vision_mode == loaded.vision_mode
 
@@ -84,8 +84,27 @@ def test_weights_that_do_not_load_are_one_line_for_every_caller_and_loaded_once(
     with pytest.raises(G4VError, match=r"^could not load model .*broken") as first:
         deferred.load()
     with pytest.raises(G4VError) as again:
-        deferred.context_window()
+        deferred.tokenizer
     assert str(again.value) == str(first.value) and "\n" not in str(first.value)
+
+
+def test_a_load_that_fails_in_another_way_is_one_line_and_not_tried_again():
+    """Out of memory (a RuntimeError from torch), Ctrl-C: the first caller sees it as it came,
+    and every later caller gets one line naming the model, without a second load."""
+    calls = []
+
+    def load():
+        calls.append(1)
+        raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB\nmore details")
+
+    probe = create_engine("hf", str(BUNDLED_MODEL_DIR), defer=True, **CPU)
+    deferred = DeferredEngine(load, probe.info, probe.vision_lora, probe.vision_mode, probe.known_config)
+    with pytest.raises(RuntimeError):
+        deferred.load()
+    for _ in range(2):
+        with pytest.raises(G4VError, match=r"^could not load model .*: CUDA out of memory. Tried to allocate 2.00 GiB$"):
+            deferred.generate([], SamplingSettings())
+    assert calls == [1]
 
 
 def test_requests_waiting_for_the_load_share_one_load():
@@ -100,11 +119,11 @@ def test_requests_waiting_for_the_load_share_one_load():
     probe = create_engine("hf", str(BUNDLED_MODEL_DIR), defer=True, **CPU)
     deferred = DeferredEngine(load, probe.info, probe.vision_lora, probe.vision_mode, probe.known_config)
     windows = []
-    waiting = [threading.Thread(target=lambda: windows.append(deferred.context_window())) for _ in range(3)]
+    waiting = [threading.Thread(target=lambda: windows.append(deferred.tokenizer.model_max_length)) for _ in range(3)]
     for thread in waiting:
         thread.start()
     assert started.wait(10)
     release.set()
     for thread in waiting:
         thread.join(60)
-    assert calls == [1] and len(windows) == 3 and len(set(windows)) == 1 and windows[0] > 0
+    assert calls == [1] and len(windows) == 3 and len(set(windows)) == 1 and deferred.is_loaded

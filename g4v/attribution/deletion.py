@@ -13,8 +13,9 @@ import torch
 
 from g4v.attribution.forward import DEFAULT_BATCH, Answer, Encoded, logprobs_of_variants
 from g4v.attribution.gradients import Attribution
-from g4v.attribution.settings import DEFAULT_FRACTIONS, DEFAULT_RANKING, DEFAULT_SEEDS, RANKINGS, check_fractions
-from g4v.errors import G4VError
+from g4v.attribution.settings import (DEFAULT_FRACTIONS, DEFAULT_RANKING, DEFAULT_SEEDS, RANKINGS, check_fractions,
+                                      check_seeds)
+from g4v.errors import G4VError, check_value
 
 
 @dataclass
@@ -88,8 +89,7 @@ def deletion_curve(model, encoded: Encoded, answer: Answer, attribution: Attribu
     """The deletion curve for all levels (``level=None``) or one level, against ``seeds`` random
     orders; every variant of the curve goes through :func:`logprobs_of_variants` in batches."""
     fractions = check_fractions(fractions)
-    if not isinstance(seeds, int) or not 1 <= seeds <= 50:
-        raise G4VError(f"the deletion test needs 1-50 random seeds, got {seeds!r}")
+    check_value("seeds", seeds, check_seeds)
     names = [lv.name for lv in attribution.levels]
     if level is not None and level not in names:
         raise G4VError(f"unknown level {level!r}: use one of {', '.join(names)}")

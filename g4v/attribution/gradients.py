@@ -18,8 +18,8 @@ import torch
 
 from g4v.attribution.forward import (DEFAULT_BATCH, Answer, Encoded, answer_logprobs, frozen_parameters,
                                      variants_per_pass)
-from g4v.attribution.settings import DEFAULT_IG_STEPS, METHODS
-from g4v.errors import G4VError
+from g4v.attribution.settings import DEFAULT_IG_STEPS, METHODS, check_steps
+from g4v.errors import G4VError, check_value
 from g4v.model.levels import Level
 
 
@@ -80,8 +80,7 @@ def integrated_gradients(model, encoded: Encoded, answer: Answer, levels: list[L
     zero baseline; ``steps`` forward+backward passes, ``batch_size`` at a time."""
     from captum.attr import IntegratedGradients
 
-    if not isinstance(steps, int) or not 2 <= steps <= 512:
-        raise G4VError(f"integrated gradients needs 2-512 steps, got {steps!r}")
+    check_value("steps", steps, check_steps)
     layers = [level.llm_layer for level in levels]
 
     def forward(*scaled: torch.Tensor) -> torch.Tensor:  # each (b, tokens, hidden) -> (b,)

@@ -15,6 +15,9 @@ METHODS = ("gradxinput", "ig")
 DEFAULT_IG_STEPS = 16  # path points for integrated gradients (Captum's Gauss-Legendre rule)
 DEFAULT_FRACTIONS = (0.0, 0.05, 0.1, 0.2, 0.3, 0.5)
 DEFAULT_SEEDS = 3
+#: The ranges the settings allow, which the gradient and deletion functions check again when called directly.
+check_steps = whole_number(2, 512)
+check_seeds = whole_number(1, 50)
 #: How the tokens are ranked for removal: ``positive`` by the evidence *for* the target a token
 #: brings through its levels (each level's score clipped at 0, then summed), ``signed`` by its net
 #: score (the levels' scores summed, so a level that argues against hides one that argues for).
@@ -61,7 +64,7 @@ class AttributionSettings:
         "help": "explain the whole answer's log-odds against these other answers (contrast)"})
     method: str = field(default="gradxinput", metadata={"choices": METHODS, "help": "attribution method"})
     steps: int = field(default=DEFAULT_IG_STEPS, metadata={
-        "check": whole_number(2, 512), "help": "integrated-gradient steps"})
+        "check": check_steps, "help": "integrated-gradient steps"})
     deletion_level: str | None = field(default=None, metadata={
         "metavar": "LEVEL", "help": "remove tokens at this level only in the deletion test (default: all levels)"})
     deletion_ranking: str = field(default=DEFAULT_RANKING, metadata={
@@ -69,7 +72,7 @@ class AttributionSettings:
                                      "each level's score clipped at 0) or the highest net score (signed)"})
     fractions: tuple = DEFAULT_FRACTIONS  # shares of tokens the deletion test removes (no flag)
     seeds: int = field(default=DEFAULT_SEEDS, metadata={
-        "check": whole_number(1, 50), "help": "random orders in the deletion test"})
+        "check": check_seeds, "help": "random orders in the deletion test"})
     lens: bool = field(default=True, metadata={"flag": "--no-lens", "help": "skip the logit lens"})
     max_new_tokens: int = field(default=16, metadata={
         "check": whole_number(1, MAX_ANSWER_TOKENS), "help": "length of the greedy answer when no --target is given"})

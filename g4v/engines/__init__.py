@@ -13,8 +13,13 @@ import os
 import sys
 from pathlib import Path
 
+from typing import TYPE_CHECKING
+
 from g4v.engines.base import Engine, EngineInfo, Generation, gpu_present
 from g4v.errors import G4VError
+
+if TYPE_CHECKING:
+    from g4v.engines.deferred import DeferredEngine
 
 BACKENDS = ("auto", "hf", "vllm", "openai")
 
@@ -76,12 +81,14 @@ def describe_choice(requested: str, chosen: str) -> str:
     return f"backend: hf (auto: {reason}; transformers)"
 
 
-def create_engine(backend: str = "auto", model: str | None = None, defer: bool = False, **options) -> Engine:
+def create_engine(backend: str = "auto", model: str | None = None, defer: bool = False,
+                  **options) -> "Engine | DeferredEngine":
     """Load ``model`` (default: ``$G4V_MODEL`` or the bundled checkpoint) behind ``backend``.
 
     ``defer``: for the transformers engine, check the model and describe it now, and load it when
     it is first used (a :class:`~g4v.engines.deferred.DeferredEngine`; the app serves its page
-    meanwhile). The other backends start their worker processes or reach their server now.
+    meanwhile). The other backends start their worker processes or reach their server now, and
+    an int8 engine (``quant``) loads now too (what it quantized is known only once it has).
 
     ``options``: ``device``/``dtype`` (hf), ``vllm`` (a :class:`~g4v.engines.vllm_engine.VLLMSettings`),
     ``base_url``/``api_key`` (openai; there ``model`` is the served model name, default the

@@ -14,7 +14,7 @@ import threading
 from collections.abc import Callable
 
 from g4v.engines.base import Engine, EngineInfo
-from g4v.errors import G4VError
+from g4v.errors import G4VError, first_line
 
 
 class DeferredEngine:
@@ -29,13 +29,18 @@ class DeferredEngine:
         self._lock = threading.Lock()  # one load, however many requests are waiting for it
 
     def load(self) -> Engine:
-        """The real engine, loaded by the first caller (the others wait for it)."""
+        """The real engine, loaded by the first caller (the others wait for it). A load that
+        failed, in whatever way (bad weights, out of memory, interrupted), is not tried again:
+        every caller gets its one line."""
         with self._lock:
             if self._engine is None and self._error is None:
                 try:
                     self._engine = self._load()
                 except G4VError as err:
                     self._error = err
+                except BaseException as err:  # out of memory, Ctrl-C: no second load behind the app's back
+                    self._error = G4VError(f"could not load model {self._outline[0].model}: {first_line(err)}")
+                    raise
             if self._error is not None:
                 raise G4VError(str(self._error))
             return self._engine
@@ -56,13 +61,18 @@ class DeferredEngine:
     def vision_mode(self) -> str:
         return self._engine.vision_mode if self._engine is not None else self._outline[2]
 
+    def context_window(self) -> int:
+        """The model's context length, from its config (what the loaded engine answers too): Chat
+        checks a message against it before the model is in memory, so a refusal shows at once."""
+        return int(self.known_config.text_config.max_position_embeddings)
+
     @property
     def known_config(self):
         """The model's transformers config: the loaded model's, or its folder's until then."""
         return self._engine.loaded.model.config if self._engine is not None else self._outline[3]
 
     def __getattr__(self, name: str):  # only for what the class does not define
-        if name.startswith("__"):  # copy and pickle probe dunders: never a reason to load a model
+        if name.startswith("_"):  # its own state not set yet (copy, pickle) or a probe: never a load
             raise AttributeError(name)
         return getattr(self.load(), name)
 
