@@ -28,7 +28,7 @@ else:  # a cache folder the caller chose: what this run adds to it still goes at
 from g4v.commands.engine_flags import add_engine_flags, engine_options  # noqa: E402
 from g4v.engines import BACKENDS, create_engine  # noqa: E402
 from g4v.engines.deferred import DeferredEngine  # noqa: E402
-from g4v.errors import G4VError, first_line  # noqa: E402
+from g4v.errors import G4VError  # noqa: E402
 from g4v.paths import EXAMPLES_DIR, default_model  # noqa: E402
 from webapp.common import MAX_UPLOAD_SIZE  # noqa: E402
 from webapp.layout import build_app  # noqa: E402
@@ -104,15 +104,12 @@ def main(argv=None) -> None:
         started = time.monotonic()
         try:
             engine.load()
-        except G4VError as err:  # weights that do not load: one line, and the server goes with it
-            demo.close()
-            raise SystemExit(f"error: {err}") from None
         except KeyboardInterrupt:
             demo.close()
             raise SystemExit(130) from None
-        except Exception as err:  # out of memory and the like: still one line, and the server closed
+        except Exception:  # bad weights, out of memory: the engine's one line, and the server goes with it
             demo.close()
-            raise SystemExit(f"error: could not load model {args.model}: {first_line(err)}") from None
+            raise SystemExit(f"error: {engine.error}") from None
         print(f"* Model loaded in {time.monotonic() - started:.1f} s", flush=True)
     demo.block_thread()  # until Ctrl-C or SIGTERM, which close the server
 

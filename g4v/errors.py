@@ -39,10 +39,7 @@ def check_fields(settings) -> None:
     for field in dataclasses.fields(settings):
         check = field.metadata.get("check")
         if check is not None:
-            try:
-                check(getattr(settings, field.name))
-            except ValueError as err:
-                raise G4VError(f"{field.name} {err}") from None
+            check_value(field.name, getattr(settings, field.name), check)
 
 
 def whole_number(low: int, high: int | None = None, optional: bool = False):

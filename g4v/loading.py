@@ -117,24 +117,51 @@ def load_processor(model: str):
         raise G4VError(f"could not load the processor of {model}: {first_line(err)}") from None
 
 
-def load_model(model: str, device: str | None = None, dtype: str | None = None,
-               vision_lora: str | None = None) -> LoadedModel:
-    """Load model and processor; dtype and device are chosen automatically unless given.
-    ``vision_lora``: the mode for a checkpoint that carries one (default native)."""
-    from g4v.engines.vision_lora import BaseView, check_mode, find_vision_lora, merge_into
+@dataclass(frozen=True)
+class ModelOutline:
+    """What a model folder says before any weight is read, checked as loading checks it: the
+    app builds its page from this while the weights load (:mod:`g4v.engines.deferred`)."""
+
+    model: str
+    source: str
+    device: torch.device
+    dtype: torch.dtype
+    config: object  # Granite4VisionConfig
+    vision_lora: object = None  # as in LoadedModel
+    vision_mode: str = "off"
+
+
+def outline_model(model: str, device: str | None = None, dtype: str | None = None,
+                  vision_lora: str | None = None) -> ModelOutline:
+    """The checks :func:`load_model` makes before it reads weights (the folder, the vision LoRA
+    mode, device and dtype, the config, the vision LoRA's files), and what they find."""
+    from g4v.engines.vision_lora import check_mode, find_vision_lora
 
     source = resolve_source(model)
     mode = check_mode(vision_lora)
     torch_device = pick_device(device)
     torch_dtype = pick_dtype(torch_device, dtype)
-    processor = load_processor(source)
     config = load_config(source)
     lora = find_vision_lora(source)
+    return ModelOutline(model=model, source=source, device=torch_device, dtype=torch_dtype, config=config,
+                        vision_lora=lora, vision_mode=mode if lora is not None else "off")
+
+
+def load_model(model: str, device: str | None = None, dtype: str | None = None,
+               vision_lora: str | None = None, outline: ModelOutline | None = None) -> LoadedModel:
+    """Load model and processor; dtype and device are chosen automatically unless given.
+    ``vision_lora``: the mode for a checkpoint that carries one (default native). ``outline``:
+    :func:`outline_model`'s, when it was made already (the other arguments are then its own)."""
+    from g4v.engines.vision_lora import BaseView, merge_into
+
+    outline = outline or outline_model(model, device, dtype, vision_lora)
+    source, lora, mode = outline.source, outline.vision_lora, outline.vision_mode
+    processor = load_processor(source)
     if lora is None:
-        loaded = _from_pretrained(source, model, config, torch_dtype)
+        loaded = _from_pretrained(source, model, outline.config, outline.dtype)
     else:
         with BaseView(lora.folder) as view:
-            loaded = _from_pretrained(str(view.path), model, config, torch_dtype)
+            loaded = _from_pretrained(str(view.path), model, outline.config, outline.dtype)
         if mode == "merged":
             merge_into(loaded, lora)
         elif mode == "native":
@@ -143,9 +170,9 @@ def load_model(model: str, device: str | None = None, dtype: str | None = None,
             except Exception as err:  # PEFT and file errors come in many types
                 raise G4VError(f"could not attach the vision LoRA of {model}: {first_line(err)}") from None
             loaded.disable_adapters()
-    loaded = loaded.to(torch_device).eval()
-    return LoadedModel(model=loaded, processor=processor, source=source, device=torch_device, dtype=torch_dtype,
-                       vision_lora=lora, vision_mode=mode if lora is not None else "off")
+    loaded = loaded.to(outline.device).eval()
+    return LoadedModel(model=loaded, processor=processor, source=source, device=outline.device, dtype=outline.dtype,
+                       vision_lora=lora, vision_mode=mode)
 
 
 def _from_pretrained(path: str, model: str, config, torch_dtype):

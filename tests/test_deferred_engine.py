@@ -98,7 +98,7 @@ def test_a_load_that_fails_in_another_way_is_one_line_and_not_tried_again():
         raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB\nmore details")
 
     probe = create_engine("hf", str(BUNDLED_MODEL_DIR), defer=True, **CPU)
-    deferred = DeferredEngine(load, probe.info, probe.vision_lora, probe.vision_mode, probe.known_config)
+    deferred = DeferredEngine(load, probe.info, probe.outline)
     with pytest.raises(RuntimeError):
         deferred.load()
     for _ in range(2):
@@ -117,7 +117,7 @@ def test_requests_waiting_for_the_load_share_one_load():
         return create_engine("hf", str(BUNDLED_MODEL_DIR), **CPU)
 
     probe = create_engine("hf", str(BUNDLED_MODEL_DIR), defer=True, **CPU)
-    deferred = DeferredEngine(load, probe.info, probe.vision_lora, probe.vision_mode, probe.known_config)
+    deferred = DeferredEngine(load, probe.info, probe.outline)
     windows = []
     waiting = [threading.Thread(target=lambda: windows.append(deferred.tokenizer.model_max_length)) for _ in range(3)]
     for thread in waiting:

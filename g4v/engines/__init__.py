@@ -99,11 +99,11 @@ def create_engine(backend: str = "auto", model: str | None = None, defer: bool =
 
     chosen = choose_backend(backend)
     details = {"auto": backend == "auto", "choice": describe_choice(backend, chosen)}
+    loading = {key: options.get(key) for key in ("device", "dtype", "vision_lora")}  # the transformers engine's
     if defer and chosen == "hf" and not options.get("quant"):
         from g4v.engines.deferred import defer_transformers
 
-        return defer_transformers(model or default_model(), details, device=options.get("device"),
-                                  dtype=options.get("dtype"), vision_lora=options.get("vision_lora"))
+        return defer_transformers(model or default_model(), details, **loading)
     if chosen == "openai":
         from g4v.engines.remote import RemoteEngine
 
@@ -121,8 +121,7 @@ def create_engine(backend: str = "auto", model: str | None = None, defer: bool =
     else:
         from g4v.engines.hf import TransformersEngine
 
-        engine = TransformersEngine(model or default_model(), device=options.get("device"), dtype=options.get("dtype"),
-                                    vision_lora=options.get("vision_lora"), quant=options.get("quant"),
+        engine = TransformersEngine(model or default_model(), **loading, quant=options.get("quant"),
                                     quant_vision=options.get("quant_vision", True))
     engine.info.details.update(details)
     return engine

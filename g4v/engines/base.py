@@ -77,6 +77,17 @@ class EngineInfo:
     details: dict = field(default_factory=dict)
 
 
+def transformers_info(model: str, held) -> EngineInfo:
+    """The transformers engine's info for ``model`` as ``held`` (a :class:`~g4v.loading.LoadedModel`,
+    or the :class:`~g4v.loading.ModelOutline` it is loaded from) says it: device, dtype, vision LoRA."""
+    from g4v.engines.vision_lora import describe
+
+    info = EngineInfo(backend="hf", model=model, device=str(held.device), dtype=str(held.dtype).removeprefix("torch."))
+    if held.vision_lora is not None:  # said at start by the commands; absent for merged checkpoints
+        info.details["vision_lora"] = describe(held.vision_mode, held.vision_lora)
+    return info
+
+
 class Engine(ABC):
     """One loaded model behind one backend."""
 

@@ -26,9 +26,10 @@ import torch
 from transformers import StoppingCriteria, StoppingCriteriaList, TextIteratorStreamer, set_seed
 
 from g4v.conversation import Message, SamplingSettings, to_template_messages, validate_conversation
-from g4v.engines.base import BATCH_SIZE, WITHOUT_VISION_LORA, Engine, EngineInfo, Generation, PreparedRequest
+from g4v.engines.base import (BATCH_SIZE, WITHOUT_VISION_LORA, Engine, Generation, PreparedRequest,
+                             transformers_info)
 from g4v.errors import G4VError, PromptTooLong, check_value, whole_number
-from g4v.engines.vision_lora import check_base_available, describe
+from g4v.engines.vision_lora import check_base_available
 from g4v.loading import VISION_ADAPTER, LoadedModel, load_model
 from g4v.model.encoding import encoded_inputs, features_shared
 from g4v.model.precision import quantize_model
@@ -62,17 +63,10 @@ class TransformersEngine(Engine):
         self._adapters: dict[str, str] = {}
         self._stacked: set[str] = set()  # names applied on top of the vision LoRA
         self._adapter_ids = itertools.count(1)
-        self.info = EngineInfo(
-            backend="hf",
-            model=model,
-            device=str(self.loaded.device),
-            dtype=str(self.loaded.dtype).removeprefix("torch."),
-        )
+        self.info = transformers_info(model, self.loaded)
         if quant:  # "int8 weights on 57 linear layers (vision kept)": an int8 arm says what it quantized
             kept = "" if quant_vision else ", vision tower and projectors kept"
             self.info.details["quant"] = f"{quant} weights on {len(quantized)} linear layers{kept}"
-        if self.loaded.vision_lora is not None:  # said at start by the commands; absent for merged checkpoints
-            self.info.details["vision_lora"] = describe(self.loaded.vision_mode, self.loaded.vision_lora)
 
     @property
     def vision_lora(self):
