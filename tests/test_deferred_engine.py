@@ -127,3 +127,40 @@ def test_requests_waiting_for_the_load_share_one_load():
     for thread in waiting:
         thread.join(60)
     assert calls == [1] and len(windows) == 3 and len(set(windows)) == 1 and deferred.is_loaded
+
+
+def test_a_chat_sent_while_the_model_loads_is_told_so_once_and_then_answered(hf_engine):
+    """The /chat endpoint of a page served before its model loads: the visitor gets one info toast
+    (Gradio's log message) while the load holds their request, then the loaded engine's answer;
+    a request after the load gets no toast."""
+    import time
+
+    from gradio_client import Client
+
+    from tests.conftest import free_port
+    from webapp.common import STILL_LOADING
+    from webapp.layout import build_app
+
+    release = threading.Event()
+    probe = create_engine("hf", str(BUNDLED_MODEL_DIR), defer=True, **CPU)
+    deferred = DeferredEngine(lambda: release.wait(60) and probe.load(), probe.info, probe.outline)
+    demo = build_app(deferred, str(BUNDLED_MODEL_DIR))
+    demo.queue()
+    port = free_port()
+    demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
+    try:
+        client = Client(f"http://127.0.0.1:{port}/", verbose=False)
+        message = {"text": "What colour is the shape?", "files": []}
+        job = client.submit(message, 8, 0.0, 1.0, 0, api_name="/chat")
+        deadline = time.monotonic() + 60
+        while job.status().log is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert job.status().log == (STILL_LOADING, "info") and not deferred.is_loaded
+        release.set()
+        text = job.result(timeout=120)
+        assert text == hf_engine.generate([Message("user", message["text"])], SamplingSettings(max_new_tokens=8)).text
+        again = client.submit(message, 8, 0.0, 1.0, 0, api_name="/chat")
+        assert again.result(timeout=120) == text and again.status().log is None
+    finally:
+        release.set()
+        demo.close()

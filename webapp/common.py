@@ -71,6 +71,40 @@ def shows_errors(fn):
     return call
 
 
+#: What a visitor whose request arrives before the model is in memory is told (app.py serves the
+#: page first, then loads: g4v.engines.deferred).
+STILL_LOADING = "The model is still loading; your request starts as soon as it is ready."
+
+
+def model_task(engine, gpu_task):
+    """``gpu_task`` (the decorator every model-bound handler gets: ``spaces.GPU`` on ZeroGPU) that
+    also tells a visitor, in one toast, when their request waits for the model's first load, so a
+    request sent in the first seconds is not met by a silent spinner. Any other engine: ``gpu_task``."""
+    from g4v.engines.deferred import DeferredEngine
+
+    if not isinstance(engine, DeferredEngine):  # loaded before the page was built
+        return gpu_task
+
+    def note() -> None:
+        if not engine.is_loaded and engine.error is None:  # a failed load is its own one-line error
+            gr.Info(STILL_LOADING)
+
+    def decorate(fn):
+        if inspect.isgeneratorfunction(fn):
+            @functools.wraps(fn)
+            def stream(*args, **kwargs):
+                note()
+                yield from fn(*args, **kwargs)
+            return gpu_task(stream)
+
+        @functools.wraps(fn)
+        def call(*args, **kwargs):
+            note()
+            return fn(*args, **kwargs)
+        return gpu_task(call)
+    return decorate
+
+
 class OutputBoxes:
     """Base of a dataclass holding an event's output components: :meth:`components` lists them in
     field order, which is the event's outputs list (and its API endpoint's results, by position),

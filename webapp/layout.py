@@ -12,7 +12,7 @@ from g4v.paths import (ASSETS_DIR, DOCUMENTS_MODEL_DIR, EXAMPLES_DIR, REAL_MODEL
 from webapp.attribution import attribution_tab
 from webapp.chat import chat_tab
 from webapp.circuits import circuits_tab
-from webapp.common import engine_line
+from webapp.common import engine_line, model_task
 from webapp.deepstack import deepstack_tab
 from webapp.evaluate import STORES, EvalWorkspace, evaluate_tab
 from webapp.evaluate_open import OpenInChat, OpenInDeepstack, OpenInLora, OpenTargets
@@ -72,6 +72,7 @@ def build_app(engine: Engine, model: str, concurrency: int = 1, adapters_dir=Non
     """The workbench page. ``data_dirs``: folders the Evaluate tab lists datasets from (besides the
     bundled one); ``eval_servers``: OpenAI-compatible servers it offers as arms (``URL[,model=NAME]``)."""
     config = local_config(engine)
+    gpu_task = model_task(engine, gpu_task)  # a request sent while the model loads is told so
     with gr.Blocks(title="Granite 4 Vision workbench", analytics_enabled=False, delete_cache=CACHE_CLEANUP) as demo:
         # Each visitor's files in folders of their own (webapp.sessions), inside Gradio's cache so
         # Gradio serves them without copying them, and the stores' pruning is the only copy's
