@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from PIL import Image
 
-from g4v.errors import G4VError, PromptTooLong, check_fields, whole_number
+from g4v.errors import G4VError, PromptTooLong, check_fields, share, whole_number
 
 ROLES = ("system", "user", "assistant")
 
@@ -51,11 +51,6 @@ def _check_temperature(value) -> None:
         raise ValueError(f"must be between 0 and 5, got {value!r}")
 
 
-def _check_top_p(value) -> None:
-    if not _is_number(value) or not 0 < value <= 1:
-        raise ValueError(f"must be in (0, 1], got {value!r}")
-
-
 _check_seed = whole_number(0, 2**32 - 1, optional=True)  # None: a fresh seed
 
 
@@ -72,7 +67,7 @@ class SamplingSettings:
     temperature: float = field(default=0.0, metadata={
         "check": _check_temperature, "help": "sampling temperature (0 decodes greedily)"})
     top_p: float = field(default=1.0, metadata={
-        "check": _check_top_p, "help": "nucleus sampling: the smallest set of tokens holding this "
+        "check": share(up_to_one=True), "help": "nucleus sampling: the smallest set of tokens holding this "
                                        "much probability (1: all)"})
     seed: int | None = field(default=None, metadata={
         "check": _check_seed, "help": "seed of the sampler (default: a fresh one each run)"})

@@ -65,6 +65,21 @@ def check_value(name: str, value, check) -> None:
         raise G4VError(f"{name} {err}") from None
 
 
+def share(up_to_one: bool = False, optional: bool = False, example: str = ""):
+    """A field's check: a number above 0 and below 1 (``up_to_one``: 1 allowed), in one wording for
+    every such setting; ``example`` is added after the range (``" (0.02 = 2 points)"``)."""
+    bounds = "above 0 and up to 1" if up_to_one else "between 0 and 1"
+
+    def check(value) -> None:
+        if value is None and optional:
+            return
+        if (isinstance(value, bool) or not isinstance(value, (int, float))
+                or not (0 < value <= 1 if up_to_one else 0 < value < 1)):
+            raise ValueError(f"must be a number {bounds}{example}, got {quoted(value)}")
+
+    return check
+
+
 class PromptTooLong(G4VError):
     """The prompt and the tokens asked for do not fit the model's context window. Engines raise it
     before anything streams, so a chat can drop its oldest turns and try again."""

@@ -119,6 +119,39 @@ def test_every_whole_number_setting_is_refused_in_one_wording():
             assert RE_WHOLE.fullmatch(str(raised.value)), (field.name, str(raised.value))
 
 
+RE_SHARE = re.compile(r"must be a number (between 0 and 1|above 0 and up to 1)( \(0\.02 = 2 points\))?, "
+                      r"got (-1000000\.0|1\.5|True|'0\.5')")
+
+
+def refuses(check, value) -> bool:
+    try:
+        check(value)
+    except ValueError:
+        return True
+    return False
+
+
+#: The float settings that cannot be 1.5 (temperature can): shares of something.
+SHARES = [(command, field) for command, field in CHECKED if "float" in str(field.type) and refuses(field.metadata["check"], 1.5)]
+
+
+def test_every_share_setting_is_refused_in_one_wording():
+    """Settings that are a share of something (Evaluate's margin and discordance, vLLM's memory,
+    top-p) share one check (``g4v.errors.share``); vLLM's memory and top-p allow all of it (1)."""
+    assert {field.name for _, field in SHARES} == {"margin", "discordance", "gpu_memory_utilization", "top_p"}
+    for _, field in SHARES:
+        check = field.metadata["check"]
+        for bad in (float(BAD), 1.5, True, "0.5"):
+            with pytest.raises(ValueError) as raised:
+                check(bad)
+            assert RE_SHARE.fullmatch(str(raised.value)), (field.name, str(raised.value))
+        check(0.5)
+        if field.name in ("gpu_memory_utilization", "top_p"):
+            check(1.0)
+        else:
+            with pytest.raises(ValueError):
+                check(1.0)
+
 
 @pytest.mark.parametrize("argv, line", [
     (("bench", "engines", "--backends", "hf", "--chats", "0"), "error: --chats must be a whole number >= 1, got 0"),

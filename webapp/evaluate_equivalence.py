@@ -6,8 +6,9 @@ which the CLI prints too)."""
 
 import gradio as gr
 
-from g4v.errors import G4VError, quoted
+from g4v.errors import G4VError, check_value
 from g4v.evaluate import EvalConfig
+from g4v.evaluate.run import check_share
 from g4v.evaluate.equivalence import plan_line, summary_lines
 from g4v.evaluate.fields import FIELD_HEADERS, field_rows
 from g4v.evaluate.stats import detectable
@@ -30,9 +31,9 @@ def equivalence_boxes() -> tuple[gr.Number, gr.Number]:
 
 
 def checked_share(value, name: str) -> float:
-    """A margin or discordance box's value, strictly between 0 and 1, or one line naming the box."""
-    if _share(value) is None or not isinstance(value, (int, float)):
-        raise G4VError(f"{name} must be a number between 0 and 1 (0.02 = 2 points), got {quoted(value)}")
+    """A margin or discordance box's value, strictly between 0 and 1, or one line naming the box
+    (in the command line's words: :data:`g4v.evaluate.run.check_share`)."""
+    check_value(name, value, check_share)
     return value
 
 

@@ -31,7 +31,7 @@ from g4v.engines.base import WITHOUT_VISION_LORA, Engine, EngineInfo, Generation
 from g4v.engines.event_loop import LoopThread
 from g4v.engines.vision_lora import check_base_available, lora_rank_slot, served_view
 from g4v.engines.vllm_start import OutputTail, start_error
-from g4v.errors import G4VError, PromptTooLong, check_fields, first_line, whole_number
+from g4v.errors import G4VError, PromptTooLong, check_fields, first_line, share, whole_number
 
 #: How often a waiting consumer looks at its cancel event (seconds).
 _POLL_S = 0.05
@@ -51,11 +51,6 @@ _END = object()
 _count = whole_number(1, optional=True)  # None: vLLM's own default
 
 
-def _share(value) -> None:
-    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1):
-        raise ValueError(f"must be a number in (0, 1], got {value!r}")
-
-
 @dataclass
 class VLLMSettings:
     """The settings users tune, passed through to vLLM's engine arguments (``None``: vLLM's or
@@ -73,7 +68,7 @@ class VLLMSettings:
     max_num_batched_tokens: int | None = field(default=None, metadata={
         "check": _count, "help": "tokens scheduled in one engine step (default: vLLM's)"})
     gpu_memory_utilization: float | None = field(
-        default=None, metadata={"check": _share, "help": "share of GPU memory (on the CPU build: of RAM) vLLM may take"})
+        default=None, metadata={"check": share(up_to_one=True, optional=True), "help": "share of GPU memory (on the CPU build: of RAM) vLLM may take"})
     enforce_eager: bool | None = field(default=None, metadata={"help": "skip CUDA graphs and compilation"})
     #: LoRA slots are reserved at start-up, so adapters can only be served when this is on.
     enable_lora: bool = field(default=True, metadata={

@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from g4v.conversation import MAX_NEW_TOKENS, SamplingSettings, check_answer_length
-from g4v.errors import G4VError, check_fields, whole_number
+from g4v.errors import G4VError, check_fields, share, whole_number
 import g4v.evaluate.store as store
 from g4v.engines.base import BATCH_SIZE
 from g4v.evaluate.arms import VLLM_IN_FLIGHT, Arm, ArmSpec, check_arms, open_arms
@@ -39,9 +39,8 @@ from g4v.evaluate.stats import detectable, matches, summarise
 HF_CHUNK = 4
 
 
-def _share(value) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1:
-        raise ValueError(f"must be a number between 0 and 1 (0.02 = 2 points), got {value!r}")
+#: The margin's and the discordance's check (the app's boxes use it too).
+check_share = share(example=" (0.02 = 2 points)")
 
 
 @dataclass
@@ -67,10 +66,10 @@ class EvalConfig:
         "help": "also answer with every picture blanked: flags arms whose answer ignores the image"})
     levels: bool = field(default=False, metadata={"help": "per-level injected norms (Deepstack capture), hf arms"})
     margin: float = field(default=MARGIN, metadata={
-        "check": _share,
+        "check": check_share,
         "help": "equivalence margin: the TOST asks whether |accuracy A - accuracy B| < this (0.02 = 2 points)"})
     discordance: float = field(default=DISCORDANCE, metadata={
-        "check": _share,
+        "check": check_share,
         "help": "share of rows assumed right in one arm only, for the detectable difference shown before the run "
                 "(a pilot's value; the summary adds the observed one)"})
 
