@@ -98,9 +98,12 @@ def main(argv=None) -> None:
         quiet=True,  # Gradio's own lines suggest share=True: this app never makes a share link
         prevent_thread_lock=True,
     )
-    print(f"* Running on local URL: {demo.local_url} (never a share link; see the README, App settings)", flush=True)
-    if isinstance(engine, DeferredEngine):  # a request sent meanwhile waits for this one load
-        print("* Loading the model; the page is up, and a request sent meanwhile waits for it", flush=True)
+    deferred = isinstance(engine, DeferredEngine)
+    # One write for both lines, so whoever reads the address knows whether a load follows.
+    print(f"* Running on local URL: {demo.local_url} (never a share link; see the README, App settings)"
+          + ("\n* Loading the model; the page is up, and a request sent meanwhile waits for it" if deferred else ""),
+          flush=True)
+    if deferred:  # a request sent meanwhile waits for this one load
         started = time.monotonic()
         try:
             engine.load()

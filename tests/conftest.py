@@ -2,6 +2,7 @@
 
 import os
 import subprocess
+import time
 import sys
 from contextlib import contextmanager
 from pathlib import Path
@@ -97,6 +98,20 @@ def make_image(width: int, height: int, seed: int = 0) -> Image.Image:
     return Image.fromarray(pixels, mode="RGB")
 
 
+def wait_until_loaded(log: Path, process, timeout: float) -> None:
+    """Until the app's model is in memory: app.py serves its page first and says, with its address,
+    whether a load follows ("* Loading the model"), then "* Model loaded". Tests of a served app
+    start on a loaded model, so no request meets the "still loading" toast (tests/test_deferred_engine.py
+    tests that toast)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and process.poll() is None:
+        text = log.read_text(errors="replace")
+        if "* Running on local URL" in text and ("* Loading the model" not in text or "* Model loaded" in text):
+            return
+        time.sleep(0.2)
+    raise RuntimeError(f"app.py did not load its model (exit code {process.poll()}); see {log}")
+
+
 @contextmanager
 def running_app(*args: str, env: dict | None = None, timeout: float = 240, app_file: str = "app.py"):
     """Start ``python app.py ARGS`` on a free port as a user would; yield its URL; stop it after.
@@ -114,6 +129,7 @@ def running_app(*args: str, env: dict | None = None, timeout: float = 240, app_f
             wait_until_serving(port, timeout, process, interval=1)
         except G4VError as err:
             raise RuntimeError(f"app.py: {err}; see {log.name}") from None
+        wait_until_loaded(Path(log.name), process, timeout)
         yield f"http://127.0.0.1:{port}/"
     finally:
         process.terminate()
