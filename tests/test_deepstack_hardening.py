@@ -156,10 +156,10 @@ def test_without_out_dir_exports_go_to_a_bounded_store(hf_engine):
 
     image = make_image(300, 140, seed=3)
     store = default_export_store()
-    for _ in range(store.keep + 1):
-        result = run_inspection(hf_engine, image, PROMPT, max_new_tokens=0)
+    earlier = [store.new_folder() for _ in range(store.keep)]  # a full store (each export's own folder)
+    result = run_inspection(hf_engine, image, PROMPT, max_new_tokens=0)
     assert result.export_dir.parent == store.root and result.export_zip.exists()
-    assert len(_entries(store.root)) == store.keep
+    assert len(_entries(store.root)) == store.keep and not earlier[0].exists() and earlier[1].exists()
 
 
 def test_the_export_root_is_removed_at_interpreter_exit(tmp_path):
