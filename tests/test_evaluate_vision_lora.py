@@ -55,6 +55,7 @@ def independent_accuracy(engine) -> tuple[int, int]:
     return right, ROWS
 
 
+@pytest.mark.training  # scores the checkpoint on 24 rows, twice in each mode
 def test_the_run_shows_the_vision_loras_accuracy_drop_with_intervals(run, engines):
     arms = run["summary"]["arms"]
     for side, mode in (("a", "native"), ("b", "off")):
@@ -68,6 +69,7 @@ def test_the_run_shows_the_vision_loras_accuracy_drop_with_intervals(run, engine
     assert run["summary"]["paired"]["a_only"] > run["summary"]["paired"]["b_only"]
 
 
+@pytest.mark.training  # the 24-row run above
 def test_the_run_records_each_arms_mode(run):
     assert run["settings"]["a"]["vision_lora"] is None and run["settings"]["b"]["vision_lora"] == "off"
     assert "[vision LoRA off]" in run["summary"]["arms"]["b"]["label"]
