@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -70,6 +71,7 @@ def test_adapter_disagrees_exactly_on_colours(base_vs_adapter, trained_engine):
     assert set(summary["worst"][:len(colour_rows)]) == colour_rows
 
 
+@pytest.mark.slow  # about 4 s on a quiet 2-core machine
 def test_answers_and_accuracy_equal_the_demo_evaluation(base_vs_adapter, trained_engine):
     """The demo's own evaluation path (engine.generate per question, exact match) gives the same
     answers, the same accuracy per category, and so the same agreement per category."""
@@ -167,13 +169,14 @@ def start_and_wait_for_a_row(out):
     return process
 
 
+@pytest.mark.slow  # starts python -m g4v or python itself
 def test_ctrl_c_leaves_the_tables_of_the_finished_rows(tmp_path):
     out = tmp_path / "interrupted"
     process = start_and_wait_for_a_row(out)
     process.send_signal(signal.SIGINT)
     _, stderr = process.communicate(timeout=120)
     kept = len((out / ROWS_FILE).read_text().splitlines())
-    assert process.returncode == 130
+    assert process.returncode == 130, stderr[-3000:]
     assert stderr.strip().splitlines()[-1] == (f"error: interrupted; {kept} of {INTERRUPTED_ROWS} rows are kept in "
                                                f"{out}: run the same command again to resume")
     summary = json.loads((out / SUMMARY_FILE).read_text())
@@ -183,6 +186,24 @@ def test_ctrl_c_leaves_the_tables_of_the_finished_rows(tmp_path):
     assert pq.read_table(out / PARQUET_FILE).num_rows == kept
 
 
+def test_the_first_ctrl_c_sets_the_cancel_and_the_second_interrupts(capsys):
+    """What the run above relies on, in this process: a flag that cannot be lost, then the usual
+    KeyboardInterrupt, and the handler that was there before is back afterwards."""
+    from g4v.commands.eval import ctrl_c_sets
+
+    before = signal.getsignal(signal.SIGINT)
+    cancel = threading.Event()
+    with pytest.raises(KeyboardInterrupt):
+        with ctrl_c_sets(cancel):
+            signal.raise_signal(signal.SIGINT)  # Python runs the handler before the next line
+            assert cancel.is_set()
+            signal.raise_signal(signal.SIGINT)
+            raise AssertionError("the second Ctrl-C did not interrupt")
+    assert signal.getsignal(signal.SIGINT) is before
+    assert "Ctrl-C again to stop now" in capsys.readouterr().err
+
+
+@pytest.mark.slow  # starts python -m g4v or python itself
 def test_a_killed_run_resumes_to_the_same_results(trained_engine, tmp_path):
     out = tmp_path / "resumed"
     process = start_and_wait_for_a_row(out)
@@ -225,6 +246,7 @@ def test_a_killed_run_resumes_to_the_same_results(trained_engine, tmp_path):
         run_eval(EvalConfig(**{**vars(config), "max_new_tokens": 7}), out)
 
 
+@pytest.mark.slow  # about 4 s on a quiet 2-core machine
 def test_cli_writes_the_tabs_plots_as_png(tmp_path, capsys):
     """Issue 31, item 11: ``eval --out DIR`` writes the pictures the Evaluate tab shows (the same
     figures, redrawn here from the run's own files as the tab draws them) and lists them."""

@@ -12,7 +12,10 @@ Evaluate tab's pictures as PNG (:data:`PLOT_FILES`); prints the detectable diffe
 See ``docs/evaluate.md`` and ``docs/token-budget.md``.
 """
 
+import contextlib
+import signal
 import sys
+import threading
 from dataclasses import replace
 from pathlib import Path
 
@@ -83,25 +86,32 @@ def run(args) -> int:
         bars[0].n = done
         bars[0].refresh()
 
-    try:
-        if args.keep_sweep is not None:
-            from g4v.evaluate.budget import run_budget_sweep
-
-            curve = run_budget_sweep(config, args.out, args.keep_sweep, args.policy, adapters_dir=args.adapters_dir,
-                                     progress=progress)
-        else:
-            result = run_eval(config, args.out, adapters_dir=args.adapters_dir, progress=progress,
-                              plan=lambda planned: print(plan_line(planned), file=sys.stderr, flush=True))
-    except KeyboardInterrupt:
+    def interrupted() -> int:
         for bar in bars:
             bar.close()
         kept = f"{bars[0].n} of {bars[0].total} rows are" if bars else "the finished rows are"
         print(f"error: interrupted; {kept} kept in {args.out}: run the same command again to resume",
               file=sys.stderr)
         return 130
+
+    cancel = threading.Event()
+    try:
+        with ctrl_c_sets(cancel):
+            if args.keep_sweep is not None:
+                from g4v.evaluate.budget import run_budget_sweep
+
+                curve = run_budget_sweep(config, args.out, args.keep_sweep, args.policy, adapters_dir=args.adapters_dir,
+                                         progress=progress, cancel=cancel)
+            else:
+                result = run_eval(config, args.out, adapters_dir=args.adapters_dir, progress=progress, cancel=cancel,
+                                  plan=lambda planned: print(plan_line(planned), file=sys.stderr, flush=True))
+    except KeyboardInterrupt:  # the second Ctrl-C: the rows on disk are kept, the chunk in progress is not
+        return interrupted()
     finally:
         for bar in bars:
             bar.close()
+    if cancel.is_set():
+        return interrupted()
     if args.keep_sweep is not None:
         return _report_sweep(curve, args.out)
     print(summary_table(result.summary))
@@ -109,6 +119,28 @@ def run(args) -> int:
     for path in write_plots(result, args.out):
         print(f"wrote {path}")
     return 0
+
+
+@contextlib.contextmanager
+def ctrl_c_sets(cancel: threading.Event):
+    """The first Ctrl-C sets ``cancel``: the run stops after the rows in progress, writes its tables
+    and returns (the app's Stop button does the same). A KeyboardInterrupt raised at any bytecode can
+    land in a finaliser, where Python prints it and goes on, so the run would finish as if nothing
+    happened; a flag cannot be lost. The second Ctrl-C interrupts at once."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def first(signum, frame):
+        cancel.set()
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        print("\nstopping after the rows in progress (Ctrl-C again to stop now)", file=sys.stderr, flush=True)
+
+    previous = signal.signal(signal.SIGINT, first)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _report_sweep(curve, out_dir: Path) -> int:
