@@ -186,6 +186,7 @@ def _module_hooks(model) -> int:
                for m in model.modules())
 
 
+@pytest.mark.slow  # about 8 s on a quiet 2-core machine
 def test_a_full_request_leaves_no_hooks_and_the_next_chat_unchanged(hf_engine, request_inputs, tmp_path):
     from g4v.attribution.run import AttributionSettings, run_attribution
 

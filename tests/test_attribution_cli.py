@@ -29,6 +29,7 @@ def picture(tmp_path_factory):
     return path
 
 
+@pytest.mark.slow  # about 10 s on a quiet 2-core machine
 def test_attribute_writes_json_pngs_and_tensors_that_agree(picture, tmp_path, capsys):
     from g4v.attribution.run import FIGURE_FILES
 
@@ -52,6 +53,7 @@ def test_attribute_writes_json_pngs_and_tensors_that_agree(picture, tmp_path, ca
     assert sorted(summary["files"].values()) == sorted(p.name for p in out.iterdir())
 
 
+@pytest.mark.slow  # about 7 s on a quiet 2-core machine
 def test_a_contrast_is_a_log_odds_and_no_lens_lists_no_lens_files(picture, tmp_path, capsys):
     """Issue 31 item 9: with --against the explained number is a log-odds, in every label; with
     --no-lens summary.json lists only the files written."""

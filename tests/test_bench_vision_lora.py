@@ -35,6 +35,7 @@ def assert_ratio(decode: str, reference: str, ratio: str) -> None:
         assert number(ratio) == pytest.approx(number(decode) / number(reference), rel=0.05, abs=0.01)
 
 
+@pytest.mark.slow  # about 7 s on a quiet 2-core machine
 def test_bench_eval_times_each_mode():
     done = run_cli("bench", "eval", "--backends", f"hf:model={LAYOUT}", "--vision-lora-modes", ",".join(MODES),
                    "--limit", "4", "--max-new-tokens", "8")
@@ -46,6 +47,7 @@ def test_bench_eval_times_each_mode():
     assert rows[1][8] == "4/4" and rows[1][5] == rows[0][5]  # merged: native's greedy tokens on every sample
 
 
+@pytest.mark.slow  # about 11 s on a quiet 2-core machine
 def test_bench_engines_times_each_mode():
     from g4v.engines.bench import workload
     from g4v.engines.hf import TransformersEngine

@@ -131,6 +131,7 @@ def pictures_ab(tmp_path_factory):
     return paths
 
 
+@pytest.mark.slow  # about 9 s on a quiet 2-core machine
 def test_patching_exports_the_library_result(handlers, hf_engine, pictures_ab):
     from g4v.images import open_image
 

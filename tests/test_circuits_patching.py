@@ -238,6 +238,7 @@ def _cli(files, *flags, other="b.png"):
                    "--image", files / "a.png", "--other", files / other, *flags)
 
 
+@pytest.mark.slow  # about 6 s on a quiet 2-core machine
 def test_cli_json_is_the_library_result(files, pair, patched, tmp_path):
     from PIL import Image
 

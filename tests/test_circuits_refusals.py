@@ -101,6 +101,7 @@ def run(page: Page, view: str) -> None:
 
 
 @pytest.mark.parametrize("view", list(VIEWS))
+@pytest.mark.slow  # about 5 s on a quiet 2-core machine
 def test_a_refused_run_keeps_the_results_marked_as_the_previous_runs(page, view):
     run(page, view)
     assert not page.refusals
@@ -125,6 +126,7 @@ def test_another_region_marks_the_reverse_results_instead_of_emptying_them(page)
     assert results(page, "reverse") == [f"{PREVIOUS_RUN}\n\n{report}", picture, files]
 
 
+@pytest.mark.slow  # about 6 s on a quiet 2-core machine
 def test_a_new_picture_a_empties_every_views_results(page):
     for view in VIEWS:
         run(page, view)

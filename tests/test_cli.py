@@ -32,12 +32,22 @@ def assert_one_line_error(result, *words):
         assert word in lines[0], lines[0]
 
 
+@pytest.mark.slow  # starts python -m g4v or python itself
 def test_chat_streams_an_answer_about_images(tmp_path):
+    """The entry point itself: a new ``python -m g4v`` streams the greedy answer that the engine
+    on the default checkpoint gives in this process."""
+    from g4v.conversation import Message, SamplingSettings
+    from g4v.engines.hf import TransformersEngine
+    from g4v.images import open_image
+    from g4v.paths import default_model
+
     second = tmp_path / "tall.png"
     make_image(120, 360).save(second)
     result = g4v_process("chat", "--image", str(EXAMPLE), "--image", str(second), "--max-new-tokens", "8", "Which is larger?")
     assert result.returncode == 0, result.stderr
-    assert result.stdout.strip()
+    messages = [Message("user", "Which is larger?", [open_image(str(EXAMPLE)), open_image(str(second))])]
+    engine = TransformersEngine(default_model(), device="cpu", dtype="float32")
+    assert result.stdout == engine.generate(messages, SamplingSettings(max_new_tokens=8)).text + "\n"
 
 
 def test_chat_text_only_with_seeded_sampling():

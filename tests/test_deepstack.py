@@ -233,6 +233,7 @@ def test_run_inspection_for_the_app(hf_engine, image, tmp_path):
 # ── CLI and pictures ───────────────────────────────────────────────────────────────────────────
 
 
+@pytest.mark.slow  # about 5 s on a quiet 2-core machine
 def test_cli_writes_summary_pngs_and_capture(tmp_path, output_dir, image, capsys):
     image_path = tmp_path / "in.png"
     image.save(image_path)

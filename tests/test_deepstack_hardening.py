@@ -130,18 +130,18 @@ def test_export_store_keeps_the_newest_and_cleans_up(hf_engine, tmp_path):
     from g4v.model.exports import ExportStore
     from g4v.inspect.run import FIGURE_FILES, run_inspection
 
-    keep = 2
-    store = ExportStore(tmp_path, keep=keep)
+    store = ExportStore(tmp_path, keep=2)
     assert store.root.parent == tmp_path
     image = make_image(300, 140, seed=3)
-    results = [run_inspection(hf_engine, image, PROMPT, max_new_tokens=0, exports=store) for _ in range(keep + 2)]
-    assert len(_entries(store.root)) == keep  # one folder per kept export, the zip inside it
-    for old in results[:-keep]:
-        assert not old.export_dir.exists() and not old.export_zip.exists()
-    for new in results[-keep:]:
-        assert new.export_dir.parent == store.root and new.export_zip.parent == new.export_dir
-        names = set(zipfile.ZipFile(new.export_zip).namelist())
-        assert names == {"summary.json", "capture.safetensors", *FIGURE_FILES.values()}  # not itself
+    # An inspection, another export, then an inspection: the third pushes the first out.
+    first = run_inspection(hf_engine, image, PROMPT, max_new_tokens=0, exports=store)
+    other = store.new_folder()
+    last = run_inspection(hf_engine, image, PROMPT, max_new_tokens=0, exports=store)
+    assert len(_entries(store.root)) == 2  # one folder per kept export, the zip inside it
+    assert not first.export_dir.exists() and not first.export_zip.exists() and other.is_dir()
+    assert last.export_dir.parent == store.root and last.export_zip.parent == last.export_dir
+    names = set(zipfile.ZipFile(last.export_zip).namelist())
+    assert names == {"summary.json", "capture.safetensors", *FIGURE_FILES.values()}  # not itself
     assert _entries(tmp_path) == [store.root]
     store.close()
     assert _entries(tmp_path) == []  # nothing left, and the folder we were given is still there
@@ -267,6 +267,7 @@ def test_the_cli_refuses_absurd_factors_in_one_line(tmp_path, spec):
     assert spec.split("=")[0] in done.stderr and "/tmp" not in done.stderr
 
 
+@pytest.mark.slow  # about 5 s on a quiet 2-core machine
 def test_a_factor_just_below_the_bound_gives_the_true_kl(hf_engine):
     """KL(before || after) of the next token, computed here from our own two forward passes."""
     from g4v.inspect.run import run_inspection

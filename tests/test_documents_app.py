@@ -258,6 +258,7 @@ def test_a_bad_resolution_sent_by_a_client_is_one_line(picker, dpi, words):
     assert done["success"] is False and done["output"]["error"] == words
 
 
+@pytest.mark.slow  # about 12 s on a quiet 2-core machine
 def test_rendered_pages_live_in_the_apps_own_folder_which_goes_with_the_app(tmp_path):
     """No shared /tmp/g4v-pages: the picker's pages are in a folder named with the server's process
     id, deleted at exit; a folder that a killed server left behind goes when the next one starts,

@@ -242,6 +242,7 @@ def own_peak_memory() -> int:
 
 
 @pytest.mark.parametrize("limit", ["memory", "time"])
+@pytest.mark.slow  # about 4 s on a quiet 2-core machine
 def test_a_form_that_draws_itself_is_one_line_and_this_process_stays_small(tmp_path, monkeypatch, limit):
     """In process this PDF took the server from 1.3 to 6 GB and ended in SIGABRT; now the child
     hits its address-space limit (or is killed at the time limit) and the caller reads one line."""
@@ -282,6 +283,7 @@ def test_pages_and_thumbnails_match_pdfium_in_this_process():
         document.close()
 
 
+@pytest.mark.slow  # about 4 s on a quiet 2-core machine
 def test_a_slow_document_does_not_hold_up_another(tmp_path, monkeypatch):
     """One user's runaway page (here a few seconds until its child is killed) and another's page
     render at the same time: the second is done while the first still runs (one PDFium lock made it wait)."""

@@ -172,6 +172,7 @@ def test_batched_scoring_equals_each_row_scored_alone(hf_engine):
         assert torch.equal(batched.argmax(dim=1), reference.argmax(dim=1))
 
 
+@pytest.mark.slow  # about 7 s on a quiet 2-core machine
 def test_an_encoded_request_answers_and_scores_as_its_pixel_values(hf_engine):
     """Requests whose pictures went through the vision tower and projectors once
     (``engine.encoded``; those of one tile shape together) are the same prompts to the model:

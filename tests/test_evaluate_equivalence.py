@@ -253,6 +253,7 @@ def test_cli_b_same_prints_the_plan_and_the_noise_floor(tmp_path):
     assert summary["noise_floor"]["disagree"] == 0 and summary["equivalence"]["margin"] == 0.05
 
 
+@pytest.mark.slow  # about 4 s on a quiet 2-core machine
 def test_a_document_dataset_says_which_fields_moved(tmp_path):
     """The documents checkpoint (reads charts and extracts key-value JSON) against the shapes
     checkpoint (answers in a word) on two held-out charts and two key-value pictures: every field

@@ -39,6 +39,7 @@ def test_figures_over_a_39_megapixel_picture_stay_small(hf_engine, photo):
     assert all(max(p.size) <= MAX_PICTURE_SIDE for p in pictures)
 
 
+@pytest.mark.slow  # about 9 s on a quiet 2-core machine
 def test_attribution_on_a_39_megapixel_picture_runs_within_bounds(hf_engine, photo, tmp_path):
     from g4v.attribution.run import FIGURE_FILES, AttributionSettings, run_attribution
 

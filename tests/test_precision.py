@@ -190,6 +190,7 @@ def test_cli_bad_input_is_one_line(flags, message):
     assert result.returncode == 1 and result.stderr.strip().splitlines() == [message]
 
 
+@pytest.mark.slow  # starts python -m g4v or python itself
 def test_torchao_adds_no_lines_to_a_model_load():
     """transformers imports torchao on its own once it is installed; its kernel-library warnings and
     torch's enum warnings are filtered (``g4v/__init__.py``), so a load prints only its progress."""

@@ -121,6 +121,7 @@ def expected_identity(plan) -> np.ndarray:
 
 
 @pytest.mark.parametrize("name", CONFIGS)
+@pytest.mark.slow  # about 6 s on a quiet 2-core machine
 def test_token_count_matches_processor_and_model_packing(name, configs, processors, packers):
     config, processor, packer = configs[name], processors[name], packers[name]
     sizes = sizes_to_check(config)
