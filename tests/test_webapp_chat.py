@@ -171,3 +171,20 @@ def test_the_chat_box_refuses_long_text_at_the_engines_own_limit(hf_engine):
     with pytest.raises(G4VError) as engine_refused:  # the engine's own words
         hf_engine.generate([Message("user", "a" * (limit + 1))], GREEDY)
     assert f"the limit is {limit:,}" in str(engine_refused.value)
+
+
+def test_the_seed_box_starts_at_the_settings_default(hf_engine):
+    """The Chat tab's seed box starts where SamplingSettings does (a fresh seed each run), and the
+    box's value and the handler's own default both read back as that default."""
+    import gradio as gr
+
+    from webapp.chat import chat_tab
+
+    with gr.Blocks() as page:
+        chat_tab(hf_engine, gr.State(None), [])
+    boxes = [block for block in page.blocks.values() if isinstance(block, gr.Number) and "Seed" in (block.label or "")]
+    assert len(boxes) == 1
+    assert sampling_settings(8, seed=boxes[0].value).seed is SamplingSettings.seed is None
+    *_, settings = chat_handler(hf_engine, "accept")({"text": "Hi", "files": []}, [])
+    assert settings.seed is SamplingSettings.seed
+    assert sampling_settings(8, seed=0).seed == 0  # 0 is a seed like any other, not "random"

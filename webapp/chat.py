@@ -24,7 +24,7 @@ from g4v.conversation import (MAX_IMAGES_PER_CONVERSATION, MAX_IMAGES_PER_MESSAG
                               SamplingSettings, validate_conversation)
 from g4v.errors import G4VError, PromptTooLong
 from g4v.images import open_image
-from webapp.common import MODEL_QUEUE, sampling_settings, shows_errors, without_error_badges
+from webapp.common import RANDOM_SEED, MODEL_QUEUE, sampling_settings, seed_box_value, shows_errors, without_error_badges
 from webapp.documents import chat_documents, chat_examples
 
 
@@ -203,7 +203,7 @@ def chat_tab(engine, last_chat_image: gr.State, examples: list[list], concurrenc
 
     @shows_errors
     def accept(message, history, max_new_tokens=SamplingSettings.max_new_tokens,
-               temperature=SamplingSettings.temperature, top_p=SamplingSettings.top_p, seed=0):
+               temperature=SamplingSettings.temperature, top_p=SamplingSettings.top_p, seed=RANDOM_SEED):
         """Check the message (its pictures opened once, here) and the sampling settings; only then
         clear the box (disabled while the answer streams). Both checks run here, outside the model's
         queue, so a refusal shows at once even while other visitors' answers hold the model."""
@@ -252,7 +252,7 @@ def chat_tab(engine, last_chat_image: gr.State, examples: list[list], concurrenc
         max_new_tokens = gr.Slider(1, MAX_NEW_TOKENS, value=SamplingSettings.max_new_tokens, step=1, label="Max new tokens")
         temperature = gr.Slider(0.0, 2.0, value=SamplingSettings.temperature, step=0.05, label="Temperature (0 = greedy)")
         top_p = gr.Slider(0.05, 1.0, value=SamplingSettings.top_p, step=0.05, label="Top-p")
-        seed = gr.Number(value=0, label="Seed (-1 = random)")  # checked by sampling_settings
+        seed = gr.Number(value=seed_box_value(), label=f"Seed ({RANDOM_SEED} = random)")  # checked by sampling_settings
     chat_examples(examples, box, task, schema)  # a document example also picks its task preset
     sending = gr.State(None)  # the message being answered, put back in the box if the answer fails
     checked = gr.State(None)  # the same message as accept() read it: text and opened pictures

@@ -144,11 +144,21 @@ def image_input(**kwargs) -> ImageFile:
     return ImageFile(type="filepath", image_mode=None, sources=["upload"], **kwargs)
 
 
-def sampling_settings(max_new_tokens, temperature=SamplingSettings.temperature, top_p=SamplingSettings.top_p, seed=0,
-                      limit: int = MAX_NEW_TOKENS) -> SamplingSettings:
+#: What a seed box shows for :attr:`SamplingSettings.seed`'s None (a fresh seed each run).
+RANDOM_SEED = -1
+
+
+def seed_box_value(seed: int | None = SamplingSettings.seed) -> int:
+    """A seed as a ``gr.Number`` shows it (None: :data:`RANDOM_SEED`)."""
+    return RANDOM_SEED if seed is None else seed
+
+
+def sampling_settings(max_new_tokens, temperature=SamplingSettings.temperature, top_p=SamplingSettings.top_p,
+                      seed=RANDOM_SEED, limit: int = MAX_NEW_TOKENS) -> SamplingSettings:
     """Checked settings from the UI's sliders, or from API values that no slider bounded (NaN,
-    fractions, strings): one :class:`G4VError` naming the first bad value."""
-    seed = None if seed in (None, "", -1) else _whole(seed, "seed")
+    fractions, strings): one :class:`G4VError` naming the first bad value. A seed of None, "" or
+    :data:`RANDOM_SEED` is a fresh one."""
+    seed = None if seed in (None, "", RANDOM_SEED) else _whole(seed, "seed")
     return SamplingSettings(
         max_new_tokens=_whole(max_new_tokens, "max_new_tokens"),
         temperature=_number(temperature, "temperature"),

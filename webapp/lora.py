@@ -77,6 +77,8 @@ def lora_tab(engine, model: str, adapters_dir, last_chat_image: gr.State, concur
             max_new_tokens = gr.Slider(1, 256, value=DEFAULTS.max_new_tokens, step=1, label="Max new tokens")
             temperature = gr.Slider(0.0, 2.0, value=SamplingSettings.temperature, step=0.05,
                                     label="Temperature (0 = greedy)")
+            # A fixed seed, not SamplingSettings' fresh one: with sampling on, both columns draw with
+            # the same seed, so where they part is the models' doing, and a rerun repeats.
             seed = gr.Number(value=0, label="Seed")  # checked by sampling_settings
     choices = model_choices(engine, adapter.value, adapters_dir)
     with gr.Row():

@@ -26,6 +26,7 @@ class CircuitSettings:
 
     layers: str = field(default="all", metadata={"help": "decoder layers: all, N, or A-B (inclusive)"})
     window: int | None = field(default=None, metadata={
+        "check": whole_number(0, optional=True),
         "help": "knockout: the layers within W of every injection layer (instead of --layers)"})
     token: int | None = field(default=None, metadata={
         "help": "sequence position of the query token (default: the last prompt token, which "
