@@ -5,7 +5,7 @@ These tests run only in the vLLM CPU environment (``scripts/setup_vllm_cpu_env.s
 vLLM this folder is skipped at collection, so the main suite stays clean.
 
 Start-up dominates the run (about 35 s for the engine and 60 s for the server on two cores), so
-each starts once. The in-process engine runs with a small ``max_num_batched_tokens`` so that
+each starts once, and so does each vision LoRA mode of the layout checkpoint (``layout_engine``). The in-process engine runs with a small ``max_num_batched_tokens`` so that
 chunked prefill splits every image's tokens across steps; the server runs with vLLM's default, so
 the parity cases cover both the split and the unsplit prefill.
 """
@@ -14,7 +14,7 @@ import pytest
 from g4v_cases import ADAPTER, CASES, CHUNK_TOKENS, GREEDY, make_lm_lora
 
 from g4v.engines import vllm_installed
-from g4v.paths import BUNDLED_MODEL_DIR
+from g4v.paths import BUNDLED_MODEL_DIR, VLORA_MODEL_DIR
 
 if not vllm_installed():
     collect_ignore_glob = ["test_*.py"]
@@ -52,6 +52,28 @@ def vllm_engine(lora_folder):
         yield engine
     finally:
         engine.close()
+
+
+@pytest.fixture(scope="session")
+def layout_engine():
+    """``layout_engine(mode)``: vLLM in process on the layout checkpoint (base + vision LoRA) in
+    vision LoRA ``mode``, with the engine's default settings, started on first use and kept for the
+    session. test_vision_lora, test_layout_adapters (merged) and the Evaluate run (native) ask for
+    the same engines; each start costs about 35 s on two cores."""
+    from g4v.engines.vllm_engine import VLLMEngine
+
+    started = {}
+
+    def engine(mode: str):
+        if mode not in started:
+            started[mode] = VLLMEngine(str(VLORA_MODEL_DIR), vision_lora=mode)
+        return started[mode]
+
+    try:
+        yield engine
+    finally:
+        for running in started.values():
+            running.close()
 
 
 @pytest.fixture(scope="session")

@@ -19,10 +19,14 @@ ROWS, TOKENS = 16, 8
 
 
 @pytest.fixture(scope="module")
-def merged_vs_native(tmp_path_factory):
-    config = EvalConfig(a=ArmSpec("vllm", LAYOUT, vision_lora="merged"), b=ArmSpec("vllm", LAYOUT),
+def merged_vs_native(tmp_path_factory, layout_engine):
+    """Arm A starts its engine as a run does (a merged arm without LoRA slots); arm B, native, is the
+    session's native engine, the one a run would start (LoRA slots for the vision LoRA), reused."""
+    native = ArmSpec("vllm", LAYOUT)
+    config = EvalConfig(a=ArmSpec("vllm", LAYOUT, vision_lora="merged"), b=native,
                         data=str(BUNDLED_DATASET), limit=ROWS, seed=1, max_new_tokens=TOKENS)
-    return run_eval(config, tmp_path_factory.mktemp("merged-vs-native"))
+    return run_eval(config, tmp_path_factory.mktemp("merged-vs-native"),
+                    reuse={native.engine_key(): layout_engine("native")})
 
 
 def test_merged_and_native_agree_on_every_row(merged_vs_native):

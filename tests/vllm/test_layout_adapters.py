@@ -2,7 +2,8 @@
 adapter on the vision model on merged weights, each token for token against transformers on the
 vision model with the French adapter merged by the test's own arithmetic (tests/test_layout_adapters.py
 checks the transformers engine against the same reference). The combination vLLM would run
-differently (an adapter on the vision model, natively) is one line. One engine at a time (memory)."""
+differently (an adapter on the vision model, natively) is one line. The native engine here has
+LoRA slots of rank 32 (the replacement's 24), so it starts here; the merged one is the session's."""
 
 import pytest
 from tests.vision_lora_cases import IMAGE_PROMPTS, base_copy, tokens, vision_model_plus_french
@@ -54,16 +55,12 @@ def test_native_serves_the_replacement_and_refuses_the_adapter_on_the_vision_mod
         engine.close()
 
 
-def test_merged_serves_the_adapter_on_the_vision_model_and_refuses_the_replacement(built, references):
+def test_merged_serves_the_adapter_on_the_vision_model_and_refuses_the_replacement(built, references, layout_engine):
     from g4v.demo.layout_adapters import ON_VISION_MODEL_NAME, REPLACEMENT_NAME
-    from g4v.engines.vllm_engine import VLLMEngine
     from g4v.lora.activation import activate_adapter
 
-    engine = VLLMEngine(LAYOUT, vision_lora="merged")
-    try:
-        stacked = activate_adapter(engine, ON_VISION_MODEL_NAME, built["adapters"])
-        assert tokens(engine, PROMPTS, adapter=stacked.name) == references["french"]
-        with pytest.raises(G4VError, match=f"^adapter {REPLACEMENT_NAME} replaces the vision LoRA, which is merged"):
-            activate_adapter(engine, REPLACEMENT_NAME, built["adapters"])
-    finally:
-        engine.close()
+    engine = layout_engine("merged")  # the session's: vLLM's default settings, as a user's start
+    stacked = activate_adapter(engine, ON_VISION_MODEL_NAME, built["adapters"])
+    assert tokens(engine, PROMPTS, adapter=stacked.name) == references["french"]
+    with pytest.raises(G4VError, match=f"^adapter {REPLACEMENT_NAME} replaces the vision LoRA, which is merged"):
+        activate_adapter(engine, REPLACEMENT_NAME, built["adapters"])

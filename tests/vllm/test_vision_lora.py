@@ -5,7 +5,8 @@ against transformers (the weights merged by hand from the files and a plain copy
 independent of the vision LoRA code); merged mode gives native's tokens and logprobs. A start that
 fails in vLLM's engine core is one line naming the core's own exception.
 
-Each engine starts once, answers every prompt, and is closed before the next starts (memory)."""
+The in-process engines are the session's (conftest.layout_engine, shared with the adapter and
+Evaluate tests); each server starts once, answers every prompt, and stops before the next starts."""
 
 import re
 import shlex
@@ -64,19 +65,11 @@ def top_logprobs(engine, messages) -> list[dict[int, float]]:
 
 
 @pytest.fixture(scope="module")
-def in_process():
-    """Native and merged engines, one after the other."""
-    from g4v.engines.vllm_engine import VLLMEngine
-
-    results = {}
-    for mode in ("native", "merged"):
-        engine = VLLMEngine(LAYOUT, vision_lora=mode)
-        try:
-            results[mode] = {**answers(engine), "arguments": dict(engine.arguments),
-                             "logprobs": [top_logprobs(engine, p) for p in IMAGE_PROMPTS[:4]]}
-        finally:
-            engine.close()
-    return results
+def in_process(layout_engine):
+    """What the native and the merged engines answer (the session's, conftest.layout_engine)."""
+    return {mode: {**answers(engine), "arguments": dict(engine.arguments),
+                   "logprobs": [top_logprobs(engine, p) for p in IMAGE_PROMPTS[:4]]}
+            for mode, engine in ((mode, layout_engine(mode)) for mode in ("native", "merged"))}
 
 
 @pytest.fixture(scope="module")
