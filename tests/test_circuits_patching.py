@@ -299,3 +299,30 @@ def test_bad_input_is_one_line(files, pair, other, flags, words):
     assert lines[-1].startswith("error:") and words in lines[-1], result.stderr
     assert all(line.startswith("Loading weights") for line in lines[:-1]), result.stderr
     assert "Traceback" not in result.stderr and "/work" not in result.stderr
+
+
+def test_the_example_pairs_the_tab_names_share_a_layout():
+    """Picture B's label names bundled examples that patch together: each named pair passes the
+    layout check, and every other example paired with them does not (so the label names them all)."""
+    from itertools import combinations
+
+    from PIL import Image
+
+    from g4v.circuits.patching import same_layout
+    from g4v.errors import G4VError
+    from g4v.loading import load_config
+    from g4v.paths import BUNDLED_MODEL_DIR, EXAMPLES_DIR
+    from g4v.tiling import plan_tiling
+    from webapp.circuits import PATCH_PAIRS, PICTURE_B_LABEL
+
+    config = load_config(BUNDLED_MODEL_DIR)
+    plans = {path.name: plan_tiling(Image.open(path).size[::-1], config) for path in sorted(EXAMPLES_DIR.glob("*.png"))}
+    pairing = set()
+    for a, b in combinations(plans, 2):
+        try:
+            same_layout(plans[a], plans[b])
+        except G4VError:
+            continue
+        pairing.add(frozenset((a, b)))
+    assert pairing == {frozenset(pair) for pair in PATCH_PAIRS}
+    assert all(name in PICTURE_B_LABEL for pair in PATCH_PAIRS for name in pair)

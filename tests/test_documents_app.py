@@ -324,3 +324,21 @@ def test_the_chat_box_takes_out_what_open_image_refuses_and_says_why(tmp_path):
         documents.show_refusal(refusal)
     documents.show_refusal(None)  # nothing to say: no toast
     assert all(out is gr.skip() or out == gr.skip() for out in documents.pdf_to_picker(kept))
+
+
+def test_without_a_task_preset_the_panel_says_what_it_is_for():
+    """No preset: the panel (as built, while an answer streams, and after it) says a preset fills it,
+    rather than standing open and empty; with a preset and no answer yet it stays empty."""
+    import gradio as gr
+
+    from webapp.chat import chat_tab
+
+    history = history_with("Sales went up.")
+    assert documents.structured_view("", "", history)[2] == documents.IDLE_NOTE
+    assert documents.pending_view("")[2] == documents.IDLE_NOTE
+    assert documents.pending_view("chart2csv")[2] == documents.PENDING_NOTE
+    assert documents.structured_view("chart2csv", "", [])[2] == ""
+    with gr.Blocks() as page:
+        chat_tab(None, gr.State(None), [])
+    notes = [block for block in page.blocks.values() if getattr(block, "elem_id", None) == "chat-structured-notes"]
+    assert [block.value for block in notes] == [documents.IDLE_NOTE]

@@ -69,17 +69,24 @@ GRADIO_BUTTONS_PX = (120, 48)  # the width and height Gradio's fullscreen and do
 # at a picture's top-right corner, in page pixels
 
 
-def legends_clear_of_the_buttons(figure: Figure) -> None:
-    """No legend under the buttons Gradio draws over a picture's top-right corner, once the page
-    shows the picture (the figure's tight bounding box) at most ``PAGE_WIDTH_PX`` wide."""
+def clear_of_the_buttons(figure: Figure, artists=None, shown_px: int = PAGE_WIDTH_PX) -> None:
+    """None of ``artists`` (default: the legends) under the buttons Gradio draws over a picture's
+    top-right corner, once the page shows the picture (the figure's tight bounding box) at most
+    ``shown_px`` wide."""
     renderer = FigureCanvasAgg(figure).get_renderer()
     picture = figure.get_tightbbox(renderer).padded(0.1).transformed(figure.dpi_scale_trans)
-    shown = min(1.0, PAGE_WIDTH_PX / picture.width)
+    shown = min(1.0, shown_px / picture.width)
     corner_left = picture.x1 - GRADIO_BUTTONS_PX[0] / shown
     corner_bottom = picture.y1 - GRADIO_BUTTONS_PX[1] / shown
-    for legend in list(figure.legends) + [ax.get_legend() for ax in figure.axes if ax.get_legend()]:
-        box = legend.get_window_extent(renderer)
-        assert box.x1 <= corner_left or box.y1 <= corner_bottom, "a legend sits under Gradio's corner buttons"
+    if artists is None:
+        artists = list(figure.legends) + [ax.get_legend() for ax in figure.axes if ax.get_legend()]
+    for artist in artists:
+        box = artist.get_window_extent(renderer)
+        assert box.x1 <= corner_left or box.y1 <= corner_bottom, f"{artist} sits under Gradio's corner buttons"
+
+
+def legends_clear_of_the_buttons(figure: Figure) -> None:
+    clear_of_the_buttons(figure)
 
 
 @pytest.fixture(scope="module")
@@ -314,6 +321,20 @@ def test_evaluate_pictures_are_readable_at_half_the_pages_width(drawn, name, cat
     assert size >= MIN_TEXT_PX, f"{name}: {text!r} is {size:.1f} px at half the page's width ({picture.size})"
     if name != "divergence":  # which has no legend
         legends_clear_of_the_data(drawn["figures"][-1])
+
+
+@pytest.mark.parametrize("name", ["accuracy", "paired", "kl", "divergence"])
+def test_evaluate_titles_stay_clear_of_the_picture_buttons(drawn, name):
+    """A browser walk saw "Accuracy per category (whiskers: 95% confidence inte" end under the
+    buttons Gradio draws over the top right corner: each title now ends left of them, or below."""
+    summary, rows = evaluate_run(20)
+    draw = {"accuracy": lambda: ve.accuracy_figure(summary), "paired": lambda: ve.paired_figure(summary),
+            "kl": lambda: ve.kl_histogram(rows), "divergence": lambda: ve.divergence_histogram(rows)}[name]
+    draw()
+    figure = drawn["figures"][-1]
+    titles = [text for ax in figure.axes for text in (ax.title, ax._left_title, ax._right_title) if text.get_text()]
+    assert titles, name
+    clear_of_the_buttons(figure, titles, EVALUATE_PICTURE_PX)
 
 
 def test_evaluate_notes_are_readable_at_half_the_pages_width(drawn):

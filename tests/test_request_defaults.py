@@ -159,3 +159,16 @@ def test_tabs_start_at_the_settings_defaults(hf_engine):
     tab = widget_values(lambda: attribution_tab(None, None, gr.State(), None))
     assert (tab["attribution-token"], tab["Method"], tab["attribution-against"]) \
         == (str(attribution.token), attribution.method, ", ".join(attribution.against))
+    assert tab["Deletion test at one level only"] == "" and attribution.deletion_level is None  # "" reads as None
+
+
+def test_the_deletion_level_picker_names_its_empty_choice():
+    """Its default (every level) shows as a word, not as a blank entry."""
+    import gradio as gr
+
+    from webapp.attribution import attribution_tab
+
+    with gr.Blocks() as page:
+        attribution_tab(None, None, gr.State(), None)
+    picker, = [block for block in page.blocks.values() if getattr(block, "label", "") == "Deletion test at one level only"]
+    assert picker.choices[0] == ("(all levels)", "") and picker.value == ""

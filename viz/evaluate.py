@@ -32,6 +32,14 @@ PAIRED_OUTCOMES = (("both_right", "both right", "#4caf50"), ("a_only", "only A r
                    ("b_only", "only B right", ARM_COLOURS["b"]), ("both_wrong", "both wrong", "#bdbdbd"))
 
 
+def _set_title(ax, title: str, fontsize: float) -> None:
+    """The title at the left, its bracketed note on a second line: the tab's picture buttons
+    (full screen, download, share) sit over the picture's top right corner, where a centred
+    title of a half-page picture ran under them."""
+    main, bracket, note = title.partition(" (")
+    ax.set_title(main + (f"\n({note}" if bracket else ""), fontsize=fontsize, loc="left")
+
+
 def _short(text, limit: int = MAX_LABEL) -> str:
     text = str(text)
     return text if len(text) <= limit else text[: limit - 1] + "…"
@@ -90,7 +98,7 @@ def accuracy_figure(summary: dict) -> Image.Image:
     ax.tick_params(axis="x", labelsize=small)
     ax.set_xlabel("accuracy", fontsize=small)
     fig.legend(fontsize=small, loc="outside lower center", ncols=2)  # under the axes, never over the bars
-    ax.set_title(title, fontsize=small + 2)
+    _set_title(ax, title, small + 2)
     return figure_to_image(fig)
 
 
@@ -123,7 +131,7 @@ def paired_figure(summary: dict) -> Image.Image:
     ax.tick_params(axis="x", labelsize=small)
     ax.set_xlabel("share of the group's samples", fontsize=small)
     fig.legend(fontsize=small, ncols=4, loc="outside lower center")  # under the axes, never over the bars
-    ax.set_title(title, fontsize=small + 2)
+    _set_title(ax, title, small + 2)
     return figure_to_image(fig)
 
 
@@ -158,7 +166,7 @@ def kl_histogram(rows: list) -> Image.Image:
     ax.set_ylabel("samples", fontsize=small)
     ax.tick_params(labelsize=small)
     fig.legend(fontsize=small, loc="outside lower center", ncols=2)  # under the axes, never over the bars
-    ax.set_title(title, fontsize=small + 2)
+    _set_title(ax, title, small + 2)
     return figure_to_image(fig)
 
 
@@ -183,7 +191,7 @@ def divergence_histogram(rows: list) -> Image.Image:
     ax.set_xlabel("answer token index of the first difference", fontsize=small)
     ax.set_ylabel("samples", fontsize=small)
     ax.tick_params(labelsize=small)
-    ax.set_title(title, fontsize=small + 2)
+    _set_title(ax, title, small + 2)
     return figure_to_image(fig)
 
 

@@ -93,7 +93,8 @@ def attribution_tab(engine, config, last_chat_image: gr.State, sessions: Session
                                 label="Answer token (filled after a run)", elem_id="attribution-token")
             with gr.Row():
                 method = gr.Radio(list(METHODS), value=DEFAULTS.method, label="Method")
-                deletion_level = gr.Dropdown([""] + level_names, value="", label="Deletion test at one level only")
+                deletion_level = gr.Dropdown([("(all levels)", ""), *level_names], value="",
+                                             label="Deletion test at one level only")
             against = gr.Textbox(label="Explain against (other answers, comma-separated; empty: the answer's "
                                  "own log-probability)", value="", placeholder="e.g. red, green, blue",
                                  elem_id="attribution-against")

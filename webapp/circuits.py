@@ -29,6 +29,10 @@ from webapp.sessions import SessionStores, session_key
 
 DEFAULTS = CircuitSettings()
 LAYERS_HELP = "Layers: all, N, or A-B (inclusive)"
+#: Which bundled examples share a tiling grid (tests/test_circuits_patching.py checks the pairs).
+PATCH_PAIRS = (("shapes-wide.png", "chart-bars.png"), ("report-chart.png", "report-table.png"))
+PICTURE_B_LABEL = ("Picture B (the same tiling grid as the main picture, A: a picture of A's size, or among the "
+                   "examples " + " or ".join(f"{a} with {b}" for a, b in PATCH_PAIRS) + ")")
 
 
 def settings_from_inputs(layers=None, token=None, window=None, max_new_tokens=DEFAULTS.max_new_tokens,
@@ -365,7 +369,7 @@ def circuits_tab(engine, last_chat_image: gr.State, sessions: SessionStores, con
 
     with gr.Tab("Patching: picture A with B's features", id="circuits-patching"):
         with gr.Row():
-            other = image_input(label="Picture B (the same tiling grid as the main picture, A)", height=240,
+            other = image_input(label=PICTURE_B_LABEL, height=240,
                                 elem_id="circuits-image-b")
             refuse_non_pictures(other)
             with gr.Column():

@@ -31,6 +31,8 @@ KEEP_PAGES = 200
 THUMBNAILS_HEIGHT = 320
 NO_TASK = "(free question)"
 PENDING_NOTE = "*Waiting for the new answer: it is read here once complete.*"
+#: The panel without a task preset: what would show here.
+IDLE_NOTE = "*Pick a task preset above: each answer to it is read here (a table, HTML, or JSON checked against the schema).*"
 EXAMPLE_SCHEMA = '{\n  "type": "object",\n  "properties": {"total": {"type": "number"}},\n  "required": ["total"]\n}'
 
 
@@ -282,7 +284,7 @@ def structured_view(task, schema_text, history):
     A malformed answer shows as-is with its parse error; nothing here raises on model output."""
     answer = last_answer(history)
     if not task or answer is None:
-        return "", gr.update(value=None, visible=False), ""
+        return "", gr.update(value=None, visible=False), "" if task else IDLE_NOTE
     preset = get_preset(task)
     try:
         schema = parse_schema(schema_text) if preset.needs_schema else None
@@ -306,7 +308,7 @@ def structured_view(task, schema_text, history):
 
 def pending_view(task):
     """The panel while an answer is being written: empty, with a note when a task preset reads it."""
-    return "", gr.update(value=None, visible=False), PENDING_NOTE if task else ""
+    return "", gr.update(value=None, visible=False), PENDING_NOTE if task else IDLE_NOTE
 
 
 def _code(text: str) -> str:
@@ -324,7 +326,7 @@ def chat_documents(box, chatbot):
         schema = gr.Code(EXAMPLE_SCHEMA, language="json", label="JSON schema (key-value extraction)",
                          visible=False, elem_id="chat-schema")
     with gr.Accordion("Structured answer", open=True, elem_id="chat-structured"):
-        notes = gr.Markdown(elem_id="chat-structured-notes")
+        notes = gr.Markdown(IDLE_NOTE, elem_id="chat-structured-notes")
         rendered = gr.HTML(elem_id="chat-structured-html")
         table = gr.Dataframe(visible=False, interactive=False, label="Table", elem_id="chat-structured-table")
     # A preset the user picks puts its prompt into the box; one an example sets comes with the

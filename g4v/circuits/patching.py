@@ -194,7 +194,8 @@ def same_layout(plan_a: TilingPlan, plan_b: TilingPlan) -> None:
     if layout(plan_a) != layout(plan_b):
         words = lambda plan: f"tiles {across(plan.grid[1], plan.grid[0])} with {plan.num_image_tokens} image tokens"  # noqa: E731
         raise G4VError(f"pictures A and B do not share a token layout (A {words(plan_a)}, B {words(plan_b)}): "
-                       "patching swaps image tokens one for one, so both need the same tiling grid and token count")
+                       "patching swaps image tokens one for one, so both need the same tiling grid and token count "
+                       "(a picture of A's size always has it: an edited copy of A, say)")
 
 
 def patch_levels(engine, image_a, image_b, prompt: str, settings: CircuitSettings | None = None,
