@@ -23,12 +23,11 @@ browser:
 	scripts/setup_browser.sh
 
 # Tests that run in this process (the fast tier, the slow and training tiers) run on every core
-# (pytest-xdist, at most 4 workers, each with its share of the cores; a module marked
-# xdist_group runs on one worker, so its costly module fixture is computed once); the tiers that start servers
+# (pytest-xdist, at most 4 workers, each with its share of the cores); the tiers that start servers
 # or drive a browser run one test at a time, as their timeouts assume.
 FAST := not slow and not browser and not server and not training and not vllm
 IN_PROCESS := not browser and not server and not vllm
-PARALLEL := -n auto --maxprocesses=4 --dist loadgroup
+PARALLEL := -n auto --maxprocesses=4
 
 # The three tiers run one after the other. Running the vLLM suite beside the serial tier saved
 # about 5 minutes in CI but made the serial tier's browser waits miss their timeouts there

@@ -15,9 +15,7 @@ import pytest
 from g4v.loading import read_raw_config
 from g4v.paths import REAL_CONFIG_DIR, REPO_ROOT
 
-# One worker runs the whole module: its module fixture takes minutes, and under pytest-xdist
-# every worker that gets one of its tests would compute it again (Makefile: --dist loadgroup).
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("gpu_check")]
+pytestmark = pytest.mark.slow
 
 sys.path.insert(0, str(REPO_ROOT / "scripts"))
 

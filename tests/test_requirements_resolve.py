@@ -26,9 +26,7 @@ import pytest
 
 from g4v.paths import REPO_ROOT
 
-# One worker runs the whole module: its module fixture takes minutes, and under pytest-xdist
-# every worker that gets one of its tests would compute it again (Makefile: --dist loadgroup).
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("requirements_resolve")]
+pytestmark = pytest.mark.slow
 
 RESOLVER_PIP = "pip==26.3"
 TIMEOUT_S = 300
