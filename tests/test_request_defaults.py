@@ -139,6 +139,7 @@ def test_tabs_start_at_the_settings_defaults(hf_engine):
     from g4v.paths import ASSETS_DIR, BUNDLED_MODEL_DIR
     from webapp.attribution import attribution_tab
     from webapp.chat import chat_tab
+    from webapp.common import sampling_settings
     from webapp.deepstack import deepstack_tab
     from webapp.lora import lora_tab
     from webapp.port import port_tab
@@ -147,6 +148,7 @@ def test_tabs_start_at_the_settings_defaults(hf_engine):
     chat = widget_values(lambda: chat_tab(None, gr.State(), []))
     assert (chat["Max new tokens"], chat["Temperature (0 = greedy)"], chat["Top-p"]) \
         == (sampling.max_new_tokens, sampling.temperature, sampling.top_p)
+    assert sampling_settings(8, seed=chat["Seed (-1 = random)"]).seed is sampling.seed  # the box reads back as None
     tab = widget_values(lambda: lora_tab(hf_engine, str(BUNDLED_MODEL_DIR), ASSETS_DIR / "adapters", gr.State()))
     assert (tab["lora-left"], tab["lora-right"], tab["Max new tokens"], tab["Temperature (0 = greedy)"]) \
         == (lora.left, lora.right, lora.max_new_tokens, sampling.temperature)

@@ -173,18 +173,9 @@ def test_the_chat_box_refuses_long_text_at_the_engines_own_limit(hf_engine):
     assert f"the limit is {limit:,}" in str(engine_refused.value)
 
 
-def test_the_seed_box_starts_at_the_settings_default(hf_engine):
-    """The Chat tab's seed box starts where SamplingSettings does (a fresh seed each run), and the
-    box's value and the handler's own default both read back as that default."""
-    import gradio as gr
-
-    from webapp.chat import chat_tab
-
-    with gr.Blocks() as page:
-        chat_tab(hf_engine, gr.State(None), [])
-    boxes = [block for block in page.blocks.values() if isinstance(block, gr.Number) and "Seed" in (block.label or "")]
-    assert len(boxes) == 1
-    assert sampling_settings(8, seed=boxes[0].value).seed is SamplingSettings.seed is None
+def test_the_seed_defaults_to_a_fresh_one_and_0_is_a_seed(hf_engine):
+    """The box's handler, given no seed, checks SamplingSettings' default (a fresh seed each run);
+    0 is a seed like any other, not "random" (tests/test_request_defaults.py: the box starts at it)."""
     *_, settings = chat_handler(hf_engine, "accept")({"text": "Hi", "files": []}, [])
-    assert settings.seed is SamplingSettings.seed
-    assert sampling_settings(8, seed=0).seed == 0  # 0 is a seed like any other, not "random"
+    assert settings.seed is SamplingSettings.seed is None
+    assert sampling_settings(8, seed=0).seed == 0

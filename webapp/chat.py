@@ -24,7 +24,7 @@ from g4v.conversation import (MAX_IMAGES_PER_CONVERSATION, MAX_IMAGES_PER_MESSAG
                               SamplingSettings, validate_conversation)
 from g4v.errors import G4VError, PromptTooLong
 from g4v.images import open_image
-from webapp.common import RANDOM_SEED, MODEL_QUEUE, sampling_settings, seed_box_value, shows_errors, without_error_badges
+from webapp.common import MODEL_QUEUE, RANDOM_SEED, sampling_settings, seed_box_value, shows_errors, without_error_badges
 from webapp.documents import chat_documents, chat_examples
 
 

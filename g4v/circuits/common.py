@@ -20,13 +20,17 @@ if TYPE_CHECKING:
     import torch
 
 
+#: A knockout window: a whole number of layers, 0 or more (None: use ``layers``).
+check_window = whole_number(0, optional=True)
+
+
 @dataclass
 class CircuitSettings:
     """The one place for the circuits views' defaults; the command's flags are derived from it."""
 
     layers: str = field(default="all", metadata={"help": "decoder layers: all, N, or A-B (inclusive)"})
     window: int | None = field(default=None, metadata={
-        "check": whole_number(0, optional=True),
+        "check": check_window,
         "help": "knockout: the layers within W of every injection layer (instead of --layers)"})
     token: int | None = field(default=None, metadata={
         "help": "sequence position of the query token (default: the last prompt token, which "
@@ -73,7 +77,7 @@ def parse_layers(spec: str, num_layers: int) -> list[int]:
 
 def window_layers(levels: list[Level], window: int, num_layers: int) -> list[int]:
     """The layers within ``window`` of any injection layer, clipped to the model's layers."""
-    check_value("the window", window, whole_number(0))
+    check_value("the window", window, check_window)
     if window >= num_layers:
         raise G4VError(f"a window of {window} layers is larger than this model's {num_layers} layers: "
                        "use --layers all to cover every layer")

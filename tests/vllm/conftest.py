@@ -5,9 +5,10 @@ These tests run only in the vLLM CPU environment (``scripts/setup_vllm_cpu_env.s
 vLLM this folder is skipped at collection, so the main suite stays clean.
 
 Start-up dominates the run (about 35 s for the engine and 60 s for the server on two cores), so
-each starts once, and so does each vision LoRA mode of the layout checkpoint (``layout_engine``). The in-process engine runs with a small ``max_num_batched_tokens`` so that
-chunked prefill splits every image's tokens across steps; the server runs with vLLM's default, so
-the parity cases cover both the split and the unsplit prefill.
+each starts once, and so does each vision LoRA mode of the layout checkpoint (``layout_engine``).
+The in-process engine runs with a small ``max_num_batched_tokens`` so that chunked prefill splits
+every image's tokens across steps; the server runs with vLLM's default, so the parity cases cover
+both the split and the unsplit prefill.
 """
 
 import pytest

@@ -67,9 +67,11 @@ def top_logprobs(engine, messages) -> list[dict[int, float]]:
 @pytest.fixture(scope="module")
 def in_process(layout_engine):
     """What the native and the merged engines answer (the session's, conftest.layout_engine)."""
-    return {mode: {**answers(engine), "arguments": dict(engine.arguments),
-                   "logprobs": [top_logprobs(engine, p) for p in IMAGE_PROMPTS[:4]]}
-            for mode, engine in ((mode, layout_engine(mode)) for mode in ("native", "merged"))}
+    def answered(engine) -> dict:
+        return {**answers(engine), "arguments": dict(engine.arguments),
+                "logprobs": [top_logprobs(engine, p) for p in IMAGE_PROMPTS[:4]]}
+
+    return {mode: answered(layout_engine(mode)) for mode in ("native", "merged")}
 
 
 @pytest.fixture(scope="module")
