@@ -1,9 +1,11 @@
 """Shared fixtures: one loaded engine per test session, example images, output folder."""
 
+import json
 import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -69,6 +71,29 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(getattr(pytest.mark, FIXTURE_TIERS[fixture]))
 
 TEST_OUTPUT = Path(__file__).resolve().parent.parent / "test-output"
+
+
+def once_per_run(tmp_path_factory, name: str, compute: Callable[[Path], dict]) -> dict:
+    """``compute(scratch)`` once for the whole run, however many pytest-xdist workers ask.
+
+    A module fixture runs in every worker that draws one of the module's tests; for the few that
+    take minutes (the GPU check's CPU smoke, the pip resolves) that is minutes of the two cores
+    spent twice. The first worker computes under a file lock in the run's shared temporary folder
+    and leaves the result there as JSON; the others wait on the lock and read it (the pattern
+    pytest-xdist documents for session fixtures). A compute that raises leaves no result, so the
+    next worker tries again and fails the same way. The result must survive JSON: tuples come
+    back as lists."""
+    from filelock import FileLock
+
+    scratch = tmp_path_factory.mktemp(name)
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return compute(scratch)
+    shared = tmp_path_factory.getbasetemp().parent
+    result = shared / f"{name}.json"
+    with FileLock(str(shared / f"{name}.lock")):
+        if not result.is_file():
+            result.write_text(json.dumps(compute(scratch)))
+        return json.loads(result.read_text())
 
 
 @pytest.fixture(scope="session")

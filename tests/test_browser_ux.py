@@ -309,8 +309,16 @@ def test_a_refused_upload_leaves_the_box_and_a_failed_run_marks_the_old_results(
         page.wait_for_function("() => /2 rows in/.test(document.querySelector('#eval-dataset-info').innerText)")
         assert sorted(upload_names(page)) == sorted(["table.csv", "shapes-tall.png", "shapes-wide.png"])
         assert not page.locator("[data-testid='toast-body']").count()
+        # Each upload describes the dataset again and fills the column boxes with its guess; a box
+        # written before that reply came was overwritten (in a busy run the refusal below then
+        # never came). A mark in the box, replaced by the guess, says the reply is in.
+        page.get_by_text("Column mapping").click()
+        image_column = page.locator("#eval-column-image input, #eval-column-image textarea").first
+        image_column.fill("written before the upload")
         page.locator("#eval-upload input[type=file]").set_input_files(str(EXAMPLES_DIR / "chart-bars.png"))
         page.wait_for_function(f"() => document.querySelectorAll('{UPLOAD_ROWS}').length == 4")
+        page.wait_for_function("() => [...document.querySelectorAll('#eval-column-image input, #eval-column-image "
+                               "textarea')].some(box => box.value === 'image')", timeout=60_000)
         rows = page.evaluate("""(rows) => { const box = document.querySelector('#eval-upload .file-preview-holder')
             .getBoundingClientRect();
             return [...document.querySelectorAll(rows)].map(e => {
@@ -319,8 +327,7 @@ def test_a_refused_upload_leaves_the_box_and_a_failed_run_marks_the_old_results(
         page.locator("#eval-upload").screenshot(path=str(shots / "ux-evaluate-upload-box.png"))
         assert rows == [True] * 4, rows  # every file's row shows inside the box
 
-        page.get_by_text("Column mapping").click()
-        page.locator("#eval-column-image input, #eval-column-image textarea").first.fill("no-such-column")
+        image_column.fill("no-such-column")
         page.locator("#eval-run").click()
         toast_says(page, "no-such-column")
         page.wait_for_function("(note) => document.querySelector('#eval-status').innerText.includes(note)",

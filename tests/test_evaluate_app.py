@@ -23,6 +23,7 @@ from g4v.evaluate import uploads
 from tests.browser import browser_page
 from tests.conftest import running_app
 from webapp.evaluate_equivalence import NO_FIELDS
+from webapp.evaluate_tables import SAMPLE_HEADERS
 
 #: The app's upload limits in this module (set through its environment).
 APP_MAX_BYTES, APP_MAX_FILES = 4_000_000, 40
@@ -359,8 +360,9 @@ def test_the_tab_in_a_browser_runs_and_opens_a_row_in_chat(app, output_dir):
         groups = [page.locator(f"#eval-aggregate [data-testid=cell-{row}-0]").inner_text().strip() for row in range(5)]
         assert groups == ["all", "colour", "count", "position", "shape"]
 
-        assert page.locator("#eval-samples [data-testid=cell-0-2]").inner_text().strip() == "colour"  # worst first
-        prompt_cell = page.locator("#eval-samples [data-testid=cell-0-3]")
+        category, prompt_column = SAMPLE_HEADERS.index("category"), SAMPLE_HEADERS.index("prompt")
+        assert page.locator(f"#eval-samples [data-testid=cell-0-{category}]").inner_text().strip() == "colour"  # worst first
+        prompt_cell = page.locator(f"#eval-samples [data-testid=cell-0-{prompt_column}]")
         prompt = prompt_cell.inner_text().strip()
         prompt_cell.click()
         page.wait_for_function("() => document.querySelector('#eval-picked').innerText.includes('selected')")

