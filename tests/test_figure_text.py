@@ -337,6 +337,20 @@ def test_evaluate_titles_stay_clear_of_the_picture_buttons(drawn, name):
     clear_of_the_buttons(figure, titles, EVALUATE_PICTURE_PX)
 
 
+@pytest.mark.parametrize("indices", [[0, 0, 0, 0], [3], [0, 2, 9, 17]])
+def test_the_first_difference_axis_ticks_whole_token_indices_from_zero(drawn, indices):
+    """Every first difference at index 0 drew one bar across the plot over ticks -0.4 ... 0.4."""
+    empty = dict.fromkeys(field.name for field in fields(SampleResult))
+    ve.divergence_histogram([SampleResult(**{**empty, "index": i, "first_divergence": at, "agree": False})
+                             for i, at in enumerate(indices)])
+    ax = drawn["figures"][-1].axes[0]
+    low, high = ax.get_xlim()
+    shown = [tick for tick in ax.get_xticks() if low <= tick <= high]
+    assert low < 0 < min(shown) + 1 and high > max(indices)
+    assert all(float(tick).is_integer() and tick >= 0 for tick in shown), shown
+    assert len(shown) >= 3 and set(indices) <= set(range(int(high) + 1))
+
+
 def test_evaluate_notes_are_readable_at_half_the_pages_width(drawn):
     ve.paired_figure({"n": 0, "arms": {}})
     size, text = smallest_shown_text(drawn, EVALUATE_PICTURE_PX)

@@ -25,6 +25,8 @@ ARM_COLOURS = {"a": "#1f77b4", "b": "#ff7f0e"}
 MAX_CATEGORIES = 24
 #: Longest category label drawn, in characters.
 MAX_LABEL = 18
+#: The first-difference histogram's axis reaches at least this answer-token index.
+DIVERGENCE_MIN_INDEX = 5
 #: Room left past an accuracy of 1 and beyond the outer bars, in axis units.
 HEADROOM = 0.08
 #: The four outcomes of a paired comparison, in drawing order, with their colours.
@@ -186,6 +188,10 @@ def divergence_histogram(rows: list) -> Image.Image:
     ax = fig.add_subplot()
     where, counts = np.unique(positions.astype(int), return_counts=True)  # token indices are whole numbers
     ax.bar(where, counts, width=0.8, color="#2ca02c")
+    # From index 0, and at least to :data:`DIVERGENCE_MIN_INDEX`: with every first difference at one
+    # index, the one bar filled the plot and the axis read -0.4 ... 0.4 (a single whole number in
+    # range leaves MaxNLocator nothing whole to tick).
+    ax.set_xlim(-0.6, max(int(where.max()), DIVERGENCE_MIN_INDEX) + 0.6)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("answer token index of the first difference", fontsize=small)
