@@ -313,12 +313,13 @@ def test_a_refused_upload_leaves_the_box_and_a_failed_run_marks_the_old_results(
         # written before that reply came was overwritten (in a busy run the refusal below then
         # never came). A mark in the box, replaced by the guess, says the reply is in.
         page.get_by_text("Column mapping").click()
-        image_column = page.locator("#eval-column-image input, #eval-column-image textarea").first
+        column_box = "#eval-column-image input, #eval-column-image textarea"
+        image_column = page.locator(column_box).first
         image_column.fill("written before the upload")
         page.locator("#eval-upload input[type=file]").set_input_files(str(EXAMPLES_DIR / "chart-bars.png"))
         page.wait_for_function(f"() => document.querySelectorAll('{UPLOAD_ROWS}').length == 4")
-        page.wait_for_function("() => [...document.querySelectorAll('#eval-column-image input, #eval-column-image "
-                               "textarea')].some(box => box.value === 'image')", timeout=60_000)
+        page.wait_for_function("(boxes) => [...document.querySelectorAll(boxes)].some(box => box.value === 'image')",
+                               arg=column_box, timeout=60_000)
         rows = page.evaluate("""(rows) => { const box = document.querySelector('#eval-upload .file-preview-holder')
             .getBoundingClientRect();
             return [...document.querySelectorAll(rows)].map(e => {
