@@ -340,6 +340,45 @@ def test_a_refused_upload_leaves_the_box_and_a_failed_run_marks_the_old_results(
         page.screenshot(path=str(shots / "ux-evaluate-refused-upload.png"), full_page=True)
 
 
+#: Installed in the page: each queued step's request waits ``ms`` before it goes, as it would
+#: behind a busy queue or a big upload.
+SLOW_QUEUE = """(ms) => { const send = window.fetch;
+    window.fetch = (url, ...rest) => String(url).includes('/queue/join')
+        ? new Promise(go => setTimeout(go, ms)).then(() => send(url, ...rest)) : send(url, ...rest); }"""
+
+
+def test_a_column_typed_while_the_guess_is_pending_is_kept(app_url, tmp_path):
+    """An upload fills the column boxes with its guess once the upload is read; a box the visitor
+    typed in meanwhile keeps what they typed, and the boxes they did not touch (or typed in before
+    the upload) get the guess."""
+    import shutil
+
+    for name in ("shapes-tall.png", "shapes-wide.png"):
+        shutil.copy(EXAMPLES_DIR / name, tmp_path / name)
+    table = tmp_path / "questions.csv"
+    table.write_text("image,prompt,answer\nshapes-tall.png,What shape?,circle\nshapes-wide.png,What shape?,square\n")
+    with browser_page(height=1400) as page:
+        page.goto(app_url)
+        page.get_by_role("tab", name="Evaluate").click()
+        page.get_by_text("Column mapping").click()
+        box = {role: page.locator(f"#eval-column-{role} input, #eval-column-{role} textarea").first
+               for role in ("image", "prompt", "reference")}
+        box["image"].fill("mark")  # typed before the upload: its guess replaces it
+        page.evaluate(SLOW_QUEUE, 1500)
+        page.locator("#eval-upload input[type=file]").set_input_files(
+            [str(table), *(str(tmp_path / name) for name in ("shapes-tall.png", "shapes-wide.png"))])
+        # The upload is in (the dataset choice says so) and its guess is on its way: type now.
+        page.wait_for_function("() => document.querySelector('#eval-dataset input').value === 'the uploaded files'",
+                               timeout=60_000)
+        box["prompt"].fill("my question")
+        page.wait_for_function("() => /2 rows in/.test(document.querySelector('#eval-dataset-info').innerText)",
+                               timeout=60_000)
+        page.wait_for_function("(id) => document.querySelector(id).value === 'image'",
+                               arg="#eval-column-image input, #eval-column-image textarea", timeout=30_000)
+        assert box["prompt"].input_value() == "my question"
+        assert box["reference"].input_value() == "answer"
+
+
 def queued_steps(page) -> list[str]:
     """Collects (from now on) the bodies of the page's queued event requests, one per step run."""
     steps = []

@@ -344,34 +344,54 @@ def evaluate_tab(engine, model: str, adapters_dir, workspace: EvalWorkspace, tar
 
 
 def wire_dataset_info(workspace: EvalWorkspace, dataset, files, columns, described, row_count) -> None:
-    """Choosing (or uploading) a dataset fills the column boxes with the guessed mapping, and ``row_count``."""
+    """Choosing (or uploading) a dataset fills the column boxes with the guessed mapping, and ``row_count``.
+
+    The guess takes a moment (an upload is unpacked and read), and a visitor may type a column name
+    meanwhile. So the choice's quick first step notes what the boxes show, the guess lands in a state,
+    and a quick last step fills only the boxes that still show what they did: what was typed is kept."""
+    shown = gr.State(())  # what the column boxes showed when the dataset was chosen
+    guess = gr.State({})  # the last guess, by role
 
     @shows_errors
     def describe(key, uploaded, request: gr.Request):
-        """The guessed column boxes (by role), the line under the dataset and its row count, by box;
-        a box left out keeps what it shows."""
+        """The guessed columns (by role), the line under the dataset and its row count, by box."""
         if key == UPLOAD and not uploaded:
-            return {described: UPLOAD_HINT}
+            return {guess: {}, described: UPLOAD_HINT}
         with workspace.sessions.using(session_key(request)) as visitor:
             mapping = guessed_columns(key, uploaded, workspace, visitor, strict=True)
-        return {**{box: mapping[role] or "" for role, box in zip(COLUMN_ROLES, columns, strict=True)},
+        return {guess: {role: mapping[role] or "" for role in COLUMN_ROLES},
                 described: f"{mapping['rows']:,} rows in {dataset_label(key)}.", row_count: mapping["rows"]}
 
-    def uploaded(upload, chosen):
-        """The dropdown on the upload, and what it showed before (a refused upload goes back to it)."""
-        return (gr.Dropdown(value=UPLOAD), chosen) if upload else (gr.skip(), gr.skip())
+    def fill(found, before, *now):
+        """The guess in the boxes unchanged since the choice; a box left out keeps what it shows."""
+        return {box: found[role] for role, box, was, is_ in zip(COLUMN_ROLES, columns, before, now, strict=True)
+                if role in found and was == is_}
+
+    def guessing(choice):
+        """After the ``choice`` event: the guess, then the boxes filled. Returns the guess's event."""
+        guessed = choice.then(describe, [dataset, files], [guess, described, row_count], api_visibility="private",
+                              **QUIET_INPUT)
+        guessed.success(fill, [guess, shown, *columns], columns, api_visibility="private", queue=False, **QUIET_INPUT)
+        return guessed
+
+    def uploaded(upload, chosen, *boxes):
+        """The dropdown on the upload, what it showed before (a refused upload goes back to it), and
+        what the column boxes show."""
+        return (gr.Dropdown(value=UPLOAD), chosen, boxes) if upload else (gr.skip(), gr.skip(), gr.skip())
 
     # .select (a visitor's pick), not .change: the upload's own step below sets the dropdown too,
     # and .change would describe the upload (and show its refusal) a second time; nor .input, which
     # Gradio 6's Dropdown fires twice per pick.
     # A refused upload leaves the box (uploading a table and its pictures next must not add them to
     # it); the refusal's toast is message enough, no badge over the boxes (QUIET_INPUT).
-    dataset.select(describe, [dataset, files], [*columns, described, row_count], api_visibility="private", **QUIET_INPUT)
+    guessing(dataset.select(lambda *boxes: boxes, columns, shown, api_visibility="private", queue=False,
+                            **QUIET_INPUT))
     before_upload = gr.State(BUNDLED)
-    files.upload(uploaded, [files, dataset], [dataset, before_upload], api_visibility="private", queue=False).then(
-        describe, [dataset, files], [*columns, described, row_count], api_visibility="private", **QUIET_INPUT).failure(
+    refused = guessing(files.upload(uploaded, [files, dataset, *columns], [dataset, before_upload, shown],
+                                    api_visibility="private", queue=False)).failure(
         lambda chosen: (None, chosen), before_upload, [files, dataset], api_visibility="private", queue=False,
-        **QUIET_INPUT).then(describe, [dataset, files], [*columns, described, row_count], api_visibility="private", **QUIET_INPUT)
+        **QUIET_INPUT)
+    guessing(refused)
 
 
 def guessed_columns(key, uploaded, workspace: EvalWorkspace, visitor: Session | None = None,
