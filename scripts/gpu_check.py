@@ -219,7 +219,8 @@ def table(results: list[StepResult]) -> str:
 
 _HEADLINE = ("parameters", "image_tokens", "ttft_s", "decode_tok_s_batch1", "decode_tok_s_batch8",
              "bandwidth_ratio", "time_norms", "time_full", "ablation_kl", "pinpoints_ok", "max_pinpoint_tokens",
-             "merged_vs_adapter_max_rel", "merged_vs_native_max_rel", "native_over_merged_decode_batch1", "rows_per_s", "agreement", "circuits_s", "patching_s", "reason")
+             "merged_vs_adapter_max_rel", "merged_vs_native_max_rel", "native_over_merged_decode_batch1", "rows_per_s", "agreement",
+             "batched_over_one_by_one", "same_answers", "circuits_s", "patching_s", "reason")
 
 
 def _short(value) -> str:

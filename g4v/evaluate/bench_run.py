@@ -70,19 +70,21 @@ def time_whole_run(checkout: Path, asked: dict, timeout_s: float) -> dict:
     return json.loads(lines[-1])
 
 
-def time_batching(spec, samples: list, config, rounds: int = 2) -> list[tuple[int, float, list, float]]:
+def time_batching(spec, samples: list, config, rounds: int = 2,
+                  reuse: dict | None = None) -> list[tuple[int, float, list, float]]:
     """``(batch_size, wall s, answers, encoding s)`` of one hf arm answering ``samples`` one by one
     and batched, on one engine (loaded and warmed up before the clock starts); ``encoding s`` is
     the part spent in the vision tower and projectors (the pictures encoded first, then answered).
     The two take turns ``rounds`` times and each keeps its fastest time, so a burst of load on a
-    shared machine slows one round, not one side of the ratio."""
+    shared machine slows one round, not one side of the ratio. ``reuse`` is ``open_arm``'s (the GPU
+    check times the engine it built)."""
     from g4v.engines.base import BATCH_SIZE
     from g4v.evaluate.arms import open_arm
     from g4v.evaluate.requests import Requests
 
     settings = config.settings()
     best: dict[int, tuple[int, float, list, float]] = {}
-    with open_arm(spec) as arm:
+    with open_arm(spec, reuse=reuse) as arm:
         arm.answer(samples[:1], settings)  # warm-up, untimed
         for _ in range(rounds):
             for batch_size in (1, BATCH_SIZE):

@@ -1,0 +1,15 @@
+"""The lent GPU machine's missing packages, for the GPU check's smoke run.
+
+``tests/test_gpu_check.py`` puts this folder first on ``PYTHONPATH`` and names, in
+``G4V_UNIMPORTABLE``, the packages the workbench needs that the machine neither has nor gets
+carried to it (``requirements-gpu-check.txt``). Python imports this file at start-up; each named
+package then fails to import, and ``importlib.util.find_spec`` says it is absent, as it would
+there (transformers asks find_spec before it uses an optional library such as torchao). The first
+GPU run failed on two such imports that the smoke run, with every package installed, never saw.
+"""
+
+import os
+import sys
+
+for _name in filter(None, os.environ.get("G4V_UNIMPORTABLE", "").split(",")):
+    sys.modules[_name] = None  # an import of it fails; find_spec returns None
