@@ -147,8 +147,9 @@ def step_dataset_batching(check) -> dict:
     second table, :func:`g4v.evaluate.bench_run.time_batching`, on the check's engine): the batched
     arm's answers against one by one (issue 36 asks for 2x; the CPU reached 1.71x, its encoding
     being compute-bound), and how many answers are the same greedy tokens. In bf16 a padded row's
-    numbers differ a little from its unpadded ones, so equal answers are counted, not required."""
+    numbers can differ a little from its unpadded ones, so equal answers are counted, not required."""
     from g4v.evaluate import BUNDLED_DATASET, ArmSpec, EvalConfig
+    from g4v.evaluate.arms import Failed
     from g4v.evaluate.bench_run import time_batching
     from g4v.evaluate.data import open_dataset
     from g4v.evaluate.run import row_order
@@ -160,7 +161,10 @@ def step_dataset_batching(check) -> dict:
     samples = [sample for sample in (dataset.sample(i) for i in row_order(len(dataset), rows, None))
                if sample.error is None]
     one, batched_ = time_batching(ArmSpec("hf"), samples, config, reuse={ArmSpec("hf"): check.engine})
-    same = sum(a is not None and b is not None and a.token_ids == b.token_ids for a, b in zip(one[2], batched_[2]))
+    failed = [a for a in one[2] + batched_[2] if a is None or isinstance(a, Failed)]
+    if failed:
+        raise RuntimeError(f"{len(failed)} of {2 * len(samples)} answers failed: {getattr(failed[0], 'error', 'not run')}")
+    same = sum(a.token_ids == b.token_ids for a, b in zip(one[2], batched_[2]))
     return {"rows": len(samples), "batch_size": batched_[0], "one_by_one_s": one[1], "batched_s": batched_[1],
             "batched_over_one_by_one": one[1] / batched_[1], "encoding_s_one_by_one": one[3],
             "encoding_s_batched": batched_[3],
@@ -231,9 +235,9 @@ def timed_generate(check, inputs: dict, new_tokens: int, engine=None) -> float:
 
 def decode_rate(check, inputs: dict, batch: int, engine=None) -> float:
     """Decoded tokens per second at ``batch``: the time of N tokens minus the time of 1 (prefill and
-    first token), over the N - 1 decoding steps. Two untimed tokens first: the first run of a
-    decoding step at a new batch size (its kernels' first launch, the cache's first growth) halved
-    the first GPU run's batch-1 figure."""
+    first token), over the N - 1 decoding steps. One untimed 2-token answer first, so a decoding
+    step at a new batch size has run once before the clock starts (on the H200 it did not change
+    the chat step's batch-1 figure, which stays half the vision LoRA step's: docs/benchmarks.md)."""
     n = check.sizes.new_tokens
     timed_generate(check, inputs, 2, engine)
     one = timed_generate(check, inputs, 1, engine)

@@ -78,7 +78,8 @@ def test_every_step_runs_or_says_why_not(report):
 
 def test_the_smoke_run_lacks_what_the_gpu_machine_lacks():
     """The smoke run hides the packages the machine lacks, so a step that imports one fails here
-    too; the first GPU run lost two steps to nh3 and apted, carried since."""
+    too (a copy of .venv without them showed that the documents and dataset steps import
+    nh3, apted and three more, which the machine lacks; they are carried since)."""
     assert gpu_machine_lacks() == ["captum", "gradio", "torchao"]
     probe = ("import importlib.util, sys; assert importlib.util.find_spec('gradio') is None; "
              "import transformers; from transformers.utils import is_torchao_available; "
@@ -185,7 +186,7 @@ def test_the_batching_step_answers_every_row_both_ways(report):
     batching = steps(report)["dataset_batching"]["metrics"]
     assert batching["rows"] == BATCHING_ROWS["smoke"] and batching["same_answers"] == batching["rows"]
     assert batching["one_by_one_s"] > batching["encoding_s_one_by_one"] > 0
-    assert batching["batched_over_one_by_one"] == batching["one_by_one_s"] / batching["batched_s"]
+    assert batching["batched_s"] > batching["encoding_s_batched"] > 0
 
 
 def test_the_vision_lora_runs_native_and_merged_at_real_geometry(report):

@@ -4,8 +4,8 @@
 ``G4V_UNIMPORTABLE``, the packages the workbench needs that the machine neither has nor gets
 carried to it (``requirements-gpu-check.txt``). Python imports this file at start-up; each named
 package then fails to import, and ``importlib.util.find_spec`` says it is absent, as it would
-there (transformers asks find_spec before it uses an optional library such as torchao). The first
-GPU run failed on two such imports that the smoke run, with every package installed, never saw.
+there (transformers asks find_spec before it uses an optional library such as torchao). Names are
+requirement names; each of today's three (gradio, captum, torchao) is also its import name.
 """
 
 import os
