@@ -6,6 +6,10 @@ vLLM this folder is skipped at collection, so the main suite stays clean.
 
 Start-up dominates the run (about 35 s for the engine and 60 s for the server on two cores), so
 each starts once, and so does each vision LoRA mode of the layout checkpoint (``layout_engine``).
+Each is closed after the last test that uses it, not at the session's end: the modules run group
+by group (:data:`GROUPS`), so only one group's engines are alive at a time. With every engine kept
+to the end, two copies of this suite side by side ran the 24 GiB machine out of memory (the kernel
+killed vLLM workers, and the layout tests met a dead engine).
 The in-process engine runs with a small ``max_num_batched_tokens`` so that chunked prefill splits
 every image's tokens across steps; the server runs with vLLM's default, so the parity cases cover
 both the split and the unsplit prefill.
@@ -21,6 +25,47 @@ if not vllm_installed():
     collect_ignore_glob = ["test_*.py"]
 
 SERVED_NAME = "g4v-tiny"
+
+#: The session's shared engines, by the test modules that use them (directly or through
+#: ``request.getfixturevalue``). Modules of no group run first, then each group in this order; a
+#: group's engines are closed after its last test (:func:`close_after_group`).
+GROUPS = {"bundled": ("test_lora", "test_lora_merge", "test_parity", "test_streaming_and_errors"),
+          "layout": ("test_evaluate_vision_lora", "test_layout_adapters", "test_vision_lora")}
+_CLOSERS: dict[str, list] = {}
+
+
+def group_of(item) -> str | None:
+    module = item.module.__name__.rpartition(".")[2]
+    return next((group for group, modules in GROUPS.items() if module in modules), None)
+
+
+def pytest_collection_modifyitems(items):
+    """Modules of no group first, then each group's (a stable sort keeps the order inside each)."""
+    rank = {None: 0, **{group: i + 1 for i, group in enumerate(GROUPS)}}
+    items.sort(key=lambda item: rank[group_of(item)])
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item, nextitem):
+    """After a group's last test (its module fixtures already torn down), close its engines."""
+    group = group_of(item)
+    if group is not None and (nextitem is None or group_of(nextitem) != group):
+        for close in reversed(_CLOSERS.pop(group, [])):
+            close()
+
+
+def close_after_group(group: str, close):
+    """Register ``close`` to run after ``group``'s last test; returns it wrapped to run at most once,
+    for the fixture's own teardown (a run of one module, or a failure before the group ends)."""
+    done = []
+
+    def once():
+        if not done:
+            done.append(True)
+            close()
+
+    _CLOSERS.setdefault(group, []).append(once)
+    return once
 
 
 @pytest.fixture(scope="session")
@@ -47,12 +92,13 @@ def vllm_engine(lora_folder):
     from g4v.engines.vllm_engine import VLLMEngine, VLLMSettings
 
     engine = VLLMEngine(str(BUNDLED_MODEL_DIR), VLLMSettings(max_num_batched_tokens=CHUNK_TOKENS))
+    close = close_after_group("bundled", engine.close)
     try:
         engine.fresh_text_only = engine.generate(CASES["text_only"], GREEDY)
         engine.register_adapter(ADAPTER, lora_folder)
         yield engine
     finally:
-        engine.close()
+        close()
 
 
 @pytest.fixture(scope="session")
@@ -70,11 +116,15 @@ def layout_engine():
             started[mode] = VLLMEngine(str(VLORA_MODEL_DIR), vision_lora=mode)
         return started[mode]
 
+    def close_all():
+        for running in started.values():
+            running.close()
+
+    close = close_after_group("layout", close_all)
     try:
         yield engine
     finally:
-        for running in started.values():
-            running.close()
+        close()
 
 
 @pytest.fixture(scope="session")
@@ -86,7 +136,11 @@ def vllm_server(lora_folder, tmp_path_factory):
     server = VLLMServer(str(BUNDLED_MODEL_DIR), served_name=SERVED_NAME, lora_modules={ADAPTER: lora_folder},
                         log_path=str(log))
     with server:
-        yield server
+        close = close_after_group("bundled", server.stop)
+        try:
+            yield server
+        finally:
+            close()
 
 
 @pytest.fixture(scope="session")
@@ -94,8 +148,9 @@ def remote_engine(vllm_server):
     from g4v.engines.remote import RemoteEngine
 
     engine = RemoteEngine(vllm_server.base_url)
+    close = close_after_group("bundled", engine.close)
     yield engine
-    engine.close()
+    close()
 
 
 @pytest.fixture(scope="session")
