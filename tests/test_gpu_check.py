@@ -7,8 +7,6 @@ The expected numbers come from elsewhere: the real config file, the tiling plan,
 own count (a 768 x 1536 picture is 1320 image tokens on the real model)."""
 
 import json
-import os
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -18,33 +16,17 @@ import pytest
 from g4v.loading import read_raw_config
 from g4v.paths import REAL_CONFIG_DIR, REPO_ROOT
 from tests.conftest import once_per_run
+from tests.gpu_machine import machine
 
 pytestmark = pytest.mark.slow
 
 sys.path.insert(0, str(REPO_ROOT / "scripts"))
 
 
-#: The lent GPU machine's own packages (tests/gpu_machine/has.txt, from the device tool's notes).
-GPU_MACHINE_HAS_FILE = REPO_ROOT / "tests" / "gpu_machine" / "has.txt"
-
-
-def requirement_names(path: Path) -> set[str]:
-    lines = (line.split("#")[0].strip() for line in path.read_text().splitlines())
-    return {re.split(r"[=<>!~\[; ]", line)[0].lower().replace("-", "_") for line in lines if line and not line.startswith("-")}
-
-
-def gpu_machine_lacks() -> list[str]:
-    """The app's requirements that the GPU machine neither has nor is carried: gradio, captum, torchao."""
-    carried = requirement_names(REPO_ROOT / "requirements-gpu-check.txt")
-    return sorted(requirement_names(REPO_ROOT / "requirements.txt") - requirement_names(GPU_MACHINE_HAS_FILE) - carried)
-
-
 def smoke_run(out: Path) -> dict:
     """The smoke run with what the GPU machine lacks made unimportable (tests/gpu_machine)."""
-    env = {**os.environ, "G4V_UNIMPORTABLE": ",".join(gpu_machine_lacks()),
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT / "tests" / "gpu_machine"), os.environ.get("PYTHONPATH")]))}
     done = subprocess.run([str(REPO_ROOT / "scripts" / "gpu_check.sh"), "--cpu-smoke", str(out)],
-                          capture_output=True, text=True, timeout=600, env=env)
+                          capture_output=True, text=True, timeout=600, env=machine.environment())
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     data = json.loads((out / "gpu_check.json").read_text())
     data["table"] = (out / "gpu_check.txt").read_text()
@@ -80,13 +62,12 @@ def test_the_smoke_run_lacks_what_the_gpu_machine_lacks():
     """The smoke run hides the packages the machine lacks, so a step that imports one fails here
     too (a copy of .venv without them showed that the documents and dataset steps import
     nh3, apted and three more, which the machine lacks; they are carried since)."""
-    assert gpu_machine_lacks() == ["captum", "gradio", "torchao"]
+    assert machine.lacks() == ["captum", "gradio", "torchao"]
     probe = ("import importlib.util, sys; assert importlib.util.find_spec('gradio') is None; "
              "import transformers; from transformers.utils import is_torchao_available; "
              "assert not is_torchao_available(); print('ok')")
-    env = {**os.environ, "G4V_UNIMPORTABLE": ",".join(gpu_machine_lacks()),
-           "PYTHONPATH": str(REPO_ROOT / "tests" / "gpu_machine")}
-    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, env=env)
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
+                          env=machine.environment())
     assert done.stdout.strip() == "ok", done.stderr[-2000:]
 
 

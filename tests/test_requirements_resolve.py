@@ -26,6 +26,7 @@ import pytest
 
 from g4v.paths import REPO_ROOT
 from tests.conftest import once_per_run
+from tests.gpu_machine import machine
 
 pytestmark = pytest.mark.slow
 
@@ -141,12 +142,7 @@ def test_every_carried_wheel_finds_what_it_needs_on_the_gpu_machine(resolved):
 
     returncode, output, installs = resolved["requirements-gpu-check.txt"]
     assert returncode == 0, output[-2000:]
-    carried = versions(installs)
-    image = {}
-    for line in (REPO_ROOT / "tests" / "gpu_machine" / "has.txt").read_text().splitlines():
-        if line and not line.startswith("#"):
-            name, _, version = line.partition("==")
-            image[canonicalize_name(name)] = version or None
+    carried, image = versions(installs), machine.image()
     where = {"python_version": "3.12", "python_full_version": "3.12.3", "sys_platform": "linux",
              "platform_system": "Linux", "platform_machine": "x86_64", "implementation_name": "cpython",
              "platform_python_implementation": "CPython", "os_name": "posix", "extra": ""}

@@ -1,6 +1,6 @@
 """The lent GPU machine's missing packages, for the GPU check's smoke run.
 
-``tests/test_gpu_check.py`` puts this folder first on ``PYTHONPATH`` and names, in
+``machine.environment()`` (beside this file) puts this folder first on ``PYTHONPATH`` and names, in
 ``G4V_UNIMPORTABLE``, the packages the workbench needs that the machine neither has nor gets
 carried to it (``requirements-gpu-check.txt``). Python imports this file at start-up; each named
 package then fails to import, and ``importlib.util.find_spec`` says it is absent, as it would
