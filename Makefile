@@ -22,28 +22,34 @@ run: setup
 browser:
 	scripts/setup_browser.sh
 
-# Tests that run in this process (the fast tier, the slow and training tiers) run on every core
-# (pytest-xdist, at most 4 workers, each with its share of the cores); the tiers that start servers
-# or drive a browser run one test at a time, as their timeouts assume.
+# How `make test` shares the cores (docs/benchmarks.md, "make test on two cores"):
+# - the in-process tier (fast, slow and training tests) runs on every core (pytest-xdist, at most 4
+#   workers, each with its share of the cores), while Chromium and the vLLM environment are built;
+# - the serial tier (app servers, Chromium) and the vLLM suite spend most of their time in
+#   single-threaded start-ups (imports, servers, engines), so each runs on two workers too, every
+#   test module (or group of modules sharing an engine, tests/vllm/conftest.py) whole on one worker.
 FAST := not slow and not browser and not server and not training and not vllm
 IN_PROCESS := not browser and not server and not vllm
 PARALLEL := -n auto --maxprocesses=4
+BY_MODULE := -n 2 --dist loadfile
+BY_GROUP := -n 2 --dist loadscope --no-loadscope-reorder
 
-# The three tiers run one after the other. Running the vLLM suite beside the serial tier saved
-# about 5 minutes in CI but made the serial tier's browser waits miss their timeouts there
-# (docs/benchmarks.md), so they take turns.
 test: test-main
-	$(VLLM_PY) -m pytest tests/vllm
+	$(VLLM_PY) -m pytest $(BY_GROUP) tests/vllm
 
 test-fast: setup
 	$(PY) -m pytest $(PARALLEL) -m "$(FAST)"
 
-# The main suite alone (its Port-tab test still needs the vLLM environment). Its three builds run
-# side by side: they mostly wait on downloads, and in a fresh clone they took about 10 minutes in turn.
-test-main:
-	$(MAKE) -j3 setup browser vllm-env
-	$(PY) -m pytest $(PARALLEL) -m "$(IN_PROCESS)"
-	$(PY) -m pytest -m "not ($(IN_PROCESS))"
+# The main suite alone (its Port and Evaluate vLLM tests still need the vLLM environment). The
+# builds the in-process tier does not need run beside it; their output goes to .builds.log, shown
+# when one fails.
+test-main: setup
+	@$(MAKE) -j2 browser vllm-env > .builds.log 2>&1 & builds=$$!; \
+	echo "building Chromium and the vLLM environment beside the in-process tier (.builds.log)"; \
+	$(PY) -m pytest $(PARALLEL) -m "$(IN_PROCESS)"; tests=$$?; \
+	if ! wait $$builds; then cat .builds.log; exit 1; fi; \
+	exit $$tests
+	$(PY) -m pytest $(BY_MODULE) -m "not ($(IN_PROCESS))"
 
 test-vllm: vllm-env
 	$(VLLM_PY) -m pytest tests/vllm

@@ -20,6 +20,15 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))))
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# vLLM's CPU worker binds its OpenMP threads, its main thread included, to cores it picks itself:
+# with two cores, every engine takes core 0. Two workers that start vLLM engines (the vLLM suite,
+# the Port and Evaluate tests of the serial tier) would queue all of them on core 0 (the vLLM suite
+# ran 1.9x slower per test, at 144 % of the two cores). Each worker's engines and servers take a
+# core of their own instead (gw0 core 0, gw1 core 1): one thread per engine either way, so the
+# numbers are the same. A test that needs more (tests/vllm/test_tensor_parallel.py) sets its own.
+if os.environ.get("PYTEST_XDIST_WORKER", "").startswith("gw"):
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND",
+                          str(int(os.environ["PYTEST_XDIST_WORKER"][2:]) % (os.cpu_count() or 1)))
 
 import pytest  # noqa: E402
 from PIL import Image  # noqa: E402

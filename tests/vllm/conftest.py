@@ -27,22 +27,44 @@ if not vllm_installed():
 SERVED_NAME = "g4v-tiny"
 
 #: The session's shared engines, by the test modules that use them (directly or through
-#: ``request.getfixturevalue``). Modules of no group run first, then each group in this order; a
-#: group's engines are closed after its last test (:func:`close_after_group`).
-GROUPS = {"bundled": ("test_lora", "test_lora_merge", "test_parity", "test_streaming_and_errors"),
-          "layout": ("test_evaluate_vision_lora", "test_layout_adapters", "test_vision_lora")}
+#: ``request.getfixturevalue``). The groups run first, the longest first, then the modules of no
+#: group; a group's engines are closed after its last test (:func:`close_after_group`).
+GROUPS = {"layout": ("test_evaluate_vision_lora", "test_layout_adapters", "test_vision_lora"),
+          "bundled": ("test_lora", "test_lora_merge", "test_parity", "test_streaming_and_errors")}
 _CLOSERS: dict[str, list] = {}
 
 
-def group_of(item) -> str | None:
-    module = item.module.__name__.rpartition(".")[2]
+def group_of_module(module: str) -> str | None:
     return next((group for group, modules in GROUPS.items() if module in modules), None)
 
 
+def group_of(item) -> str | None:
+    return group_of_module(item.module.__name__.rpartition(".")[2])
+
+
 def pytest_collection_modifyitems(items):
-    """Modules of no group first, then each group's (a stable sort keeps the order inside each)."""
-    rank = {None: 0, **{group: i + 1 for i, group in enumerate(GROUPS)}}
-    items.sort(key=lambda item: rank[group_of(item)])
+    """Each group's modules together, the groups first (a stable sort keeps the order inside each)."""
+    rank = {group: i for i, group in enumerate(GROUPS)}
+    items.sort(key=lambda item: rank.get(group_of(item), len(GROUPS)))
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """``make test`` runs this suite on two pytest-xdist workers: each group, and each module of no
+    group, goes whole to one worker, so a session engine starts once per run, not once per worker.
+
+    Start-up is a chain of single-threaded imports (the test process, vLLM's engine core, its
+    worker: about 5 s each), so one worker leaves a core idle. Units go out in collection order
+    (``--no-loadscope-reorder``), the longest first; the next to whichever worker is free.
+    (xdist's own ``--dist loadgroup`` does not group under pytest 9: it renames ``item._nodeid``,
+    which pytest no longer reads.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByGroup(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.partition("::")[0].rpartition("/")[2].removesuffix(".py")
+            return group_of_module(module) or module
+
+    return ByGroup(config, log)
 
 
 @pytest.hookimpl(trylast=True)
