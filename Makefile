@@ -52,7 +52,7 @@ test-main: setup
 	$(PY) -m pytest $(BY_MODULE) -m "not ($(IN_PROCESS))"
 
 test-vllm: vllm-env
-	$(VLLM_PY) -m pytest tests/vllm
+	$(VLLM_PY) -m pytest $(BY_GROUP) tests/vllm
 
 vllm-env:
 	scripts/setup_vllm_cpu_env.sh

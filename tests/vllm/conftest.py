@@ -4,10 +4,11 @@ These tests run only in the vLLM CPU environment (``scripts/setup_vllm_cpu_env.s
 ``.venv-vllm/bin/python -m pytest tests/vllm``, or ``make test-vllm``). In an environment without
 vLLM this folder is skipped at collection, so the main suite stays clean.
 
-Start-up dominates the run (about 35 s for the engine and 60 s for the server on two cores), so
+Start-up dominates the run (about 20 s for an engine and 30 s for a server on two cores), so
 each starts once, and so does each vision LoRA mode of the layout checkpoint (``layout_engine``).
 Each is closed after the last test that uses it, not at the session's end: the modules run group
-by group (:data:`GROUPS`), so only one group's engines are alive at a time. With every engine kept
+by group (:data:`GROUPS`), so only one group's engines are alive at a time in each pytest-xdist
+worker (``make test`` runs two, :func:`pytest_xdist_make_scheduler`). With every engine kept
 to the end, two copies of this suite side by side ran the 24 GiB machine out of memory (the kernel
 killed vLLM workers, and the layout tests met a dead engine).
 The in-process engine runs with a small ``max_num_batched_tokens`` so that chunked prefill splits
