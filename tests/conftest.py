@@ -36,7 +36,6 @@ from PIL import Image  # noqa: E402
 from g4v.engines.serving import free_port, wait_until_serving  # noqa: E402,F401 (tests import free_port from here)
 from g4v.errors import G4VError  # noqa: E402
 from g4v.paths import BUNDLED_MODEL_DIR, REPO_ROOT  # noqa: E402
-from tests.memory import room_for  # noqa: E402
 
 #: The test tiers. ``make test-fast`` (the edit loop) deselects every tier below; ``make test`` runs
 #: them all. A module is put in a tier here, once, rather than marked in each file; so is a fixture
@@ -79,21 +78,6 @@ def pytest_collection_modifyitems(config, items):
         for fixture in getattr(item, "fixturenames", ()):
             if fixture in FIXTURE_TIERS:
                 item.add_marker(getattr(pytest.mark, FIXTURE_TIERS[fixture]))
-
-
-#: Memory (GiB) a test of the vllm tier waits for before its setup: room for one more vLLM engine
-#: (its worker, about 2.1 GiB with the 1 GiB KV cache, and its engine core, about 1 GiB) and a
-#: margin. One copy of ``make test`` peaks at about 14 of this machine's 24 GiB in the vLLM suite;
-#: a second copy beside it would need as much again.
-VLLM_TEST_GIB = 5
-
-
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_setup(item):
-    if item.get_closest_marker("vllm") is None:
-        return (yield)
-    with room_for(VLLM_TEST_GIB):
-        return (yield)
 
 
 TEST_OUTPUT = Path(__file__).resolve().parent.parent / "test-output"

@@ -1,7 +1,7 @@
 """Running a check under a memory limit: an allocation past the limit fails the check (MemoryError
-from Python and numpy, RuntimeError from torch) instead of taking the machine with it. And waiting
-for room before a test that starts vLLM engines, so that two copies of the suite side by side take
-turns instead of running the machine out of memory (:func:`room_for`)."""
+from Python and numpy, RuntimeError from torch) instead of taking the machine with it. And places
+shared by every process on the machine, so that the vLLM suite's workers of two copies side by side
+take turns instead of running it out of memory (:func:`machine_slot`)."""
 
 import fcntl
 import resource
@@ -37,31 +37,40 @@ def address_space_limit(headroom_mb: int):
         resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
 
 
-def available_gib() -> float:
-    """Memory the kernel can still hand out without swapping (``MemAvailable``), in GiB."""
+def total_gib() -> float:
+    """This machine's memory (``MemTotal``), in GiB."""
     with open("/proc/meminfo") as meminfo:
         for line in meminfo:
-            if line.startswith("MemAvailable:"):
+            if line.startswith("MemTotal:"):
                 return int(line.split()[1]) / (1024 * 1024)
-    raise RuntimeError("no MemAvailable in /proc/meminfo")
+    raise RuntimeError("no MemTotal in /proc/meminfo")
 
 
 @contextmanager
-def room_for(gib: float, timeout: float = 900.0, poll: float = 2.0):
-    """Run the block at once when ``gib`` GiB are available; otherwise first wait, one waiter at a
-    time on the whole machine (a lock file in the temporary folder, held through the block), until
-    they are or ``timeout`` seconds have passed.
+def machine_slot(name: str, slots: int, timeout: float = 3600.0, poll: float = 2.0):
+    """Hold one of ``slots`` places that every process on the machine shares (a lock file per
+    place in the temporary folder) for the block: with all of them held, wait until one is let go,
+    or until ``timeout`` seconds have passed, then run anyway.
 
-    The block is a test's setup: the engines it starts take their memory there, so the next waiter
-    sees what is left after them. Without the lock, waiters of two copies would all see the same
-    free memory and start together. The timeout keeps two waiters that hold what the other waits
-    for from waiting forever: past it, the block runs and may fail as it would have without this."""
-    if available_gib() >= gib:
-        yield
-        return
-    with open(Path(tempfile.gettempdir()) / "g4v-tests-memory.lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        deadline = time.monotonic() + timeout
-        while available_gib() < gib and time.monotonic() < deadline:
-            time.sleep(poll)
-        yield
+    A holder waits on nothing else while it holds its place, so the waiting always ends: unlike a
+    check of free memory before each test, which a second copy of the suite failed (every worker
+    held its engines and waited for the others' memory)."""
+    folder = Path(tempfile.gettempdir())
+    deadline = time.monotonic() + timeout
+    while True:
+        for index in range(slots):
+            handle = open(folder / f"g4v-{name}-{index}.lock", "a")
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                handle.close()
+                continue
+            try:
+                yield index
+            finally:
+                handle.close()
+            return
+        if time.monotonic() >= deadline:
+            yield None
+            return
+        time.sleep(poll)

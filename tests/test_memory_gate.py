@@ -1,51 +1,61 @@
-"""tests/memory.py's room_for: the wait a test of the vllm tier makes before its setup when memory is
-short (two copies of the suite side by side), checked against /proc/meminfo and a real lock file."""
+"""tests/memory.py's machine_slot: the places that the vLLM suite's workers of every copy of the suite
+on the machine share (tests/vllm/conftest.py), checked with real lock files and a second process."""
 
-import fcntl
+import subprocess
+import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
-from tests.memory import available_gib, room_for
+import pytest
+
+from g4v.paths import REPO_ROOT
+from tests.memory import machine_slot, total_gib
+
+HOLD = """
+import sys, time
+from tests.memory import machine_slot
+with machine_slot(sys.argv[1], 1) as index:
+    print(index, flush=True)
+    time.sleep(float(sys.argv[2]))
+"""
 
 
-def test_available_memory_is_read_from_the_kernel():
+def test_total_memory_is_read_from_the_kernel():
     with open("/proc/meminfo") as meminfo:
         fields = dict(line.split(":", 1) for line in meminfo)
-    total_gib = int(fields["MemTotal"].split()[0]) / 1024 ** 2
-    assert 0 < available_gib() <= total_gib
+    assert total_gib() == int(fields["MemTotal"].split()[0]) / 1024 ** 2 > 0
 
 
-def test_with_room_the_block_runs_at_once():
+@pytest.fixture
+def name(tmp_path):
+    """A name of this test's own, its lock files removed afterwards."""
+    yield f"test-{tmp_path.name}"
+    for lock in Path(tempfile.gettempdir()).glob(f"g4v-test-{tmp_path.name}-*.lock"):
+        lock.unlink()
+
+
+def test_a_free_place_is_taken_at_once_and_the_next_one_after_it(name):
+    with machine_slot(name, 2) as first, machine_slot(name, 2) as second:
+        assert (first, second) == (0, 1)
+    with machine_slot(name, 2) as again:
+        assert again == 0  # let go at the end of the block
+
+
+def test_with_every_place_held_by_another_process_it_waits_for_it(name):
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, name, "1.5"], stdout=subprocess.PIPE, text=True,
+                              cwd=REPO_ROOT)
+    assert holder.stdout.readline().strip() == "0"
     start = time.monotonic()
-    with room_for(0.001, timeout=30):
-        pass
-    assert time.monotonic() - start < 1
+    with machine_slot(name, 1, poll=0.05) as index:
+        waited = time.monotonic() - start
+        assert index == 0 and holder.poll() is not None  # the holder had ended
+    assert waited > 0.5
+    holder.wait()
 
 
-def test_without_room_it_waits_its_timeout_then_runs_the_block():
-    ran = []
-    start = time.monotonic()
-    with room_for(available_gib() * 1000, timeout=0.5, poll=0.05):
-        ran.append(time.monotonic() - start)
-    assert ran and ran[0] >= 0.5
-
-
-def test_waiters_take_turns_on_the_machine_wide_lock():
-    """A second waiter (here: a lock taken by hand, as another copy's waiter would hold it) keeps
-    this one out of its block until it lets go, even past this one's own timeout."""
-    entered = threading.Event()
-
-    def waiter():
-        with room_for(available_gib() * 1000, timeout=0.1, poll=0.05):
-            entered.set()
-
-    with open(Path(tempfile.gettempdir()) / "g4v-tests-memory.lock", "a") as held:
-        fcntl.flock(held, fcntl.LOCK_EX)
-        thread = threading.Thread(target=waiter)
-        thread.start()
-        assert not entered.wait(1.0)
-        fcntl.flock(held, fcntl.LOCK_UN)
-    assert entered.wait(5.0)
-    thread.join()
+def test_past_its_timeout_it_runs_without_a_place(name):
+    with machine_slot(name, 1):
+        start = time.monotonic()
+        with machine_slot(name, 1, timeout=0.3, poll=0.05) as index:
+            assert index is None and time.monotonic() - start >= 0.3

@@ -16,11 +16,14 @@ every image's tokens across steps; the server runs with vLLM's default, so the p
 both the split and the unsplit prefill.
 """
 
+from contextlib import ExitStack
+
 import pytest
 from g4v_cases import ADAPTER, CASES, CHUNK_TOKENS, GREEDY, make_lm_lora
 
 from g4v.engines import vllm_installed
 from g4v.paths import BUNDLED_MODEL_DIR, VLORA_MODEL_DIR
+from tests.memory import machine_slot, total_gib
 
 if not vllm_installed():
     collect_ignore_glob = ["test_*.py"]
@@ -33,6 +36,29 @@ SERVED_NAME = "g4v-tiny"
 GROUPS = {"layout": ("test_evaluate_vision_lora", "test_layout_adapters", "test_vision_lora"),
           "bundled": ("test_lora", "test_lora_merge", "test_parity", "test_streaming_and_errors")}
 _CLOSERS: dict[str, list] = {}
+
+
+#: Memory (GiB) one process running these tests may hold at its peak: a group's engines and a
+#: server (each vLLM worker about 2 GiB with its 1 GiB KV cache, each engine core about 1 GiB),
+#: and the test process. Two workers peaked at about 14 GiB together.
+WORKER_GIB = 10
+_SLOT = ExitStack()
+
+
+def pytest_sessionstart(session):
+    """Each process that runs these tests (a pytest-xdist worker, or pytest alone) first takes one
+    of the machine's places for them, ``MemTotal // WORKER_GIB`` (two on this 24 GiB machine), and
+    keeps it to its end. One ``make test`` takes both; a second copy beside it waits for them, so its
+    vLLM suite runs after the first one's instead of both running the machine out of memory (the
+    kernel killed vLLM workers when every copy started its engines at once)."""
+    config = session.config
+    if not hasattr(config, "workerinput") and getattr(config.option, "dist", "no") != "no":
+        return  # the xdist controller runs no test
+    _SLOT.enter_context(machine_slot("vllm-suite", max(1, int(total_gib() // WORKER_GIB))))
+
+
+def pytest_sessionfinish(session):
+    _SLOT.close()
 
 
 def group_of_module(module: str) -> str | None:
