@@ -43,18 +43,19 @@ _CLOSERS: dict[str, list] = {}
 #: and the test process. Two workers peaked at about 14 GiB together.
 WORKER_GIB = 10
 _SLOT = ExitStack()
+_SLOT_TAKEN: list = []
 
 
-def pytest_sessionstart(session):
-    """Each process that runs these tests (a pytest-xdist worker, or pytest alone) first takes one
-    of the machine's places for them, ``MemTotal // WORKER_GIB`` (two on this 24 GiB machine), and
-    keeps it to its end. One ``make test`` takes both; a second copy beside it waits for them, so its
-    vLLM suite runs after the first one's instead of both running the machine out of memory (the
-    kernel killed vLLM workers when every copy started its engines at once)."""
-    config = session.config
-    if not hasattr(config, "workerinput") and getattr(config.option, "dist", "no") != "no":
-        return  # the xdist controller runs no test
-    _SLOT.enter_context(machine_slot("vllm-suite", max(1, int(total_gib() // WORKER_GIB))))
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    """Before its first test, each process that runs these tests (a pytest-xdist worker, or pytest
+    alone) takes one of the machine's places for them, ``MemTotal // WORKER_GIB`` (two on this
+    24 GiB machine), and keeps it to its end. One ``make test`` takes both; a second copy beside it
+    waits for them, so its vLLM suite runs after the first one's instead of both running the
+    machine out of memory (the kernel killed vLLM workers when every copy started its engines at
+    once). Not at the session's start: xdist hands out no test before every worker has collected."""
+    if not _SLOT_TAKEN:
+        _SLOT_TAKEN.append(_SLOT.enter_context(machine_slot("vllm-suite", max(1, int(total_gib() // WORKER_GIB)))))
 
 
 def pytest_sessionfinish(session):
