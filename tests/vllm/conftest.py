@@ -16,8 +16,6 @@ every image's tokens across steps; the server runs with vLLM's default, so the p
 both the split and the unsplit prefill.
 """
 
-from contextlib import ExitStack
-
 import pytest
 from g4v_cases import ADAPTER, CASES, CHUNK_TOKENS, GREEDY, make_lm_lora
 
@@ -42,24 +40,19 @@ _CLOSERS: dict[str, list] = {}
 #: server (each vLLM worker about 2 GiB with its 1 GiB KV cache, each engine core about 1 GiB),
 #: and the test process. Two workers peaked at about 14 GiB together.
 WORKER_GIB = 10
-_SLOT = ExitStack()
-_SLOT_TAKEN: list = []
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_runtest_setup(item):
+@pytest.fixture(scope="session", autouse=True)
+def machine_place():
     """Before its first test, each process that runs these tests (a pytest-xdist worker, or pytest
     alone) takes one of the machine's places for them, ``MemTotal // WORKER_GIB`` (two on this
-    24 GiB machine), and keeps it to its end. One ``make test`` takes both; a second copy beside it
-    waits for them, so its vLLM suite runs after the first one's instead of both running the
-    machine out of memory (the kernel killed vLLM workers when every copy started its engines at
-    once). Not at the session's start: xdist hands out no test before every worker has collected."""
-    if not _SLOT_TAKEN:
-        _SLOT_TAKEN.append(_SLOT.enter_context(machine_slot("vllm-suite", max(1, int(total_gib() // WORKER_GIB)))))
-
-
-def pytest_sessionfinish(session):
-    _SLOT.close()
+    24 GiB machine), and keeps it to its end (autouse and session-wide: set up before every other
+    fixture, torn down after them). One ``make test`` takes both; a second copy beside it waits for
+    them, so its vLLM suite runs after the first one's instead of both running the machine out of
+    memory (the kernel killed vLLM workers when every copy started its engines at once). Not at the
+    session's start: xdist hands out no test before every worker has collected."""
+    with machine_slot("vllm-suite", max(1, int(total_gib() // WORKER_GIB))):
+        yield
 
 
 def group_of_module(module: str) -> str | None:
