@@ -422,8 +422,9 @@ def test_one_preset_switch_gives_one_info_toast(app_url):
 def test_a_refused_picture_leaves_the_chat_box_with_one_toast_and_the_text_kept(app_url, tmp_path, shots):
     """An attachment that is not a readable picture (not an image, an SVG, truncated, more pixels
     than the limit) is taken out of the Chat box at once with one toast naming it and what the box
-    takes; the typed text and the good picture stay, and the message then sends. A .txt the box
-    does not take is refused in one line that says what it takes."""
+    takes, and a line under the box that says the same until the message is sent; the typed text
+    and the good picture stay, and the message then sends. A .txt the box does not take is refused
+    in one line that says what it takes (by Gradio, before any upload)."""
     import struct
     import zlib
 
@@ -443,6 +444,8 @@ def test_a_refused_picture_leaves_the_chat_box_with_one_toast_and_the_text_kept(
     for name, data in bad.items():
         (tmp_path / name).write_bytes(data)
     chips = "#chat-box .thumbnail-item"
+    line_says = """(name) => { const line = document.querySelector('#chat-left-out');
+                               return !!line && line.offsetParent !== null && line.innerText.includes(name); }"""
     with browser_page(height=1400) as page:
         page.goto(app_url)
         box = page.locator("#chat-box textarea")
@@ -456,16 +459,20 @@ def test_a_refused_picture_leaves_the_chat_box_with_one_toast_and_the_text_kept(
             assert len(texts) == 1 and name in texts[0], texts
             if name != "notes.txt":  # the box's own check (Gradio refuses a .txt before the upload)
                 assert BOX_TAKES in texts[0], texts
+                page.wait_for_function(line_says, arg=name)
+                assert BOX_TAKES in page.locator("#chat-left-out").inner_text()
             else:
                 assert "image, .pdf" in texts[0], texts
             page.wait_for_function(f"() => document.querySelectorAll('{chips}').length == 1")
             assert box.input_value() == "What shape is this?"
             close_toasts(page)
         page.screenshot(path=str(shots / "ux-chat-refused-picture.png"), full_page=True)
+        assert page.evaluate(line_says, "huge.png")  # the last server-side refusal is still in sight
         box.focus()
         page.keyboard.press("Enter")
         page.wait_for_function("() => document.querySelectorAll(\"[data-testid='bot']\").length == 1", timeout=120_000)
         assert not page.locator("[data-testid='toast-body']").count()
+        assert not page.locator("#chat-left-out").is_visible()  # sent: the line has done its job
 
 
 def test_a_refused_tiling_upload_leaves_no_badge_and_no_old_result(app_url, tmp_path, shots):

@@ -306,7 +306,8 @@ def test_a_csv_answer_is_shown_once_in_the_grid():
 
 def test_the_chat_box_takes_out_what_open_image_refuses_and_says_why(tmp_path):
     """An attachment that is not a picture leaves the box (text, good pictures and the PDF handling
-    as before); the refusal to show is open_image's own line, with a fresh id each time."""
+    as before); the refusal to show is open_image's own line, with a fresh id each time, and the
+    line under the box says the same."""
     from g4v.images import open_image
     from tests.conftest import make_image
 
@@ -316,14 +317,35 @@ def test_the_chat_box_takes_out_what_open_image_refuses_and_says_why(tmp_path):
     with pytest.raises(G4VError) as refused:
         open_image(fake)
     box = {"text": "What is this?", "files": [{"path": str(good)}, {"path": str(fake)}, str(REPORT_PDF)]}
-    kept, pdf, _, refusal = documents.pdf_to_picker(box)
+    kept, pdf, _, refusal, line = documents.pdf_to_picker(box)
     assert kept == {"text": "What is this?", "files": [str(good)]} and pdf == str(REPORT_PDF)
     assert refusal["text"] == f"{refused.value}: removed from the message ({documents.BOX_TAKES})"
+    assert line["visible"] and rendered_text(line["value"]) == "⚠️ " + refusal["text"]
     assert documents.pdf_to_picker(box)[3]["id"] != refusal["id"]
     with pytest.raises(gr.Error, match="fake.png is not an image"):
         documents.show_refusal(refusal)
     documents.show_refusal(None)  # nothing to say: no toast
     assert all(out is gr.skip() or out == gr.skip() for out in documents.pdf_to_picker(kept))
+
+
+def rendered_text(markdown: str) -> str:
+    """What a Markdown text shows on the page (markdown-it, as Gradio's front end reads CommonMark)."""
+    import html
+    import re
+
+    from markdown_it import MarkdownIt
+
+    return html.unescape(re.sub(r"<[^>]+>", "", MarkdownIt().render(markdown))).strip()
+
+
+def test_the_line_under_the_chat_box_shows_file_names_as_they_are():
+    """File names with Markdown's signs in them show as typed, not as emphasis, links or code; no
+    text hides the line."""
+    for text in ["*bold*.png is not an image", "a_b_.png: [link](http://x) `code` <b>x</b> # 1. - + ! | ~",
+                 "back\\slash\\.png"]:
+        line = documents.left_out_line(text)
+        assert line["visible"] and rendered_text(line["value"]) == "⚠️ " + text, line["value"]
+    assert documents.left_out_line(None)["visible"] is False
 
 
 def test_without_a_task_preset_the_panel_says_what_it_is_for():

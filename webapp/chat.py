@@ -4,7 +4,9 @@ It is built from a ``gr.Chatbot`` and a ``gr.MultimodalTextbox`` rather than ``g
 ChatInterface (Gradio 6.31) clears and disables its textbox before the answer starts and leaves it
 disabled when the answer fails. Here a message is checked first and only then taken out of the box,
 so a refusal leaves the box usable with the text and pictures still in it; a request that fails
-later puts the message back. Nothing a user sent is lost.
+later puts the message back. Nothing a user sent is lost. An attachment that is not a readable
+picture is taken out of the box at once, with a toast and a line under the box that stays until
+the message is sent (a toast is easy to miss, and the text would go without the picture).
 
 Long conversations stay answerable: the oldest turns are dropped, with a note, when the pictures
 exceed :data:`~g4v.conversation.MAX_IMAGES_PER_CONVERSATION` or the prompt no longer fits the
@@ -25,7 +27,7 @@ from g4v.conversation import (MAX_IMAGES_PER_CONVERSATION, MAX_IMAGES_PER_MESSAG
 from g4v.errors import G4VError, PromptTooLong
 from g4v.images import open_image
 from webapp.common import MODEL_QUEUE, RANDOM_SEED, sampling_settings, seed_box_value, shows_errors, without_error_badges
-from webapp.documents import chat_documents, chat_examples
+from webapp.documents import chat_documents, chat_examples, left_out_line
 
 
 # ── Gradio messages -> g4v conversation ────────────────────────────────────────────────────────
@@ -244,10 +246,11 @@ def chat_tab(engine, last_chat_image: gr.State, examples: list[list], concurrenc
     # A PDF attached here goes to the "From a PDF" picker below (chat_documents), for its pages.
     box = gr.MultimodalTextbox(file_types=["image", ".pdf"], file_count="multiple", sources=["upload"],
                                placeholder="Ask about an image or a PDF...", show_label=False, elem_id="chat-box")
+    left_out = gr.Markdown(visible=False, elem_id="chat-left-out")  # what the box took out, in sight until sent
     with gr.Row():
         stop = gr.Button("Stop", size="sm", elem_id="chat-stop")
         clear = gr.Button("Clear", size="sm", elem_id="chat-clear")
-    follow_answers, task, schema = chat_documents(box, chatbot)  # PDF pages, task presets, the structured panel
+    follow_answers, task, schema = chat_documents(box, chatbot, left_out)  # PDF pages, task presets, the structured panel
     with gr.Accordion("Sampling", open=False):
         max_new_tokens = gr.Slider(1, MAX_NEW_TOKENS, value=SamplingSettings.max_new_tokens, step=1, label="Max new tokens")
         temperature = gr.Slider(0.0, 2.0, value=SamplingSettings.temperature, step=0.05, label="Temperature (0 = greedy)")
@@ -265,8 +268,9 @@ def chat_tab(engine, last_chat_image: gr.State, examples: list[list], concurrenc
     accepted = box.submit(accept, [box, chatbot, max_new_tokens, temperature, top_p, seed],
                           [box, sending, checked, before, checked_settings], api_visibility="private",
                           show_progress="hidden")
-    shown = accepted.success(lambda message, history: [*history, user_entry(message)], [sending, before], chatbot,
-                             api_visibility="private", queue=False, show_progress="hidden")
+    shown = accepted.success(lambda message, history: ([*history, user_entry(message)], left_out_line()),
+                             [sending, before], [chatbot, left_out], api_visibility="private", queue=False,
+                             show_progress="hidden")
     answered = shown.success(
         respond, [sending, checked, before, checked_settings], [chatbot, last_chat_image, box],
         api_visibility="private", concurrency_id=MODEL_QUEUE, concurrency_limit=concurrency, show_progress="minimal")

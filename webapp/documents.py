@@ -9,6 +9,7 @@ sees an uploaded picture, through ``open_image``.
 
 import functools
 import json
+import re
 import uuid
 from pathlib import Path
 
@@ -109,18 +110,29 @@ def pdf_to_picker(current):
     opened; nothing changes while no PDF is attached (every change of the box comes here: Gradio's
     MultimodalTextbox has no upload event, and its input event does not fire for attachments).
     An attachment that is not a readable picture is taken out too: left in, it showed as a broken
-    chip until the message was refused at sending. The last output is the refusal to show (see
-    :func:`show_refusal`), with an id of its own so that the same refusal twice shows twice."""
+    chip until the message was refused at sending. The last two outputs are the refusal to show
+    (see :func:`show_refusal`), with an id of its own so that the same refusal twice shows twice,
+    and the same words for the line under the box (:func:`left_out_line`), which stays until the
+    message is sent: a toast is easy to miss, and the text would then go without the picture."""
     text, kept, pdfs, refused = sorted_attachments(current)
     if not pdfs and not refused:
-        return gr.skip(), gr.skip(), gr.skip(), gr.skip()
+        return gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip()
     problems = [f"{'; '.join(refused.values())}: removed from the message ({BOX_TAKES})"] if refused else []
     if len(pdfs) > 1:
         problems.append(f"one PDF at a time: {Path(pdfs[0]).name} is open in the picker below")
     refusal = {"id": uuid.uuid4().hex, "text": "; ".join(problems)} if problems else gr.skip()
+    line = left_out_line(refusal["text"]) if problems else gr.skip()
     if not pdfs:
-        return {"text": text, "files": kept}, gr.skip(), gr.skip(), refusal
-    return {"text": text, "files": kept}, pdfs[0], gr.Accordion(open=True), refusal
+        return {"text": text, "files": kept}, gr.skip(), gr.skip(), refusal, line
+    return {"text": text, "files": kept}, pdfs[0], gr.Accordion(open=True), refusal, line
+
+
+def left_out_line(text: str | None = None):
+    """The line under the Chat box that says what was taken out of the message (hidden for None).
+    Escaped: it quotes file names, which Markdown would otherwise read as markup."""
+    if not text:
+        return gr.update(value="", visible=False)
+    return gr.update(value="⚠️ " + re.sub(r"([\\`*_{}\[\]()<>#+!|~-])", r"\\\1", text), visible=True)
 
 
 @shows_errors
@@ -144,12 +156,13 @@ def page_files(pdf_path, pages: str, dpi, limit: int) -> list[str]:
     return save_pages([image for _, image in numbered], Path(path).stem, [n for n, _ in numbered], float(dpi))
 
 
-def document_picker(target, chat_box: bool = False, elem_id: str = "doc"):
+def document_picker(target, chat_box: bool = False, elem_id: str = "doc", left_out: gr.Markdown | None = None):
     """Render the picker (an accordion) and wire its button to ``target``; returns that event, so a
     tab can chain its own analysis after it (``.success(...)``).
 
     ``target`` is an image input (the chosen page replaces its picture) or, with ``chat_box``, the
-    Chat tab's MultimodalTextbox (the chosen pages join its attachments, its text is kept).
+    Chat tab's MultimodalTextbox (the chosen pages join its attachments, its text is kept; what the
+    box refuses is said in a toast and in ``left_out``, the line under the box).
     """
     limit = MAX_IMAGES_PER_MESSAGE if chat_box else 1
     with gr.Accordion("From a PDF", open=False, elem_id=f"{elem_id}-picker") as accordion:
@@ -172,7 +185,7 @@ def document_picker(target, chat_box: bool = False, elem_id: str = "doc"):
     if chat_box:  # a PDF attached with the box's paperclip opens here, for its pages to be chosen
         # Not a gr.State: a State's change event does not fire for an unqueued event's output.
         refusal = gr.JSON(visible=False)
-        target.change(pdf_to_picker, target, [target, document, accordion, refusal], api_visibility="private",
+        target.change(pdf_to_picker, target, [target, document, accordion, refusal, left_out], api_visibility="private",
                       queue=False, show_progress="hidden", trigger_mode="always_last")
         refusal.change(show_refusal, refusal, None, api_visibility="private", show_progress="hidden")
     thumbnails.select(pick_thumbnail, None, pages, api_visibility="private")
@@ -316,10 +329,11 @@ def _code(text: str) -> str:
     return "`" + str(text).replace("`", "'") + "`"
 
 
-def chat_documents(box, chatbot):
+def chat_documents(box, chatbot, left_out: gr.Markdown):
     """Render the Chat tab's document tools under its box; returns ``follow(event)``, which updates
-    the structured panel after each answer, and the task and schema fields (the examples set them)."""
-    document_picker(box, chat_box=True, elem_id="chat-doc")
+    the structured panel after each answer, and the task and schema fields (the examples set them).
+    ``left_out``: the line under the box that says what was taken out of the message."""
+    document_picker(box, chat_box=True, elem_id="chat-doc", left_out=left_out)
     with gr.Row():
         task = gr.Dropdown(preset_choices(), value="", label="Task preset (Granite Vision's documented prompts)",
                            elem_id="chat-task")
