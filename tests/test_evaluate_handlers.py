@@ -74,6 +74,6 @@ def test_each_open_button_fills_its_boxes_by_name(workspace, targets, adapters):
                                                             if box is not targets.lora.adapter]
     assert list(lora) == wanted
     if adapters[1]:
-        assert lora[targets.lora.adapter].value == "demo"
+        assert lora[targets.lora.adapter]["value"] == "demo"
     for path in (chat[targets.chat.message]["files"][0], deepstack[targets.deepstack.image], lora[targets.lora.image]):
         assert np.array_equal(np.asarray(Image.open(path).convert("RGB")), picture)

@@ -376,8 +376,8 @@ def wire_dataset_info(workspace: EvalWorkspace, dataset, files, columns, describ
 
     def uploaded(upload, chosen, *boxes):
         """The dropdown on the upload, what it showed before (a refused upload goes back to it), and
-        what the column boxes show."""
-        return (gr.Dropdown(value=UPLOAD), chosen, boxes) if upload else (gr.skip(), gr.skip(), gr.skip())
+        what the column boxes show (gr.update: a new Dropdown without choices would warn in the log)."""
+        return (gr.update(value=UPLOAD), chosen, boxes) if upload else (gr.skip(), gr.skip(), gr.skip())
 
     # .select (a visitor's pick), not .change: the upload's own step below sets the dropdown too,
     # and .change would describe the upload (and show its refusal) a second time; nor .input, which

@@ -69,7 +69,9 @@ def open_handlers(workspace, targets: OpenTargets):
     def open_lora(run, index, request: gr.Request = None):
         paths, prompt = pictures(run, index, request)
         shown, adapter = targets.lora, next((name for name in run["adapters"] if name), None)
-        chosen = {shown.adapter: gr.Dropdown(value=adapter)} if adapter else {}  # none: the box keeps its choice
+        # gr.update, not gr.Dropdown(value=...): a new Dropdown without choices warns in the server
+        # log that its value is not among them. No adapter: the box keeps its choice.
+        chosen = {shown.adapter: gr.update(value=adapter)} if adapter else {}
         return {shown.image: paths[0], shown.prompt: prompt, **chosen, shown.tabs: gr.Tabs(selected="lora")}
 
     return open_chat, open_deepstack, open_lora
