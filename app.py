@@ -31,7 +31,7 @@ from g4v.engines.deferred import DeferredEngine  # noqa: E402
 from g4v.errors import G4VError  # noqa: E402
 from g4v.paths import EXAMPLES_DIR, default_model  # noqa: E402
 from webapp.common import MAX_UPLOAD_SIZE  # noqa: E402
-from webapp.layout import build_app  # noqa: E402
+from webapp.layout import build_app, workbench_theme  # noqa: E402
 
 try:  # Hugging Face ZeroGPU: GPU work must run inside functions decorated with spaces.GPU.
     import spaces
@@ -92,6 +92,7 @@ def main(argv=None) -> None:
         server_name=args.host,
         server_port=args.port,
         share=False,
+        theme=workbench_theme(),
         allowed_paths=[str(EXAMPLES_DIR)],  # the example pictures; never the weights or the code
         max_file_size=MAX_UPLOAD_SIZE,
         show_error=True,

@@ -220,3 +220,25 @@ def test_port_table_breaks_no_word_inside(app_url, shots, width):
             page.wait_for_function(f"() => ({note})().includes('Not usable')")
             assert "may only name this checkpoint's folder" in page.evaluate(note)
         page.screenshot(path=str(shots / f"readable-4-port-{width}.png"), full_page=True)
+
+
+def test_bold_labels_are_drawn_in_the_page_font_alone(app_url, shots):
+    """The title, the banner's bold words, a semibold button ("Open in LoRA") and a code span are
+    each drawn by Chromium in the theme's own fonts only, no glyph from a system fallback
+    (``CSS.getPlatformFontsForNode``: the fonts that drew a node's text, with their glyph counts).
+    With Gradio 6.31's default theme these came out mostly in DejaVu Sans, their A and B alone in
+    Source Sans (webapp.layout.workbench_theme)."""
+    with browser_page() as page:
+        page.goto(app_url)
+        page.get_by_role("tab", name="Evaluate").click()
+        page.locator("#eval-open-lora").wait_for()
+        page.evaluate("document.fonts.ready")
+        cdp = page.context.new_cdp_session(page)
+        cdp.send("DOM.enable")
+        cdp.send("CSS.enable")
+        root = cdp.send("DOM.getDocument", {"depth": -1})["root"]["nodeId"]
+        for selector in ["h1", "strong", "#eval-open-lora", "code"]:
+            node = cdp.send("DOM.querySelector", {"nodeId": root, "selector": selector})["nodeId"]
+            drawn = cdp.send("CSS.getPlatformFontsForNode", {"nodeId": node})["fonts"]
+            assert drawn and all(font["isCustomFont"] for font in drawn), (selector, drawn)
+        page.locator("#eval-open-lora").screenshot(path=str(shots / "readable-open-in-lora.png"))

@@ -26,6 +26,20 @@ from webapp.tiling import tiling_tab
 CACHE_CLEANUP = (600, 3600)  # (every seconds, older than seconds)
 
 
+def workbench_theme() -> gr.themes.Base:
+    """Gradio's default theme, its fonts declared at 400 and 700 only (``app.py`` launches with it).
+
+    Gradio 6.31 ships ``SourceSansPro-SemiBold`` and ``IBMPlexMono-SemiBold`` as their Cyrillic
+    subsets (55 and 75 glyphs, Latin capitals A and B among them), and the default theme declares
+    weights 400 and 600. Every semibold label (buttons, headings) and, for want of a 700 face, all
+    bold text then drew its A and B in Source Sans and every other letter in a fallback font ("Open
+    in LoRA" ended in a smaller A). With 400 and 700 declared, CSS font matching draws 600 with the
+    700 face, whose files are whole."""
+    return gr.themes.Default(
+        font=[gr.themes.LocalFont("Source Sans Pro", weights=(400, 700)), "ui-sans-serif", "system-ui", "sans-serif"],
+        font_mono=[gr.themes.LocalFont("IBM Plex Mono", weights=(400, 700)), "ui-monospace", "Consolas", "monospace"])
+
+
 def banner(model: str) -> str:
     switch = (f"For the real model run `python app.py --model {REAL_MODEL_ID}` (or set `G4V_MODEL`) on a "
               "machine with a GPU and access to the Hugging Face Hub.")
