@@ -10,8 +10,8 @@ from g4v.attribution.gradients import METHODS
 from g4v.attribution.run import AttributionSettings, run_attribution
 from g4v.errors import G4VError
 from g4v.model.levels import describe_levels
-from webapp.common import (MODEL_QUEUE, image_input, refuse_non_pictures, shows_errors, time_left,
-                            use_last_chat_image, without_error_badges)
+from webapp.common import (MODEL_QUEUE, image_input, last_chat_image_button, refuse_non_pictures, shows_errors,
+                           time_left, use_last_chat_image, without_error_badges)
 from webapp.documents import document_picker
 from webapp.sessions import SessionStores, session_key
 
@@ -85,7 +85,7 @@ def attribution_tab(engine, config, last_chat_image: gr.State, sessions: Session
         image = image_input(label="Image", height=240, elem_id="attribution-image")
         refuse_non_pictures(image)
         with gr.Column():
-            from_chat = gr.Button("Use the last chat image", elem_id="attribution-from-chat")
+            from_chat = last_chat_image_button("attribution-from-chat")
             document_picker(image, elem_id="attribution-doc")
             prompt = gr.Textbox(label="Prompt", value="What colour is the shape?", elem_id="attribution-prompt")
             target = gr.Textbox(label="Answer to explain (empty: the model's own answer)")

@@ -22,8 +22,8 @@ from g4v.images import open_image
 from viz.circuits import picker_size, region_overlay
 from viz.figures import original_point
 from webapp.common import (MODEL_QUEUE, QUIET_INPUT, OutputBoxes, image_input, optional_whole, previous_run_mark,
-                           refuse_non_pictures, run_keeping_previous, shows_errors, time_left, use_last_chat_image,
-                           without_error_badges)
+                           last_chat_image_button, refuse_non_pictures, run_keeping_previous, shows_errors, time_left,
+                           use_last_chat_image, without_error_badges)
 from webapp.documents import document_picker
 from webapp.sessions import SessionStores, session_key
 
@@ -317,7 +317,7 @@ def circuits_tab(engine, last_chat_image: gr.State, sessions: SessionStores, con
         image = image_input(label="Image", height=240, elem_id="circuits-image")
         refuse_non_pictures(image)
         with gr.Column():
-            from_chat = gr.Button("Use the last chat image", elem_id="circuits-from-chat")
+            from_chat = last_chat_image_button("circuits-from-chat")
             document_picker(image, elem_id="circuits-doc")
             prompt = gr.Textbox(label="Prompt", value="What colour is the shape?", elem_id="circuits-prompt")
             layers = gr.Textbox(label=LAYERS_HELP, value=DEFAULTS.layers, elem_id="circuits-layers")

@@ -261,6 +261,12 @@ def refuse_non_pictures(image: gr.Image) -> None:
         lambda: None, None, image, api_visibility="private", queue=False, **QUIET_INPUT)
 
 
+def last_chat_image_button(elem_id: str) -> gr.Button:
+    """The "Use the last chat image" button of every picture tab: small, as a helper beside the
+    picture, not the tab's action (wired by :func:`use_last_chat_image`)."""
+    return gr.Button("Use the last chat image", size="sm", elem_id=elem_id)
+
+
 def use_last_chat_image(button: gr.Button, last_chat_image: gr.State, image: gr.Image):
     """Wire a "Use the last chat image" button: it copies the newest chat image into ``image``.
     Returns the event, so a tab can chain its own step after it (``.success``: not after a refusal).

@@ -6,8 +6,8 @@ import gradio as gr
 from g4v.model.levels import describe_levels
 from g4v.inspect.run import run_inspection
 from g4v.inspect.settings import InspectSettings
-from webapp.common import (MODEL_QUEUE, image_input, refuse_non_pictures, shows_errors, use_last_chat_image,
-                            without_error_badges)
+from webapp.common import (MODEL_QUEUE, image_input, last_chat_image_button, refuse_non_pictures, shows_errors,
+                           use_last_chat_image, without_error_badges)
 from webapp.documents import document_picker
 from webapp.sessions import SessionStores, session_key
 
@@ -68,7 +68,7 @@ def deepstack_tab(engine, config, last_chat_image: gr.State, sessions: SessionSt
         image = image_input(label="Image", height=240, elem_id="deepstack-image")
         refuse_non_pictures(image)
         with gr.Column():
-            from_chat = gr.Button("Use the last chat image", elem_id="deepstack-from-chat")
+            from_chat = last_chat_image_button("deepstack-from-chat")
             document_picker(image, elem_id="deepstack-doc")
             prompt = gr.Textbox(label="Prompt", value="What colour is the shape?", elem_id="deepstack-prompt")
             ablate = gr.CheckboxGroup(level_names, value=DEFAULTS.ablate, label="Ablate (zero) these levels")

@@ -11,8 +11,8 @@ from g4v.lora.models import model_choices
 from g4v.lora.settings import LoraDiffSettings
 from g4v.lora.side_by_side import lora_side_by_side
 from g4v.lora.token_diff import lora_token_diff
-from webapp.common import (MODEL_QUEUE, image_input, refuse_non_pictures, sampling_settings, shows_errors,
-                            use_last_chat_image, without_error_badges)
+from webapp.common import (MODEL_QUEUE, image_input, last_chat_image_button, refuse_non_pictures, sampling_settings,
+                           shows_errors, use_last_chat_image, without_error_badges)
 from webapp.documents import document_picker
 
 #: The tab's starting choices: the command's defaults (``lora-diff``), written once in LoraDiffSettings.
@@ -72,7 +72,7 @@ def lora_tab(engine, model: str, adapters_dir, last_chat_image: gr.State, concur
         image = image_input(label="Image (optional)", height=200, elem_id="lora-image")
         refuse_non_pictures(image)
         with gr.Column():
-            from_chat = gr.Button("Use the last chat image", elem_id="lora-from-chat")
+            from_chat = last_chat_image_button("lora-from-chat")
             document_picker(image, elem_id="lora-doc")
             max_new_tokens = gr.Slider(1, 256, value=DEFAULTS.max_new_tokens, step=1, label="Max new tokens")
             temperature = gr.Slider(0.0, 2.0, value=SamplingSettings.temperature, step=0.05,

@@ -15,7 +15,8 @@ from g4v.port import lora_audit
 from g4v.port.in_vllm_env import run_port_diff_in_vllm_env
 from g4v.port.settings import PortDiffSettings
 from g4v.port.table import LEVEL_COLUMNS, level_rows, without_model_path
-from webapp.common import image_input, refuse_non_pictures, shows_errors, use_last_chat_image, without_error_badges
+from webapp.common import (image_input, last_chat_image_button, refuse_non_pictures, shows_errors, use_last_chat_image,
+                           without_error_badges)
 from webapp.documents import document_picker
 
 SETUP_HINT = ("The vLLM environment was not found, so this tab cannot run here. Build it with "
@@ -168,7 +169,7 @@ def port_tab(model: str, last_chat_image: gr.State) -> None:
         image = image_input(label="Image", height=200, elem_id="port-image")
         refuse_non_pictures(image)
         with gr.Column():
-            from_chat = gr.Button("Use the last chat image", elem_id="port-from-chat")
+            from_chat = last_chat_image_button("port-from-chat")
             document_picker(image, elem_id="port-doc")
             prompt = gr.Textbox(label="Prompt", value="What colour is the shape?")
             run = gr.Button("Compare", variant="primary", interactive=available)

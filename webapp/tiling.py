@@ -8,7 +8,8 @@ from g4v.errors import G4VError
 from g4v.tiling import first_token_to_show, token_at
 from g4v.tiling_view import highlight_token, mark_token, tiling_report, token_at_overlay
 from viz.figures import original_point
-from webapp.common import QUIET_INPUT, image_input, shows_errors, use_last_chat_image, without_error_badges
+from webapp.common import (QUIET_INPUT, image_input, last_chat_image_button, shows_errors, use_last_chat_image,
+                           without_error_badges)
 from webapp.documents import document_picker
 
 
@@ -95,7 +96,7 @@ def tiling_tab(config, last_chat_image: gr.State) -> None:
     with gr.Row():
         image = image_input(label="Image", height=320, elem_id="tiling-image")
         with gr.Column():
-            from_chat = gr.Button("Use the last chat image", elem_id="tiling-from-chat")
+            from_chat = last_chat_image_button("tiling-from-chat")
             from_pdf = document_picker(image, elem_id="tiling-doc")  # a PDF page, then its token budget
             table = gr.Dataframe(headers=list(BUDGET_COLUMNS), label="Token budget", interactive=False, wrap=True,
                                  column_widths=list(BUDGET_COLUMNS.values()), elem_id="tiling-budget")
