@@ -58,11 +58,16 @@ def smallest_shown_text(record, shown_px: int = PAGE_WIDTH_PX) -> tuple[float, s
 
 
 def legends_clear_of_the_data(figure: Figure) -> None:
+    """No legend over an axes' data, nor over its tick labels and axis labels (the LoRA plot's
+    legends, beside its axes, covered the right-hand KL axis's labels)."""
+    renderer = FigureCanvasAgg(figure).get_renderer()
     legends = list(figure.legends) + [ax.get_legend() for ax in figure.axes if ax.get_legend()]
     for legend in legends:
-        box = legend.get_window_extent()
+        box = legend.get_window_extent(renderer)
         for ax in figure.axes:
-            assert not box.overlaps(ax.get_window_extent()), f"a legend covers the axes {ax.get_title()!r}"
+            assert not box.overlaps(ax.get_window_extent(renderer)), f"a legend covers the axes {ax.get_title()!r}"
+            labels = ax.get_tightbbox(renderer, bbox_extra_artists=[])  # the axes with its ticks and labels
+            assert not box.overlaps(labels), f"a legend covers the labels of the axes {ax.get_title()!r}"
 
 
 GRADIO_BUTTONS_PX = (120, 48)  # the width and height Gradio's fullscreen and download buttons cover,
@@ -163,9 +168,13 @@ def lora_diff(count: int) -> dict:
     return {"adapter": "french", "first_divergence": 2, "base_tokens": tokens(0), "adapter_tokens": tokens(1)}
 
 
-@pytest.mark.parametrize("count", [12, 300])
-def test_lora_plot_names_its_tokens_and_keeps_legends_off_the_data(drawn, count):
-    figure = vl.diff_plot(lora_diff(count))
+@pytest.mark.parametrize("count, names", [(12, None), (300, None),
+                                           (12, ("base language model (vision LoRA off)", "vision model + a-long-adapter-name"))])
+def test_lora_plot_names_its_tokens_and_keeps_legends_off_the_data(drawn, count, names):
+    diff = lora_diff(count)
+    if names:
+        diff.update(left=names[0], right=names[1])
+    figure = vl.diff_plot(diff)
     figure_to_image(figure)
     size, text = smallest_shown_text(drawn)
     assert size >= MIN_TEXT_PX, f"{text!r} is {size:.1f} px at the page's width"

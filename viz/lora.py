@@ -22,6 +22,7 @@ DELTA_SCALE = 4.0
 #: whole, and each span's tooltip gives its numbers).
 MAX_TOKEN_LABELS = 48
 TOKEN_LABEL_CHARS = 12
+LEGEND_ROW_CHARS = 100  # the plot's legend labels, all told, that one row under it holds
 
 
 def _names(diff: dict) -> tuple[str, str]:
@@ -134,12 +135,14 @@ def diff_png(diff: dict, width: int = 900) -> Image.Image:
 def diff_plot(diff: dict) -> Figure:
     """Per answer: the token's log-probability under each model, and the KL between the two
     next-token distributions; the first divergence is a dashed line. The x axis names the tokens
-    (every few, in a long answer); the legends sit beside the axes, never over the data."""
+    (every few, in a long answer); one legend for both panels, under them, never over the data
+    or the right-hand KL axis (beside the axes it covered that axis's labels once they were wide)."""
     figure = Figure(figsize=(9, 6.5), layout="constrained")
     small = text_points(figure.get_figwidth())
     axes = figure.subplots(2, 1, sharex=False)
     first = diff.get("first_divergence")
     left, right = _names(diff)
+    legend = []  # the handles of one panel: both draw the same series
     for ax, (key, title) in zip(axes, _answers(diff)):
         tokens = diff.get(key, [])
         positions = np.array([t["position"] for t in tokens])
@@ -163,6 +166,8 @@ def diff_plot(diff: dict) -> Figure:
         ax.set_xlabel("answer token", fontsize=small)
         ax.set_ylabel("log-probability", fontsize=small)
         ax.tick_params(axis="y", labelsize=small)
-        if handles:
-            ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.08, 1.0), fontsize=small, borderaxespad=0)
+        legend = legend or handles
+    if legend:  # one row while the names are short; long ones (an adapter's) a column
+        one_row = sum(len(handle.get_label()) for handle in legend) <= LEGEND_ROW_CHARS
+        figure.legend(handles=legend, loc="outside lower center", ncol=len(legend) if one_row else 1, fontsize=small)
     return figure
