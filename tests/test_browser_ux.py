@@ -459,6 +459,7 @@ def test_a_refused_picture_leaves_the_chat_box_with_one_toast_and_the_text_kept(
             assert len(texts) == 1 and name in texts[0], texts
             if name != "notes.txt":  # the box's own check (Gradio refuses a .txt before the upload)
                 assert BOX_TAKES in texts[0], texts
+                assert "warning" in page.locator("[data-testid='toast-body']").get_attribute("class")  # it still sends
                 page.wait_for_function(line_says, arg=name)
                 assert BOX_TAKES in page.locator("#chat-left-out").inner_text()
             else:

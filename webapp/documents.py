@@ -22,7 +22,7 @@ from g4v.documents.presets import PRESETS, build_prompt, get_preset, parse_schem
 from g4v.documents.structured import read_answer
 from g4v.errors import G4VError
 from g4v.images import open_image
-from webapp.common import QUIET_INPUT, shows_errors
+from webapp.common import QUIET_INPUT, shows_errors, toast_text
 from webapp.tempdirs import own_folder
 
 #: Rendered pages live in the app's own folder (webapp.tempdirs) until Gradio has copied them into
@@ -135,13 +135,13 @@ def left_out_line(text: str | None = None):
     return gr.update(value="⚠️ " + re.sub(r"([\\`*_{}\[\]()<>#+!|~-])", r"\\\1", text), visible=True)
 
 
-@shows_errors
 def show_refusal(refusal):
-    """A toast for what :func:`pdf_to_picker` took out of the box. A queued step of its own, run
-    only when there is something to say: Gradio shows no toast for an unqueued event (and the box's
-    change events stay unqueued: they come with the typing)."""
+    """A warning toast for what :func:`pdf_to_picker` took out of the box (a warning: the message
+    itself still sends). A queued step of its own, run only when there is something to say: Gradio
+    shows no toast for an unqueued event (and the box's change events stay unqueued: they come
+    with the typing)."""
     if refusal:
-        raise G4VError(refusal["text"])
+        gr.Warning(toast_text(refusal["text"]))
 
 
 def pick_thumbnail(evt: gr.SelectData):
