@@ -11,7 +11,8 @@ from fontTools.ttLib import TTFont
 
 from webapp.layout import workbench_theme
 
-STATIC = Path(gradio.__file__).parent / "templates" / "frontend" / "static"
+#: Where Gradio serves its front end from: a face's URL (``static/fonts/...``) is a path in it.
+FRONTEND = Path(gradio.__file__).parent / "templates" / "frontend"
 ASCII = {code for code in range(0x20, 0x7F)}
 
 
@@ -25,6 +26,6 @@ def test_every_declared_face_draws_all_of_printable_ascii():
     faces = declared_faces(workbench_theme())
     assert {weight for weight, _ in faces} == {"400", "700"}, faces  # 600 is drawn with the 700 face
     for weight, url in faces:
-        covered = set(TTFont(STATIC.parent / url).getBestCmap())
+        covered = set(TTFont(FRONTEND / url).getBestCmap())
         missing = "".join(chr(code) for code in sorted(ASCII - covered))
         assert not missing, f"{url} (weight {weight}) lacks {missing!r}"
