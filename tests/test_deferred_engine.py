@@ -10,6 +10,7 @@ import pytest
 
 from g4v.conversation import Message, SamplingSettings
 from g4v.engines import create_engine
+from g4v.engines.capabilities import Instrumentable, require
 from g4v.engines.deferred import DeferredEngine
 from g4v.errors import G4VError
 from g4v.loading import engine_config
@@ -84,7 +85,7 @@ def test_weights_that_do_not_load_are_one_line_for_every_caller_and_loaded_once(
     with pytest.raises(G4VError, match=r"^could not load model .*broken") as first:
         deferred.load()
     with pytest.raises(G4VError) as again:
-        deferred.tokenizer
+        require(deferred, Instrumentable, "the test")
     assert str(again.value) == str(first.value) and "\n" not in str(first.value)
 
 
@@ -119,7 +120,8 @@ def test_requests_waiting_for_the_load_share_one_load():
     probe = create_engine("hf", str(BUNDLED_MODEL_DIR), defer=True, **CPU)
     deferred = DeferredEngine(load, probe.info, probe.outline)
     windows = []
-    waiting = [threading.Thread(target=lambda: windows.append(deferred.tokenizer.model_max_length)) for _ in range(3)]
+    waiting = [threading.Thread(target=lambda: windows.append(require(deferred, Instrumentable, "a test").tokenizer.model_max_length))
+               for _ in range(3)]
     for thread in waiting:
         thread.start()
     assert started.wait(10)

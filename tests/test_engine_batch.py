@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from g4v.conversation import MAX_NEW_TOKENS, Message, SamplingSettings
-from g4v.engines.base import PreparedRequest
+from g4v.engines.base import GenerationRequest, PreparedRequest
 from g4v.errors import G4VError, PromptTooLong
 from g4v.tiling import plan_tiling
 from tests.conftest import make_image
@@ -25,6 +25,11 @@ MIXED = [
 ]
 
 
+def asks(requests, settings=GREEDY, adapter=None) -> list[GenerationRequest]:
+    """``requests`` as one batch's typed requests, each with ``settings`` and ``adapter``."""
+    return [GenerationRequest(request, settings, adapter) for request in requests]
+
+
 def test_the_mixed_requests_tile_differently(hf_engine):
     """The batch below really mixes tilings and lengths (else it would prove little)."""
     config = hf_engine.model.config
@@ -36,7 +41,7 @@ def test_the_mixed_requests_tile_differently(hf_engine):
 @pytest.mark.parametrize("batch_size", [2, 3, 8])
 def test_a_batch_answers_what_each_request_answers_alone(hf_engine, batch_size):
     alone = [hf_engine.generate(messages, GREEDY) for messages in MIXED]
-    together = hf_engine.generate_batch(MIXED, GREEDY, batch_size=batch_size)
+    together = hf_engine.generate_batch(asks(MIXED), in_flight=batch_size)
     assert [g.token_ids for g in together] == [g.token_ids for g in alone]
     assert [(g.text, g.finish_reason, g.prompt_tokens) for g in together] == \
         [(g.text, g.finish_reason, g.prompt_tokens) for g in alone]
@@ -53,8 +58,8 @@ def test_a_batch_with_an_adapter_equals_the_adapter_alone(tmp_path):
     alone = [engine.generate(messages, GREEDY, adapter="french").token_ids for messages in MIXED]
     base = [engine.generate(messages, GREEDY).token_ids for messages in MIXED]
     assert alone != base  # the adapter changes answers here, so the comparison means something
-    assert [g.token_ids for g in engine.generate_batch(MIXED, GREEDY, adapter="french")] == alone
-    assert [g.token_ids for g in engine.generate_batch(MIXED, GREEDY)] == base
+    assert [g.token_ids for g in engine.generate_batch(asks(MIXED, adapter="french"))] == alone
+    assert [g.token_ids for g in engine.generate_batch(asks(MIXED))] == base
 
 
 @pytest.mark.slow
@@ -71,7 +76,7 @@ def test_native_vision_lora_applies_per_request_in_a_batch(tmp_path):
     base = TransformersEngine(str(base_copy(VLORA_MODEL_DIR, tmp_path / "base")), device="cpu", dtype="float32")
     expected = [tokens(trained if p[0].images else base, [p])[0] for p in prompts]
     native = TransformersEngine(str(VLORA_MODEL_DIR), device="cpu", dtype="float32", vision_lora="native")
-    assert [g.token_ids for g in native.generate_batch(prompts, VGREEDY)] == expected
+    assert [g.token_ids for g in native.generate_batch(asks(prompts, VGREEDY))] == expected
 
 
 def test_a_prepared_request_is_reused_without_processing_again(hf_engine):
@@ -83,7 +88,7 @@ def test_a_prepared_request_is_reused_without_processing_again(hf_engine):
     with counted_processor(hf_engine) as calls:
         first = hf_engine.generate(request, GREEDY)
         streamed = "".join(hf_engine.stream(request, GREEDY))
-        again = hf_engine.generate_batch([request, request], GREEDY)
+        again = hf_engine.generate_batch(asks([request, request]))
         assert hf_engine.prepare(request) is request
     assert calls == []
     assert first.token_ids == hf_engine.generate(messages, GREEDY).token_ids
@@ -91,16 +96,20 @@ def test_a_prepared_request_is_reused_without_processing_again(hf_engine):
 
 
 def test_a_batch_refuses_bad_input_in_one_line(hf_engine):
-    with pytest.raises(G4VError, match="batch size must be a whole number >= 1"):
-        hf_engine.generate_batch(MIXED, GREEDY, batch_size=0)
+    """A bad batch setting is one line; a request refused on its own is its own row's one line
+    (``Generation.error``) while the rest of the batch is answered."""
+    with pytest.raises(G4VError, match="in_flight must be a whole number >= 1"):
+        hf_engine.generate_batch(asks(MIXED), in_flight=0)
     # A prompt that fits the window but leaves less room than the longest answer a request may ask for.
     crowded = hf_engine.prepare([Message("user", "red " * (hf_engine.context_window() - MAX_NEW_TOKENS // 2))])
     assert crowded.prompt_tokens <= hf_engine.context_window() < crowded.prompt_tokens + MAX_NEW_TOKENS
-    with pytest.raises(PromptTooLong, match="the prompt is too long"):
-        hf_engine.generate_batch([crowded], SamplingSettings(max_new_tokens=MAX_NEW_TOKENS))
-    with pytest.raises(G4VError, match="unknown adapter"):
-        hf_engine.generate_batch(MIXED, GREEDY, adapter="nope")
-    assert hf_engine.generate_batch([], GREEDY) == []
+    longest = SamplingSettings(max_new_tokens=MAX_NEW_TOKENS)
+    refused, answered = hf_engine.generate_batch([GenerationRequest(crowded, longest), GenerationRequest(MIXED[0], GREEDY)])
+    assert refused.finish_reason == "error" and refused.error.startswith("the prompt is too long")
+    assert answered.error is None and answered.token_ids == hf_engine.generate(MIXED[0], GREEDY).token_ids
+    unknown = hf_engine.generate_batch(asks(MIXED[:2], adapter="nope"))
+    assert [answer.error for answer in unknown] == ["unknown adapter 'nope'"] * 2
+    assert hf_engine.generate_batch([]) == []
 
 
 class counted_processor:
@@ -194,7 +203,7 @@ def test_an_encoded_request_answers_and_scores_as_its_pixel_values(hf_engine):
             assert made is request
     alone = [hf_engine.generate(request, GREEDY).token_ids for request in prepared]
     assert [hf_engine.generate(request, GREEDY).token_ids for request in encoded] == alone
-    assert [g.token_ids for g in hf_engine.generate_batch(encoded, GREEDY, batch_size=3)] == alone
+    assert [g.token_ids for g in hf_engine.generate_batch(asks(encoded), in_flight=3)] == alone
     tokens = [ids[:4] + [hf_engine.tokenizer.eos_token_id] for ids in alone]
     for from_pixels, from_features in zip(answer_logits_batch(hf_engine, prepared, tokens, None),
                                           answer_logits_batch(hf_engine, encoded, tokens, None)):

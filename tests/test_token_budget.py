@@ -15,6 +15,7 @@ import torch
 from PIL import Image
 
 from g4v.conversation import Message, SamplingSettings
+from g4v.engines.base import GenerationRequest
 from g4v.errors import G4VError
 from g4v.evaluate import BUNDLED_DATASET
 from g4v.model.token_budget import POLICIES, TokenBudget, reduce_request
@@ -96,7 +97,7 @@ def test_reduced_requests_batch_as_they_answer_alone(engine):
     requests = [reduce_request(engine, engine.prepare([Message("user", prompt, [picture(n)])]), budget)
                 for n, prompt in ((1, "What shape is red?"), (2, "How many shapes are there?"), (3, "Where is the star?"))]
     alone = [engine.generate(request, GREEDY).token_ids for request in requests]
-    assert [answer.token_ids for answer in engine.generate_batch(requests, GREEDY, batch_size=3)] == alone
+    assert [answer.token_ids for answer in engine.generate_batch([GenerationRequest(request, GREEDY) for request in requests], in_flight=3)] == alone
 
 
 def test_norm_policy_keeps_the_largest_injected_norms(engine, request_):

@@ -150,8 +150,8 @@ def test_a_user_adapter_replaces_the_vision_lora(native, references):
     finally:
         reference.unload()
     assert tokens(native, IMAGE_PROMPTS[:4], adapter="french") == expected
-    assert native.active_adapter(None, image=True) == VISION_ADAPTER
-    assert native.active_adapter(None, image=False) is None
+    assert native.active_adapter(None, image=True) == (VISION_ADAPTER,)
+    assert native.active_adapter(None, image=False) == ()
 
 
 def test_merged_matches_native(native):

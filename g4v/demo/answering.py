@@ -8,6 +8,7 @@ from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 
 from g4v.conversation import Message, SamplingSettings
+from g4v.engines.base import GenerationRequest
 from g4v.demo import shapes as S
 
 SETTINGS = SamplingSettings(max_new_tokens=8, temperature=0)
@@ -59,8 +60,8 @@ def engine_batched_answers(engine, pairs, batch_size: int = 16, max_new_tokens: 
     replies = []
     for start in range(0, len(pairs), batch_size):
         chunk = pairs[start : start + batch_size]
-        answers = engine.generate_batch([[Message("user", qa.question, [p.image])] for p, qa in chunk], settings,
-                                        batch_size=batch_size)
+        answers = engine.generate_batch([GenerationRequest([Message("user", qa.question, [p.image])], settings)
+                                         for p, qa in chunk], in_flight=batch_size)
         replies.extend(answer.text.strip() for answer in answers)
         if bar is not None:
             bar.update(len(chunk))

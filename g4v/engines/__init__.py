@@ -49,17 +49,11 @@ def vllm_python() -> Path | None:
 
 
 def transformers_engine(engine, purpose: str):
-    """``engine`` when it is the transformers engine (the one whose model this process holds and
-    can instrument), else a G4VError saying that ``purpose`` needs it."""
-    from g4v.engines.deferred import DeferredEngine
-    from g4v.engines.hf import TransformersEngine
+    """``engine`` as an :class:`~g4v.engines.capabilities.Instrumentable` (loaded, where its load is
+    deferred), else a G4VError saying that ``purpose`` needs one."""
+    from g4v.engines.capabilities import Instrumentable, require
 
-    if isinstance(engine, DeferredEngine):  # the app's engine, loaded behind its page
-        engine = engine.load()
-    if not isinstance(engine, TransformersEngine):
-        backend = getattr(getattr(engine, "info", None), "backend", type(engine).__name__)
-        raise G4VError(f"{purpose} needs the transformers backend (hf), not {backend}")
-    return engine
+    return require(engine, Instrumentable, purpose)
 
 
 def choose_backend(backend: str) -> str:
@@ -90,7 +84,8 @@ def create_engine(backend: str = "auto", model: str | None = None, defer: bool =
     meanwhile). The other backends start their worker processes or reach their server now, and
     an int8 engine (``quant``) loads now too (what it quantized is known only once it has).
 
-    ``options``: ``device``/``dtype`` (hf), ``vllm`` (a :class:`~g4v.engines.vllm_engine.VLLMSettings`),
+    ``options``: ``device``/``dtype`` (hf), ``decode`` (hf: a :class:`~g4v.engines.decode_settings.DecodeSettings`),
+    ``inline`` (hf: the decode loop in each request's thread, for ZeroGPU), ``vllm`` (a :class:`~g4v.engines.vllm_engine.VLLMSettings`),
     ``base_url``/``api_key`` (openai; there ``model`` is the served model name, default the
     server's first), ``vision_lora`` (hf, vllm: the mode of a checkpoint's vision LoRA), ``quant`` / ``quant_vision`` (hf:
     int8 weights, :mod:`g4v.model.precision`). The engine's ``info.details["auto"]`` records whether ``auto`` chose it.
@@ -100,10 +95,11 @@ def create_engine(backend: str = "auto", model: str | None = None, defer: bool =
     chosen = choose_backend(backend)
     details = {"auto": backend == "auto", "choice": describe_choice(backend, chosen)}
     loading = {key: options.get(key) for key in ("device", "dtype", "vision_lora")}  # the transformers engine's
+    decoding = {"decode": options.get("decode"), "inline": bool(options.get("inline"))}
     if defer and chosen == "hf" and not options.get("quant"):
         from g4v.engines.deferred import defer_transformers
 
-        return defer_transformers(model or default_model(), details, **loading)
+        return defer_transformers(model or default_model(), details, **decoding, **loading)
     if chosen == "openai":
         from g4v.engines.remote import RemoteEngine
 
@@ -121,7 +117,7 @@ def create_engine(backend: str = "auto", model: str | None = None, defer: bool =
     else:
         from g4v.engines.hf import TransformersEngine
 
-        engine = TransformersEngine(model or default_model(), **loading, quant=options.get("quant"),
+        engine = TransformersEngine(model or default_model(), **loading, **decoding, quant=options.get("quant"),
                                     quant_vision=options.get("quant_vision", True))
     engine.info.details.update(details)
     return engine

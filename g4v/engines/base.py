@@ -1,14 +1,28 @@
 """The interface every backend implements: transformers, vLLM in-process, a remote OpenAI server.
 
-An engine answers a conversation (:class:`~g4v.conversation.Message` list) under
-:class:`~g4v.conversation.SamplingSettings`, either all at once (:meth:`Engine.generate`) or as a
-stream of text pieces (:meth:`Engine.stream`) that a caller can cancel. Adapters (LoRA) are chosen
-per request by name, so one loaded engine can serve the base model and its adapters side by side.
+As lm-evaluation-harness's ``LM`` and vLLM's model interfaces draw it: one small contract that every
+engine keeps, and the optional abilities declared as interfaces of their own
+(:mod:`g4v.engines.capabilities`) that a caller checks with :meth:`Engine.supports`, never by the
+backend's name, class or attributes.
+
+The contract:
+
+* :meth:`Engine.stream_outputs` is the one method a backend writes: the answer to one conversation
+  as :class:`Piece`\\ s (new text, its token ids, and the finish reason on the last piece).
+* :meth:`Engine.stream` (text only) and :meth:`Engine.generate` (one :class:`Generation`) are made
+  from it here, in one place (:func:`fold`), for every backend.
+* :meth:`Engine.generate_batch` answers many typed requests (:class:`GenerationRequest`) in their
+  order, each engine in the way that suits it: the transformers engine pads them into batches,
+  vLLM keeps them all in flight, a remote server gets them from a bounded pool of connections.
+
+Adapters (LoRA) are chosen per request by name, so one loaded engine serves the base model and its
+adapters side by side.
 """
 
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from g4v.conversation import Message, SamplingSettings
@@ -33,14 +47,65 @@ def gpu_present() -> bool:
 
 @dataclass
 class Generation:
-    """A finished answer."""
+    """A finished answer (or, with ``error`` set, a request refused on its own: one row of a batch)."""
 
     text: str
     #: Generated token ids, without the end-of-text token that stopped generation.
     token_ids: list[int]
-    #: ``"stop"`` (end-of-text), ``"length"`` (max_new_tokens reached) or ``"cancelled"``.
+    #: ``"stop"`` (end-of-text), ``"length"`` (max_new_tokens reached), ``"cancelled"``, or
+    #: ``"error"`` (``error`` says why).
     finish_reason: str
     prompt_tokens: int = 0
+    error: str | None = None
+
+    @classmethod
+    def failed(cls, error: str) -> "Generation":
+        """The answer of a request refused on its own (a prompt too long, a picture the processor
+        cannot read): the rest of its batch is answered."""
+        return cls(text="", token_ids=[], finish_reason="error", error=error)
+
+
+@dataclass
+class Piece:
+    """One piece of a streamed answer."""
+
+    text: str
+    #: The new token ids this piece adds (never the end-of-text token that ended the answer).
+    token_ids: list[int] = field(default_factory=list)
+    #: None until the last piece: ``"stop"``, ``"length"`` or ``"cancelled"``.
+    finish_reason: str | None = None
+    #: The prompt's length in tokens, where the engine knows it (on any piece; the largest counts).
+    prompt_tokens: int = 0
+
+
+def fold(pieces: Iterator[Piece]) -> Generation:
+    """The one place streamed pieces become a :class:`Generation` (every engine's ``generate``)."""
+    texts, token_ids, finish, prompt_tokens = [], [], None, 0
+    for piece in pieces:
+        texts.append(piece.text)
+        token_ids.extend(piece.token_ids)
+        finish = piece.finish_reason or finish
+        prompt_tokens = max(prompt_tokens, piece.prompt_tokens)
+    return Generation(text="".join(texts), token_ids=token_ids, finish_reason=finish or "cancelled",
+                      prompt_tokens=prompt_tokens)
+
+
+def without_end_token(pieces: Iterator[Piece]) -> Iterator[Piece]:
+    """Pieces from a server that counts the end-of-text token among its ids (vLLM does, and says
+    ``"stop"``): each piece's last id is held back until the next piece shows it was not that
+    token, so no piece carries it. No stop strings are sent, so ``"stop"`` always means that token."""
+    held: list[int] = []
+    for piece in pieces:
+        ids = held + piece.token_ids
+        held = ids[-1:]
+        if piece.finish_reason is not None:
+            ids = ids[:-1] if piece.finish_reason == "stop" else ids
+            held = []
+        else:
+            ids = ids[:-1]
+        yield Piece(piece.text, ids, piece.finish_reason, piece.prompt_tokens)
+    if held:  # ended without a finish reason (cancelled): the held token was a real one
+        yield Piece("", held)
 
 
 @dataclass
@@ -68,6 +133,17 @@ def messages_of(request: "list[Message] | PreparedRequest") -> list[Message]:
     return request.messages if isinstance(request, PreparedRequest) else request
 
 
+@dataclass(frozen=True)
+class GenerationRequest:
+    """One request of a batch (:meth:`Engine.generate_batch`): a conversation (or a request the
+    same engine prepared), how to decode it, and the adapter it runs with (None: the model an
+    image request gets, see :mod:`g4v.engines.vision_lora`)."""
+
+    messages: "list[Message] | PreparedRequest"
+    settings: SamplingSettings = SamplingSettings()
+    adapter: str | None = None
+
+
 @dataclass
 class EngineInfo:
     backend: str
@@ -88,6 +164,10 @@ def transformers_info(model: str, held) -> EngineInfo:
     return info
 
 
+#: ``on_done(position, generation)``: told as each request of a batch finishes.
+OnDone = Callable[[int, Generation], None]
+
+
 class Engine(ABC):
     """One loaded model behind one backend."""
 
@@ -96,6 +176,23 @@ class Engine(ABC):
     #: weights are the vision model, or the backend cannot tell) and its mode.
     vision_lora = None
     vision_mode = "off"
+    #: Requests :meth:`generate_batch` runs at once by default: a batch's size, the requests kept
+    #: in flight, or a pool's connections.
+    in_flight: int = 8
+
+    # ── abilities ────────────────────────────────────────────────────────────────────────────
+
+    def supports(self, ability: type) -> bool:
+        """Whether this engine has ``ability`` (an interface of :mod:`g4v.engines.capabilities`),
+        answered without loading anything."""
+        return isinstance(self, ability)
+
+    def capable(self, ability: type):
+        """This engine as ``ability`` (loaded, where loading is deferred), or None without it.
+        :func:`g4v.engines.capabilities.require` turns None into the user's one line."""
+        return self if isinstance(self, ability) else None
+
+    # ── requests ─────────────────────────────────────────────────────────────────────────────
 
     def prepare(self, request: "list[Message] | PreparedRequest", max_new_tokens: int = 0) -> PreparedRequest:
         """``request`` made ready once for this engine (already prepared: returned as it is). The
@@ -103,17 +200,58 @@ class Engine(ABC):
         return request if isinstance(request, PreparedRequest) else PreparedRequest(list(request))
 
     @abstractmethod
-    def generate(self, messages: list[Message], settings: SamplingSettings, adapter: str | None = None) -> Generation:
-        """Answer the conversation in one piece."""
-
-    @abstractmethod
-    def stream(self, messages: list[Message], settings: SamplingSettings, cancel: threading.Event | None = None,
-               adapter: str | None = None) -> Iterator[str]:
-        """Yield the answer as text pieces whose concatenation equals :meth:`generate`'s text.
+    def stream_outputs(self, messages: "list[Message] | PreparedRequest", settings: SamplingSettings,
+                       cancel: threading.Event | None = None, adapter: str | None = None) -> Iterator[Piece]:
+        """The answer as :class:`Piece`\\ s. The request is checked before this returns (bad input
+        fails at the call site, not at the first piece).
 
         Generation stops early, and the engine is free for the next request, when ``cancel`` is
         set or when the caller stops iterating (closing the generator).
         """
+
+    def stream(self, messages: "list[Message] | PreparedRequest", settings: SamplingSettings,
+               cancel: threading.Event | None = None, adapter: str | None = None) -> Iterator[str]:
+        """The answer as text pieces whose concatenation equals :meth:`generate`'s text."""
+        pieces = self.stream_outputs(messages, settings, cancel, adapter)
+        return (piece.text for piece in pieces if piece.text)
+
+    def generate(self, messages: "list[Message] | PreparedRequest", settings: SamplingSettings,
+                 adapter: str | None = None) -> Generation:
+        """The answer in one piece."""
+        return fold(self.stream_outputs(messages, settings, adapter=adapter))
+
+    def generate_batch(self, requests: Sequence[GenerationRequest], *, in_flight: int | None = None,
+                       cancel: threading.Event | None = None, on_done: OnDone | None = None) -> list[Generation | None]:
+        """Answers to ``requests``, in their order, at most ``in_flight`` (default: :attr:`in_flight`)
+        at once. A request refused on its own gives :meth:`Generation.failed`; one not started
+        because ``cancel`` was set gives None. ``on_done(position, generation)`` is told as each ends.
+
+        This default runs them from a pool of threads, for engines that schedule concurrent
+        requests themselves (vLLM's continuous batching, a server's); the transformers engine pads
+        them into batches instead."""
+        from g4v.errors import G4VError, check_value, whole_number
+
+        workers = self.in_flight if in_flight is None else in_flight
+        check_value("in_flight", workers, whole_number(1))
+        cancel = cancel or threading.Event()
+        answers: list[Generation | None] = [None] * len(requests)
+
+        def one(position: int) -> None:
+            if cancel.is_set():
+                return
+            request = requests[position]
+            try:
+                answers[position] = self.generate(request.messages, request.settings, adapter=request.adapter)
+            except G4VError as err:
+                answers[position] = Generation.failed(str(err))
+            if on_done is not None:
+                on_done(position, answers[position])
+
+        with ThreadPoolExecutor(max(1, min(workers, len(requests)))) as pool:
+            list(pool.map(one, range(len(requests))))
+        return answers
+
+    # ── adapters and limits ──────────────────────────────────────────────────────────────────
 
     def register_adapter(self, name: str, path: str, stacked: bool = False) -> None:
         """Make a LoRA adapter folder (already checked by ``g4v.lora.checks``) available as ``name``,

@@ -5,27 +5,34 @@ Why: loading the transformers engine is about half of the app's start-up (transf
 classes, then the weights), yet building the page needs only what the model folder says: which
 model and backend, its vision LoRA and its config. :class:`DeferredEngine` answers those from the
 folder, checked as loading would check them (a missing or foreign folder is still one line before
-anything is served), and loads the real engine the first time anything else is asked of it. The
-app asks right after its page is served; a visitor's request that arrives meanwhile waits for that
-one load, and a load that failed is the same one line for every request.
+anything is served), and loads the real engine the first time a request needs it. The app asks
+right after its page is served; a visitor's request that arrives meanwhile waits for that one
+load, and a load that failed is the same one line for every request.
 """
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 
-from g4v.engines.base import Engine, EngineInfo, transformers_info
+from g4v.engines.base import Engine, EngineInfo, Generation, GenerationRequest, OnDone, Piece, transformers_info
 from g4v.errors import G4VError, first_line
 from g4v.loading import ModelOutline
 
 
-class DeferredEngine:
-    """Stands for the engine ``load()`` returns. ``info``, ``vision_lora``, ``vision_mode``,
-    ``known_config`` and ``context_window()`` are known from ``outline`` before it loads (and are
-    the loaded engine's afterwards); every other attribute is the loaded engine's, and asking for
-    one loads it."""
+def _transformers() -> type:
+    from g4v.engines.hf import TransformersEngine
 
-    def __init__(self, load: Callable[[], Engine], info: EngineInfo, outline: ModelOutline):
-        self._load, self._info, self.outline = load, info, outline
+    return TransformersEngine
+
+
+class DeferredEngine(Engine):
+    """An :class:`Engine` that stands for the one ``load()`` returns. ``info``, ``vision_lora``,
+    ``vision_mode``, ``known_config``, ``context_window()`` and the abilities it has
+    (:meth:`supports`) are known from ``outline`` before it loads; a request loads it."""
+
+    def __init__(self, load: Callable[[], Engine], info: EngineInfo, outline: ModelOutline,
+                 kind: Callable[[], type] = _transformers):
+        """``kind()``: the class ``load`` makes (imported when first asked: it imports the model code)."""
+        self._load, self._info, self.outline, self._kind = load, info, outline, kind
         self._engine: Engine | None = None
         self._error: G4VError | None = None
         self._lock = threading.Lock()  # one load, however many requests are waiting for it
@@ -56,6 +63,8 @@ class DeferredEngine:
         """Why the load failed, in one line (None: it has not failed)."""
         return self._error
 
+    # ── known from the folder ────────────────────────────────────────────────────────────────
+
     @property
     def info(self) -> EngineInfo:
         return self._engine.info if self._engine is not None else self._info
@@ -78,13 +87,43 @@ class DeferredEngine:
         checks a message against it before the model is in memory, so a refusal shows at once."""
         return int(self.known_config.text_config.max_position_embeddings)
 
-    def __getattr__(self, name: str):  # only for what the class does not define
-        if name.startswith("_"):  # its own state not set yet (copy, pickle) or a probe: never a load
-            raise AttributeError(name)
-        return getattr(self.load(), name)
+    @property
+    def in_flight(self) -> int:
+        return self._kind().in_flight
+
+    def supports(self, ability: type) -> bool:
+        return issubclass(self._kind(), ability)
+
+    # ── everything else: the loaded engine's ─────────────────────────────────────────────────
+
+    def capable(self, ability: type):
+        return self.load().capable(ability) if self.supports(ability) else None
+
+    def prepare(self, request, max_new_tokens: int = 0):
+        return self.load().prepare(request, max_new_tokens)
+
+    def stream_outputs(self, messages, settings, cancel=None, adapter=None) -> Iterator[Piece]:
+        return self.load().stream_outputs(messages, settings, cancel, adapter)
+
+    def generate(self, messages, settings, adapter=None) -> Generation:
+        return self.load().generate(messages, settings, adapter)
+
+    def generate_batch(self, requests: Sequence[GenerationRequest], *, in_flight: int | None = None,
+                       cancel: threading.Event | None = None, on_done: OnDone | None = None) -> list[Generation | None]:
+        return self.load().generate_batch(requests, in_flight=in_flight, cancel=cancel, on_done=on_done)
+
+    def register_adapter(self, name: str, path: str, stacked: bool = False) -> None:
+        self.load().register_adapter(name, path, stacked)
+
+    def adapters(self) -> list[str]:
+        return self._engine.adapters() if self._engine is not None else []
+
+    def close(self) -> None:
+        if self._engine is not None:
+            self._engine.close()
 
 
-def defer_transformers(model: str, details: dict, **options) -> DeferredEngine:
+def defer_transformers(model: str, details: dict, decode=None, inline: bool = False, **options) -> DeferredEngine:
     """A :class:`DeferredEngine` for ``TransformersEngine(model, **options)`` (``device``, ``dtype``,
     ``vision_lora``): the folder is outlined now with :func:`g4v.loading.outline_model`, the checks
     loading makes first (so a bad ``--model``, ``--dtype`` or ``--vision-lora`` is refused before the
@@ -95,9 +134,7 @@ def defer_transformers(model: str, details: dict, **options) -> DeferredEngine:
     outline = outline_model(model, **options)
 
     def load() -> Engine:
-        from g4v.engines.hf import TransformersEngine
-
-        engine = TransformersEngine(model, loaded=load_model(model, outline=outline))
+        engine = _transformers()(model, loaded=load_model(model, outline=outline), decode=decode, inline=inline)
         engine.info.details.update(details)
         return engine
 

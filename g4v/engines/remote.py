@@ -24,7 +24,7 @@ from collections.abc import Iterator
 import httpx
 
 from g4v.conversation import Message, SamplingSettings, validate_conversation
-from g4v.engines.base import Engine, EngineInfo, Generation, messages_of
+from g4v.engines.base import Engine, EngineInfo, Piece, messages_of, without_end_token
 from g4v.errors import G4VError
 
 #: Seconds to wait for the connection, and between two pieces of an answer (a long prefill on a
@@ -65,6 +65,9 @@ def sampling_body(settings: SamplingSettings) -> dict:
 
 class RemoteEngine(Engine):
     """Granite 4 Vision behind an OpenAI-compatible server at ``base_url``."""
+
+    #: Connections a batch uses at once (the server batches what arrives).
+    in_flight = 8
 
     def __init__(self, base_url: str, model: str | None = None, api_key: str | None = None,
                  read_timeout: float = READ_TIMEOUT_S):
@@ -110,36 +113,14 @@ class RemoteEngine(Engine):
 
     # ── generation ───────────────────────────────────────────────────────────────────────────
 
-    def generate(self, messages: list[Message], settings: SamplingSettings, adapter: str | None = None) -> Generation:
-        pieces, token_ids, finish, usage = [], [], None, {}
-        for chunk in self._chunks(self._body(messages, settings, adapter), threading.Event()):
-            text, ids, reason, chunk_usage = _parse_chunk(chunk)
-            pieces.append(text)
-            token_ids.extend(ids)
-            finish = reason or finish
-            usage = chunk_usage or usage
-        if token_ids and finish == "stop":
-            # No stop strings are sent, so "stop" means the end-of-text token ended the answer;
-            # vLLM returns it among the ids, the engine interface does not.
-            token_ids = token_ids[:-1]
-        return Generation(text="".join(pieces), token_ids=token_ids, finish_reason=finish or "cancelled",
-                          prompt_tokens=usage.get("prompt_tokens", 0))
-
-    def stream(self, messages: list[Message], settings: SamplingSettings, cancel: threading.Event | None = None,
-               adapter: str | None = None) -> Iterator[str]:
+    def stream_outputs(self, messages, settings, cancel=None, adapter=None) -> Iterator[Piece]:
         body = self._body(messages, settings, adapter)  # bad input fails here, at the call site
-        return self._stream_text(body, cancel or threading.Event())
+        return without_end_token(self._pieces(body, cancel or threading.Event()))
 
-    def stream_outputs(self, messages, settings, cancel=None, adapter=None) -> Iterator[tuple[str, list[int], str | None]]:
-        """``(text, token_ids, finish_reason)`` per chunk, for the benchmark's token timing."""
-        body = self._body(messages, settings, adapter)
-        return (_parse_chunk(chunk)[:3] for chunk in self._chunks(body, cancel or threading.Event()))
-
-    def _stream_text(self, body: dict, cancel: threading.Event) -> Iterator[str]:
+    def _pieces(self, body: dict, cancel: threading.Event) -> Iterator[Piece]:
         for chunk in self._chunks(body, cancel):
-            text = _parse_chunk(chunk)[0]
-            if text:
-                yield text
+            text, ids, reason, usage = _parse_chunk(chunk)
+            yield Piece(text, ids, reason, usage.get("prompt_tokens", 0))
 
     def _body(self, messages: list[Message], settings: SamplingSettings, adapter: str | None) -> dict:
         messages = messages_of(messages)  # a prepared request carries its conversation

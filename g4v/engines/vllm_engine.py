@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from g4v.conversation import Message, SamplingSettings, to_template_messages, validate_conversation
-from g4v.engines.base import WITHOUT_VISION_LORA, Engine, EngineInfo, Generation, gpu_present, messages_of
+from g4v.engines.base import WITHOUT_VISION_LORA, Engine, EngineInfo, Piece, gpu_present, messages_of, without_end_token
 from g4v.engines.event_loop import LoopThread
 from g4v.engines.vision_lora import check_base_available, lora_rank_slot, served_view
 from g4v.engines.vllm_start import OutputTail, start_error
@@ -170,6 +170,10 @@ class _Request:
 
 class VLLMEngine(Engine):
     """Granite 4 Vision served by vLLM in this process (model workers in child processes)."""
+
+    #: A batch's requests are all submitted at once, up to this many: continuous batching draws
+    #: from them (bounded below the HTTP client's pool when the same arm runs through a server).
+    in_flight = 64
 
     def __init__(self, model: str, settings: VLLMSettings | None = None, vision_lora: str | None = None):
         from g4v.engines.vision_lora import check_mode, describe, find_vision_lora
@@ -329,40 +333,9 @@ class VLLMEngine(Engine):
 
     # ── generation ───────────────────────────────────────────────────────────────────────────
 
-    def generate(self, messages: list[Message], settings: SamplingSettings, adapter: str | None = None) -> Generation:
-        request = self._submit(messages, settings, adapter)
-        return self._collect(request, self._drain(request, threading.Event()))
-
-    def stream(self, messages: list[Message], settings: SamplingSettings, cancel: threading.Event | None = None,
-               adapter: str | None = None) -> Iterator[str]:
-        # Submit before the first yield, so bad input fails at the call site.
-        request = self._submit(messages, settings, adapter)
-        return self._stream_text(request, cancel or threading.Event())
-
-    def stream_outputs(self, messages, settings, cancel=None, adapter=None) -> Iterator[tuple[str, list[int], str | None]]:
-        """Like :meth:`stream`, but each piece comes with its new token ids and the finish reason
-        (``None`` until the last piece); the benchmark times tokens, not characters."""
-        request = self._submit(messages, settings, adapter)
-        return self._drain(request, cancel or threading.Event())
-
-    def _stream_text(self, request: _Request, cancel: threading.Event) -> Iterator[str]:
-        for text, _, _ in self._drain(request, cancel):
-            if text:
-                yield text
-
-    def _collect(self, request: _Request, outputs) -> Generation:
-        pieces, token_ids, finish = [], [], None
-        for text, ids, reason in outputs:
-            pieces.append(text)
-            token_ids.extend(ids)
-            finish = reason or finish
-        if token_ids and finish == "stop":
-            # No stop strings are sent, so "stop" means an end-of-text token ended the answer;
-            # vLLM counts it among the output tokens, the engine interface does not.
-            token_ids = token_ids[:-1]
-        return Generation(text="".join(pieces), token_ids=token_ids,
-                          finish_reason=_FINISH_REASONS.get(finish, finish or "cancelled"),
-                          prompt_tokens=request.prompt_tokens)
+    def stream_outputs(self, messages, settings, cancel=None, adapter=None) -> Iterator[Piece]:
+        request = self._submit(messages, settings, adapter)  # bad input fails here, at the call site
+        return without_end_token(self._drain(request, cancel or threading.Event()))
 
     def _submit(self, messages: list[Message], settings: SamplingSettings, adapter: str | None) -> _Request:
         """Start the request in vLLM; its outputs arrive on ``request.outputs``."""
@@ -389,8 +362,8 @@ class VLLMEngine(Engine):
             request.outputs.put(_END)
             request.done.set()
 
-    def _drain(self, request: _Request, cancel: threading.Event) -> Iterator[tuple[str, list[int], str | None]]:
-        """Yield ``(text, token_ids, finish_reason)`` deltas until the request ends. On cancel, or
+    def _drain(self, request: _Request, cancel: threading.Event) -> Iterator[Piece]:
+        """Yield the answer's pieces until the request ends. On cancel, or
         when the consumer closes this generator early, abort the request in vLLM and wait until
         it is gone, so the engine's capacity is free for the next request."""
         try:
@@ -403,7 +376,8 @@ class VLLMEngine(Engine):
                     return
                 if isinstance(item, Exception):
                     raise _as_user_error(item)
-                yield item
+                text, ids, reason = item
+                yield Piece(text, ids, _FINISH_REASONS.get(reason, reason), request.prompt_tokens)
         finally:
             if not request.done.is_set():
                 request.future.cancel()

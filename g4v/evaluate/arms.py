@@ -28,7 +28,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from g4v.conversation import Message, SamplingSettings
-from g4v.engines.base import BATCH_SIZE, Engine, Generation
+from g4v.engines.base import BATCH_SIZE, Engine, Generation, GenerationRequest
 from g4v.engines.vision_lora import check_mode
 from g4v.evaluate.arm_settings import checked_budget, checked_precision
 from g4v.evaluate.requests import Requests, cuts_tokens
@@ -210,11 +210,8 @@ class Arm:
             if cancel.is_set():
                 return
             batch = ready[start:start + self.batch_size]
-            try:
-                answers = self.engine.generate_batch([request for _, request in batch], settings,
-                                                     adapter=self.adapter, batch_size=self.batch_size)
-            except G4VError as err:  # the batch failed as a whole: each of its rows says why
-                answers = [Failed(text="", token_ids=[], finish_reason="error", error=str(err)) for _ in batch]
+            answers = self.engine.generate_batch([GenerationRequest(request, settings, self.adapter) for _, request in batch],
+                                                 in_flight=self.batch_size)
             for (position, _), answer in zip(batch, answers):
                 results[position] = answer
                 if on_done is not None:

@@ -1,0 +1,153 @@
+"""The KV cache of the requests the decode loop runs together: one row (slot) per request.
+
+transformers' ``StaticCache`` writes every row of a batch at one shared position, which suits one
+``generate`` call; requests that join and leave a running batch each have their own length. Here
+each row keeps its own: row ``r`` holds ``lengths[r]`` tokens, a decode step writes row ``r``'s new
+key and value at index ``lengths[r]`` (also its rotary position), and the attention mask lets
+row ``r`` read indices ``0 .. lengths[r]`` only. Rows in use are ``0 .. n - 1``; a request that
+ends hands its row to the last one (one row copied), so the rows in use stay contiguous and a step
+on ``n`` rows is a plain slice of the buffers.
+
+A prefill runs alone (transformers' own ``DynamicCache``, exactly as ``generate`` prefills), and its
+keys and values are copied into a free row (:meth:`Slots.add`).
+
+Shapes, per language-model layer: keys and values ``(rows, kv_heads, capacity, head_dim)``. The
+capacity doubles when a row needs more (up to the model's context window). A compiled decode step
+sees the whole buffers (fixed addresses for CUDA graphs) and a step's shape: ``batch`` rows (a
+bucket: 1, 2, 4 ... ``rows``) and ``window`` key positions (the capacity).
+"""
+
+import torch
+from transformers.cache_utils import Cache, CacheLayerMixin
+
+#: The smallest capacity allocated, in tokens per row.
+MIN_CAPACITY = 256
+
+
+class _StepLayer(CacheLayerMixin):
+    """One layer's view of the slots for one step shape: ``update`` writes each row's new key and
+    value at that row's position and returns the first ``window`` positions of the first
+    ``batch`` rows."""
+
+    is_compileable = True
+    is_sliding = False
+
+    def __init__(self, slots: "Slots", index: int, batch: int, window: int):
+        super().__init__()
+        self.slots, self.index, self.batch, self.window = slots, index, batch, window
+        self.rows = torch.arange(batch, device=slots.device)
+        self.is_initialized = True
+
+    def lazy_initialization(self, key_states, value_states) -> None:  # allocated by Slots
+        pass
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        keys, values = self.slots.keys[self.index], self.slots.values[self.index]
+        positions = self.slots.positions[:self.batch]
+        keys[self.rows, :, positions] = key_states[:, :, 0]
+        values[self.rows, :, positions] = value_states[:, :, 0]
+        return keys[:self.batch, :, :self.window], values[:self.batch, :, :self.window]
+
+    def get_seq_length(self) -> int:
+        return 0  # positions are per row and passed in; nothing reads a shared length
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.window, 0
+
+    def get_max_length(self) -> int:
+        return self.window
+
+    def get_max_cache_shape(self) -> int:
+        return self.window
+
+
+class StepCache(Cache):
+    """What a decode step passes as ``past_key_values``: the slots seen as ``batch`` rows of ``window``."""
+
+    def __init__(self, slots: "Slots", batch: int, window: int):
+        super().__init__(layers=[_StepLayer(slots, index, batch, window) for index in range(slots.layers)])
+        self.batch, self.window = batch, window
+
+
+class Slots:
+    """Keys and values of up to ``rows`` requests, each row with its own length."""
+
+    def __init__(self, rows: int, device: torch.device, limit: int):
+        self.layers = 0  # known at the first prefill
+        self.rows, self.device, self.limit = rows, torch.device(device), limit
+        self.keys: list[torch.Tensor] = []
+        self.values: list[torch.Tensor] = []
+        self.capacity = 0
+        #: Tokens held per row (python ints, rows in use only), and the same as a tensor for the step.
+        self.lengths: list[int] = []
+        self.positions = torch.zeros(rows, dtype=torch.long, device=self.device)
+        self._shapes: list[tuple[int, int, torch.dtype]] = []  # (kv heads, head dim, dtype) per layer
+        self._steps: dict[tuple[int, int], StepCache] = {}
+
+    @property
+    def used(self) -> int:
+        return len(self.lengths)
+
+    def add(self, prefill: Cache, length: int) -> int:
+        """Copy a batch-of-one prefill's keys and values (``length`` tokens) into the next free row;
+        returns the row."""
+        row = self.used
+        if row >= self.rows:
+            raise RuntimeError("no free slot")
+        if not self._shapes:  # first use: the model's own key and value shapes
+            self._shapes = [(layer.keys.shape[1], layer.keys.shape[3], layer.keys.dtype) for layer in prefill.layers]
+            self.layers = len(self._shapes)
+        self.reserve(length + 1)
+        for index, layer in enumerate(prefill.layers):
+            self.keys[index][row, :, :length] = layer.keys[0, :, :length]
+            self.values[index][row, :, :length] = layer.values[0, :, :length]
+        self.lengths.append(length)
+        return row
+
+    def drop(self, row: int) -> None:
+        """Free ``row``: the last row in use moves into it."""
+        last = self.used - 1
+        if row != last:
+            for keys, values in zip(self.keys, self.values):
+                keys[row].copy_(keys[last])
+                values[row].copy_(values[last])
+            self.lengths[row] = self.lengths[last]
+        self.lengths.pop()
+
+    def reserve(self, tokens: int) -> None:
+        """Room for ``tokens`` per row: the capacity doubles (from :data:`MIN_CAPACITY`) until it fits."""
+        if tokens <= self.capacity:
+            return
+        if tokens > self.limit:
+            raise RuntimeError(f"{tokens} tokens exceed the slots' limit of {self.limit}")
+        capacity = max(self.capacity, MIN_CAPACITY)
+        while capacity < tokens:
+            capacity *= 2
+        capacity = min(capacity, self.limit)
+        grown = [torch.zeros(self.rows, heads, capacity, dim, dtype=dtype, device=self.device)
+                 for heads, dim, dtype in self._shapes]
+        grown_values = [torch.zeros_like(keys) for keys in grown]
+        for old, new in zip(self.keys + self.values, grown + grown_values):
+            new[:, :, :self.capacity] = old
+        self.keys, self.values, self.capacity = grown, grown_values, capacity
+        self._steps.clear()  # step caches point at the old buffers
+        if self.device.type == "cuda":  # fixed addresses: a CUDA graph writes them in place
+            for tensor in [*self.keys, *self.values, self.positions]:
+                torch._dynamo.mark_static_address(tensor)
+
+    def step(self, batch: int, window: int) -> tuple[StepCache, torch.Tensor, torch.Tensor]:
+        """``(cache, positions, mask)`` for a decode step over the first ``batch`` rows reading
+        ``window`` positions: each row in use writes at its length, rows past them (a bucket's
+        padding) at position 0; the mask lets each row read up to its own position."""
+        lengths = self.lengths + [0] * (batch - self.used)
+        self.positions[:batch].copy_(torch.tensor(lengths, dtype=torch.long), non_blocking=True)
+        positions = self.positions[:batch]
+        mask = (torch.arange(window, device=self.device)[None, :] <= positions[:, None])[:, None, None, :]
+        key = (batch, window)
+        if key not in self._steps:
+            self._steps[key] = StepCache(self, batch, window)
+        return self._steps[key], positions, mask
+
+    def advance(self) -> None:
+        """After a step: every row in use holds one token more."""
+        self.lengths = [length + 1 for length in self.lengths]
