@@ -79,11 +79,18 @@ def main(argv=None) -> None:
         # The transformers engine is checked and described now and loaded once the page is served
         # (g4v.engines.deferred): start-up is then the page's, not the model's. Not on ZeroGPU,
         # whose GPU calls run in processes forked from this one: none may fork mid-load.
-        engine = create_engine(args.backend, args.model, defer=not zero_gpu, **engine_options(args))
+        # On ZeroGPU each request's decode runs inside its own GPU call (inline), one at a time.
+        engine = create_engine(args.backend, args.model, defer=not zero_gpu, inline=zero_gpu, **engine_options(args))
         demo = build_app(engine, args.model, args.concurrency, adapters_dir=args.adapters_dir, gpu_task=gpu_task,
                          data_dirs=args.data_dirs, eval_servers=args.eval_servers)  # a bad --eval-server: one line
     except G4VError as err:
         raise SystemExit(f"error: {err}") from None
+    if zero_gpu and args.backend != "openai":  # the decode step compiled ahead of time (g4v.engines.aot)
+        from g4v.engines.aot import compile_on_zero_gpu
+        from g4v.engines.capabilities import Instrumentable
+
+        if engine.supports(Instrumentable):
+            print(f"* {compile_on_zero_gpu(engine.capable(Instrumentable), spaces)}", flush=True)
     # SIGTERM (a supervisor's stop) is handled like Ctrl-C: Gradio then closes its server, which
     # deletes its cached files (delete_cache), and normal exit deletes the Deepstack exports.
     signal.signal(signal.SIGTERM, signal.default_int_handler)

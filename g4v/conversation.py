@@ -71,6 +71,9 @@ class SamplingSettings:
                                        "much probability (1: all)"})
     seed: int | None = field(default=None, metadata={
         "check": _check_seed, "help": "seed of the sampler (default: a fresh one each run)"})
+    min_new_tokens: int = field(default=0, metadata={
+        "check": whole_number(0, MAX_NEW_TOKENS), "metavar": "N",
+        "help": "shortest answer, in tokens: end-of-text is not picked before (benchmarks time a fixed length)"})
 
     @property
     def greedy(self) -> bool:
@@ -80,6 +83,8 @@ class SamplingSettings:
         """Return self, or raise :class:`G4VError` naming the first bad value (``max_new_tokens_limit``:
         a caller's own limit, below :data:`MAX_NEW_TOKENS`)."""
         check_fields(self)
+        if self.min_new_tokens > self.max_new_tokens:
+            raise G4VError(f"min_new_tokens ({self.min_new_tokens}) is above max_new_tokens ({self.max_new_tokens})")
         if max_new_tokens_limit is not None and self.max_new_tokens > max_new_tokens_limit:
             raise G4VError(f"max_new_tokens is {self.max_new_tokens}, the limit is {max_new_tokens_limit}")
         return self

@@ -3,14 +3,11 @@
     python scripts/gpu_check.py OUT_DIR              # on a CUDA GPU: the real config, bf16
     python scripts/gpu_check.py --cpu-smoke OUT_DIR  # the same code path on the CPU, narrow widths
 
-(``scripts/gpu_check.sh`` wraps it: it puts the carried transformers wheel on the path first.)
+(``scripts/gpu_check.sh`` wraps it: it puts the carried wheels on the path first.)
 
-Why random weights: no machine that lends a GPU to this project can reach a model hub. Weights
-built from ``assets/granite-vision-4.1-4b-config`` in bf16 have the real model's shapes, so its
-compute and memory traffic, and therefore its timings and memory, are real; only the answers are
-noise. They are built directly on the device (``torch.device`` context): a 4B model never passes
-through CPU memory. The bundled checkpoint's tokenizer stands in for the real one (its ids stay
-below the real vocabulary size); the image processor is the real one (384-pixel tiles, 27 pinpoints).
+The model under test (random weights from the real config) is :mod:`gpu_check_model`'s; the steps
+are :mod:`gpu_check_steps`'s. This module runs them: the imports go one way, runner -> steps ->
+model, so the four modules form no circle.
 
 ``--cpu-smoke`` keeps every count that shapes the code path (27 vision and 40 language layers, the
 level map, the 27 pinpoints, 384-pixel tiles and 16-pixel patches, so the same image-token counts)
@@ -40,31 +37,8 @@ sys.path.insert(0, str(REPO_ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
-
-#: Widths of the CPU smoke config; every layer count, map and size that shapes the code path stays real.
-SMOKE_WIDTHS = {
-    "vision_config": {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 1},
-    "text_config": {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 2, "num_key_value_heads": 1},
-    "qformer_config": {"intermediate_size": 128},
-}
-
-
-@dataclass
-class Sizes:
-    """How much work each step does: the GPU run's, or the smoke run's (fewer tokens and repeats)."""
-
-    # (height, width): 1536 x 768 px (width x height), tiles 4 wide x 2 tall + the base view: 1320 image
-    # tokens on the real config.
-    image_hw: tuple[int, int] = (768, 1536)
-    new_tokens: int = 128
-    batch: int = 8
-    repeats: int = 5
-    side_by_side_tokens: int = 32
-    bandwidth_bytes_s: float = 4.8e12  # H200 HBM3e
-
-
-SMOKE_SIZES = Sizes(new_tokens=8, batch=2, repeats=1, side_by_side_tokens=4)
-
+from gpu_check_model import SMOKE_SIZES, Sizes, synchronize  # noqa: E402,F401 (the tests import the sizes from here)
+from gpu_check_steps import STEPS  # noqa: E402
 
 @dataclass
 class StepResult:
@@ -90,68 +64,6 @@ class Check:
     smoke: bool
     engine: object = None  # a g4v TransformersEngine around the random-weight model
     facts: dict = field(default_factory=dict)  # measured by earlier steps, read by later ones
-
-
-def real_config(smoke: bool):
-    """The real granite-vision-4.1-4b config; for the smoke run with :data:`SMOKE_WIDTHS`."""
-    from transformers import Granite4VisionConfig
-
-    from g4v.loading import read_raw_config
-    from g4v.paths import REAL_CONFIG_DIR
-
-    raw = read_raw_config(REAL_CONFIG_DIR)
-    if smoke:
-        for part, widths in SMOKE_WIDTHS.items():
-            raw[part] = {**raw[part], **widths}
-    raw.pop("model_type", None)
-    return Granite4VisionConfig(**raw)
-
-
-def stand_in_processor(config):
-    """The real image processor (from ``processor_config.json``) with the bundled tokenizer."""
-    from transformers import AutoProcessor, Granite4VisionProcessor
-    from transformers.models.llava_next.image_processing_pil_llava_next import LlavaNextImageProcessorPil
-
-    from g4v.paths import BUNDLED_MODEL_DIR, REAL_CONFIG_DIR
-
-    raw = json.loads((REAL_CONFIG_DIR / "processor_config.json").read_text())
-    image_settings = {key: value for key, value in raw["image_processor"].items() if key != "image_processor_type"}
-    image_settings["image_grid_pinpoints"] = config.image_grid_pinpoints
-    bundled = AutoProcessor.from_pretrained(str(BUNDLED_MODEL_DIR))
-    return Granite4VisionProcessor(
-        image_processor=LlavaNextImageProcessorPil(**image_settings), tokenizer=bundled.tokenizer,
-        chat_template=bundled.chat_template,
-        **{key: raw[key] for key in ("patch_size", "vision_feature_select_strategy", "image_token",
-                                     "num_additional_image_tokens", "downsample_rate")})
-
-
-def build_engine(check: Check):
-    """Random weights from the real config, built on ``check.device`` in ``check.dtype``, behind
-    the workbench's transformers engine. The image token becomes the stand-in tokenizer's."""
-    from transformers import Granite4VisionForConditionalGeneration
-
-    from g4v.engines.hf import TransformersEngine
-    from g4v.loading import LoadedModel
-
-    config = real_config(check.smoke)
-    processor = stand_in_processor(config)
-    tokenizer = processor.tokenizer
-    if len(tokenizer) > config.text_config.vocab_size:
-        raise RuntimeError("the stand-in tokenizer has more ids than the model's vocabulary")
-    config.image_token_index = tokenizer.convert_tokens_to_ids(processor.image_token)
-    torch.manual_seed(0)
-    with torch.device(check.device):
-        model = Granite4VisionForConditionalGeneration._from_config(config, dtype=check.dtype)
-    model.eval()
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
-    loaded = LoadedModel(model=model, processor=processor, source="granite-vision-4.1-4b config, random weights",
-                         device=check.device, dtype=check.dtype)
-    return TransformersEngine(loaded.source, loaded=loaded)
-
-
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 @contextmanager
@@ -218,7 +130,7 @@ def table(results: list[StepResult]) -> str:
 
 
 _HEADLINE = ("parameters", "image_tokens", "ttft_s", "decode_tok_s_batch1", "decode_tok_s_batch8",
-             "bandwidth_ratio", "time_norms", "time_full", "ablation_kl", "pinpoints_ok", "max_pinpoint_tokens",
+             "bandwidth_ratio", "engine_over_bare", "chats_over_one_at_a_time", "compile_s", "same_as_eager", "time_norms", "time_full", "ablation_kl", "pinpoints_ok", "max_pinpoint_tokens",
              "merged_vs_adapter_max_rel", "merged_vs_native_max_rel", "native_over_merged_decode_batch1", "rows_per_s", "agreement",
              "batched_over_one_by_one", "same_answers", "circuits_s", "patching_s", "reason")
 
@@ -233,8 +145,6 @@ def main(argv=None) -> int:
     parser.add_argument("--cpu-smoke", action="store_true", help="the same steps on the CPU, narrow widths")
     parser.add_argument("--budget-s", type=float, default=450.0, help="steps starting later than this are skipped")
     args = parser.parse_args(argv)
-    from gpu_check_steps import STEPS
-
     smoke = args.cpu_smoke
     if not smoke and not torch.cuda.is_available():
         print("error: no CUDA GPU here; use --cpu-smoke for the CPU run", file=sys.stderr)

@@ -9,8 +9,7 @@ import time
 import torch
 
 from g4v.circuits.common import CircuitSettings
-from gpu_check import synchronize
-from gpu_check_steps import PROMPT, noise_picture
+from gpu_check_model import PROMPT, noise_picture, synchronize
 
 #: What the step patches: on the GPU every level both ways with 8 new tokens per run (20 runs); the
 #: smoke run, whose timings mean nothing, one level one way without continuations (4 runs).

@@ -1,4 +1,4 @@
-"""The steps of the GPU check (``scripts/gpu_check.py``), in the order they run.
+"""The steps of the GPU check (``scripts/gpu_check.py``), in the order they run (:func:`STEPS`).
 
 Each step is a function ``step(check) -> dict`` of its numbers (``check`` is
 :class:`gpu_check.Check`); the runner times it, measures its peak memory and records a failure
@@ -14,42 +14,30 @@ from __future__ import annotations
 import json
 import time
 
-import numpy as np
 import torch
-from PIL import Image
 
 from g4v.conversation import Message, SamplingSettings
-
-PROMPT = "Describe the picture."
-#: The LoRA of the check: rank 16 on every attention and MLP projection of the language model.
-LORA_RANK = 16
-LORA_TARGETS = r".*language_model\.layers\.\d+\.(self_attn\.(q_proj|k_proj|v_proj|o_proj)|mlp\.(gate_proj|up_proj|down_proj))"
+from gpu_check_circuits import step_circuits
+from gpu_check_decode import step_chat, step_zero_gpu_aot
+from gpu_check_model import (LORA_RANK, PROMPT, build_engine, chat_messages, noise_picture, synchronize, weight_bytes,
+                             write_random_lora)
+from gpu_check_vision_lora import step_vision_lora
 
 
 def STEPS() -> list[tuple[str, object]]:
-    """``(name, step)`` in running order; ``load`` comes first, the LoRA merge last (it rewrites weights)."""
+    """``(name, step)`` in running order; ``load`` comes first, the chat decoding (the figures the
+    check is most often run for) right after it, the LoRA merge last (it rewrites weights)."""
     return [("load", step_load), ("chat", step_chat), ("deepstack_capture", step_deepstack_capture),
             ("deepstack_ablation", step_ablation), ("tiling_27_pinpoints", step_tiling), *panel_steps(),
-            ("vision_lora", _vision_lora_step()), ("pipeline_parallel", step_pipeline_parallel), ("lora", step_lora)]
-
-
-def _vision_lora_step():
-    from gpu_check_vision_lora import step_vision_lora  # a module of its own (this one's size)
-
-    return step_vision_lora
+            ("vision_lora", step_vision_lora), ("zero_gpu_aot", step_zero_gpu_aot),
+            ("pipeline_parallel", step_pipeline_parallel), ("lora", step_lora)]
 
 
 def panel_steps() -> list[tuple[str, object]]:
     """Where a new panel's step goes: ``("name", function)``, the function taking the check and
     returning its numbers. ``None`` in place of the function reports the step as not written yet."""
     return [("attribution", step_attribution), ("documents", step_documents), ("dataset_run", step_dataset_run),
-            ("dataset_batching", step_dataset_batching), ("circuits", _circuits_step())]
-
-
-def _circuits_step():
-    from gpu_check_circuits import step_circuits  # a module of its own (this one's size)
-
-    return step_circuits
+            ("dataset_batching", step_dataset_batching), ("circuits", step_circuits)]
 
 
 def step_attribution(check) -> dict:
@@ -149,7 +137,6 @@ def step_dataset_batching(check) -> dict:
     being compute-bound), and how many answers are the same greedy tokens. In bf16 a padded row's
     numbers can differ a little from its unpadded ones, so equal answers are counted, not required."""
     from g4v.evaluate import BUNDLED_DATASET, ArmSpec, EvalConfig
-    from g4v.evaluate.arms import Failed
     from g4v.evaluate.bench_run import time_batching
     from g4v.evaluate.data import open_dataset
     from g4v.evaluate.run import row_order
@@ -161,7 +148,7 @@ def step_dataset_batching(check) -> dict:
     samples = [sample for sample in (dataset.sample(i) for i in row_order(len(dataset), rows, None))
                if sample.error is None]
     one, batched_ = time_batching(ArmSpec("hf"), samples, config, reuse={ArmSpec("hf"): check.engine})
-    failed = [a for a in one[2] + batched_[2] if a is None or isinstance(a, Failed)]
+    failed = [a for a in one[2] + batched_[2] if a is None or a.error]
     if failed:
         raise RuntimeError(f"{len(failed)} of {2 * len(samples)} answers failed: {getattr(failed[0], 'error', 'not run')}")
     same = sum(a.token_ids == b.token_ids for a, b in zip(one[2], batched_[2]))
@@ -171,24 +158,10 @@ def step_dataset_batching(check) -> dict:
             "answers_after_encoding": (one[1] - one[3]) / (batched_[1] - batched_[3]), "same_answers": same}
 
 
-def noise_picture(height: int, width: int, seed: int = 0) -> Image.Image:
-    """A deterministic noisy gradient of ``height x width`` (noise exercises the image processor)."""
-    rng = np.random.default_rng(seed)
-    y, x = np.mgrid[0:height, 0:width]
-    base = np.stack([x * 255 // max(width, 1), y * 255 // max(height, 1), (x + y) % 256], axis=-1)
-    return Image.fromarray(np.clip(base + rng.integers(0, 48, base.shape), 0, 255).astype(np.uint8), "RGB")
-
-
-def weight_bytes(module: torch.nn.Module) -> int:
-    return sum(p.numel() * p.element_size() for p in module.parameters())
-
-
 # ── load ───────────────────────────────────────────────────────────────────────────────────────
 
 
 def step_load(check) -> dict:
-    from gpu_check import build_engine
-
     check.engine = build_engine(check)
     model = check.engine.model
     language_model = model.model.language_model
@@ -205,75 +178,6 @@ def step_load(check) -> dict:
 
 
 # ── chat ───────────────────────────────────────────────────────────────────────────────────────
-
-
-def chat_messages(check) -> list[Message]:
-    height, width = check.sizes.image_hw
-    return [Message("user", PROMPT, [noise_picture(height, width)])]
-
-
-def batched(inputs: dict, batch: int) -> dict:
-    """The same request ``batch`` times: every tensor's first dimension (batch) repeated."""
-    return {key: value.repeat(batch, *([1] * (value.dim() - 1))) if torch.is_tensor(value) else value
-            for key, value in inputs.items()}
-
-
-def timed_generate(check, inputs: dict, new_tokens: int, engine=None) -> float:
-    """Seconds for exactly ``new_tokens`` greedy tokens (end-of-text cannot end random weights early),
-    on ``engine`` (default the check's) as an image request sees it."""
-    engine = engine or check.engine
-    tokenizer = engine.tokenizer
-    with engine.adapter_scope(None) as model, torch.inference_mode():
-        _sync(check)
-        start = time.perf_counter()
-        model.generate(**inputs, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
-                       temperature=None, top_p=None, top_k=None, pad_token_id=tokenizer.pad_token_id,
-                       eos_token_id=tokenizer.eos_token_id)
-        _sync(check)
-        return time.perf_counter() - start
-
-
-def decode_rate(check, inputs: dict, batch: int, engine=None) -> float:
-    """Decoded tokens per second at ``batch``: the time of N tokens minus the time of 1 (prefill and
-    first token), over the N - 1 decoding steps. One untimed 2-token answer first, so a decoding
-    step at a new batch size has run once before the clock starts (on the H200 it did not change
-    the chat step's batch-1 figure, which stays half the vision LoRA step's: docs/benchmarks.md)."""
-    n = check.sizes.new_tokens
-    timed_generate(check, inputs, 2, engine)
-    one = timed_generate(check, inputs, 1, engine)
-    many = timed_generate(check, inputs, n, engine)
-    return batch * (n - 1) / (many - one) if many > one else None  # None: prefill noise swamped decoding
-
-
-def step_chat(check) -> dict:
-    from g4v.tiling import plan_tiling
-
-    engine, sizes = check.engine, check.sizes
-    messages = chat_messages(check)
-    inputs = engine.prepare_inputs(messages, sizes.new_tokens)
-    image_tokens = int((inputs["input_ids"] == engine.model.config.image_token_index).sum())
-    planned = plan_tiling(sizes.image_hw, engine.model.config).num_image_tokens
-    if image_tokens != planned:
-        raise RuntimeError(f"the processor made {image_tokens} image tokens, the tiling plan {planned}")
-    warm_start = time.perf_counter()
-    engine.generate(messages, SamplingSettings(max_new_tokens=1))  # warm-up: kernels, allocator
-    warm_up_s = time.perf_counter() - warm_start
-    _sync(check)
-    start = time.perf_counter()
-    first = engine.generate(messages, SamplingSettings(max_new_tokens=1))  # through the engine, as the app asks
-    ttft = time.perf_counter() - start
-    rate1 = decode_rate(check, inputs, 1)
-    rate_b = decode_rate(check, batched(inputs, sizes.batch), sizes.batch)
-    bound = sizes.bandwidth_bytes_s / check.facts["decode_weight_bytes"]
-    return {"image_tokens": image_tokens, "prompt_tokens": first.prompt_tokens, "warm_up_s": warm_up_s,
-            "ttft_s": ttft, "decode_tok_s_batch1": rate1, f"decode_tok_s_batch{sizes.batch}": rate_b,
-            "decode_tok_s_batch8": rate_b if sizes.batch == 8 else None,
-            "bandwidth_bound_tok_s": bound, "bandwidth_ratio": rate1 / bound if rate1 else None, "new_tokens": sizes.new_tokens}
-
-
-def _sync(check) -> None:
-    if check.device.type == "cuda":
-        torch.cuda.synchronize(check.device)
 
 
 # ── Deepstack inspector ────────────────────────────────────────────────────────────────────────
@@ -339,7 +243,7 @@ def step_tiling(check) -> dict:
             start = time.perf_counter()
             with engine.adapter_scope(None) as model, torch.inference_mode():
                 logits = model(**inputs, logits_to_keep=1).logits  # the model checks features == tokens
-            _sync(check)
+            synchronize(check.device)
             seconds = time.perf_counter() - start
             if not torch.isfinite(logits).all():
                 problems.append(f"{width} x {height} px: non-finite logits")
@@ -366,22 +270,6 @@ def step_pipeline_parallel(check) -> dict:
 
 
 # ── LoRA ───────────────────────────────────────────────────────────────────────────────────────
-
-
-def write_random_lora(model, folder, rank: int = LORA_RANK, alpha: float | None = None) -> None:
-    """A LoRA of ``rank`` (alpha default 2 x rank) with random A and B (so it changes the answers)
-    on the language model, saved as an ordinary PEFT adapter folder and detached again."""
-    from peft import LoraConfig
-
-    torch.manual_seed(rank)
-    config = LoraConfig(r=rank, lora_alpha=alpha or 2 * rank, init_lora_weights=False, target_modules=LORA_TARGETS)
-    model.add_adapter(config, adapter_name="gpu_check")
-    with torch.no_grad():  # PEFT's random B is as large as A; scale it so the update stays an update
-        for name, param in model.named_parameters():
-            if "lora_B" in name:
-                param.mul_(1e-2)
-    model.save_pretrained(str(folder))
-    model.delete_adapter("gpu_check")
 
 
 def step_lora(check) -> dict:

@@ -4,13 +4,12 @@ a base language model with a rank-256 LoRA beside it, applied native and merged 
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import torch
 
-from g4v.conversation import SamplingSettings
-from gpu_check import synchronize
-from gpu_check_steps import batched, chat_messages, decode_rate, write_random_lora
-
+from gpu_check_decode import bandwidth_bound, rate_tokens
+from gpu_check_model import chat_messages, synchronize, write_random_lora
 
 #: The real model's vision LoRA: rank 256, alpha 256, every attention and MLP projection.
 VISION_LORA_RANK = 256
@@ -18,28 +17,30 @@ VISION_LORA_RANK = 256
 
 def step_vision_lora(check) -> dict:
     """The real model's layout at real size: a random rank-256 vision LoRA on every attention and
-    MLP projection, applied as the engines apply it (:mod:`g4v.engines.vision_lora`): native (a PEFT
-    adapter on for image requests) against merged (``W += s * B @ A`` in the model's dtype). For
-    each: the time to apply it, time to first token through the engine, decode tokens/s at batch 1
-    and at the check's batch, and peak memory; then the largest relative logit difference merged
-    vs native (bf16 rounding of the merged weights on the GPU; float32 in the smoke run). The model
-    keeps the merged weights afterwards (random either way; the LoRA step measures its own)."""
-    from dataclasses import replace
-
+    MLP projection, applied as the engines apply it (:mod:`g4v.engines.vision_lora`): native (image
+    requests get it; the decode loop runs them on a merged copy of the LoRA'd layers, or through
+    PEFT's layers with ``vision_copy=off``) against merged (``W += s * B @ A`` in the model's dtype).
+    For each: the time to apply it, the first token's time through the engine, batch-1 decode
+    tokens/s through the engine (compiled on a GPU) and through bare ``generate``, and peak memory;
+    native's decode over the bandwidth bound (the issue's 25 % target); then the largest relative
+    logit difference merged vs native (bf16 rounding of the merged weights on the GPU; float32 in
+    the smoke run). The model keeps the merged weights afterwards (random either way; the LoRA
+    step measures its own)."""
+    from g4v.engines.decode_bench import bare_generate, decode_rates, first_piece_s, through
     from g4v.engines.hf import TransformersEngine
     from g4v.engines.vision_lora import find_vision_lora, merge_into
     from g4v.loading import VISION_ADAPTER
 
-    engine, sizes = check.engine, check.sizes
+    engine = check.engine
     folder = check.out_dir / "random-vision-lora"
     write_random_lora(engine.model, folder, rank=VISION_LORA_RANK, alpha=VISION_LORA_RANK)
     lora = find_vision_lora(str(folder))  # the adapter files in the layout g4v finds them in
-    messages = chat_messages(check)
-    inputs = engine.prepare_inputs(messages, sizes.new_tokens)
+    request = engine.prepare(chat_messages(check), rate_tokens(check))
     with torch.inference_mode(), engine.adapter_scope(None) as model:
-        base = model(**inputs, logits_to_keep=1).logits.float()
+        base = model(**request.inputs, logits_to_keep=1).logits.float()
     numbers = {"rank": lora.rank, "alpha": lora.alpha, "modules": len(lora.modules)}
     logits = {}
+    repeats = 2 if not check.smoke else 1
     for mode in ("native", "merged"):
         _reset_peak(check)
         start = time.perf_counter()
@@ -51,23 +52,30 @@ def step_vision_lora(check) -> dict:
             merge_into(engine.model, lora)
         synchronize(check.device)
         apply_s = time.perf_counter() - start
-        moded = TransformersEngine(engine.info.model, loaded=replace(engine.loaded, vision_lora=lora, vision_mode=mode))
-        moded.generate(messages, SamplingSettings(max_new_tokens=1))  # warm-up
-        synchronize(check.device)
-        start = time.perf_counter()
-        moded.generate(messages, SamplingSettings(max_new_tokens=1))
-        ttft = time.perf_counter() - start
+        loaded = replace(engine.loaded, vision_lora=lora, vision_mode=mode)
+        moded = TransformersEngine(engine.info.model, loaded=loaded, decode=engine.decode)
+        paths = {"engine": through(moded, request), "bare generate": bare_generate(moded, request)}
+        peft = None
+        if mode == "native":  # the vision LoRA through PEFT's layers, for what the merged copy saves
+            peft = TransformersEngine(engine.info.model, loaded=loaded, decode=replace(engine.decode, vision_copy="off"))
+            paths["engine, PEFT layers"] = through(peft, request)
+        rates = decode_rates(paths, rate_tokens(check), repeats, check.device)
+        ttft = first_piece_s(moded, request, repeats, check.device)
         with torch.inference_mode(), moded.adapter_scope(None) as model:
-            logits[mode] = model(**inputs, logits_to_keep=1).logits.float()
-        numbers[mode] = {"apply_s": apply_s, "ttft_s": ttft, "decode_tok_s_batch1": decode_rate(check, inputs, 1, moded),
-                         f"decode_tok_s_batch{sizes.batch}": decode_rate(check, batched(inputs, sizes.batch), sizes.batch,
-                                                                         moded),
-                         "peak_bytes": _peak(check)}
+            logits[mode] = model(**request.inputs, logits_to_keep=1).logits.float()
+        numbers[mode] = {"apply_s": apply_s, "ttft_s": ttft, "decode_tok_s_batch1": rates["engine"],
+                         "bare_generate_tok_s": rates["bare generate"], "peak_bytes": _peak(check),
+                         "vision_copy": moded.info.details.get("vision_copy")}
+        if peft is not None:
+            numbers[mode]["peft_layers_tok_s"] = rates["engine, PEFT layers"]
+            peft.close()
+        moded.close()
     scale = logits["native"].abs().max().item()
     numbers["native_vs_base_max_rel"] = (logits["native"] - base).abs().max().item() / scale
     numbers["merged_vs_native_max_rel"] = (logits["merged"] - logits["native"]).abs().max().item() / scale
     rates = [numbers[mode]["decode_tok_s_batch1"] for mode in ("native", "merged")]
     numbers["native_over_merged_decode_batch1"] = rates[0] / rates[1] if all(rates) else None
+    numbers["bandwidth_ratio"] = rates[0] / bandwidth_bound(check)
     return numbers
 
 

@@ -26,7 +26,7 @@ from g4v.conversation import (MAX_IMAGES_PER_CONVERSATION, MAX_IMAGES_PER_MESSAG
                               SamplingSettings, validate_conversation)
 from g4v.errors import G4VError, PromptTooLong
 from g4v.images import open_image
-from webapp.common import MODEL_QUEUE, RANDOM_SEED, sampling_settings, seed_box_value, shows_errors, without_error_badges
+from webapp.common import CHAT_QUEUE, MODEL_QUEUE, RANDOM_SEED, sampling_settings, seed_box_value, shows_errors, without_error_badges
 from webapp.documents import chat_documents, chat_examples, left_out_line
 
 
@@ -203,6 +203,14 @@ def chat_tab(engine, last_chat_image: gr.State, examples: list[list], concurrenc
     """Render the Chat tab into the current ``gr.Blocks``; returns its message box, which other
     tabs fill (the Evaluate tab's "Open in Chat")."""
 
+    # Answers run together where the engine answers several chats at once (the transformers engine's
+    # decode loop batches them; vLLM and a server schedule them), in a group of their own, so an
+    # inspector's run waits for one decode step, not for whole answers; else one at a time, in
+    # turn with every other model-bound event.
+    streams = engine.concurrent_streams
+    answering = ({"concurrency_id": CHAT_QUEUE, "concurrency_limit": streams} if streams > 1 else
+                 {"concurrency_id": MODEL_QUEUE, "concurrency_limit": concurrency})
+
     @shows_errors
     def accept(message, history, max_new_tokens=SamplingSettings.max_new_tokens,
                temperature=SamplingSettings.temperature, top_p=SamplingSettings.top_p, seed=RANDOM_SEED):
@@ -273,7 +281,7 @@ def chat_tab(engine, last_chat_image: gr.State, examples: list[list], concurrenc
                              show_progress="hidden")
     answered = shown.success(
         respond, [sending, checked, before, checked_settings], [chatbot, last_chat_image, box],
-        api_visibility="private", concurrency_id=MODEL_QUEUE, concurrency_limit=concurrency, show_progress="minimal")
+        api_visibility="private", show_progress="minimal", **answering)
     follow_answers(answered, started=shown)
     without_error_badges(answered, [chatbot])  # a refused answer is its toast; the message is back in the box
     stop.click(lambda: gr.MultimodalTextbox(interactive=True), None, box, cancels=[answered], api_visibility="private")
@@ -283,5 +291,5 @@ def chat_tab(engine, last_chat_image: gr.State, examples: list[list], concurrenc
     api_answer = gr.Textbox(visible=False)
     gr.Button(visible=False).click(
         api_chat, [box, api_history, max_new_tokens, temperature, top_p, seed], [api_answer, api_history],
-        api_name="chat", concurrency_id=MODEL_QUEUE, concurrency_limit=concurrency)
+        api_name="chat", **answering)
     return box

@@ -24,6 +24,9 @@ MAX_UPLOAD_SIZE = os.environ.get("G4V_MAX_UPLOAD_SIZE", "25mb")
 #: Every model-bound event shares this concurrency group, across tabs, so that at most
 #: ``--concurrency`` of them run on the model at once and the rest wait in the bounded queue.
 MODEL_QUEUE = "model"
+#: Chat answers on an engine that answers several at once (``engine.concurrent_streams``): a group
+#: of their own, as many at once as the engine takes.
+CHAT_QUEUE = "chat"
 
 
 #: The library's refusals name the CLI's flags; the app names its own controls instead.

@@ -83,6 +83,48 @@ def _starter(backend: str, model: str | None, options: dict, serve: bool):
     return start
 
 
+def add_decode_arguments(parser) -> None:
+    add_model_flags(parser)
+    add_engine_flags(parser)
+    parser.add_argument("--max-new-tokens", type=int, default=48, help="new tokens per answer")
+    parser.add_argument("--chats", type=int, default=8, help="chats submitted at once (each with its own picture)")
+    parser.add_argument("--repeats", type=int, default=3, help="interleaved rounds of the batch-of-one timings")
+    parser.add_argument("--compile", action="store_true",
+                        help="also time the loop with its decode step compiled, and the first request's compile "
+                             "(always on a GPU)")
+    parser.add_argument("--markdown", default=None, metavar="PATH", help="also write the table to PATH")
+    parser.add_argument("--json", default=None, metavar="PATH", help="also write the figures to PATH as JSON")
+
+
+def run_decode(args) -> int:
+    import json
+
+    from g4v.engines import create_engine
+    from g4v.engines.capabilities import Instrumentable, require
+    from g4v.engines.decode_bench import measure, table
+    from g4v.errors import check_value, whole_number
+
+    for flag, value, low in (("--max-new-tokens", args.max_new_tokens, 2), ("--chats", args.chats, 1),
+                             ("--repeats", args.repeats, 1)):
+        check_value(flag, value, whole_number(low))
+    options = engine_options(args)
+    engine = require(create_engine("hf", args.model, **options), Instrumentable, "bench decode")
+    try:
+        report = measure(engine, args.max_new_tokens, args.repeats, args.chats,
+                         compile_too=args.compile or engine.loaded.device.type == "cuda")
+    finally:
+        engine.close()
+    text = table(report)
+    print(text)
+    if args.markdown:
+        with open(args.markdown, "w") as handle:
+            handle.write(text + "\n")
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump(report.to_dict(), handle, indent=2)
+    return 0
+
+
 def add_inspect_arguments(parser) -> None:
     from g4v.inspect import bench as inspect_bench
 
@@ -138,6 +180,8 @@ def run_token_budget(args) -> int:
 #: name -> (help, add_arguments, run)
 TARGETS = {
     "engines": ("time the same chats through each backend (hf, vllm, openai)", add_engines_arguments, run_engines),
+    "decode": ("the transformers engine's chat decoding: engine vs bare generate, the decode loop vs one request "
+               "at a time, compiled vs eager, N chats at once vs one at a time", add_decode_arguments, run_decode),
     "inspect": ("forward time and peak memory of the deepstack inspector's capture (off / norms / full)",
                 add_inspect_arguments, run_inspect),
     "eval": ("samples/s of each dataset-run arm (hf one by one, vllm batched) on the bundled dataset",

@@ -1,12 +1,14 @@
-"""Flags for the backends that need settings: the remote server's address and key, and vLLM's own
-settings under vLLM's own names (so its documentation applies), one flag per field of
+"""Flags for the backends that need settings: how the transformers engine decodes chats (one flag per
+field of :class:`~g4v.engines.decode_settings.DecodeSettings`), the remote server's address and key,
+and vLLM's own settings under vLLM's own names (so its documentation applies), one flag per field of
 :class:`~g4v.engines.vllm_engine.VLLMSettings`. Used with ``--backend`` from
-:mod:`g4v.commands.common` by every command that loads an engine."""
+:mod:`g4v.commands.common` by every command that loads an engine, and by ``app.py``."""
 
 import argparse
 import os
 
 from g4v.commands.settings_flags import add_settings_flags, settings_from_args
+from g4v.engines.decode_settings import DecodeSettings
 from g4v.engines.vision_lora import DEFAULT_MODE, MODES
 from g4v.engines.vllm_engine import VLLMSettings
 
@@ -24,6 +26,7 @@ def add_vision_lora_flag(parser: argparse.ArgumentParser) -> None:
 
 def add_engine_flags(parser: argparse.ArgumentParser) -> None:
     add_vision_lora_flag(parser)
+    add_settings_flags(parser.add_argument_group("hf backend (transformers): chat decoding"), DecodeSettings)
     remote = parser.add_argument_group("openai backend (an OpenAI-compatible server such as vllm serve)")
     remote.add_argument("--base-url", default=None, help="the server, e.g. http://127.0.0.1:8000/v1")
     remote.add_argument("--api-key", default=None, help="sent as a bearer token (default: $OPENAI_API_KEY)")
@@ -41,4 +44,4 @@ def engine_options(args: argparse.Namespace) -> dict:
     dtype = getattr(args, "dtype", "auto")
     vllm = settings_from_args(VLLMSettings, args, exclude=_NOT_FLAGS, dtype=None if dtype == "auto" else dtype)
     return {"device": getattr(args, "device", None), "dtype": dtype, "vllm": vllm, "vision_lora": args.vision_lora,
-            "base_url": args.base_url, "api_key": args.api_key}
+            "base_url": args.base_url, "api_key": args.api_key, "decode": settings_from_args(DecodeSettings, args)}

@@ -180,6 +180,12 @@ class Engine(ABC):
     #: in flight, or a pool's connections.
     in_flight: int = 8
 
+    @property
+    def concurrent_streams(self) -> int:
+        """Streams (chats) this engine answers at once, each at its own pace: the app lets that
+        many visitors' answers in together. 1: one after another."""
+        return self.in_flight
+
     # ── abilities ────────────────────────────────────────────────────────────────────────────
 
     def supports(self, ability: type) -> bool:

@@ -105,20 +105,27 @@ class LoopStats:
     compile_seconds: dict = field(default_factory=dict)  # (variant, batch, window) -> first call's seconds
 
 
-def _forward(model, ids, positions, mask, cache):
-    """One decode step: the model's own forward on one new token per row."""
-    output = model(input_ids=ids, attention_mask=mask, position_ids=positions[:, None], past_key_values=cache,
-                   use_cache=True)
+def decode_step(model, cache, ids, positions, mask, keys, values):
+    """One decode step: the model's own forward on one new token per row (``ids`` ``(batch, 1)`` at
+    ``positions`` ``(batch,)``), reading and writing the slot buffers ``keys`` and ``values`` (one
+    ``(rows, heads, capacity, dim)`` tensor per layer) through ``cache``; the next-token logits
+    ``(batch, vocab)`` in float32. The one function the eager loop, ``torch.compile`` and the
+    ahead-of-time export (:mod:`g4v.engines.aot`) run."""
+    output = model(input_ids=ids, attention_mask=mask, position_ids=positions[:, None],
+                   past_key_values=cache.bind(keys, values, positions), use_cache=True)
     return output.logits[:, -1].float()
 
 
 class DecodeLoop:
     """Continuous batching of one engine's requests (see the module docstring)."""
 
-    def __init__(self, host: Host, settings: DecodeSettings, context_window: int, background: bool = True):
+    def __init__(self, host: Host, settings: DecodeSettings, context_window: int, background: bool = True,
+                 text_config=None, dtype: torch.dtype | None = None):
+        """``text_config``, ``dtype``: the language model's (the slots' shapes, known before a prefill)."""
         self.host, self.settings = host, settings
         self.eos = host.tokenizer.eos_token_id
-        self.slots = Slots(rows=settings.max_batch, device=host.device, limit=context_window)
+        self.slots = Slots(rows=settings.max_batch, device=host.device, limit=context_window,
+                           text_config=text_config, dtype=dtype)
         self.stats = LoopStats()
         self._running: list[_Ask] = []  # in slot order: _running[r] decodes in row r
         self._waiting: deque[_Ask] = deque()
@@ -128,6 +135,9 @@ class DecodeLoop:
         self._thread: threading.Thread | None = None
         self._closed = False
         self._compiled: dict[int, Callable] = {}  # id(module) -> its compiled step
+        #: Steps compiled ahead of time (:mod:`g4v.engines.aot`): (variant, batch, window) -> step(ids,
+        #: positions, mask, keys, values); used instead of torch.compile where one fits.
+        self.ahead: dict[tuple, Callable] = {}
 
     # ── the consumer's side ──────────────────────────────────────────────────────────────────
 
@@ -253,17 +263,18 @@ class DecodeLoop:
         running = list(self._running)
         variant = running[0].variant
         model, compilable = self.host.weights(variant)
-        compiled = compilable and self.settings.compiles(self.slots.device)
+        jit = compilable and self.settings.compiles(self.slots.device)
+        fixed = jit or any(shape[0] == variant for shape in self.ahead)  # a compiled step's shapes
         used = len(running)
-        batch = _bucket(used, self.slots.rows) if compiled else used
+        batch = _bucket(used, self.slots.rows) if fixed else used
         try:
             self.slots.reserve(max(self.slots.lengths) + 1)
-            window = self.slots.capacity if compiled else max(self.slots.lengths) + 1
+            window = self.slots.capacity if fixed else max(self.slots.lengths) + 1
             cache, positions, mask = self.slots.step(batch, window)
             mask = _mask_for(model, mask)
             ids = torch.tensor([ask.last for ask in running] + [0] * (batch - used), device=self.slots.device)[:, None]
             with self.host.holding(variant), torch.inference_mode():
-                logits = self._run(model, compiled, (variant, batch, window), ids, positions, mask, cache)
+                logits = self._run(model, jit, (variant, batch, window), ids, positions, mask, cache)
                 tokens = self._pick(logits[:used], running)
         except Exception as err:  # noqa: BLE001 - a failed step fails every request in it
             log.exception("a decode step failed")
@@ -278,24 +289,34 @@ class DecodeLoop:
             if end is not None:
                 self._drop(row)
 
-    def _run(self, model, compiled: bool, shape, ids, positions, mask, cache) -> torch.Tensor:
-        if not compiled:
-            return _forward(model, ids, positions, mask, cache)
+    def _run(self, model, jit: bool, shape, ids, positions, mask, cache) -> torch.Tensor:
+        """The step: compiled ahead of time for this shape, else torch.compile'd (``jit``), else eager."""
+        buffers = (self.slots.keys, self.slots.values)
+        if shape in self.ahead:
+            return self.ahead[shape](ids, positions, mask, *buffers)
+        if not jit:
+            return decode_step(model, cache, ids, positions, mask, *buffers)
         step = self._compiled.get(id(model))
         if step is None:
+            # each (batch bucket, window, model) is a graph: more than dynamo's default of 8
+            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
             mode = "reduce-overhead" if self.slots.device.type == "cuda" else None
-            step = self._compiled[id(model)] = torch.compile(_forward, mode=mode, fullgraph=True, dynamic=False)
+            step = self._compiled[id(model)] = torch.compile(decode_step, mode=mode, fullgraph=True, dynamic=False)
         if self.slots.device.type == "cuda":
             torch.compiler.cudagraph_mark_step_begin()
         first = shape not in self.stats.compile_seconds
         began = time.perf_counter()
-        logits = step(model, ids, positions, mask, cache)
+        logits = step(model, cache, ids, positions, mask, *buffers)
         if first:
             self.stats.compile_seconds[shape] = time.perf_counter() - began
         return logits.clone()
 
     def _pick(self, logits: torch.Tensor, asks: list[_Ask]) -> list[int]:
-        """One token per row: greedy rows together, sampled rows each from its own generator."""
+        """One token per row: greedy rows together, sampled rows each from its own generator. A row
+        short of its ``min_new_tokens`` cannot pick end-of-text (as transformers' processor)."""
+        early = [row for row, ask in enumerate(asks) if ask.produced < ask.settings.min_new_tokens]
+        if early:
+            logits[early, self.eos] = -float("inf")
         tokens = logits.argmax(dim=-1).tolist()
         for row, ask in enumerate(asks):
             if ask.generator is not None:
@@ -318,7 +339,7 @@ class DecodeLoop:
             return len(self._waiting) + len(self._running)
 
     def close(self) -> None:
-        """End every request (cancelled) and stop the loop's thread."""
+        """End every request (cancelled), stop the loop's thread and let go of the slots' memory."""
         with self._cond:
             self._closed = True
             waiting, self._waiting = list(self._waiting), deque()
@@ -328,6 +349,9 @@ class DecodeLoop:
                 ask.outbox.put(_End("cancelled"))
             for row in reversed(range(len(self._running))):
                 self._finish(row, _End("cancelled"))
+            self.slots.release()
+            self._compiled.clear()
+            self.ahead.clear()
 
 
 def _bucket(used: int, rows: int) -> int:

@@ -30,9 +30,10 @@ class DeferredEngine(Engine):
     (:meth:`supports`) are known from ``outline`` before it loads; a request loads it."""
 
     def __init__(self, load: Callable[[], Engine], info: EngineInfo, outline: ModelOutline,
-                 kind: Callable[[], type] = _transformers):
-        """``kind()``: the class ``load`` makes (imported when first asked: it imports the model code)."""
-        self._load, self._info, self.outline, self._kind = load, info, outline, kind
+                 kind: Callable[[], type] = _transformers, streams: int | None = None):
+        """``kind()``: the class ``load`` makes (imported when first asked: it imports the model
+        code); ``streams``: the loaded engine's :attr:`concurrent_streams`, known from its settings."""
+        self._load, self._info, self.outline, self._kind, self._streams = load, info, outline, kind, streams
         self._engine: Engine | None = None
         self._error: G4VError | None = None
         self._lock = threading.Lock()  # one load, however many requests are waiting for it
@@ -91,6 +92,12 @@ class DeferredEngine(Engine):
     def in_flight(self) -> int:
         return self._kind().in_flight
 
+    @property
+    def concurrent_streams(self) -> int:
+        if self._engine is not None:
+            return self._engine.concurrent_streams
+        return self._streams if self._streams is not None else self._kind().in_flight
+
     def supports(self, ability: type) -> bool:
         return issubclass(self._kind(), ability)
 
@@ -140,4 +147,7 @@ def defer_transformers(model: str, details: dict, decode=None, inline: bool = Fa
 
     info = transformers_info(model, outline)
     info.details.update(details)
-    return DeferredEngine(load, info, outline)
+    from g4v.engines.decode_settings import DecodeSettings
+
+    settings = decode or DecodeSettings()
+    return DeferredEngine(load, info, outline, streams=settings.max_batch if settings.decode_loop and not inline else 1)

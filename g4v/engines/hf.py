@@ -60,9 +60,15 @@ class TransformersEngine(AdapterSwitch, Engine, Instrumentable, Scorable):
         if quant:  # "int8 weights on 57 linear layers (vision kept)": an int8 arm says what it quantized
             kept = "" if quant_vision else ", vision tower and projectors kept"
             self.info.details["quant"] = f"{quant} weights on {len(quantized)} linear layers{kept}"
-        self._loop = None
+        self._loop, self._inline = None, inline
         if self.decode.decode_loop and supported(self.model):
-            self._loop = DecodeLoop(self, self.decode, self.context_window(), background=not inline)
+            self._loop = DecodeLoop(self, self.decode, self.context_window(), background=not inline,
+                                    text_config=self.model.config.text_config, dtype=self.loaded.dtype)
+
+    @property
+    def concurrent_streams(self) -> int:
+        """The decode loop's slots; one without it, or when each request drives it (inline)."""
+        return self.decode.max_batch if self._loop is not None and not self._inline else 1
 
     @property
     def vision_lora(self):
@@ -290,6 +296,7 @@ class TransformersEngine(AdapterSwitch, Engine, Instrumentable, Scorable):
     def _generate_kwargs(self, settings: SamplingSettings) -> dict:
         kwargs = {
             "max_new_tokens": settings.max_new_tokens,
+            "min_new_tokens": settings.min_new_tokens or None,
             "do_sample": not settings.greedy,
             "pad_token_id": self.tokenizer.pad_token_id,
             "eos_token_id": self.tokenizer.eos_token_id,

@@ -67,12 +67,14 @@ class FairLock:
 
 class _Guard:
     """What every engine over one model shares (``TransformersEngine.around`` can put two on one
-    model): its lock, PEFT's enabled adapters as last set, and a count of adapter loads."""
+    model): its lock, PEFT's enabled adapters as last set, a count of adapter loads, and the
+    PEFT names given out."""
 
     def __init__(self):
         self.lock = FairLock()
         self.enabled: tuple[str, ...] | None = None  # None: not known
         self.loads = 0
+        self.names = itertools.count(1)  # PEFT names are the model's: unique across its engines
 
     def __reduce__(self):  # a copy of the model (deepcopy, pickle) is another model: a guard of its own
         return (_Guard, ())
@@ -94,7 +96,6 @@ class AdapterSwitch:
         self._lock = self._guard.lock  # one holder at a time: a request's step, a prefill, an inspector
         self._adapters: dict[str, str] = {}  # name -> PEFT's name for it (no dots, no slashes)
         self._stacked: set[str] = set()  # names applied on top of the vision LoRA
-        self._adapter_ids = itertools.count(1)
         self._twins: dict[tuple[Variant, int], object] = {}  # (variant, adapter loads when made) -> twin
 
     def register_adapter(self, name: str, path: str, stacked: bool = False) -> None:
@@ -107,7 +108,7 @@ class AdapterSwitch:
             self._stacked.discard(name)
             if name in self._adapters:
                 self.model.delete_adapter(self._adapters.pop(name))
-            peft_name = f"g4v_adapter_{next(self._adapter_ids)}"
+            peft_name = f"g4v_adapter_{next(self._guard.names)}"
             self._guard.enabled = None  # loading changes PEFT's state and the model's layers
             self._guard.loads += 1
             try:

@@ -54,8 +54,11 @@ def chat_messages(messages: list[Message]) -> list[dict]:
 
 def sampling_body(settings: SamplingSettings) -> dict:
     """The request fields for ``settings``: greedy is temperature 0; sampling sends top-p, the
-    seed, and top-k off (vLLM's extension), as the transformers engine samples."""
+    seed, and top-k off (vLLM's extension), as the transformers engine samples; a shortest answer
+    is vLLM's ``min_tokens``."""
     body = {"max_tokens": settings.max_new_tokens, "temperature": float(settings.temperature)}
+    if settings.min_new_tokens:
+        body["min_tokens"] = settings.min_new_tokens  # vLLM's extension
     if not settings.greedy:
         body.update(top_p=settings.top_p, top_k=0)
         if settings.seed is not None:

@@ -13,8 +13,8 @@ keys and values are copied into a free row (:meth:`Slots.add`).
 
 Shapes, per language-model layer: keys and values ``(rows, kv_heads, capacity, head_dim)``. The
 capacity doubles when a row needs more (up to the model's context window). A compiled decode step
-sees the whole buffers (fixed addresses for CUDA graphs) and a step's shape: ``batch`` rows (a
-bucket: 1, 2, 4 ... ``rows``) and ``window`` key positions (the capacity).
+takes the whole buffers as inputs (fixed addresses for CUDA graphs, written in place) and has one
+shape: ``batch`` rows (a bucket: 1, 2, 4 ... ``rows``) and ``window`` key positions (the capacity).
 """
 
 import torch
@@ -25,28 +25,28 @@ MIN_CAPACITY = 256
 
 
 class _StepLayer(CacheLayerMixin):
-    """One layer's view of the slots for one step shape: ``update`` writes each row's new key and
-    value at that row's position and returns the first ``window`` positions of the first
-    ``batch`` rows."""
+    """One layer's view of the slots for one step: ``update`` writes each row's new key and value
+    at that row's position and returns the first ``window`` positions of the first ``batch`` rows.
+    The tensors are bound for each call (:meth:`StepCache.bind`), so a compiled step takes them
+    as its inputs and writes them in place."""
 
     is_compileable = True
     is_sliding = False
 
-    def __init__(self, slots: "Slots", index: int, batch: int, window: int):
+    def __init__(self, batch: int, window: int):
         super().__init__()
-        self.slots, self.index, self.batch, self.window = slots, index, batch, window
-        self.rows = torch.arange(batch, device=slots.device)
+        self.batch, self.window = batch, window
+        self.keys = self.values = self.positions = None
         self.is_initialized = True
 
     def lazy_initialization(self, key_states, value_states) -> None:  # allocated by Slots
         pass
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        keys, values = self.slots.keys[self.index], self.slots.values[self.index]
-        positions = self.slots.positions[:self.batch]
-        keys[self.rows, :, positions] = key_states[:, :, 0]
-        values[self.rows, :, positions] = value_states[:, :, 0]
-        return keys[:self.batch, :, :self.window], values[:self.batch, :, :self.window]
+        rows = torch.arange(self.batch, device=key_states.device)
+        self.keys[rows, :, self.positions] = key_states[:, :, 0]
+        self.values[rows, :, self.positions] = value_states[:, :, 0]
+        return self.keys[:self.batch, :, :self.window], self.values[:self.batch, :, :self.window]
 
     def get_seq_length(self) -> int:
         return 0  # positions are per row and passed in; nothing reads a shared length
@@ -62,18 +62,27 @@ class _StepLayer(CacheLayerMixin):
 
 
 class StepCache(Cache):
-    """What a decode step passes as ``past_key_values``: the slots seen as ``batch`` rows of ``window``."""
+    """What a decode step passes as ``past_key_values``: ``batch`` rows of ``window`` positions."""
 
-    def __init__(self, slots: "Slots", batch: int, window: int):
-        super().__init__(layers=[_StepLayer(slots, index, batch, window) for index in range(slots.layers)])
+    def __init__(self, layers: int, batch: int, window: int):
+        super().__init__(layers=[_StepLayer(batch, window) for _ in range(layers)])
         self.batch, self.window = batch, window
+
+    def bind(self, keys: list[torch.Tensor], values: list[torch.Tensor], positions: torch.Tensor) -> "StepCache":
+        """Point every layer at its slot buffers (whole: ``(rows, heads, capacity, dim)``) and the
+        rows' positions ``(batch,)``, for one call."""
+        for layer, layer_keys, layer_values in zip(self.layers, keys, values):
+            layer.keys, layer.values, layer.positions = layer_keys, layer_values, positions
+        return self
 
 
 class Slots:
     """Keys and values of up to ``rows`` requests, each row with its own length."""
 
-    def __init__(self, rows: int, device: torch.device, limit: int):
-        self.layers = 0  # known at the first prefill
+    def __init__(self, rows: int, device: torch.device, limit: int, text_config=None, dtype: torch.dtype | None = None):
+        """``text_config`` and ``dtype``: the language model's, to allocate before the first prefill
+        (without them the shapes are taken from the first prefill's cache)."""
+        self.layers = 0  # known from the config, or at the first prefill
         self.rows, self.device, self.limit = rows, torch.device(device), limit
         self.keys: list[torch.Tensor] = []
         self.values: list[torch.Tensor] = []
@@ -82,6 +91,11 @@ class Slots:
         self.lengths: list[int] = []
         self.positions = torch.zeros(rows, dtype=torch.long, device=self.device)
         self._shapes: list[tuple[int, int, torch.dtype]] = []  # (kv heads, head dim, dtype) per layer
+        if text_config is not None:
+            heads = text_config.num_key_value_heads
+            dim = getattr(text_config, "head_dim", None) or text_config.hidden_size // text_config.num_attention_heads
+            self._shapes = [(heads, dim, dtype)] * text_config.num_hidden_layers
+            self.layers = len(self._shapes)
         self._steps: dict[tuple[int, int], StepCache] = {}
 
     @property
@@ -145,8 +159,13 @@ class Slots:
         mask = (torch.arange(window, device=self.device)[None, :] <= positions[:, None])[:, None, None, :]
         key = (batch, window)
         if key not in self._steps:
-            self._steps[key] = StepCache(self, batch, window)
+            self._steps[key] = StepCache(self.layers, batch, window)
         return self._steps[key], positions, mask
+
+    def release(self) -> None:
+        """Let go of the buffers (the loop is closed)."""
+        self.keys, self.values, self.capacity, self.lengths = [], [], 0, []
+        self._steps.clear()
 
     def advance(self) -> None:
         """After a step: every row in use holds one token more."""

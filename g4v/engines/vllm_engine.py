@@ -277,8 +277,8 @@ class VLLMEngine(Engine):
         from vllm.sampling_params import RequestOutputKind
 
         settings = settings.validated()
-        common = {"max_tokens": settings.max_new_tokens, "skip_special_tokens": True,
-                  "output_kind": RequestOutputKind.DELTA}
+        common = {"max_tokens": settings.max_new_tokens, "min_tokens": settings.min_new_tokens,
+                  "skip_special_tokens": True, "output_kind": RequestOutputKind.DELTA}
         if settings.greedy:
             return SamplingParams(temperature=0.0, **common)
         return SamplingParams(temperature=settings.temperature, top_p=settings.top_p, top_k=0,

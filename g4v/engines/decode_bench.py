@@ -1,0 +1,201 @@
+"""``python -m g4v bench decode``: the transformers engine's chat decoding, measured in one run.
+
+Every figure is a ratio of two measurements taken in the same run, interleaved round by round, so
+a busy machine slows both sides alike (the machines this project runs on are shared):
+
+1. **engine vs bare generate**: decode tokens/s of a chat through the engine (``engine.stream``,
+   the app's path) over ``model.generate`` on the same model and inputs, a batch of one;
+2. **the decode loop vs the reference path**: the same through the engine answering one request at
+   a time with ``generate`` (``--no-decode-loop``), the path the engine had before the loop;
+3. **compiled vs eager** (``--compile``, or on a GPU): the loop with its decode step compiled, and
+   the first request's compile time;
+4. **N chats at once vs one at a time**: the engine's total tokens/s as it is set (on a GPU its
+   step compiled), each chat with its own picture, and whether each got the tokens it gets alone;
+5. the time to the first token of a picture request.
+
+Decode tokens/s is measured as the bare benchmark measures it: the time of an answer of N tokens
+minus that of a 1-token answer, over the N - 1 decoding steps (prefill and the first token left
+out); answers are held to exactly N tokens (``min_new_tokens``: a trained checkpoint would
+otherwise end after a few words).
+"""
+
+import statistics
+import threading
+import time
+from dataclasses import dataclass, field, replace
+
+import torch
+
+from g4v.conversation import Message, SamplingSettings
+from g4v.engines.bench import workload
+from g4v.engines.decode_settings import DecodeSettings
+
+PROMPT = "Describe this picture in detail."
+
+
+@dataclass
+class DecodeReport:
+    """What one run measured (tokens/s are decode rates, batch of one, unless said)."""
+
+    new_tokens: int
+    repeats: int
+    rates: dict[str, float] = field(default_factory=dict)  # path -> decode tokens/s
+    ttft_s: dict[str, float] = field(default_factory=dict)  # path -> median seconds to the first piece
+    compile_s: float | None = None  # the compiled path's first request, over a warm one
+    chats: int = 0
+    one_at_a_time_s: float = 0.0
+    together_s: float = 0.0
+    chat_tokens: int = 0
+    same_as_alone: int = 0
+
+    @property
+    def together_over_one_at_a_time(self) -> float:
+        return self.one_at_a_time_s / self.together_s if self.together_s else float("nan")
+
+    def ratio(self, path: str, over: str = "bare generate") -> float:
+        return self.rates[path] / self.rates[over] if self.rates.get(over) else float("nan")
+
+    def to_dict(self) -> dict:
+        return {"new_tokens": self.new_tokens, "repeats": self.repeats, "decode_tok_s": self.rates,
+                "ratios_over_bare_generate": {path: self.ratio(path) for path in self.rates},
+                "ttft_s": self.ttft_s, "compile_s": self.compile_s, "chats": self.chats,
+                "one_at_a_time_s": self.one_at_a_time_s, "together_s": self.together_s,
+                "chat_tokens": self.chat_tokens, "together_over_one_at_a_time": self.together_over_one_at_a_time,
+                "same_as_alone": self.same_as_alone}
+
+
+def forced(tokens: int) -> SamplingSettings:
+    """Greedy answers of exactly ``tokens`` tokens."""
+    return SamplingSettings(max_new_tokens=tokens, min_new_tokens=tokens)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def bare_generate(engine, request):
+    """``answer(n)``: ``model.generate`` on the engine's model as ``request`` sees it (its adapters),
+    with nothing of the engine around it."""
+    tokenizer = engine.tokenizer
+
+    def answer(tokens: int) -> None:
+        with engine.adapter_scope(None, request.has_image) as model, torch.inference_mode():
+            model.generate(**request.inputs, max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False,
+                           temperature=None, top_p=None, top_k=None, pad_token_id=tokenizer.pad_token_id,
+                           eos_token_id=tokenizer.eos_token_id)
+    return answer
+
+
+def through(engine, request):
+    """``answer(n)``: the engine's chat path, read to the end as the app reads it."""
+    def answer(tokens: int) -> None:
+        for _ in engine.stream_outputs(request, forced(tokens)):
+            pass
+    return answer
+
+
+def decode_rates(paths: dict, new_tokens: int, repeats: int, device: torch.device) -> dict[str, float]:
+    """Decode tokens/s of each ``answer(n)`` path, the paths taking turns in every round."""
+    spans = {name: ([], []) for name in paths}
+    for answer in paths.values():
+        answer(2)  # one untimed answer: first-call costs out of the numbers
+    for _ in range(repeats):
+        for name, answer in paths.items():
+            for tokens, times in zip((1, new_tokens), spans[name]):
+                _sync(device)
+                began = time.perf_counter()
+                answer(tokens)
+                _sync(device)
+                times.append(time.perf_counter() - began)
+    rates = {}
+    for name, (ones, manys) in spans.items():
+        decode = statistics.median(manys) - statistics.median(ones)
+        rates[name] = (new_tokens - 1) / decode if decode > 0 else float("nan")
+    return rates
+
+
+def first_piece_s(engine, request, repeats: int, device: torch.device) -> float:
+    """Median seconds from asking to the first piece of a 1-token answer (prefill included)."""
+    seconds = []
+    for _ in range(repeats):
+        _sync(device)
+        began = time.perf_counter()
+        next(iter(engine.stream_outputs(request, forced(1))))
+        seconds.append(time.perf_counter() - began)
+    return statistics.median(seconds)
+
+
+def chats_at_once(engine, conversations: list[list[Message]], settings: SamplingSettings) -> tuple[float, float, int, int]:
+    """``(one at a time s, together s, tokens, answers equal to their alone answer)``: the same chats
+    answered one after another, then all submitted at once (one thread each)."""
+    began = time.perf_counter()
+    alone = [engine.generate(conversation, settings) for conversation in conversations]
+    one_at_a_time = time.perf_counter() - began
+    together: list = [None] * len(conversations)
+
+    def chat(index: int) -> None:
+        together[index] = engine.generate(conversations[index], settings)
+
+    threads = [threading.Thread(target=chat, args=(index,)) for index in range(len(conversations))]
+    began = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    together_s = time.perf_counter() - began
+    same = sum(a.token_ids == b.token_ids for a, b in zip(alone, together))
+    return one_at_a_time, together_s, sum(len(a.token_ids) for a in alone), same
+
+
+def measure(engine, new_tokens: int = 48, repeats: int = 3, chats: int = 8, compile_too: bool = False,
+            conversations: list[list[Message]] | None = None) -> DecodeReport:
+    """Every figure of the module docstring for ``engine`` (a transformers engine; the reference
+    and compiled engines are made over its loaded model). ``conversations``: the chats (default:
+    :func:`g4v.engines.bench.workload`, one picture each); the first one is the batch of one."""
+    from g4v.engines.hf import TransformersEngine
+
+    conversations = conversations or workload(chats)
+    device = engine.loaded.device
+    report = DecodeReport(new_tokens=new_tokens, repeats=repeats, chats=len(conversations))
+    request = engine.prepare(conversations[0], new_tokens)
+    base = engine.decode
+
+    def over_it(**changes) -> TransformersEngine:  # another engine over the same loaded model
+        return TransformersEngine(engine.info.model, loaded=engine.loaded, decode=replace(base, **changes))
+
+    made = {"engine (reference path)": over_it(decode_loop=False), "engine (decode loop)": over_it(compile_decode="off")}
+    if compile_too:
+        made["engine (compiled)"] = compiled = over_it(compile_decode="on")
+        began = time.perf_counter()
+        through(compiled, request)(2)
+        cold = time.perf_counter() - began
+        began = time.perf_counter()
+        through(compiled, request)(2)
+        report.compile_s = cold - (time.perf_counter() - began)
+    paths = {"bare generate": bare_generate(engine, request),
+             **{name: through(other, request) for name, other in made.items()}}
+    report.rates = decode_rates(paths, new_tokens, repeats, device)
+    report.ttft_s = {name: first_piece_s(other, request, repeats, device)
+                     for name, other in made.items() if name != "engine (reference path)"}
+    for other in made.values():
+        other.close()
+    settings = SamplingSettings(max_new_tokens=new_tokens)
+    (report.one_at_a_time_s, report.together_s, report.chat_tokens,
+     report.same_as_alone) = chats_at_once(engine, conversations, settings)
+    return report
+
+
+def table(report: DecodeReport) -> str:
+    """The report as Markdown: decode rates with their ratio to bare generate, then the chats."""
+    lines = [f"decode, a batch of one, {report.new_tokens} new tokens, median of {report.repeats} interleaved rounds",
+             "", "| path | decode tokens/s | vs bare generate | first piece s |", "|---|---:|---:|---:|"]
+    for path, rate in report.rates.items():
+        ttft = report.ttft_s.get(path)
+        lines.append(f"| {path} | {rate:.1f} | {report.ratio(path):.2f}x | {'' if ttft is None else f'{ttft:.3f}'} |")
+    if report.compile_s is not None:
+        lines += ["", f"compiled path: the first request took {report.compile_s:.1f} s more than a warm one (compiling)"]
+    lines += ["", f"{report.chats} chats, {report.chat_tokens} tokens: one at a time {report.one_at_a_time_s:.2f} s, "
+                  f"all at once {report.together_s:.2f} s: **{report.together_over_one_at_a_time:.2f}x**; "
+                  f"{report.same_as_alone} of {report.chats} answers the tokens they get alone"]
+    return "\n".join(lines)
