@@ -199,6 +199,26 @@ def test_the_compiled_step_answers_what_the_eager_loop_answers():
     loop.close()
 
 
+@pytest.mark.slow
+def test_the_step_compiled_ahead_of_time_answers_what_the_eager_loop_answers(tmp_path):
+    """The ZeroGPU path (:mod:`g4v.engines.aot`) through AOTInductor on the CPU: the step exported
+    for a batch of one, for an image request's variant (the merged vision LoRA) and a text-only
+    one's, compiled, installed, and run by an engine that decodes in each request's thread."""
+    from g4v.engines.aot import compile_here, installed, variants
+
+    loop, reference = pair(str(VLORA_MODEL_DIR), vision_lora="native", inline=True)
+    for number, variant in enumerate(variants(loop)):
+        (tmp_path / str(number)).mkdir()
+        compile_here(loop, tmp_path / str(number), variant)
+    assert len(installed(loop)) == 2
+    settings = SamplingSettings(max_new_tokens=12, min_new_tokens=12)
+    prompts = [PROMPTS[0], PROMPTS[2], PROMPTS[3]]
+    assert [loop.generate(p, settings).token_ids for p in prompts] == [reference.generate(p, settings).token_ids
+                                                                        for p in prompts]
+    assert loop._loop.stats.ahead_steps == 3 * 11  # every decode step ran the compiled program
+    loop.close()
+
+
 def test_the_slots_keep_each_rows_keys_through_drops_and_growth():
     """:class:`~g4v.engines.slots.Slots` against a plain list of per-row tensors."""
     from transformers import DynamicCache

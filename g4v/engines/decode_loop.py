@@ -12,7 +12,8 @@ How a request goes through it (:meth:`DecodeLoop.run_once` is one turn):
    the :class:`Variant` of weights it runs on, and waits in line.
 2. Admission, first in first out: while a slot is free, the next request joins if it runs on the
    same variant as the requests decoding now (one forward serves one set of weights); a request
-   of another variant waits until they end, and nothing behind it overtakes it.
+   of another variant waits until they end, and nothing behind it overtakes it. Requests that
+   join together have their pictures encoded together (:meth:`Host.encoded`: the same features).
 3. Prefill, alone: the model's forward over the prompt and its pictures, exactly as ``generate``
    prefills (the 8 levels are injected here and only here); its keys and values go to a slot
    (:mod:`g4v.engines.slots`); its first token is picked from the last position's logits.
@@ -70,6 +71,10 @@ class Host(Protocol):
     def holding(self, variant: Variant) -> AbstractContextManager:
         """Sole use of the model, with ``variant``'s adapters enabled, for one prefill or step."""
 
+    def encoded(self, requests: list[PreparedRequest]) -> list[PreparedRequest]:
+        """The requests with their pictures through the vision tower and projectors, together where
+        their tile stacks match (as they are where the features depend on the adapter)."""
+
 
 @dataclass
 class _End:
@@ -103,6 +108,7 @@ class LoopStats:
     steps: int = 0
     rows_stepped: int = 0  # tokens decoded in steps (a step of 8 rows counts 8)
     compile_seconds: dict = field(default_factory=dict)  # (variant, batch, window) -> first call's seconds
+    ahead_steps: int = 0  # steps run by a step compiled ahead of time
 
 
 def decode_step(model, cache, ids, positions, mask, keys, values):
@@ -217,17 +223,27 @@ class DecodeLoop:
             self._step()
 
     def _admit(self) -> None:
-        while len(self._running) < self.slots.rows:
-            with self._cond:
-                if not self._waiting:
-                    return
+        """Take what fits from the line (same variant, first in first out), encode their pictures
+        together, then prefill each alone."""
+        joining: list[_Ask] = []
+        with self._cond:
+            variant = self._running[0].variant if self._running else None
+            while self._waiting and len(self._running) + len(joining) < self.slots.rows:
                 ask = self._waiting[0]
-                if self._running and ask.variant != self._running[0].variant:
-                    return  # it waits for this variant's requests to end; nothing overtakes it
-                self._waiting.popleft()
-            if ask.stopped():
-                ask.outbox.put(_End("cancelled"))
-                continue
+                if (variant or ask.variant) != ask.variant:
+                    break  # it waits for this variant's requests to end; nothing overtakes it
+                variant = ask.variant
+                joining.append(self._waiting.popleft())
+        for ask in [ask for ask in joining if ask.stopped()]:
+            ask.outbox.put(_End("cancelled"))
+        joining = [ask for ask in joining if not ask.stopped()]
+        if len(joining) > 1:  # the vision tower and projectors once for all of them (same results)
+            try:
+                for ask, request in zip(joining, self.host.encoded([ask.request for ask in joining])):
+                    ask.request = request
+            except Exception:  # noqa: BLE001 - each prefill then encodes its own, and fails on its own
+                log.exception("encoding the pictures together failed")
+        for ask in joining:
             try:
                 self._prefill(ask)
             except Exception as err:  # noqa: BLE001 - this request's own failure, handed to its reader
@@ -293,6 +309,7 @@ class DecodeLoop:
         """The step: compiled ahead of time for this shape, else torch.compile'd (``jit``), else eager."""
         buffers = (self.slots.keys, self.slots.values)
         if shape in self.ahead:
+            self.stats.ahead_steps += 1
             return self.ahead[shape](ids, positions, mask, *buffers)
         if not jit:
             return decode_step(model, cache, ids, positions, mask, *buffers)

@@ -1,0 +1,81 @@
+"""Chats through the served app, as visitors send them: N chats one at a time, then all at once.
+
+    .venv/bin/python scripts/bench_app_chats.py [--model DIR] [--chats 8] [--max-new-tokens 48] [APP FLAGS...]
+
+Starts ``python app.py`` on a free port (loopback) with the flags given after the known ones, sends
+each chat (its own picture, greedy) through ``gradio_client`` to ``/chat``, and prints, measured in
+one run: tokens/s all at once over one at a time, and what the app adds to a chat over the engine
+answering the same chat in this process (the same default settings). Token counts are the engine's
+(greedy answers are the same tokens again).
+"""
+
+import argparse
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO_ROOT))
+
+
+def main(argv=None) -> int:
+    from gradio_client import Client, handle_file
+
+    from g4v.conversation import SamplingSettings
+    from g4v.engines import create_engine
+    from g4v.engines.bench import PROMPT, workload_images
+    from g4v.paths import BUNDLED_MODEL_DIR
+    from tests.conftest import running_app
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default=str(BUNDLED_MODEL_DIR))
+    parser.add_argument("--chats", type=int, default=8)
+    parser.add_argument("--max-new-tokens", type=int, default=48)
+    args, app_flags = parser.parse_known_args(argv)
+    with tempfile.TemporaryDirectory() as folder:
+        pictures = []
+        for index, image in enumerate(workload_images(args.chats)):
+            pictures.append(Path(folder) / f"chat{index}.png")
+            image.save(pictures[-1])
+        engine = create_engine("hf", args.model, device="cpu")
+        settings = SamplingSettings(max_new_tokens=args.max_new_tokens)
+        from g4v.conversation import Message
+        from g4v.images import open_image
+
+        conversations = [[Message("user", PROMPT, [open_image(str(p))])] for p in pictures]
+        engine.generate(conversations[0], settings)  # warm-up
+        began = time.perf_counter()
+        tokens = sum(len(engine.generate(c, settings).token_ids) for c in conversations)
+        engine_s = time.perf_counter() - began
+        engine.close()
+        with running_app("--model", args.model, *app_flags) as url:
+            def chat(index: int) -> str:
+                client = Client(url, verbose=False)
+                return client.predict({"text": PROMPT, "files": [handle_file(str(pictures[index]))]},
+                                      args.max_new_tokens, 0.0, 1.0, 0, api_name="/chat")
+
+            chat(0)  # warm-up
+            began = time.perf_counter()
+            for index in range(args.chats):
+                chat(index)
+            one_at_a_time = time.perf_counter() - began
+            threads = [threading.Thread(target=chat, args=(index,)) for index in range(args.chats)]
+            began = time.perf_counter()
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+            together = time.perf_counter() - began
+    print(f"{args.chats} chats, {tokens} tokens, {args.max_new_tokens} new tokens each")
+    print(f"engine in this process, one at a time: {engine_s:.2f} s ({tokens / engine_s:.1f} tokens/s)")
+    print(f"app, one at a time: {one_at_a_time:.2f} s ({tokens / one_at_a_time:.1f} tokens/s); "
+          f"the app adds {100 * (one_at_a_time / engine_s - 1):.0f} % per chat")
+    print(f"app, all at once: {together:.2f} s ({tokens / together:.1f} tokens/s): "
+          f"{one_at_a_time / together:.2f}x one at a time")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

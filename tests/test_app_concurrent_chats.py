@@ -1,0 +1,45 @@
+"""Several visitors chatting at once with the served app (``python app.py``, the transformers
+engine's decode loop): each gets the answer it gets alone, and a short answer asked while a long
+one streams is not kept waiting for it (one at a time, it waited for the whole long answer)."""
+
+import threading
+import time
+
+from gradio_client import Client
+
+from g4v.conversation import Message, SamplingSettings
+
+QUESTIONS = ["What colour is the shape?", "How many shapes are there?", "Where is the star?", "Hi.",
+             "Tell me about red squares.", "Is it big?"]
+
+
+def alone(engine, text: str, max_new_tokens: int) -> str:
+    return engine.generate([Message("user", text)], SamplingSettings(max_new_tokens=max_new_tokens)).text
+
+
+def test_visitors_at_once_each_get_their_answer_alone(app_url, hf_engine):
+    answers = [None] * len(QUESTIONS)
+
+    def visit(index: int) -> None:
+        client = Client(app_url, verbose=False)  # a visitor of its own: its own session
+        answers[index] = client.predict({"text": QUESTIONS[index], "files": []}, 24, 0.0, 1.0, 0, api_name="/chat")
+
+    threads = [threading.Thread(target=visit, args=(index,)) for index in range(len(QUESTIONS))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(300)
+    assert answers == [alone(hf_engine, text, 24) for text in QUESTIONS]
+
+
+def test_a_short_answer_is_not_kept_waiting_for_a_long_one(app_url, hf_engine):
+    """The random-weight checkpoint answers the whole ``max_new_tokens``: a 900-token answer is
+    streaming when a 4-token one is asked for; the short one ends first."""
+    long_client, short_client = Client(app_url, verbose=False), Client(app_url, verbose=False)
+    long_job = long_client.submit({"text": "Tell me everything.", "files": []}, 900, 0.0, 1.0, 0, api_name="/chat")
+    while not long_job.outputs():  # the long answer has started streaming
+        time.sleep(0.05)
+    short = short_client.predict({"text": "Hi.", "files": []}, 4, 0.0, 1.0, 0, api_name="/chat")
+    assert not long_job.done(), "the long answer ended before the short one: nothing was shown"
+    assert short == alone(hf_engine, "Hi.", 4)
+    long_job.cancel()
