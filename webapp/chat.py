@@ -225,11 +225,11 @@ def chat_tab(engine, last_chat_image: gr.State, examples: list[list], concurrenc
         text = ""
         try:
             for text in answer(engine, user, history, settings, threading.Event()):
-                yield [*shown, {"role": "assistant", "content": text}], image, gr.skip()
+                yield [*shown, {"role": "assistant", "content": text}], image, gr.skip(), text
         except Exception:
-            yield history, gr.skip(), gr.MultimodalTextbox(value=message, interactive=True)
+            yield history, gr.skip(), gr.MultimodalTextbox(value=message, interactive=True), gr.skip()
             raise
-        yield [*shown, {"role": "assistant", "content": text}], image, gr.MultimodalTextbox(interactive=True)
+        yield [*shown, {"role": "assistant", "content": text}], image, gr.MultimodalTextbox(interactive=True), text
 
     @gpu_task
     @shows_errors
@@ -250,7 +250,10 @@ def chat_tab(engine, last_chat_image: gr.State, examples: list[list], concurrenc
     with gr.Row():
         stop = gr.Button("Stop", size="sm", elem_id="chat-stop")
         clear = gr.Button("Clear", size="sm", elem_id="chat-clear")
-    follow_answers, task, schema = chat_documents(box, chatbot, left_out)  # PDF pages, task presets, the structured panel
+    # The newest answer the model wrote in this session: the structured panel reads it (written here,
+    # by the server; a client's chat history never chooses what the panel checks).
+    newest_answer = gr.State(None)
+    follow_answers, task, schema = chat_documents(box, newest_answer, left_out)  # PDF pages, task presets, the structured panel
     with gr.Accordion("Sampling", open=False):
         max_new_tokens = gr.Slider(1, MAX_NEW_TOKENS, value=SamplingSettings.max_new_tokens, step=1, label="Max new tokens")
         temperature = gr.Slider(0.0, 2.0, value=SamplingSettings.temperature, step=0.05, label="Temperature (0 = greedy)")
@@ -272,13 +275,14 @@ def chat_tab(engine, last_chat_image: gr.State, examples: list[list], concurrenc
                              [sending, before], [chatbot, left_out], api_visibility="private", queue=False,
                              show_progress="hidden")
     answered = shown.success(
-        respond, [sending, checked, before, checked_settings], [chatbot, last_chat_image, box],
+        respond, [sending, checked, before, checked_settings], [chatbot, last_chat_image, box, newest_answer],
         api_visibility="private", concurrency_id=MODEL_QUEUE, concurrency_limit=concurrency, show_progress="minimal")
     follow_answers(answered, started=shown)
     without_error_badges(answered, [chatbot])  # a refused answer is its toast; the message is back in the box
     stop.click(lambda: gr.MultimodalTextbox(interactive=True), None, box, cancels=[answered], api_visibility="private")
-    follow_answers(clear.click(lambda: ([], gr.MultimodalTextbox(interactive=True)), None, [chatbot, box],
-                               cancels=[answered], api_visibility="private"))  # and empties the structured panel
+    follow_answers(clear.click(lambda: ([], gr.MultimodalTextbox(interactive=True), None), None,
+                               [chatbot, box, newest_answer], cancels=[answered],
+                               api_visibility="private"))  # and empties the structured panel
 
     api_answer = gr.Textbox(visible=False)
     gr.Button(visible=False).click(

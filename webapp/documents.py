@@ -277,26 +277,13 @@ def chat_examples(rows: list[list], box, task, schema) -> gr.Examples:
                        example_labels=labels)
 
 
-def last_answer(history) -> str | None:
-    """The newest assistant text of the chat history (Gradio's messages format); None before the
-    first answer (a new or cleared chat)."""
-    for entry in reversed(history or []):
-        entry = entry if isinstance(entry, dict) else {"role": getattr(entry, "role", None),
-                                                       "content": getattr(entry, "content", None)}
-        if entry.get("role") == "assistant":
-            content = entry.get("content")
-            if isinstance(content, list):
-                return "".join(p.get("text", "") if isinstance(p, dict) else str(p) for p in content)
-            return content if isinstance(content, str) else ""
-    return None
-
-
 @shows_errors
-def structured_view(task, schema_text, history):
-    """The panel for the newest answer: rendered HTML, table rows, problems (schema or parse) as text.
-    A malformed answer shows as-is with its parse error; nothing here raises on model output."""
-    answer = last_answer(history)
-    if not task or answer is None:
+def structured_view(task, schema_text, answer):
+    """The panel for ``answer``, the newest one this session's model wrote (a ``gr.State`` only the
+    server writes: a client's chat history never chooses what is checked): rendered HTML, table
+    rows, problems (schema or parse) as text. A malformed answer shows as-is with its parse error;
+    nothing here raises on model output. None: no answer yet (a new or cleared chat)."""
+    if not task or not isinstance(answer, str):
         return "", gr.update(value=None, visible=False), "" if task else IDLE_NOTE
     preset = get_preset(task)
     try:
@@ -329,9 +316,10 @@ def _code(text: str) -> str:
     return "`" + str(text).replace("`", "'") + "`"
 
 
-def chat_documents(box, chatbot, left_out: gr.Markdown):
+def chat_documents(box, answer: gr.State, left_out: gr.Markdown):
     """Render the Chat tab's document tools under its box; returns ``follow(event)``, which updates
     the structured panel after each answer, and the task and schema fields (the examples set them).
+    ``answer``: the newest answer the server wrote for this session (see :func:`structured_view`);
     ``left_out``: the line under the box that says what was taken out of the message."""
     document_picker(box, chat_box=True, elem_id="chat-doc", left_out=left_out)
     with gr.Row():
@@ -356,7 +344,7 @@ def chat_documents(box, chatbot, left_out: gr.Markdown):
         if started is not None:
             started.then(pending_view, task, [rendered, table, notes], api_visibility="private", queue=False,
                          show_progress="hidden")
-        return event.then(structured_view, [task, schema, chatbot], [rendered, table, notes],
+        return event.then(structured_view, [task, schema, answer], [rendered, table, notes],
                           api_visibility="private", show_progress="hidden")
 
     return follow, task, schema
