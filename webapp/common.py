@@ -24,6 +24,10 @@ MAX_UPLOAD_SIZE = os.environ.get("G4V_MAX_UPLOAD_SIZE", "25mb")
 #: Every model-bound event shares this concurrency group, across tabs, so that at most
 #: ``--concurrency`` of them run on the model at once and the rest wait in the bounded queue.
 MODEL_QUEUE = "model"
+#: Dataset runs (Evaluate's Run and its token-budget sweep, which can take hours) queue in a group
+#: of their own, so one visitor's run never holds the other tabs' model-bound events: those still
+#: take turns on the model with it, as the engine lends itself one pass (one batch) at a time.
+EVALUATE_QUEUE = "evaluate"
 
 
 #: The library's refusals name the CLI's flags; the app names its own controls instead.
