@@ -88,9 +88,10 @@ def test_the_port_tab_lists_each_misconfiguration_as_a_line(checkpoint, transfor
     """The tab's audit, from the config alone: each of the three misconfigurations (and the LoRA
     off on one side) is a line of its own, as the audit of the same settings written with the
     server's folder says (the folder's name in place of its path); the defaults have no finding."""
+    from webapp.common import unescape_markdown
     from webapp.port import audit_note
 
-    note = audit_note(checkpoint, transformers, vllm, serving)
+    note = unescape_markdown(audit_note(checkpoint, transformers, vllm, serving))  # its lines as the page shows them
     lines = [line.removeprefix("- ") for line in note.splitlines() if line.startswith("- ")]
     assert any(line.startswith(start) for line in lines), note
     used = lora_audit.parse_serving(serving.replace(f'"{FOLDER}"', f'"{LORA.folder}"') or None) \
@@ -126,10 +127,11 @@ def test_the_audit_shows_every_refusal_and_every_finding_at_once(checkpoint):
     """An unsafe folder and a too small rank in one set of arguments: the refusal of the folder and
     the findings of the rest (the rank, adapter_path read by nothing, the LoRA not switched on),
     not the refusal alone; every refused folder is named, each once."""
+    from webapp.common import unescape_markdown
     from webapp.port import audit_note
 
     serving = '{"max_lora_rank": 4, "hf_overrides": {"adapter_path": "/etc"}}'
-    note = audit_note(checkpoint, "native", "native", serving)
+    note = unescape_markdown(audit_note(checkpoint, "native", "native", serving))  # as the page shows it
     head, *rest = note.splitlines()
     assert head == (f"**Not usable**: vLLM LoRA arguments: adapter_path may only name this checkpoint's folder, "
                     f"'{FOLDER}'")
@@ -139,7 +141,7 @@ def test_the_audit_shows_every_refusal_and_every_finding_at_once(checkpoint):
     assert len(lines) == 3 and all(any(line.startswith(start) for line in lines) for start in starts), note
     assert "/etc" not in "\n".join(lines) and str(VLORA_MODEL_DIR.parent) not in note
     # the same arguments with the checkpoint's own folder: the same findings, no refusal
-    fine = audit_note(checkpoint, "native", "native", serving.replace("/etc", FOLDER))
+    fine = unescape_markdown(audit_note(checkpoint, "native", "native", serving.replace("/etc", FOLDER)))
     assert "Not usable" not in fine and [line[2:] for line in fine.splitlines() if line.startswith("- ")] == lines
     confined, refused = lora_audit.check_serving(
         {"default_mm_loras": {"image": "/etc", "video": "../x"}, "hf_overrides": {"adapter_path": "/etc", "n": 1}},

@@ -10,7 +10,7 @@ from g4v.attribution.gradients import METHODS
 from g4v.attribution.run import AttributionSettings, run_attribution
 from g4v.errors import G4VError
 from g4v.model.levels import describe_levels
-from webapp.common import (MODEL_QUEUE, image_input, last_chat_image_button, refuse_non_pictures, shows_errors,
+from webapp.common import (MODEL_QUEUE, image_input, last_chat_image_button, markdown_code, refuse_non_pictures, shows_errors,
                            time_left, use_last_chat_image, without_error_badges)
 from webapp.documents import document_picker
 from webapp.sessions import SessionStores, session_key
@@ -36,7 +36,7 @@ def report_markdown(summary: dict) -> str:
     attribution, deletion = summary["attribution"], summary["deletion"]
     totals = ", ".join(f"{name} {value:+.3g}" for name, value in attribution["level_totals"].items())
     head, _, rest = describe_area(deletion, attribution["measure"]).partition(": ")
-    lines = [f"**Answer:** `{''.join(summary['answer']['tokens'])}`",
+    lines = [f"**Answer:** {markdown_code(''.join(summary['answer']['tokens']))}",
              f"**Explained:** {summary['answer']['explained']}, {attribution['measure']} {attribution['target_value']:.4g}",
              f"**Per level (sum over image tokens):** {totals}",
              f"**{head[0].upper()}{head[1:]}:** {rest}"]

@@ -21,7 +21,7 @@ from g4v.errors import G4VError, quoted
 from g4v.images import open_image
 from viz.circuits import picker_size, region_overlay
 from viz.figures import original_point
-from webapp.common import (MODEL_QUEUE, QUIET_INPUT, OutputBoxes, image_input, optional_whole, previous_run_mark,
+from webapp.common import (MODEL_QUEUE, QUIET_INPUT, OutputBoxes, image_input, markdown_code, optional_whole, previous_run_mark,
                            last_chat_image_button, refuse_non_pictures, run_keeping_previous, shows_errors, time_left,
                            use_last_chat_image, without_error_badges)
 from webapp.documents import document_picker
@@ -54,15 +54,15 @@ def settings_from_inputs(layers=None, token=None, window=None, max_new_tokens=DE
 
 
 def code_cell(text: str) -> str:
-    """``text`` (a token, an answer) as code in a Markdown table cell: its repr, a ``|`` escaped
-    (it would end the cell: ``<|end_of_text|>``), a backtick replaced (it would end the code)."""
-    return "`" + repr(text).replace("|", "\\|").replace("`", "'") + "`"
+    """``text`` (a token, an answer) as code in a Markdown table cell: its repr (a ``|`` escaped, as
+    in ``<|end_of_text|>``: it would end the cell)."""
+    return markdown_code(repr(text), in_table=True)
 
 
 def attention_report(summary: dict) -> str:
     """The per-layer share of the query's attention on the picture, as a Markdown table."""
     kinds = summary["image_share_by_kind"]
-    rows = [f"**Query:** position {summary['query_position']} `{summary['query_token']!r}`; "
+    rows = [f"**Query:** position {summary['query_position']} {markdown_code(repr(summary['query_token']))}; "
             f"{summary['num_image_tokens']} image tokens, {summary['num_heads']} heads",
             "", "| layer | image share | base view | tiles | newlines | injected here |", "|---|---|---|---|---|---|"]
     for i, layer in enumerate(summary["layers"]):
@@ -113,14 +113,15 @@ def patching_rows(summary: dict) -> list[list]:
 
 def patching_report(summary: dict) -> str:
     lines = [f"**{summary['num_patched_tokens']} of {summary['num_image_tokens']} image tokens patched** "
-             f"(region `{summary['region']}`). Log-odds: log p(donor's first answer token) - log p(receiver's); "
+             f"(region {markdown_code(summary['region'])}). Log-odds: log p(donor's first answer token) - log p(receiver's); "
              "moved: the share of the way from the receiver's own log-odds (0) to the donor's (1)."]
     for direction in summary["directions"]:
         receiver, donor = direction["receiver"], direction["donor"]
         note = " Both pictures give the same first token: nothing to move." if direction["same_first_token"] else ""
-        lines.append(f"**{receiver} with {donor}'s features:** {receiver} answers `{direction['receiver_continuation']!r}` "
+        lines.append(f"**{receiver} with {donor}'s features:** {receiver} answers "
+                     f"{markdown_code(repr(direction['receiver_continuation']))} "
                      f"(log-odds {direction['logodds_receiver']:+.3f}), {donor} answers "
-                     f"`{direction['donor_continuation']!r}` ({direction['logodds_donor']:+.3f}).{note}")
+                     f"{markdown_code(repr(direction['donor_continuation']))} ({direction['logodds_donor']:+.3f}).{note}")
     return "\n\n".join(lines)
 
 

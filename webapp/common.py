@@ -5,7 +5,6 @@ Gradio-only helpers; the work itself happens in plain functions of the ``g4v`` p
 
 import dataclasses
 import functools
-import html
 import inspect
 import logging
 import math
@@ -35,11 +34,41 @@ APP_WORDING = [(re.compile(r"name it with --columns (\w+)=COLUMN"), r"type its n
 
 
 def toast_text(message: str) -> str:
-    """A message as a toast shows it: in the app's wording, and escaped, because Gradio renders a
-    toast as HTML and messages quote what visitors typed or uploaded (column and file names)."""
+    """A message as a toast shows it: in the app's wording, and with no tag in it. Gradio renders a
+    toast's text as (sanitised) HTML, and messages quote what visitors uploaded (column and file
+    names: ``<img src=...>`` would be fetched). The same text is what an API client gets, so it is
+    not entity-escaped (that client would read ``x0 &lt; x1``): a ``<`` that could open a tag gets
+    an invisible word joiner after it, which HTML reads as text; every other character is as written."""
     for pattern, wording in APP_WORDING:
         message = pattern.sub(wording, message)
-    return html.escape(message, quote=False)
+    return TAG_START.sub("<\u2060", message)
+
+
+#: ``<`` where HTML would start a tag, a comment or a declaration (a letter, ``/``, ``!`` or ``?`` after it).
+TAG_START = re.compile(r"<(?=[A-Za-z/!?])")
+#: Every ASCII punctuation character: Markdown may read each as markup, and a backslash before it
+#: makes it a plain character (CommonMark's backslash escapes); ``<`` and ``&`` included, so no HTML.
+MARKDOWN_PUNCTUATION = re.compile(r"([!-/:-@\[-`{-~])")
+
+
+def escape_markdown(text) -> str:
+    """``text`` (from a file, a dataset, a model or an adapter) as Markdown that shows it as written:
+    never markup, never HTML (a tag, a link, an image, emphasis). The one escape for every Markdown
+    output of the app: a gr.Markdown line, a chat message. :func:`unescape_markdown` undoes it."""
+    return MARKDOWN_PUNCTUATION.sub(r"\\\1", str(text))
+
+
+def unescape_markdown(markdown: str) -> str:
+    """The text :func:`escape_markdown` made ``markdown`` from."""
+    return re.sub(r"\\([!-/:-@\[-`{-~])", r"\1", markdown)
+
+
+def markdown_code(text, in_table: bool = False) -> str:
+    """``text`` (a token, an answer, a name) as inline Markdown code: inside a code span Markdown and
+    HTML are text. A backtick (it would end the span) becomes ``'``, a line break a space, and in a
+    table cell ``|`` is escaped (it would end the cell)."""
+    text = " ".join(str(text).replace("`", "'").splitlines()) or " "
+    return "`" + (text.replace("|", "\\|") if in_table else text) + "`"
 
 
 def shows_errors(fn):
@@ -303,7 +332,7 @@ def engine_line(engine, inspector: bool = False) -> str:
     from g4v.engines.vision_lora import describe
     from g4v.loading import model_name
 
-    head = f"Model: `{model_name(engine.info.model)}` ({engine.info.backend})"
+    head = f"Model: {markdown_code(model_name(engine.info.model))} ({engine.info.backend})"
     lora, mode = getattr(engine, "vision_lora", None), getattr(engine, "vision_mode", "off")
     if lora is None:
         return head + ", no vision LoRA (its weights are the vision model)"

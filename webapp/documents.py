@@ -9,7 +9,6 @@ sees an uploaded picture, through ``open_image``.
 
 import functools
 import json
-import re
 import uuid
 from pathlib import Path
 
@@ -22,7 +21,7 @@ from g4v.documents.presets import PRESETS, build_prompt, get_preset, parse_schem
 from g4v.documents.structured import read_answer
 from g4v.errors import G4VError
 from g4v.images import open_image
-from webapp.common import QUIET_INPUT, shows_errors, toast_text
+from webapp.common import QUIET_INPUT, escape_markdown, markdown_code, shows_errors, toast_text
 from webapp.tempdirs import own_folder
 
 #: Rendered pages live in the app's own folder (webapp.tempdirs) until Gradio has copied them into
@@ -132,7 +131,7 @@ def left_out_line(text: str | None = None):
     Escaped: it quotes file names, which Markdown would otherwise read as markup."""
     if not text:
         return gr.update(value="", visible=False)
-    return gr.update(value="⚠️ " + re.sub(r"([\\`*_{}\[\]()<>#+!|~-])", r"\\\1", text), visible=True)
+    return gr.update(value="⚠️ " + escape_markdown(text), visible=True)
 
 
 def show_refusal(refusal):
@@ -289,14 +288,14 @@ def structured_view(task, schema_text, answer):
     try:
         schema = parse_schema(schema_text) if preset.needs_schema else None
     except G4VError as err:
-        schema, schema_note = None, f"The schema could not be used: {err}"
+        schema, schema_note = None, f"The schema could not be used: {escape_markdown(err)}"
     else:
         schema_note = ""
     result = read_answer(preset.output, answer, schema)
     lines = [schema_note] if schema_note else []
     if result.error:
-        lines.append(f"**Could not read the answer as {preset.output.upper()}:** {_code(result.error)}")
-    lines += [f"- {_code(problem.path)}: expected {_code(problem.expected)}, got {_code(problem.got)}"
+        lines.append(f"**Could not read the answer as {preset.output.upper()}:** {markdown_code(result.error)}")
+    lines += [f"- {markdown_code(problem.path)}: expected {markdown_code(problem.expected)}, got {markdown_code(problem.got)}"
               for problem in result.problems]
     if result.ok and not schema_note:
         lines.append(f"Read as {preset.output.upper()}" + (" and valid against the schema." if schema else "."))
@@ -309,11 +308,6 @@ def structured_view(task, schema_text, answer):
 def pending_view(task):
     """The panel while an answer is being written: empty, with a note when a task preset reads it."""
     return "", gr.update(value=None, visible=False), PENDING_NOTE if task else IDLE_NOTE
-
-
-def _code(text: str) -> str:
-    """Text inside Markdown code, so markup in it (``<table>``) shows instead of rendering."""
-    return "`" + str(text).replace("`", "'") + "`"
 
 
 def chat_documents(box, answer: gr.State, left_out: gr.Markdown):

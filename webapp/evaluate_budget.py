@@ -16,7 +16,7 @@ from g4v.errors import G4VError
 from g4v.evaluate.budget import accuracy_text, parse_keeps, parse_policies, run_budget_sweep
 from g4v.model.token_budget import DEFAULT_KEEPS, POLICIES
 from viz.token_budget import budget_figure
-from webapp.common import EVALUATE_QUEUE, OutputBoxes, shows_errors, without_error_badges
+from webapp.common import EVALUATE_QUEUE, OutputBoxes, escape_markdown, shows_errors, without_error_badges
 from webapp.evaluate_runs import eval_config, in_worker
 from webapp.sessions import session_key
 
@@ -26,7 +26,7 @@ DEFAULT_POLICIES = ("norm", "random")
 
 def curve_markdown(curve: dict) -> str:
     """The curve as a table: one row per (policy, kept %)."""
-    lines = [f"**Token budget of {curve['arm']}** (random is the control)", "",
+    lines = [f"**Token budget of {escape_markdown(curve['arm'])}** (random is the control)", "",
              "| policy | kept | rows | accuracy [95%] | same answer | KL mean [95%] |", "|---|---|---|---|---|---|"]
     for point in curve["points"]:
         agree = "-" if point["agreement"] is None else f"{100 * point['agreement']:.0f}%"
