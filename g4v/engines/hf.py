@@ -213,9 +213,10 @@ class TransformersEngine(Engine):
         self._check_adapter(adapter)
         check_value("batch size", batch_size, whole_number(1))
         prepared = [self.prepare(request, settings.max_new_tokens) for request in requests]
-        groups: dict[str | None, list[int]] = {}
+        groups: dict[str | tuple[str, ...] | None, list[int]] = {}
         for position, request in enumerate(prepared):
-            groups.setdefault(self.active_adapter(adapter, request.has_image), []).append(position)
+            active = self.active_adapter(adapter, request.has_image)  # a stacked adapter's is a list: a tuple as a key
+            groups.setdefault(tuple(active) if isinstance(active, list) else active, []).append(position)
         answers: list[Generation | None] = [None] * len(prepared)
         for positions in groups.values():
             positions.sort(key=lambda position: prepared[position].prompt_tokens)  # like lengths pad least
