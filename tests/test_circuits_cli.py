@@ -128,7 +128,8 @@ def test_reverse_out_writes_json_and_picture(tmp_path):
 
 #: A flag of each verb given a value argparse itself refuses (a type it cannot convert, a missing
 #: required flag, an unknown verb): argparse's own error, before anything loads.
-ARGPARSE_BAD = [(["knockout", "--window", "abc"], "circuits knockout: error: argument --window: invalid int value: 'abc'"),
+ARGPARSE_BAD = [(["knockout", "--window", "abc"],
+                 "circuits knockout: error: argument --window: must be a whole number written with the digits 0-9, got 'abc'"),
                 (["knockout", "--window", "-1"], "circuits knockout: error: argument --window: must be a whole number >= 0, got -1"),
                 (["attention", "--token", "abc"], "circuits attention: error: argument --token"),
                 (["reverse", "--max-new-tokens", "abc"], "circuits reverse: error: argument --max-new-tokens"),

@@ -17,7 +17,7 @@ from g4v.circuits.exports import draw, write_view
 from g4v.circuits.knockout import WHY_LITTLE_CHANGES, attention_knockout, barely_changed
 from g4v.circuits.patching import DIRECTION_CHOICES, patch_levels
 from g4v.circuits.reverse import parse_region, region_attention
-from g4v.errors import G4VError, quoted
+from g4v.errors import WHOLE_TEXT, G4VError, quoted
 from g4v.images import open_image
 from viz.circuits import picker_size, region_overlay
 from viz.figures import original_point
@@ -287,7 +287,8 @@ def pick_corner(image_path, region, evt: gr.SelectData):
     x, y = original_point(evt.index[0] + 0.5, evt.index[1] + 0.5, picture.size, picker_size(picture.size))
     x, y = min(max(0, math.floor(x)), picture.width - 1), min(max(0, math.floor(y)), picture.height - 1)
     parts = [part for part in (region or "").replace(" ", ",").split(",") if part.strip()]
-    if len(parts) == 2 and all(part.strip().isdigit() for part in parts):
+    if len(parts) == 2 and all(WHOLE_TEXT.fullmatch(part.strip()) and len(part) <= 9 and part.strip()[0] not in "+-"
+                               for part in parts):
         first_x, first_y = int(parts[0]), int(parts[1])
         box = (min(first_x, x), min(first_y, y), max(first_x, x) + 1, max(first_y, y) + 1)
         return ",".join(map(str, box)), region_overlay(picture, box)

@@ -14,7 +14,7 @@ import re
 import gradio as gr
 
 from g4v.conversation import MAX_NEW_TOKENS, SamplingSettings
-from g4v.errors import G4VError, quoted
+from g4v.errors import G4VError, parse_whole, quoted
 
 log = logging.getLogger("g4v.webapp")
 
@@ -216,10 +216,7 @@ def optional_whole(value, name: str) -> int | None:
     if value is None or (isinstance(value, str) and not value.strip()):
         return None
     if isinstance(value, str):
-        text = value.strip()
-        if len(text) > 40 or not text.lstrip("+-").isdigit():
-            raise G4VError(f"{name} must be a whole number, got {quoted(value)}")
-        return int(text)
+        return parse_whole(name, value)  # the digits 0-9 only: "²" passes str.isdigit, "٣" int()
     return _whole(value, name)
 
 

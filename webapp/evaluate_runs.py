@@ -8,6 +8,7 @@ from dataclasses import fields
 
 from g4v.evaluate import Columns, EvalConfig, open_dataset
 from g4v.evaluate.equivalence import DISCORDANCE, MARGIN
+from g4v.evaluate.run import check_margin
 from webapp.common import sampling_settings, time_left
 from webapp.evaluate_choices import ArmChoice, pick_arms
 from webapp.evaluate_equivalence import DISCORDANCE_NAME, MARGIN_NAME, checked_share
@@ -33,7 +34,7 @@ def eval_config(workspace, choices: list[ArmChoice], visitor, arm_a, arm_b, data
     return EvalConfig(a=a, b=b, data=str(source), columns=mapping,
                       limit=whole_or_none(limit, ROWS_NAME, smallest=1, means_none=0),
                       seed=whole_or_none(seed, SEED_NAME, smallest=0, means_none=-1), max_new_tokens=tokens,
-                      blank_probe=bool(blank_probe), levels=bool(levels), margin=checked_share(margin, MARGIN_NAME),
+                      blank_probe=bool(blank_probe), levels=bool(levels), margin=checked_share(margin, MARGIN_NAME, check_margin),
                       discordance=checked_share(discordance, DISCORDANCE_NAME))
 
 

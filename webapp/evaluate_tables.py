@@ -4,7 +4,7 @@ check of the tab's whole-number boxes."""
 
 import math
 
-from g4v.errors import G4VError, quoted
+from g4v.errors import G4VError, quoted, read_decimal
 from g4v.evaluate import SampleResult
 from g4v.evaluate.stats import worst_rows
 from webapp.common import markdown_code
@@ -142,8 +142,8 @@ def whole_or_none(value, name: str, smallest: int, means_none: int) -> int | Non
     whole number >= ``smallest``."""
     if value is None or value == "" or (value == means_none and not isinstance(value, bool)):
         return None
-    try:
-        number = float(value)
+    try:  # typed (an API client's text): the digits 0-9 only, as every box reads a number
+        number = read_decimal(value) if isinstance(value, str) else float(value)
     except (TypeError, ValueError, OverflowError):
         number = math.nan
     if isinstance(value, bool) or not math.isfinite(number) or not number.is_integer() or number < smallest:

@@ -43,8 +43,13 @@ HF_CHUNK = 4
 CHUNK_PIXELS = 48_000_000
 
 
-#: The margin's and the discordance's check (the app's boxes use it too).
+#: The discordance's check (the app's box uses it too).
 check_share = share(example=" (0.02 = 2 points)")
+#: The smallest equivalence margin: a tenth of a point of accuracy already needs about 800,000 rows
+#: to be shown (a margin of 1e-300 overflowed the row count: OverflowError).
+MIN_MARGIN = 0.001
+#: The margin's check (the app's box uses it too).
+check_margin = share(example=" (0.02 = 2 points)", smallest=MIN_MARGIN)
 
 
 @dataclass
@@ -70,7 +75,7 @@ class EvalConfig:
         "help": "also answer with every picture blanked: flags arms whose answer ignores the image"})
     levels: bool = field(default=False, metadata={"help": "per-level injected norms (Deepstack capture), hf arms"})
     margin: float = field(default=MARGIN, metadata={
-        "check": check_share,
+        "check": check_margin,
         "help": "equivalence margin: the TOST asks whether |accuracy A - accuracy B| < this (0.02 = 2 points)"})
     discordance: float = field(default=DISCORDANCE, metadata={
         "check": check_share,
