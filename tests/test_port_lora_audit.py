@@ -2,6 +2,8 @@
 without vLLM: which serving arguments make the two sides different models, one line each. The
 comparison under each of them, with vLLM really started, is tests/vllm/test_port_diff_vision_lora.py."""
 
+import re
+
 import pytest
 
 from g4v.engines.vision_lora import find_vision_lora
@@ -191,3 +193,18 @@ def test_the_port_tab_runs_port_diff_with_its_options(checkpoint, tmp_path):
     ids = {block._id: getattr(block, "elem_id", None) for block in demo.blocks.values()}
     [endpoint] = [d for d in demo.config["dependencies"] if d.get("api_name") == "port_diff"]
     assert [ids[i] for i in endpoint["inputs"]][2:] == ["port-vision-lora", "port-vllm-vision-lora", "port-vllm-serving"]
+
+
+@pytest.mark.parametrize("serving, words", [
+    ("[" * 100_000 + "]" * 100_000, "is too long: 200,000 characters (vLLM's LoRA arguments take at most 4,096)"),
+    ("[" * 2_000 + "]" * 2_000, "is nested too deeply: vLLM's LoRA arguments are a flat JSON object"),
+])
+def test_deeply_nested_or_huge_serving_text_is_one_line(checkpoint, serving, words):
+    """The red team's brackets gave the page a RecursionError's text (json's parser recurses)."""
+    from webapp.common import unescape_markdown
+    from webapp.port import audit_note
+
+    assert unescape_markdown(audit_note(checkpoint, "native", "native", serving)) == \
+        f"**Not usable**: vLLM LoRA arguments {words}"
+    with pytest.raises(G4VError, match=re.escape(words)):
+        lora_audit.parse_serving(serving)
