@@ -293,3 +293,19 @@ def test_a_refusal_becomes_one_toast_in_the_apps_wording_safe_in_html_and_plain_
     with pytest.raises(gr.Error) as shown:
         plain()
     assert shown.value.message == "send the image as an uploaded file"
+
+
+@pytest.mark.parametrize("named", ["file:///etc/passwd", "/etc/passwd", "../../etc/passwd", "app.py"])
+def test_a_file_named_instead_of_sent_is_one_line_without_the_servers_folder(app_url, named):
+    """A client that names a file as a file input's value (the red team's ``{"path":
+    "file:///etc/passwd"}``) got Gradio's "Cannot move <the app's working folder>/file:/etc/passwd
+    to the gradio cache dir": now the app's one line, with no server path."""
+    from g4v.paths import REPO_ROOT
+    from tests.test_evaluate_disconnect import Visitor, completed
+    from webapp.common import NOT_UPLOADED
+
+    visitor = Visitor(app_url)
+    visitor.join("tiling", [{"path": named, "meta": {"_type": "gradio.FileData"}}])
+    done = completed(visitor, 60)
+    assert done["success"] is False and done["output"]["error"] == NOT_UPLOADED, done
+    assert str(REPO_ROOT) not in json.dumps(done)

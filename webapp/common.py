@@ -138,6 +138,25 @@ def model_task(engine, gpu_task):
     return decorate
 
 
+#: What a client is told when it names a file instead of sending one (a path, ``file:///etc/passwd``).
+NOT_UPLOADED = "a file must be sent to the app (uploaded), not named by a path or an address"
+
+
+class WorkbenchBlocks(gr.Blocks):
+    """The page's ``gr.Blocks``, with one refusal of its own: a file input whose value names a
+    file the app did not receive (``{"path": "file:///etc/passwd"}``) is refused by Gradio before any
+    handler runs, in words that hold the server's working folder ("Cannot move <folder>/file:/etc/
+    passwd to the gradio cache dir"); here it is :data:`NOT_UPLOADED`, in one line."""
+
+    async def preprocess_data(self, *args, **kwargs):
+        from gradio.exceptions import InvalidPathError
+
+        try:
+            return await super().preprocess_data(*args, **kwargs)
+        except InvalidPathError:
+            raise gr.Error(NOT_UPLOADED, print_exception=False) from None
+
+
 class OutputBoxes:
     """Base of a dataclass holding an event's output components: :meth:`components` lists them in
     field order, which is the event's outputs list (and its API endpoint's results, by position),
