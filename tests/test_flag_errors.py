@@ -287,3 +287,35 @@ def test_a_margin_too_small_to_compute_is_refused_in_one_line(tmp_path):
                          "(0.02 = 2 points), got 1e-300")
     with pytest.raises(G4VError, match="margin must be a number of at least 0.001"):
         check_fields(EvalConfig(a=None, b=None, data="", margin=1e-300))  # the dataclass's own check, as the API's
+
+
+def output_flags():
+    """Every flag, in every command, that names a folder or a file the command writes."""
+    from g4v.commands.common import output_file, output_folder
+
+    return [(argv, action.option_strings[-1], action.type) for argv, parser in commands(build_parser())
+            for action in parser._actions if action.type in (output_folder, output_file)]
+
+
+OUTPUTS = output_flags()
+
+
+def test_the_walk_finds_every_output_flag():
+    found = {(" ".join(argv), flag) for argv, flag, _ in OUTPUTS}
+    assert {("circuits attention", "--out"), ("circuits knockout", "--out"), ("inspect", "--out"), ("attribute", "--out"),
+            ("eval", "--out"), ("tiling", "--png"), ("lora-diff", "--png"), ("lora-diff", "--plot"),
+            ("port-diff", "--png"), ("bench engines", "--markdown")} <= found
+
+
+@pytest.mark.parametrize("argv, flag, kind", OUTPUTS, ids=[" ".join(argv) + " " + flag for argv, flag, _ in OUTPUTS])
+def test_an_output_that_cannot_be_written_is_one_line_naming_the_flag(argv, flag, kind, tmp_path):
+    """``--out /proc/self`` was a FileNotFoundError traceback once the work was done; now every
+    output flag is checked as it is read, before any model loads."""
+    from g4v.commands.common import output_folder
+
+    a_file = tmp_path / "taken.txt"
+    a_file.write_text("x")
+    bad = ["/proc/self", str(a_file)] if kind is output_folder else ["/proc/self/out.png", str(tmp_path)]
+    for path in bad:
+        line = refusal(*argv, f"{flag}={path}")
+        assert f"error: argument {flag}: " in line and repr(path) in line, line

@@ -46,7 +46,7 @@ def read_token(text: str) -> int | None:
     try:
         return read_whole(text)
     except NumberError:
-        raise NumberError(f"must be a whole number (digits 0-9) or 'all', got {quoted(text)}") from None
+        raise NumberError(f"must be a whole number or 'all' (digits 0-9), got {quoted(text)}") from None
 
 
 @dataclass

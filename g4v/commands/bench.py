@@ -7,7 +7,7 @@ vary too much to assert on.
 
 import sys
 
-from g4v.commands.common import add_model_flags
+from g4v.commands.common import add_model_flags, output_file
 from g4v.commands.engine_flags import add_engine_flags, engine_options
 from g4v.errors import read_whole
 
@@ -27,7 +27,7 @@ def add_engines_arguments(parser) -> None:
                         help="for the openai backend, start a local vLLM server (127.0.0.1) for the run")
     parser.add_argument("--vision-lora-modes", default=None, metavar="MODES",
                         help="run each backend once per mode of the checkpoint's vision LoRA, e.g. native,merged,off")
-    parser.add_argument("--markdown", default=None, metavar="PATH", help="also write the table to PATH")
+    parser.add_argument("--markdown", default=None, type=output_file, metavar="PATH", help="also write the table to PATH")
 
 
 def run_engines(args) -> int:
