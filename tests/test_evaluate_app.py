@@ -399,3 +399,24 @@ def test_a_row_value_that_is_not_a_row_number_is_one_line(tmp_path, row):
         paths, prompt = workspace.sample_pictures(run, "1", visitor)  # a real row number still opens
         assert prompt == BUNDLED_ROWS[1]["prompt"] and all(Path(p).is_file() for p in paths)
     workspace.sessions.close()
+
+
+def test_a_zip_that_cannot_be_unpacked_says_why_in_words(tmp_path):
+    """The refusal named a Python class ("cannot be unpacked (NotImplementedError)"); now it says
+    what is wrong with the zip."""
+    unknown = make_zip(tmp_path / "method.zip", {"data/metadata.jsonl": b"{}\n"})
+    raw = bytearray(unknown.read_bytes())
+    for signature, offset in ((b"PK\x03\x04", 8), (b"PK\x01\x02", 10)):  # the method of the entry: 99 (AES)
+        at = raw.index(signature) + offset
+        raw[at:at + 2] = (99).to_bytes(2, "little")
+    unknown.write_bytes(bytes(raw))
+    clash = make_zip(tmp_path / "clash.zip", {"data/metadata.jsonl": b"{}\n", "data/a.png": b"x", "data/a.png/b.png": b"x"})
+    for archive, words in ((unknown, "it uses a compression method that cannot be read here (stored, deflate, bzip2 and "
+                                     "lzma can)"),
+                           (clash, "two of its entries have one name (a file twice, or a file and a folder)")):
+        into = tmp_path / archive.stem
+        into.mkdir()
+        with pytest.raises(G4VError) as refused:
+            uploads.extract_upload([archive], into)
+        assert str(refused.value) == f"{archive.name} cannot be unpacked: {words}"
+        assert "Error" not in str(refused.value)
