@@ -134,6 +134,30 @@ class AttentionBoxes(OutputBoxes):
     tiles: gr.Image
     base: gr.Image
     export: gr.File
+    kept: gr.State  # (picture path, summary): the head picker redraws the maps from it (no API output)
+
+
+#: The head picker's choice for the maps averaged over heads.
+ALL_HEADS = "all heads (mean)"
+
+
+def head_choices(kept) -> dict:
+    """The head picker after a run: every head of the model, the mean first and chosen."""
+    heads = kept[1]["num_heads"] if kept else 0
+    return gr.update(choices=[ALL_HEADS, *(f"head {h}" for h in range(heads))], value=ALL_HEADS)
+
+
+@shows_errors
+def head_maps(kept, choice):
+    """The tile and base-view maps of the kept run redrawn for one head (or the mean): no model pass."""
+    if not kept:
+        return gr.skip(), gr.skip()
+    from viz.circuits import attention_map_figure
+
+    image_path, summary = kept
+    head = None if choice in (None, ALL_HEADS) else int(str(choice).removeprefix("head "))
+    picture = open_image(image_path)
+    return (attention_map_figure(picture, summary, "tile", head), attention_map_figure(picture, summary, "base", head))
 
 
 @dataclass
@@ -214,7 +238,7 @@ def make_handlers(engine, sessions: SessionStores, gpu_task, boxes: CircuitBoxes
         shown = boxes.attention
         return {shown.report: attention_report(summary), shown.share: pictures["image_share.png"],
                 shown.tiles: pictures["attention_tiles.png"], shown.base: pictures["attention_base.png"],
-                shown.export: files}
+                shown.export: files, shown.kept: (image_path, summary)}
 
     @gpu_task
     @shows_errors
@@ -332,10 +356,11 @@ def circuits_tab(engine, last_chat_image: gr.State, sessions: SessionStores, con
         run = gr.Button("Show attention", variant="primary", elem_id="circuits-attention-run")
         report = gr.Markdown(elem_id="circuits-attention-report")
         share = gr.Image(label="Share of attention on the picture by layer", elem_id="circuits-share", **pictures)
+        head = gr.Dropdown([ALL_HEADS], value=ALL_HEADS, label="Maps of", elem_id="circuits-head")
         tiles = gr.Image(label="Attention on each tile token", elem_id="circuits-tiles", **pictures)
         base = gr.Image(label="Attention on each base-view token", elem_id="circuits-base", **pictures)
         export = gr.File(label="Export (attention.json, PNGs)", file_count="multiple", elem_id="circuits-attention-export")
-    attention = AttentionBoxes(report=report, share=share, tiles=tiles, base=base, export=export)
+    attention = AttentionBoxes(report=report, share=share, tiles=tiles, base=base, export=export, kept=gr.State(None))
 
     with gr.Tab("Reverse view: a region", id="circuits-reverse"):
         with gr.Row():
@@ -407,6 +432,8 @@ def circuits_tab(engine, last_chat_image: gr.State, sessions: SessionStores, con
         event = run_keeping_previous(button, handlers[name], inputs, view.components(), view.report,
                                      api_name=f"circuits_{name}", show_progress_on=view.report, **model_bound)
         without_error_badges(event, [box for box in view.components() if box is not view.report])  # its own: the mark
+        if name == "attention":  # each head's maps, redrawn from the run kept
+            event.success(head_choices, attention.kept, head, api_visibility="private", queue=False)
     # a new picture (uploaded, from Chat, a PDF page): every view's results were the old one's;
     # a new picture B: the patching results were the old pair's
     empties_on(image.change, [box for view in boxes.views() for box in view.components()])
@@ -414,5 +441,7 @@ def circuits_tab(engine, last_chat_image: gr.State, sessions: SessionStores, con
     # another region (typed, or set by the two clicks): the reverse results, whose report names the
     # old one, stay until the next run, marked as the previous run's (a refused region keeps them)
     region.change(**previous_run_mark(reverse.report))
+    head.input(head_maps, [attention.kept, head], [attention.tiles, attention.base], api_visibility="private",
+               show_progress="hidden")
     use_last_chat_image(from_chat, last_chat_image, image)
     return boxes
