@@ -4,6 +4,7 @@ sanitised, as a table, or as-is with its parse error. The browser test drives th
 
 import json
 import uuid
+from contextlib import contextmanager
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -115,21 +116,27 @@ def test_the_structured_panel_lists_schema_problems():
 # ── the picker in a browser (a page of its own, served in process; Chromium as in tests/browser.py) ──
 
 
-@pytest.fixture(scope="module")
-def picker():
-    """A page with one image input and its "From a PDF" picker, as every image tab builds it: its
-    address, and its Blocks (whose events the page calls by number)."""
+@contextmanager
+def served(build):
+    """The page ``build()`` renders, in a Blocks of its own, served in process: its address, and
+    its Blocks (whose events a client calls by number)."""
     from tests.conftest import free_port
 
     with gr.Blocks() as demo:
-        image = gr.Image(type="filepath", elem_id="picked")
-        documents.document_picker(image, elem_id="t-doc")
+        build()
     port = free_port()
     demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
     try:
         yield SimpleNamespace(url=f"http://127.0.0.1:{port}/", demo=demo)
     finally:
         demo.close()
+
+
+@pytest.fixture(scope="module")
+def picker():
+    """A page with one image input and its "From a PDF" picker, as every image tab builds it."""
+    with served(lambda: documents.document_picker(gr.Image(type="filepath", elem_id="picked"), elem_id="t-doc")) as page:
+        yield page
 
 
 #: Each thumbnail's natural size, its drawn size (``object-fit`` inside its box) and its box's
@@ -361,19 +368,11 @@ def test_without_a_task_preset_the_panel_says_what_it_is_for():
 
 @pytest.fixture(scope="module")
 def chat_page():
-    """The Chat tab as the app builds it (no model: nothing here asks one), served in process: its
-    address and its Blocks, whose events a client can call by number."""
-    from tests.conftest import free_port
+    """The Chat tab as the app builds it (no model: nothing here asks one), served in process."""
     from webapp.chat import chat_tab
 
-    with gr.Blocks() as demo:
-        chat_tab(None, gr.State(None), [])
-    port = free_port()
-    demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
-    try:
-        yield SimpleNamespace(url=f"http://127.0.0.1:{port}/", demo=demo)
-    finally:
-        demo.close()
+    with served(lambda: chat_tab(None, gr.State(None), [])) as page:
+        yield page
 
 
 def test_the_structured_panel_checks_the_servers_answer_not_a_history_a_client_sends(chat_page):
