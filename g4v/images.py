@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 
 import numpy as np
-from PIL import Image, ImageOps, UnidentifiedImageError
+from PIL import ExifTags, Image, ImageOps, UnidentifiedImageError
 
 from g4v.errors import G4VError, first_line
 
@@ -17,11 +17,14 @@ from g4v.errors import G4VError, first_line
 MAX_IMAGE_PIXELS = int(os.environ.get("G4V_MAX_IMAGE_PIXELS", 40_000_000))
 
 
-def open_image(source, name: str | None = None, max_pixels: int | None = None) -> Image.Image:
+def open_image(source, name: str | None = None, max_pixels: int | None = None, fit=None) -> Image.Image:
     """Open a path, bytes or PIL image and return it as an upright 8-bit RGB picture.
 
     Raises :class:`G4VError` naming the problem: missing file, not an image, corrupt or truncated
     data, or more pixels than ``max_pixels`` (checked from the header, before decoding).
+    ``fit(width, height) -> (width, height)``: the size to keep, when smaller the picture is reduced
+    to it (bicubic) as soon as it is decoded, so only one full-size copy is ever held (a JPEG is
+    decoded at a fraction of its size already, from its header's scale).
     """
     max_pixels = MAX_IMAGE_PIXELS if max_pixels is None else max_pixels
     if isinstance(source, Image.Image):
@@ -47,11 +50,15 @@ def open_image(source, name: str | None = None, max_pixels: int | None = None) -
             f"{label} is too large: {width}x{height} = {width * height:,} pixels (the limit is {max_pixels:,})"
         )
     try:
+        upright = (height, width) if image.getexif().get(ExifTags.Base.Orientation) in (5, 6, 7, 8) else (width, height)
+        kept = tuple(fit(*upright)) if fit is not None else upright
+        if kept != upright and getattr(image, "format", None) == "JPEG":
+            image.draft("RGB", (max(kept), max(kept)))  # a scale of 1/2, 1/4 or 1/8 keeping at least that, either way up
         image.load()
-        image = ImageOps.exif_transpose(image)
-        return to_rgb(image)
+        image = to_rgb(ImageOps.exif_transpose(image))
     except (OSError, SyntaxError, ValueError) as err:
         raise G4VError(f"{label} is corrupt or truncated ({first_line(err)})") from None
+    return image if image.size == kept else image.resize(kept, Image.Resampling.BICUBIC)
 
 
 def _identify(fp, label: str) -> Image.Image:

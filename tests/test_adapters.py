@@ -361,3 +361,26 @@ def test_bases_compare_as_folders_or_hub_ids(tmp_path, monkeypatch):
     assert not same_base(None, str(BUNDLED_MODEL_DIR))
     (tmp_path / "link").symlink_to(BUNDLED_MODEL_DIR)
     assert same_base("assets/granite4-vision-tiny", "link")  # the model path is as the user typed it
+
+
+@pytest.mark.parametrize("there, not_there", [
+    ("../../../../etc/passwd", "../../../../etc/no-such-file"),  # the red team's probe
+    ("/etc/passwd", "/etc/no-such-file"),
+    ("app.py", "no-such-file.py"),  # the server's working folder
+    ("../../README.md", "../../NO-SUCH.md"),  # from the adapter folder, the repository's own file
+])
+def test_the_answer_tells_nothing_about_which_server_paths_exist(there, not_there):
+    """A path outside the adapter folders that exists and one that does not get the same words
+    (before: "outside the adapter folders" for one, "unknown adapter" for the other)."""
+    from pathlib import Path
+
+    from g4v.lora.folders import resolve_adapter
+    from g4v.paths import ASSETS_DIR, REPO_ROOT
+
+    assert any((base / there).exists() for base in (ASSETS_DIR / "adapters", REPO_ROOT, Path("/")))
+    answers = []
+    for typed in (there, not_there):
+        with pytest.raises(G4VError) as refused:
+            resolve_adapter(typed)
+        answers.append(str(refused.value).replace(repr(typed), "NAME"))
+    assert answers[0] == answers[1], answers

@@ -256,7 +256,7 @@ def test_column_names_with_html_show_as_text_in_one_toast(app_url, tmp_path, out
             page.wait_for_selector("[data-testid='toast-body']", timeout=60_000)
             page.wait_for_timeout(3000)  # a second toast for the same upload would be here by now
             toasts = page.locator("[data-testid='toast-body']")
-            texts = toasts.all_inner_texts()
+            texts = [text.replace("\u2060", "") for text in toasts.all_inner_texts()]  # the invisible joiner after <
             page.screenshot(path=str(output_dir / "evaluate-toast-escaped.png"))
             assert len(texts) == 1, texts
             assert image in texts[0] and link in texts[0], texts[0]
@@ -265,9 +265,11 @@ def test_column_names_with_html_show_as_text_in_one_toast(app_url, tmp_path, out
         assert hits == []
 
 
-def test_a_refusal_becomes_one_escaped_toast_in_the_apps_wording():
-    """shows_errors is the one place a refusal becomes a toast: escaped once (Gradio's own gr.Error
-    passes through as it is), and CLI flags replaced by the app's own control."""
+def test_a_refusal_becomes_one_toast_in_the_apps_wording_safe_in_html_and_plain_for_the_api():
+    """shows_errors is the one place a refusal becomes a toast (Gradio's own gr.Error passes through
+    as it is), CLI flags replaced by the app's own control. The toast is HTML to the page and text
+    to an API client: no entities (``x0 &lt; x1`` was what a client read), and no tag either: a
+    ``<`` that would open one has an invisible word joiner after it."""
     import gradio as gr
 
     from g4v.errors import G4VError
@@ -283,8 +285,27 @@ def test_a_refusal_becomes_one_escaped_toast_in_the_apps_wording():
 
     with pytest.raises(gr.Error) as shown:
         refuse("no image column found (columns: <b>x</b> & 'y'); name it with --columns image=COLUMN")
-    assert shown.value.message == ("no image column found (columns: &lt;b&gt;x&lt;/b&gt; &amp; 'y'); "
+    assert shown.value.message == ("no image column found (columns: <\u2060b>x<\u2060/b> & 'y'); "
                                    "type its name in the box 'image column' (Column mapping)")
+    with pytest.raises(gr.Error) as shown:
+        refuse("the region must have x0 < x1 & y0 < y1")
+    assert shown.value.message == "the region must have x0 < x1 & y0 < y1"
     with pytest.raises(gr.Error) as shown:
         plain()
     assert shown.value.message == "send the image as an uploaded file"
+
+
+@pytest.mark.parametrize("named", ["file:///etc/passwd", "/etc/passwd", "../../etc/passwd", "app.py"])
+def test_a_file_named_instead_of_sent_is_one_line_without_the_servers_folder(app_url, named):
+    """A client that names a file as a file input's value (the red team's ``{"path":
+    "file:///etc/passwd"}``) got Gradio's "Cannot move <the app's working folder>/file:/etc/passwd
+    to the gradio cache dir": now the app's one line, with no server path."""
+    from g4v.paths import REPO_ROOT
+    from tests.test_evaluate_disconnect import Visitor, completed
+    from webapp.common import NOT_UPLOADED
+
+    visitor = Visitor(app_url)
+    visitor.join("tiling", [{"path": named, "meta": {"_type": "gradio.FileData"}}])
+    done = completed(visitor, 60)
+    assert done["success"] is False and done["output"]["error"] == NOT_UPLOADED, done
+    assert str(REPO_ROOT) not in json.dumps(done)

@@ -66,7 +66,7 @@ def same_numbers(got, want) -> None:
 
 def test_attention_view_exports_the_library_result(handlers, hf_engine):
     attention, _, _, _ = handlers
-    report, share, tiles, base, files = attention(EXAMPLE, PROMPT, "2-5", "")
+    report, share, tiles, base, files, kept = attention(EXAMPLE, PROMPT, "2-5", "")
     expected = image_attention(hf_engine, EXAMPLE, PROMPT, CircuitSettings(layers="2-5")).to_dict()
     same_numbers(exported(files, "attention.json"), expected)
     assert sorted(path.rsplit("/", 1)[1] for path in files) == sorted(
@@ -314,9 +314,10 @@ def tab(tmp_path_factory):
 @pytest.mark.parametrize("view", list(RESULTS))
 def test_each_endpoint_keeps_its_outputs_in_order(tab, view):
     """API clients read a view's results by position: ``/circuits_<view>`` gives its boxes in the
-    order of :data:`RESULTS`, whatever order the handler fills them in."""
+    order of :data:`RESULTS`, whatever order the handler fills them in (a ``gr.State`` the tab
+    keeps for itself is no API result)."""
     [event] = [function for function in tab.fns.values() if function.api_name == f"circuits_{view}"]
-    assert [box.elem_id for box in event.outputs] == RESULTS[view]
+    assert [box.elem_id for box in event.outputs if not isinstance(box, gr.State)] == RESULTS[view]
 
 
 def emptied_by(page, elem_id: str, event: str) -> dict:
@@ -348,3 +349,24 @@ def test_a_new_input_empties_the_results_it_made_old(tab, elem_id, views):
     wanted = [box for view in views for box in RESULTS[view]]
     assert sorted(box for box in values if box in sum(RESULTS.values(), [])) == sorted(wanted)
     assert all(is_empty(values[box]) for box in wanted), values
+
+
+def test_the_head_picker_redraws_the_maps_for_one_head(handlers):
+    """After a run the picker offers the mean and every head; a head's maps are drawn from that
+    head's weights (kept from the run, no model pass), the mean's are the run's own maps."""
+    from viz.circuits import attention_map_figure
+    from webapp.circuits import ALL_HEADS, head_choices, head_maps
+    from g4v.images import open_image
+
+    attention, _, _, _ = handlers
+    _, _, tiles, base, _, kept = attention(EXAMPLE, PROMPT, "2-3", "")
+    summary = kept[1]
+    choices = head_choices(kept)
+    assert choices["choices"] == [ALL_HEADS, *(f"head {h}" for h in range(summary["num_heads"]))]
+    picture = open_image(EXAMPLE)
+    mean_tiles, mean_base = head_maps(kept, ALL_HEADS)
+    assert list(mean_tiles.getdata()) == list(tiles.getdata()) and list(mean_base.getdata()) == list(base.getdata())
+    one, other = head_maps(kept, "head 0")[0], head_maps(kept, f"head {summary['num_heads'] - 1}")[0]
+    assert list(one.getdata()) == list(attention_map_figure(picture, summary, "tile", 0).getdata())
+    assert list(one.getdata()) != list(other.getdata()) != list(tiles.getdata())
+    assert summary["attention_per_head"][0][0] != summary["mean_attention"][0]  # a head is not the mean

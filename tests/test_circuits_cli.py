@@ -29,6 +29,16 @@ def test_attention_json_is_the_library_result():
     assert summary["layers"] == [1, 2, 3]
     assert summary["image_share"] == pytest.approx(expected["image_share"], abs=1e-6)
     assert summary["image_tokens"] == expected["image_tokens"]
+    # every head's weight on every image token, as the help and the docs promise (it was left out)
+    per_head = summary["attention_per_head"]
+    assert [len(per_head), len(per_head[0]), len(per_head[0][0])] == [3, summary["num_heads"], summary["num_image_tokens"]]
+    for layer, heads in enumerate(per_head):
+        assert [sum(column) / len(heads) for column in zip(*heads)] == pytest.approx(summary["mean_attention"][layer],
+                                                                                      abs=1e-6)
+        assert [sum(row) for row in heads] == pytest.approx(summary["image_share_per_head"][layer], abs=1e-5)
+    for got, want in zip(per_head, expected["attention_per_head"], strict=True):
+        for got_head, want_head in zip(got, want, strict=True):
+            assert got_head == pytest.approx(want_head, abs=1e-6)
 
 
 def test_reverse_json_is_the_library_result():
@@ -128,7 +138,8 @@ def test_reverse_out_writes_json_and_picture(tmp_path):
 
 #: A flag of each verb given a value argparse itself refuses (a type it cannot convert, a missing
 #: required flag, an unknown verb): argparse's own error, before anything loads.
-ARGPARSE_BAD = [(["knockout", "--window", "abc"], "circuits knockout: error: argument --window: invalid int value: 'abc'"),
+ARGPARSE_BAD = [(["knockout", "--window", "abc"],
+                 "circuits knockout: error: argument --window: must be a whole number written with the digits 0-9, got 'abc'"),
                 (["knockout", "--window", "-1"], "circuits knockout: error: argument --window: must be a whole number >= 0, got -1"),
                 (["attention", "--token", "abc"], "circuits attention: error: argument --token"),
                 (["reverse", "--max-new-tokens", "abc"], "circuits reverse: error: argument --max-new-tokens"),

@@ -4,6 +4,7 @@ sanitised, as a table, or as-is with its parse error. The browser test drives th
 
 import json
 import uuid
+from contextlib import contextmanager
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -16,10 +17,6 @@ from g4v.documents.pdf import THUMBNAIL_WIDTH, render_pages
 from g4v.documents.presets import build_prompt
 from g4v.errors import G4VError
 from webapp import documents
-
-
-def history_with(answer: str) -> list:
-    return [{"role": "user", "content": "<tables_html>"}, {"role": "assistant", "content": answer}]
 
 
 def test_picked_pages_are_lossless_pngs_of_the_rendered_pages():
@@ -89,31 +86,29 @@ def test_a_preset_replaces_only_a_presets_own_text():
 def test_the_structured_panel_renders_a_hostile_table_safely():
     answer = '<table><tr><th>Item</th><th onclick="x()">Price</th></tr><tr><td>Pen<script>a()</script></td>' \
              '<td><img src="http://e/x.png">1</td></tr></table>'
-    html, table, notes = documents.structured_view("tables_html", "", history_with(answer))
+    html, table, notes = documents.structured_view("tables_html", "", answer)
     assert "<script" not in html and "onclick" not in html and "<img" not in html and "<table" in html
     assert table["headers"] == ["Item", "Price"] and table["value"] == [["Pen", "1"]] and table["visible"]
     assert notes == "Read as HTML."
 
 
 def test_the_structured_panel_shows_a_malformed_answer_with_its_error():
-    html, table, notes = documents.structured_view("chart2csv", "", history_with("Sales went <b>up</b>."))
+    html, table, notes = documents.structured_view("chart2csv", "", "Sales went <b>up</b>.")
     assert "Could not read the answer as CSV:** `not CSV: the first line has no comma-separated columns`" in notes
     assert "&lt;b&gt;up&lt;/b&gt;" in html and table["visible"] is False
 
 
 def test_the_structured_panel_is_empty_before_the_first_answer_and_reads_an_empty_one():
     """A new or cleared chat has nothing to read; an answer that is empty is an error to show."""
-    for history in ([], None, [{"role": "user", "content": "<chart2csv>"}]):
-        assert documents.structured_view("chart2csv", "", history) == ("", {"__type__": "update", "value": None,
-                                                                           "visible": False}, "")
-    _, _, notes = documents.structured_view("chart2csv", "", history_with(""))
+    assert documents.structured_view("chart2csv", "", None) == ("", {"__type__": "update", "value": None,
+                                                                     "visible": False}, "")
+    _, _, notes = documents.structured_view("chart2csv", "", "")
     assert notes == "**Could not read the answer as CSV:** `the answer is empty`"
 
 
 def test_the_structured_panel_lists_schema_problems():
-    history = history_with('{"total": "12"}')
     schema = '{"type": "object", "properties": {"total": {"type": "number"}}, "required": ["total", "date"]}'
-    _, _, notes = documents.structured_view("kvp", schema, history)
+    _, _, notes = documents.structured_view("kvp", schema, '{"total": "12"}')
     assert "- `$.date`: expected `a required field`, got `nothing`" in notes
     assert '- `$.total`: expected `type "number"`, got `"12"`' in notes
 
@@ -121,21 +116,27 @@ def test_the_structured_panel_lists_schema_problems():
 # ── the picker in a browser (a page of its own, served in process; Chromium as in tests/browser.py) ──
 
 
-@pytest.fixture(scope="module")
-def picker():
-    """A page with one image input and its "From a PDF" picker, as every image tab builds it: its
-    address, and its Blocks (whose events the page calls by number)."""
+@contextmanager
+def served(build):
+    """The page ``build()`` renders, in a Blocks of its own, served in process: its address, and
+    its Blocks (whose events a client calls by number)."""
     from tests.conftest import free_port
 
     with gr.Blocks() as demo:
-        image = gr.Image(type="filepath", elem_id="picked")
-        documents.document_picker(image, elem_id="t-doc")
+        build()
     port = free_port()
     demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
     try:
         yield SimpleNamespace(url=f"http://127.0.0.1:{port}/", demo=demo)
     finally:
         demo.close()
+
+
+@pytest.fixture(scope="module")
+def picker():
+    """A page with one image input and its "From a PDF" picker, as every image tab builds it."""
+    with served(lambda: documents.document_picker(gr.Image(type="filepath", elem_id="picked"), elem_id="t-doc")) as page:
+        yield page
 
 
 #: Each thumbnail's natural size, its drawn size (``object-fit`` inside its box) and its box's
@@ -297,10 +298,10 @@ def test_rendered_pages_live_in_the_apps_own_folder_which_goes_with_the_app(tmp_
 
 def test_a_csv_answer_is_shown_once_in_the_grid():
     """The CSV's rows fill the table; an HTML copy of the same rows above it would show them twice."""
-    html, table, notes = documents.structured_view("chart2csv", "", history_with("label,value\nred,1\nblue,5"))
+    html, table, notes = documents.structured_view("chart2csv", "", "label,value\nred,1\nblue,5")
     assert html == "" and table["visible"] and table["headers"] == ["label", "value"]
     assert table["value"] == [["red", "1"], ["blue", "5"]] and notes == "Read as CSV."
-    html, table, _ = documents.structured_view("chart2csv", "", history_with("no table here"))
+    html, table, _ = documents.structured_view("chart2csv", "", "no table here")
     assert "no table here" in html and not table["visible"]  # a malformed answer is still shown as-is
 
 
@@ -355,12 +356,43 @@ def test_without_a_task_preset_the_panel_says_what_it_is_for():
 
     from webapp.chat import chat_tab
 
-    history = history_with("Sales went up.")
-    assert documents.structured_view("", "", history)[2] == documents.IDLE_NOTE
+    assert documents.structured_view("", "", "Sales went up.")[2] == documents.IDLE_NOTE
     assert documents.pending_view("")[2] == documents.IDLE_NOTE
     assert documents.pending_view("chart2csv")[2] == documents.PENDING_NOTE
-    assert documents.structured_view("chart2csv", "", [])[2] == ""
+    assert documents.structured_view("chart2csv", "", None)[2] == ""
     with gr.Blocks() as page:
         chat_tab(None, gr.State(None), [])
     notes = [block for block in page.blocks.values() if getattr(block, "elem_id", None) == "chat-structured-notes"]
     assert [block.value for block in notes] == [documents.IDLE_NOTE]
+
+
+@pytest.fixture(scope="module")
+def chat_page():
+    """The Chat tab as the app builds it (no model: nothing here asks one), served in process."""
+    from webapp.chat import chat_tab
+
+    with served(lambda: chat_tab(None, gr.State(None), [])) as page:
+        yield page
+
+
+def test_the_structured_panel_checks_the_servers_answer_not_a_history_a_client_sends(chat_page):
+    """The red team sent the panel's event a chat history of its own (12,000 objects against
+    uniqueItems: 160 s, every other visitor's panel waiting). The panel reads the answer this
+    session's model wrote, a state the server keeps: a session with no answer shows nothing,
+    whatever history comes with the call, and at once."""
+    import time
+
+    from tests.test_documents_structured import MANY_OBJECTS
+
+    def history(answer: str) -> list:  # as the page sends a chat history
+        return [{"role": "user", "content": [{"type": "text", "text": "<kvp>"}]},
+                {"role": "assistant", "content": [{"type": "text", "text": answer}]}]
+
+    done = call_event(chat_page, "structured_view", ["kvp", documents.EXAMPLE_SCHEMA, history('{"total": 1}')])
+    assert done["success"], done
+    assert done["output"]["data"][0] == "" and done["output"]["data"][2] == ""  # no answer of this session yet
+    started = time.monotonic()
+    done = call_event(chat_page, "structured_view", ["kvp", '{"type": "array", "uniqueItems": true}',
+                                                     history(json.dumps(MANY_OBJECTS))])
+    assert time.monotonic() - started < 5.0
+    assert done["success"] and done["output"]["data"][2] == "", done

@@ -484,3 +484,39 @@ def test_teds_variant_rules_each_pinned_by_hand():
                         two_rows) == 1.0
     # Everything else is the paper's rule: a wrong cell text, "a" vs "b", costs 1 of 5 nodes.
     assert metrics.teds("<table><tr><td>a</td></tr><tr><td>a</td></tr></table>", two_rows) == pytest.approx(1 - 1 / 5)
+
+
+#: The red team's answer: a JSON array of 12,000 distinct objects (about 157 KB), which jsonschema
+#: compared pairwise against ``uniqueItems`` (objects do not sort): 160 s, holding the panel.
+MANY_OBJECTS = [{"row": n, "ok": True} for n in range(12_000)]
+
+
+def test_unique_items_over_12000_objects_is_checked_well_within_the_deadline():
+    import time
+
+    from g4v.documents.structured import schema_problems
+
+    schema = {"type": "array", "uniqueItems": True}
+    started = time.monotonic()
+    assert schema_problems(MANY_OBJECTS, schema) == []
+    # the same objects with one repeated (its keys in another order, its number written as a float)
+    problems = schema_problems([*MANY_OBJECTS, {"ok": True, "row": 11_999.0}], schema)
+    assert time.monotonic() - started < 5.0
+    assert [(p.path, p.expected) for p in problems] == [("$", "uniqueItems true")]
+
+
+@pytest.mark.parametrize("items", [
+    [1, 1.0], [True, 1], [False, 0], [None, False], [[1, 2], [2, 1]], [[1, [True]], [1, [1]]],
+    [{"a": 1, "b": 2}, {"b": 2, "a": 1}], [{"a": [1]}, {"a": [1.0]}], ["1", 1], [{"a": None}, {"a": False}],
+    [[], {}], [{"a": 1}, {"a": 1, "b": 2}], ["x", "x"], [0.5, 0.5], [],
+])
+def test_unique_items_finds_what_the_library_finds(items):
+    """The linear-time ``uniqueItems`` agrees with the library's pairwise one (its reference), on
+    the edges of JSON Schema's equality: numbers by value, booleans not numbers, keys unordered."""
+    from jsonschema import validators
+
+    from g4v.documents.structured import schema_problems
+
+    schema = {"uniqueItems": True}
+    expected = [e.validator for e in validators.validator_for(schema)(schema).iter_errors(items)]
+    assert [p.expected.split()[0] for p in schema_problems(items, schema)] == expected

@@ -204,7 +204,8 @@ BAD_INPUT = [
     ("too many files", {"dataset": "upload", "files": ["many.zip"]}, f"{APP_MAX_FILES + 1} files"),
     ("unknown column", {"columns": ("", "question_text", "", "", "")}, "column 'question_text' (for prompt)"),
     ("broken JSON line", {"dataset": "data1:broken.jsonl"}, "line 2 of broken.jsonl is not valid JSON"),
-    ("margin past 1", {"margin": 2}, "Equivalence margin must be a number between 0 and 1"),
+    ("margin past 1", {"margin": 2}, "Equivalence margin must be a number of at least 0.001 and below 1"),
+    ("margin of 1e-300", {"margin": 1e-300}, "Equivalence margin must be a number of at least 0.001 and below 1"),
     ("no discordance", {"discordance": 0}, "Assumed share of rows right in one arm only must be a number between 0 and 1"),
     ("negative limit", {"limit": -3}, "Rows must be a whole number"),
     ("fractional limit", {"limit": 2.5}, "Rows must be a whole number"),
@@ -398,3 +399,24 @@ def test_a_row_value_that_is_not_a_row_number_is_one_line(tmp_path, row):
         paths, prompt = workspace.sample_pictures(run, "1", visitor)  # a real row number still opens
         assert prompt == BUNDLED_ROWS[1]["prompt"] and all(Path(p).is_file() for p in paths)
     workspace.sessions.close()
+
+
+def test_a_zip_that_cannot_be_unpacked_says_why_in_words(tmp_path):
+    """The refusal named a Python class ("cannot be unpacked (NotImplementedError)"); now it says
+    what is wrong with the zip."""
+    unknown = make_zip(tmp_path / "method.zip", {"data/metadata.jsonl": b"{}\n"})
+    raw = bytearray(unknown.read_bytes())
+    for signature, offset in ((b"PK\x03\x04", 8), (b"PK\x01\x02", 10)):  # the method of the entry: 99 (AES)
+        at = raw.index(signature) + offset
+        raw[at:at + 2] = (99).to_bytes(2, "little")
+    unknown.write_bytes(bytes(raw))
+    clash = make_zip(tmp_path / "clash.zip", {"data/metadata.jsonl": b"{}\n", "data/a.png": b"x", "data/a.png/b.png": b"x"})
+    for archive, words in ((unknown, "it uses a compression method that cannot be read here (stored, deflate, bzip2 and "
+                                     "lzma can)"),
+                           (clash, "two of its entries have one name (a file twice, or a file and a folder)")):
+        into = tmp_path / archive.stem
+        into.mkdir()
+        with pytest.raises(G4VError) as refused:
+            uploads.extract_upload([archive], into)
+        assert str(refused.value) == f"{archive.name} cannot be unpacked: {words}"
+        assert "Error" not in str(refused.value)

@@ -120,6 +120,10 @@ def test_precision_arm_parses():
                            "give quant=int8 with it"),
     ("vllm:dtype=bfloat16", "arm 'vllm:dtype=bfloat16': dtype=, quant= and quant-vision= are for hf arms "
                             "(transformers here)"),
+    # a key given twice was the last one, silently
+    ("hf:keep=50,keep=10", "arm 'hf:keep=50,keep=10': keep= is given twice; give it once"),
+    ("hf:dtype=bf16,dtype=fp16", "arm 'hf:dtype=bf16,dtype=fp16': dtype= is given twice; give it once"),
+    ("hf:adapter=a,adapter=b", "arm 'hf:adapter=a,adapter=b': adapter= is given twice; give it once"),
 ])
 def test_bad_precision_arm_is_one_line(text, message):
     with pytest.raises(G4VError) as err:

@@ -158,3 +158,59 @@ def test_a_run_written_before_the_precision_settings_and_drift_column_resumes(tm
     (tmp_path / store.ROWS_FILE).write_text("".join(json.dumps(row) + "\n" for row in rows))
     with pytest.raises(G4VError, match="line 1 of samples.jsonl is damaged"):
         store.read_rows(tmp_path, SampleResult)
+
+
+#: Every arm kind the Evaluate tab offers on the layout checkpoint: the vision LoRA's three modes,
+#: each with no adapter and with each bundled adapter (both made for the vision model: stacked on
+#: the vision LoRA in native mode, a list of PEFT adapters that batches once grouped by as a key).
+ARM_KINDS = [(mode, adapter) for mode in ("native", "off", "merged") for adapter in (None, "tiny-trained-french", "demo-lora")
+             if not (mode == "off" and adapter)]  # an adapter made for the vision model needs the vision LoRA
+
+
+@pytest.mark.slow  # three engines, six arm kinds, a batch and one by one each
+def test_every_arm_kind_on_the_layout_checkpoint_answers_in_batches_as_one_by_one():
+    """``generate_batch`` (what an arm runs) gives each arm kind the greedy tokens ``generate``
+    gives one request at a time; with a stacked adapter it failed with a TypeError (its active
+    adapters, a list, were a dict key)."""
+    from g4v.engines.hf import TransformersEngine
+    from g4v.lora.activation import activate_adapter
+    from tests.test_engine_batch import MIXED
+
+    greedy = SamplingSettings(max_new_tokens=6)
+    for mode in ("native", "off", "merged"):
+        engine = TransformersEngine(LAYOUT, device="cpu", dtype="float32", vision_lora=mode)
+        for adapter in [adapter for kind, adapter in ARM_KINDS if kind == mode]:
+            name = activate_adapter(engine, adapter).name if adapter else None
+            alone = [engine.generate(messages, greedy, adapter=name).token_ids for messages in MIXED]
+            assert [g.token_ids for g in engine.generate_batch(MIXED, greedy, adapter=name, batch_size=4)] == alone, \
+                (mode, adapter)
+
+
+@pytest.mark.slow  # four small runs on the layout checkpoint
+@pytest.mark.parametrize("arm_a, arm_b", [
+    ("", "adapter=tiny-trained-french"),  # the tab's default pairing on this checkpoint
+    ("", "adapter=demo-lora"),
+    ("vision-lora=off", "adapter=tiny-trained-french"),
+    ("vision-lora=merged", "adapter=tiny-trained-french"),
+])
+def test_a_run_with_an_adapter_arm_on_the_layout_checkpoint_answers_as_its_engine(arm_a, arm_b, tmp_path):
+    from g4v.engines.hf import TransformersEngine
+    from g4v.evaluate import run_eval
+    from g4v.evaluate.run import EvalConfig
+    from g4v.lora.activation import activate_adapter
+
+    def spec(extra: str) -> ArmSpec:
+        return ArmSpec.parse(f"hf:model={LAYOUT}" + (f",{extra}" if extra else ""))
+
+    config = EvalConfig(a=spec(arm_a), b=spec(arm_b), data=str(BUNDLED_DATASET), limit=4, max_new_tokens=6)
+    result = run_eval(config, tmp_path / "run")
+    assert result.summary["n_errors"] == 0 and len(result.rows) == 4
+    dataset = open_dataset(str(BUNDLED_DATASET), Columns())
+    for side, arm in (("a", config.a), ("b", config.b)):
+        engine = TransformersEngine(LAYOUT, device="cpu", dtype="float32", vision_lora=arm.vision_lora or "native")
+        name = activate_adapter(engine, arm.adapter).name if arm.adapter else None
+        for row in result.rows:
+            sample = dataset.sample(row.index)
+            alone = engine.generate([Message("user", sample.prompt, list(sample.images))], SamplingSettings(max_new_tokens=6),
+                                    adapter=name)
+            assert getattr(row, f"answer_{side}") == alone.text, (side, arm)

@@ -2,6 +2,8 @@
 without vLLM: which serving arguments make the two sides different models, one line each. The
 comparison under each of them, with vLLM really started, is tests/vllm/test_port_diff_vision_lora.py."""
 
+import re
+
 import pytest
 
 from g4v.engines.vision_lora import find_vision_lora
@@ -88,9 +90,10 @@ def test_the_port_tab_lists_each_misconfiguration_as_a_line(checkpoint, transfor
     """The tab's audit, from the config alone: each of the three misconfigurations (and the LoRA
     off on one side) is a line of its own, as the audit of the same settings written with the
     server's folder says (the folder's name in place of its path); the defaults have no finding."""
+    from webapp.common import unescape_markdown
     from webapp.port import audit_note
 
-    note = audit_note(checkpoint, transformers, vllm, serving)
+    note = unescape_markdown(audit_note(checkpoint, transformers, vllm, serving))  # its lines as the page shows them
     lines = [line.removeprefix("- ") for line in note.splitlines() if line.startswith("- ")]
     assert any(line.startswith(start) for line in lines), note
     used = lora_audit.parse_serving(serving.replace(f'"{FOLDER}"', f'"{LORA.folder}"') or None) \
@@ -126,10 +129,11 @@ def test_the_audit_shows_every_refusal_and_every_finding_at_once(checkpoint):
     """An unsafe folder and a too small rank in one set of arguments: the refusal of the folder and
     the findings of the rest (the rank, adapter_path read by nothing, the LoRA not switched on),
     not the refusal alone; every refused folder is named, each once."""
+    from webapp.common import unescape_markdown
     from webapp.port import audit_note
 
     serving = '{"max_lora_rank": 4, "hf_overrides": {"adapter_path": "/etc"}}'
-    note = audit_note(checkpoint, "native", "native", serving)
+    note = unescape_markdown(audit_note(checkpoint, "native", "native", serving))  # as the page shows it
     head, *rest = note.splitlines()
     assert head == (f"**Not usable**: vLLM LoRA arguments: adapter_path may only name this checkpoint's folder, "
                     f"'{FOLDER}'")
@@ -139,7 +143,7 @@ def test_the_audit_shows_every_refusal_and_every_finding_at_once(checkpoint):
     assert len(lines) == 3 and all(any(line.startswith(start) for line in lines) for start in starts), note
     assert "/etc" not in "\n".join(lines) and str(VLORA_MODEL_DIR.parent) not in note
     # the same arguments with the checkpoint's own folder: the same findings, no refusal
-    fine = audit_note(checkpoint, "native", "native", serving.replace("/etc", FOLDER))
+    fine = unescape_markdown(audit_note(checkpoint, "native", "native", serving.replace("/etc", FOLDER)))
     assert "Not usable" not in fine and [line[2:] for line in fine.splitlines() if line.startswith("- ")] == lines
     confined, refused = lora_audit.check_serving(
         {"default_mm_loras": {"image": "/etc", "video": "../x"}, "hf_overrides": {"adapter_path": "/etc", "n": 1}},
@@ -189,3 +193,18 @@ def test_the_port_tab_runs_port_diff_with_its_options(checkpoint, tmp_path):
     ids = {block._id: getattr(block, "elem_id", None) for block in demo.blocks.values()}
     [endpoint] = [d for d in demo.config["dependencies"] if d.get("api_name") == "port_diff"]
     assert [ids[i] for i in endpoint["inputs"]][2:] == ["port-vision-lora", "port-vllm-vision-lora", "port-vllm-serving"]
+
+
+@pytest.mark.parametrize("serving, words", [
+    ("[" * 100_000 + "]" * 100_000, "is too long: 200,000 characters (vLLM's LoRA arguments take at most 4,096)"),
+    ("[" * 2_000 + "]" * 2_000, "is nested too deeply: vLLM's LoRA arguments are a flat JSON object"),
+])
+def test_deeply_nested_or_huge_serving_text_is_one_line(checkpoint, serving, words):
+    """The red team's brackets gave the page a RecursionError's text (json's parser recurses)."""
+    from webapp.common import unescape_markdown
+    from webapp.port import audit_note
+
+    assert unescape_markdown(audit_note(checkpoint, "native", "native", serving)) == \
+        f"**Not usable**: vLLM LoRA arguments {words}"
+    with pytest.raises(G4VError, match=re.escape(words)):
+        lora_audit.parse_serving(serving)

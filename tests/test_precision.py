@@ -175,6 +175,15 @@ def test_cli_prints_the_drift_the_library_computes(float32_engine, bf16_engine, 
     assert sum(line.startswith(("deepstack", "spatial_")) for line in text.stdout.splitlines()) == 8
 
 
+def test_cli_no_quant_vision_without_quant_is_refused():
+    """``--no-quant-vision`` alone was taken and meant nothing (bfloat16 ran, nothing quantized)."""
+    from tests.cli import run_cli
+
+    result = run_cli("precision", "--image", str(PICTURE), "--prompt", "colour?", "--no-quant-vision")
+    assert result.returncode == 1 and result.stderr.strip().splitlines() == [
+        "error: --no-quant-vision says what --quant does to the vision part: give --quant int8 with it"]
+
+
 @pytest.mark.parametrize("flags, message", [
     (["--dtype", "int4"], "error: dtype must be one of float32, bfloat16, float16, got 'int4'"),
     (["--quant", "int2"], "error: quant must be int8 (torchao int8 weight-only), got 'int2'"),

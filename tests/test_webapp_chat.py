@@ -179,3 +179,17 @@ def test_the_seed_defaults_to_a_fresh_one_and_0_is_a_seed(hf_engine):
     *_, settings = chat_handler(hf_engine, "accept")({"text": "Hi", "files": []}, [])
     assert settings.seed is SamplingSettings.seed is None
     assert sampling_settings(8, seed=0).seed == 0
+
+
+def test_chat_history_shows_markup_as_text_and_reads_it_back_as_written():
+    """The chat renders Markdown and HTML: a message or an answer carrying an image tag, a link or
+    emphasis is kept escaped in the history (it shows as written) and read back as written."""
+    from markdown_it import MarkdownIt
+
+    from webapp.chat import answer_entry, user_entry
+
+    text = 'Is <img src="http://x/b.png"> a *star* [link](http://x) `tick` \\* & | _x_?'
+    history = [user_entry({"text": text, "files": []}), answer_entry(f"It is <a href='x'>{text}</a>")]
+    rendered = MarkdownIt().render(history[0]["content"][0]["text"] + "\n\n" + history[1]["content"])
+    assert "<img" not in rendered and "<a " not in rendered and "<em>" not in rendered and "<code>" not in rendered
+    assert [message.text for message in read_history(history).messages] == [text, f"It is <a href='x'>{text}</a>"]

@@ -39,19 +39,21 @@ def newline_strip(box) -> tuple:
     return max(left, right - max(1.0, NEWLINE_STRIP * (right - left))), top, right, bottom
 
 
-def attention_map_figure(image: Image.Image, summary: dict, view: str) -> Image.Image:
-    """One panel per layer: the head-averaged attention on each ``view`` token ("tile" or "base")
-    over the picture, through the tiling plan's boxes, on one colour scale. The tile maps mark each
-    row's newline token too: a strip at the row's right end (:data:`NEWLINE_STRIP`)."""
+def attention_map_figure(image: Image.Image, summary: dict, view: str, head: int | None = None) -> Image.Image:
+    """One panel per layer: the head-averaged attention (``head``: that head's) on each ``view``
+    token ("tile" or "base") over the picture, through the tiling plan's boxes, on one colour
+    scale. The tile maps mark each row's newline token too: a strip at the row's right end
+    (:data:`NEWLINE_STRIP`)."""
     tokens = [(token["kind"], tuple(token["box"])) for token in summary["image_tokens"]]
     if view == "tile":  # newline tokens painted with the tiles, over the right end of their row
         tokens = [("tile", newline_strip(box)) if kind == "newline" else (kind, box) for kind, box in tokens]
     names = {layer: f"layer {layer}" + (f" ({summary['injection_layers'][str(layer)]})"
                                         if str(layer) in summary["injection_layers"] else "")
              for layer in summary["layers"]}
-    values = {names[layer]: row for layer, row in zip(summary["layers"], summary["mean_attention"])}
+    rows = summary["mean_attention"] if head is None else [heads[head] for heads in summary["attention_per_head"]]
+    values = {names[layer]: row for layer, row in zip(summary["layers"], rows)}
     return token_heatmap_grid(image, tokens, values, view, cmap="viridis", alpha=0.65,
-                              colorbar_label="attention weight (mean over heads)",
+                              colorbar_label="attention weight (" + ("mean over heads" if head is None else f"head {head}") + ")",
                               panel_title=lambda name, peak: f"{name}  (max {peak:.2g})",
                               title=f"Attention on each {view} token, by layer" + (
                                   " (newline tokens: the strip at each row's right end)" if view == "tile" else ""))

@@ -8,9 +8,9 @@ import gradio as gr
 from g4v.attribution.deletion import describe_area
 from g4v.attribution.gradients import METHODS
 from g4v.attribution.run import AttributionSettings, run_attribution
-from g4v.errors import G4VError
+from g4v.errors import MAX_NUMBER_CHARS, WHOLE_TEXT, G4VError, quoted
 from g4v.model.levels import describe_levels
-from webapp.common import (MODEL_QUEUE, image_input, last_chat_image_button, refuse_non_pictures, shows_errors,
+from webapp.common import (MODEL_QUEUE, image_input, last_chat_image_button, markdown_code, refuse_non_pictures, shows_errors,
                            time_left, use_last_chat_image, without_error_badges)
 from webapp.documents import document_picker
 from webapp.sessions import SessionStores, session_key
@@ -27,8 +27,8 @@ def token_choice(text: str | None) -> int | None:
     if not text or text == WHOLE_ANSWER:
         return None if text == WHOLE_ANSWER else 0
     head = str(text).split(":", 1)[0].strip()
-    if not head.isdigit():
-        raise G4VError(f"pick an answer token from the list, not {text!r}")
+    if not WHOLE_TEXT.fullmatch(head) or head[0] in "+-" or len(head) > MAX_NUMBER_CHARS:
+        raise G4VError(f"pick an answer token from the list, not {quoted(text)}")
     return int(head)
 
 
@@ -36,7 +36,7 @@ def report_markdown(summary: dict) -> str:
     attribution, deletion = summary["attribution"], summary["deletion"]
     totals = ", ".join(f"{name} {value:+.3g}" for name, value in attribution["level_totals"].items())
     head, _, rest = describe_area(deletion, attribution["measure"]).partition(": ")
-    lines = [f"**Answer:** `{''.join(summary['answer']['tokens'])}`",
+    lines = [f"**Answer:** {markdown_code(''.join(summary['answer']['tokens']))}",
              f"**Explained:** {summary['answer']['explained']}, {attribution['measure']} {attribution['target_value']:.4g}",
              f"**Per level (sum over image tokens):** {totals}",
              f"**{head[0].upper()}{head[1:]}:** {rest}"]

@@ -26,7 +26,8 @@ from g4v.conversation import (MAX_IMAGES_PER_CONVERSATION, MAX_IMAGES_PER_MESSAG
                               SamplingSettings, validate_conversation)
 from g4v.errors import G4VError, PromptTooLong
 from g4v.images import open_image
-from webapp.common import CHAT_QUEUE, MODEL_QUEUE, RANDOM_SEED, sampling_settings, seed_box_value, shows_errors, without_error_badges
+from webapp.common import (CHAT_QUEUE, MODEL_QUEUE, RANDOM_SEED, escape_markdown, sampling_settings, seed_box_value,
+                           shows_errors, unescape_markdown, without_error_badges)
 from webapp.documents import chat_documents, chat_examples, left_out_line
 
 
@@ -90,6 +91,7 @@ def read_history(history: list) -> History:
                                                        "content": getattr(entry, "content", None)}
         role = entry.get("role")
         texts, files = content_parts(entry.get("content"))
+        texts = [unescape_markdown(text) for text in texts]  # shown as text (see user_entry), read as written
         images = []
         for path in files:
             if path and os.path.isfile(path):
@@ -180,10 +182,18 @@ def answer(engine, message: Message, history: list, settings: SamplingSettings, 
 
 
 def user_entry(message: dict) -> dict:
-    """The message as one chat-history entry: pictures first, then the text."""
+    """The message as one chat-history entry: pictures first, then the text. The chat renders
+    Markdown and HTML, so every text of the history is kept escaped (:func:`escape_markdown`: a
+    dataset prompt sent with "Open in Chat", a model's answer, shows as written, never as markup),
+    and :func:`read_history` reads it back as written."""
     files = [{"path": file_path(f)} for f in message.get("files") or []]  # Gradio shows images as images
-    text = [{"type": "text", "text": message["text"]}] if message.get("text") else []
+    text = [{"type": "text", "text": escape_markdown(message["text"])}] if message.get("text") else []
     return {"role": "user", "content": files + text}
+
+
+def answer_entry(text: str) -> dict:
+    """An answer as one chat-history entry, escaped as :func:`user_entry` says."""
+    return {"role": "assistant", "content": escape_markdown(text)}
 
 
 def newest_image(message: dict | None, history: list) -> str | None:
@@ -233,11 +243,11 @@ def chat_tab(engine, last_chat_image: gr.State, examples: list[list], concurrenc
         text = ""
         try:
             for text in answer(engine, user, history, settings, threading.Event()):
-                yield [*shown, {"role": "assistant", "content": text}], image, gr.skip()
+                yield [*shown, answer_entry(text)], image, gr.skip(), text
         except Exception:
-            yield history, gr.skip(), gr.MultimodalTextbox(value=message, interactive=True)
+            yield history, gr.skip(), gr.MultimodalTextbox(value=message, interactive=True), gr.skip()
             raise
-        yield [*shown, {"role": "assistant", "content": text}], image, gr.MultimodalTextbox(interactive=True)
+        yield [*shown, answer_entry(text)], image, gr.MultimodalTextbox(interactive=True), text
 
     @gpu_task
     @shows_errors
@@ -248,7 +258,7 @@ def chat_tab(engine, last_chat_image: gr.State, examples: list[list], concurrenc
         text = ""
         for text in answer(engine, user, history, settings, threading.Event()):
             yield text, history
-        yield text, [*history, user_entry(message), {"role": "assistant", "content": text}]
+        yield text, [*history, user_entry(message), answer_entry(text)]
 
     chatbot = gr.Chatbot(label="Chat", height=460, elem_id="chatbot")
     # A PDF attached here goes to the "From a PDF" picker below (chat_documents), for its pages.
@@ -258,7 +268,10 @@ def chat_tab(engine, last_chat_image: gr.State, examples: list[list], concurrenc
     with gr.Row():
         stop = gr.Button("Stop", size="sm", elem_id="chat-stop")
         clear = gr.Button("Clear", size="sm", elem_id="chat-clear")
-    follow_answers, task, schema = chat_documents(box, chatbot, left_out)  # PDF pages, task presets, the structured panel
+    # The newest answer the model wrote in this session: the structured panel reads it (written here,
+    # by the server; a client's chat history never chooses what the panel checks).
+    newest_answer = gr.State(None)
+    follow_answers, task, schema = chat_documents(box, newest_answer, left_out)  # PDF pages, task presets, the structured panel
     with gr.Accordion("Sampling", open=False):
         max_new_tokens = gr.Slider(1, MAX_NEW_TOKENS, value=SamplingSettings.max_new_tokens, step=1, label="Max new tokens")
         temperature = gr.Slider(0.0, 2.0, value=SamplingSettings.temperature, step=0.05, label="Temperature (0 = greedy)")
@@ -280,13 +293,14 @@ def chat_tab(engine, last_chat_image: gr.State, examples: list[list], concurrenc
                              [sending, before], [chatbot, left_out], api_visibility="private", queue=False,
                              show_progress="hidden")
     answered = shown.success(
-        respond, [sending, checked, before, checked_settings], [chatbot, last_chat_image, box],
+        respond, [sending, checked, before, checked_settings], [chatbot, last_chat_image, box, newest_answer],
         api_visibility="private", show_progress="minimal", **answering)
     follow_answers(answered, started=shown)
     without_error_badges(answered, [chatbot])  # a refused answer is its toast; the message is back in the box
     stop.click(lambda: gr.MultimodalTextbox(interactive=True), None, box, cancels=[answered], api_visibility="private")
-    follow_answers(clear.click(lambda: ([], gr.MultimodalTextbox(interactive=True)), None, [chatbot, box],
-                               cancels=[answered], api_visibility="private"))  # and empties the structured panel
+    follow_answers(clear.click(lambda: ([], gr.MultimodalTextbox(interactive=True), None), None,
+                               [chatbot, box, newest_answer], cancels=[answered],
+                               api_visibility="private"))  # and empties the structured panel
 
     api_answer = gr.Textbox(visible=False)
     gr.Button(visible=False).click(

@@ -17,11 +17,11 @@ from g4v.circuits.exports import draw, write_view
 from g4v.circuits.knockout import WHY_LITTLE_CHANGES, attention_knockout, barely_changed
 from g4v.circuits.patching import DIRECTION_CHOICES, patch_levels
 from g4v.circuits.reverse import parse_region, region_attention
-from g4v.errors import G4VError, quoted
+from g4v.errors import WHOLE_TEXT, G4VError, quoted
 from g4v.images import open_image
 from viz.circuits import picker_size, region_overlay
 from viz.figures import original_point
-from webapp.common import (MODEL_QUEUE, QUIET_INPUT, OutputBoxes, image_input, optional_whole, previous_run_mark,
+from webapp.common import (MODEL_QUEUE, QUIET_INPUT, OutputBoxes, image_input, markdown_code, optional_whole, previous_run_mark,
                            last_chat_image_button, refuse_non_pictures, run_keeping_previous, shows_errors, time_left,
                            use_last_chat_image, without_error_badges)
 from webapp.documents import document_picker
@@ -54,15 +54,15 @@ def settings_from_inputs(layers=None, token=None, window=None, max_new_tokens=DE
 
 
 def code_cell(text: str) -> str:
-    """``text`` (a token, an answer) as code in a Markdown table cell: its repr, a ``|`` escaped
-    (it would end the cell: ``<|end_of_text|>``), a backtick replaced (it would end the code)."""
-    return "`" + repr(text).replace("|", "\\|").replace("`", "'") + "`"
+    """``text`` (a token, an answer) as code in a Markdown table cell: its repr (a ``|`` escaped, as
+    in ``<|end_of_text|>``: it would end the cell)."""
+    return markdown_code(repr(text), in_table=True)
 
 
 def attention_report(summary: dict) -> str:
     """The per-layer share of the query's attention on the picture, as a Markdown table."""
     kinds = summary["image_share_by_kind"]
-    rows = [f"**Query:** position {summary['query_position']} `{summary['query_token']!r}`; "
+    rows = [f"**Query:** position {summary['query_position']} {markdown_code(repr(summary['query_token']))}; "
             f"{summary['num_image_tokens']} image tokens, {summary['num_heads']} heads",
             "", "| layer | image share | base view | tiles | newlines | injected here |", "|---|---|---|---|---|---|"]
     for i, layer in enumerate(summary["layers"]):
@@ -113,14 +113,15 @@ def patching_rows(summary: dict) -> list[list]:
 
 def patching_report(summary: dict) -> str:
     lines = [f"**{summary['num_patched_tokens']} of {summary['num_image_tokens']} image tokens patched** "
-             f"(region `{summary['region']}`). Log-odds: log p(donor's first answer token) - log p(receiver's); "
+             f"(region {markdown_code(summary['region'])}). Log-odds: log p(donor's first answer token) - log p(receiver's); "
              "moved: the share of the way from the receiver's own log-odds (0) to the donor's (1)."]
     for direction in summary["directions"]:
         receiver, donor = direction["receiver"], direction["donor"]
         note = " Both pictures give the same first token: nothing to move." if direction["same_first_token"] else ""
-        lines.append(f"**{receiver} with {donor}'s features:** {receiver} answers `{direction['receiver_continuation']!r}` "
+        lines.append(f"**{receiver} with {donor}'s features:** {receiver} answers "
+                     f"{markdown_code(repr(direction['receiver_continuation']))} "
                      f"(log-odds {direction['logodds_receiver']:+.3f}), {donor} answers "
-                     f"`{direction['donor_continuation']!r}` ({direction['logodds_donor']:+.3f}).{note}")
+                     f"{markdown_code(repr(direction['donor_continuation']))} ({direction['logodds_donor']:+.3f}).{note}")
     return "\n\n".join(lines)
 
 
@@ -133,6 +134,30 @@ class AttentionBoxes(OutputBoxes):
     tiles: gr.Image
     base: gr.Image
     export: gr.File
+    kept: gr.State  # (picture path, summary): the head picker redraws the maps from it (no API output)
+
+
+#: The head picker's choice for the maps averaged over heads.
+ALL_HEADS = "all heads (mean)"
+
+
+def head_choices(kept) -> dict:
+    """The head picker after a run: every head of the model, the mean first and chosen."""
+    heads = kept[1]["num_heads"] if kept else 0
+    return gr.update(choices=[ALL_HEADS, *(f"head {h}" for h in range(heads))], value=ALL_HEADS)
+
+
+@shows_errors
+def head_maps(kept, choice):
+    """The tile and base-view maps of the kept run redrawn for one head (or the mean): no model pass."""
+    if not kept:
+        return gr.skip(), gr.skip()
+    from viz.circuits import attention_map_figure
+
+    image_path, summary = kept
+    head = None if choice in (None, ALL_HEADS) else int(str(choice).removeprefix("head "))
+    picture = open_image(image_path)
+    return (attention_map_figure(picture, summary, "tile", head), attention_map_figure(picture, summary, "base", head))
 
 
 @dataclass
@@ -213,7 +238,7 @@ def make_handlers(engine, sessions: SessionStores, gpu_task, boxes: CircuitBoxes
         shown = boxes.attention
         return {shown.report: attention_report(summary), shown.share: pictures["image_share.png"],
                 shown.tiles: pictures["attention_tiles.png"], shown.base: pictures["attention_base.png"],
-                shown.export: files}
+                shown.export: files, shown.kept: (image_path, summary)}
 
     @gpu_task
     @shows_errors
@@ -286,7 +311,8 @@ def pick_corner(image_path, region, evt: gr.SelectData):
     x, y = original_point(evt.index[0] + 0.5, evt.index[1] + 0.5, picture.size, picker_size(picture.size))
     x, y = min(max(0, math.floor(x)), picture.width - 1), min(max(0, math.floor(y)), picture.height - 1)
     parts = [part for part in (region or "").replace(" ", ",").split(",") if part.strip()]
-    if len(parts) == 2 and all(part.strip().isdigit() for part in parts):
+    if len(parts) == 2 and all(WHOLE_TEXT.fullmatch(part.strip()) and len(part) <= 9 and part.strip()[0] not in "+-"
+                               for part in parts):
         first_x, first_y = int(parts[0]), int(parts[1])
         box = (min(first_x, x), min(first_y, y), max(first_x, x) + 1, max(first_y, y) + 1)
         return ",".join(map(str, box)), region_overlay(picture, box)
@@ -330,10 +356,11 @@ def circuits_tab(engine, last_chat_image: gr.State, sessions: SessionStores, con
         run = gr.Button("Show attention", variant="primary", elem_id="circuits-attention-run")
         report = gr.Markdown(elem_id="circuits-attention-report")
         share = gr.Image(label="Share of attention on the picture by layer", elem_id="circuits-share", **pictures)
+        head = gr.Dropdown([ALL_HEADS], value=ALL_HEADS, label="Maps of", elem_id="circuits-head")
         tiles = gr.Image(label="Attention on each tile token", elem_id="circuits-tiles", **pictures)
         base = gr.Image(label="Attention on each base-view token", elem_id="circuits-base", **pictures)
         export = gr.File(label="Export (attention.json, PNGs)", file_count="multiple", elem_id="circuits-attention-export")
-    attention = AttentionBoxes(report=report, share=share, tiles=tiles, base=base, export=export)
+    attention = AttentionBoxes(report=report, share=share, tiles=tiles, base=base, export=export, kept=gr.State(None))
 
     with gr.Tab("Reverse view: a region", id="circuits-reverse"):
         with gr.Row():
@@ -405,6 +432,8 @@ def circuits_tab(engine, last_chat_image: gr.State, sessions: SessionStores, con
         event = run_keeping_previous(button, handlers[name], inputs, view.components(), view.report,
                                      api_name=f"circuits_{name}", show_progress_on=view.report, **model_bound)
         without_error_badges(event, [box for box in view.components() if box is not view.report])  # its own: the mark
+        if name == "attention":  # each head's maps, redrawn from the run kept
+            event.success(head_choices, attention.kept, head, api_visibility="private", queue=False)
     # a new picture (uploaded, from Chat, a PDF page): every view's results were the old one's;
     # a new picture B: the patching results were the old pair's
     empties_on(image.change, [box for view in boxes.views() for box in view.components()])
@@ -412,5 +441,7 @@ def circuits_tab(engine, last_chat_image: gr.State, sessions: SessionStores, con
     # another region (typed, or set by the two clicks): the reverse results, whose report names the
     # old one, stay until the next run, marked as the previous run's (a refused region keeps them)
     region.change(**previous_run_mark(reverse.report))
+    head.input(head_maps, [attention.kept, head], [attention.tiles, attention.base], api_visibility="private",
+               show_progress="hidden")
     use_last_chat_image(from_chat, last_chat_image, image)
     return boxes

@@ -5,7 +5,6 @@ Gradio-only helpers; the work itself happens in plain functions of the ``g4v`` p
 
 import dataclasses
 import functools
-import html
 import inspect
 import logging
 import math
@@ -15,7 +14,7 @@ import re
 import gradio as gr
 
 from g4v.conversation import MAX_NEW_TOKENS, SamplingSettings
-from g4v.errors import G4VError, quoted
+from g4v.errors import G4VError, parse_whole, quoted
 
 log = logging.getLogger("g4v.webapp")
 
@@ -27,6 +26,10 @@ MODEL_QUEUE = "model"
 #: Chat answers on an engine that answers several at once (``engine.concurrent_streams``): a group
 #: of their own, as many at once as the engine takes.
 CHAT_QUEUE = "chat"
+#: Dataset runs (Evaluate's Run and its token-budget sweep, which can take hours) queue in a group
+#: of their own, so one visitor's run never holds the other tabs' model-bound events: those still
+#: take turns on the model with it, as the engine lends itself one pass (one batch) at a time.
+EVALUATE_QUEUE = "evaluate"
 
 
 #: The library's refusals name the CLI's flags; the app names its own controls instead.
@@ -34,11 +37,41 @@ APP_WORDING = [(re.compile(r"name it with --columns (\w+)=COLUMN"), r"type its n
 
 
 def toast_text(message: str) -> str:
-    """A message as a toast shows it: in the app's wording, and escaped, because Gradio renders a
-    toast as HTML and messages quote what visitors typed or uploaded (column and file names)."""
+    """A message as a toast shows it: in the app's wording, and with no tag in it. Gradio renders a
+    toast's text as (sanitised) HTML, and messages quote what visitors uploaded (column and file
+    names: ``<img src=...>`` would be fetched). The same text is what an API client gets, so it is
+    not entity-escaped (that client would read ``x0 &lt; x1``): a ``<`` that could open a tag gets
+    an invisible word joiner after it, which HTML reads as text; every other character is as written."""
     for pattern, wording in APP_WORDING:
         message = pattern.sub(wording, message)
-    return html.escape(message, quote=False)
+    return TAG_START.sub("<\u2060", message)
+
+
+#: ``<`` where HTML would start a tag, a comment or a declaration (a letter, ``/``, ``!`` or ``?`` after it).
+TAG_START = re.compile(r"<(?=[A-Za-z/!?])")
+#: Every ASCII punctuation character: Markdown may read each as markup, and a backslash before it
+#: makes it a plain character (CommonMark's backslash escapes); ``<`` and ``&`` included, so no HTML.
+MARKDOWN_PUNCTUATION = re.compile(r"([!-/:-@\[-`{-~])")
+
+
+def escape_markdown(text) -> str:
+    """``text`` (from a file, a dataset, a model or an adapter) as Markdown that shows it as written:
+    never markup, never HTML (a tag, a link, an image, emphasis). The one escape for every Markdown
+    output of the app: a gr.Markdown line, a chat message. :func:`unescape_markdown` undoes it."""
+    return MARKDOWN_PUNCTUATION.sub(r"\\\1", str(text))
+
+
+def unescape_markdown(markdown: str) -> str:
+    """The text :func:`escape_markdown` made ``markdown`` from."""
+    return re.sub(r"\\([!-/:-@\[-`{-~])", r"\1", markdown)
+
+
+def markdown_code(text, in_table: bool = False) -> str:
+    """``text`` (a token, an answer, a name) as inline Markdown code: inside a code span Markdown and
+    HTML are text. A backtick (it would end the span) becomes ``'``, a line break a space, and in a
+    table cell ``|`` is escaped (it would end the cell)."""
+    text = " ".join(str(text).replace("`", "'").splitlines()) or " "
+    return "`" + (text.replace("|", "\\|") if in_table else text) + "`"
 
 
 def shows_errors(fn):
@@ -106,6 +139,25 @@ def model_task(engine, gpu_task):
             return fn(*args, **kwargs)
         return gpu_task(call)
     return decorate
+
+
+#: What a client is told when it names a file instead of sending one (a path, ``file:///etc/passwd``).
+NOT_UPLOADED = "a file must be sent to the app (uploaded), not named by a path or an address"
+
+
+class WorkbenchBlocks(gr.Blocks):
+    """The page's ``gr.Blocks``, with one refusal of its own: a file input whose value names a
+    file the app did not receive (``{"path": "file:///etc/passwd"}``) is refused by Gradio before any
+    handler runs, in words that hold the server's working folder ("Cannot move <folder>/file:/etc/
+    passwd to the gradio cache dir"); here it is :data:`NOT_UPLOADED`, in one line."""
+
+    async def preprocess_data(self, *args, **kwargs):
+        from gradio.exceptions import InvalidPathError
+
+        try:
+            return await super().preprocess_data(*args, **kwargs)
+        except InvalidPathError:
+            raise gr.Error(NOT_UPLOADED, print_exception=False) from None
 
 
 class OutputBoxes:
@@ -186,10 +238,7 @@ def optional_whole(value, name: str) -> int | None:
     if value is None or (isinstance(value, str) and not value.strip()):
         return None
     if isinstance(value, str):
-        text = value.strip()
-        if len(text) > 40 or not text.lstrip("+-").isdigit():
-            raise G4VError(f"{name} must be a whole number, got {quoted(value)}")
-        return int(text)
+        return parse_whole(name, value)  # the digits 0-9 only: "²" passes str.isdigit, "٣" int()
     return _whole(value, name)
 
 
@@ -302,7 +351,7 @@ def engine_line(engine, inspector: bool = False) -> str:
     from g4v.engines.vision_lora import describe
     from g4v.loading import model_name
 
-    head = f"Model: `{model_name(engine.info.model)}` ({engine.info.backend})"
+    head = f"Model: {markdown_code(model_name(engine.info.model))} ({engine.info.backend})"
     lora, mode = getattr(engine, "vision_lora", None), getattr(engine, "vision_mode", "off")
     if lora is None:
         return head + ", no vision LoRA (its weights are the vision model)"

@@ -6,7 +6,7 @@ import gradio as gr
 from g4v.model.levels import describe_levels
 from g4v.inspect.run import run_inspection
 from g4v.inspect.settings import InspectSettings
-from webapp.common import (MODEL_QUEUE, image_input, last_chat_image_button, refuse_non_pictures, shows_errors,
+from webapp.common import (MODEL_QUEUE, image_input, last_chat_image_button, markdown_code, refuse_non_pictures, shows_errors,
                            use_last_chat_image, without_error_badges)
 from webapp.documents import document_picker
 from webapp.sessions import SessionStores, session_key
@@ -17,19 +17,19 @@ DEFAULTS = InspectSettings()
 
 
 def ablation_report(summary: dict) -> str:
-    top = ", ".join(f"`{t['text']}` {t['prob']:.3f}" for t in summary["next_token_top5"])
-    lines = [f"**Next token (top 5):** {top}", f"**Greedy continuation:** `{summary['continuation']}`"]
+    top = ", ".join(f"{markdown_code(t['text'])} {t['prob']:.3f}" for t in summary["next_token_top5"])
+    lines = [f"**Next token (top 5):** {top}", f"**Greedy continuation:** {markdown_code(summary['continuation'])}"]
     if summary.get("unchanged_levels"):
         lines.append(f"**Unchanged (factor 1, no second run):** {', '.join(summary['unchanged_levels'])}")
     ablation = summary.get("ablation")
     if ablation:
-        after = ", ".join(f"`{t['text']}` {t['prob']:.3f}" for t in ablation["top5_after"])
+        after = ", ".join(f"{markdown_code(t['text'])} {t['prob']:.3f}" for t in ablation["top5_after"])
         changed = {name: f for name, f in ablation["scales"].items() if f != 1.0}
         lines += [
             f"**Changed levels:** {', '.join(f'{n} x{f:g}' for n, f in changed.items())}",
             f"**KL(before || after) of the next token:** {ablation['kl_divergence']:.4g}",
             f"**Top 5 after:** {after}",
-            f"**Greedy continuation after:** `{ablation['continuation_after']}`",
+            f"**Greedy continuation after:** {markdown_code(ablation['continuation_after'])}",
         ]
     return "\n\n".join(lines)
 

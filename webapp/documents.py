@@ -9,7 +9,6 @@ sees an uploaded picture, through ``open_image``.
 
 import functools
 import json
-import re
 import uuid
 from pathlib import Path
 
@@ -22,7 +21,7 @@ from g4v.documents.presets import PRESETS, build_prompt, get_preset, parse_schem
 from g4v.documents.structured import read_answer
 from g4v.errors import G4VError
 from g4v.images import open_image
-from webapp.common import QUIET_INPUT, shows_errors, toast_text
+from webapp.common import QUIET_INPUT, escape_markdown, markdown_code, shows_errors, toast_text
 from webapp.tempdirs import own_folder
 
 #: Rendered pages live in the app's own folder (webapp.tempdirs) until Gradio has copied them into
@@ -132,7 +131,7 @@ def left_out_line(text: str | None = None):
     Escaped: it quotes file names, which Markdown would otherwise read as markup."""
     if not text:
         return gr.update(value="", visible=False)
-    return gr.update(value="⚠️ " + re.sub(r"([\\`*_{}\[\]()<>#+!|~-])", r"\\\1", text), visible=True)
+    return gr.update(value="⚠️ " + escape_markdown(text), visible=True)
 
 
 def show_refusal(refusal):
@@ -277,39 +276,26 @@ def chat_examples(rows: list[list], box, task, schema) -> gr.Examples:
                        example_labels=labels)
 
 
-def last_answer(history) -> str | None:
-    """The newest assistant text of the chat history (Gradio's messages format); None before the
-    first answer (a new or cleared chat)."""
-    for entry in reversed(history or []):
-        entry = entry if isinstance(entry, dict) else {"role": getattr(entry, "role", None),
-                                                       "content": getattr(entry, "content", None)}
-        if entry.get("role") == "assistant":
-            content = entry.get("content")
-            if isinstance(content, list):
-                return "".join(p.get("text", "") if isinstance(p, dict) else str(p) for p in content)
-            return content if isinstance(content, str) else ""
-    return None
-
-
 @shows_errors
-def structured_view(task, schema_text, history):
-    """The panel for the newest answer: rendered HTML, table rows, problems (schema or parse) as text.
-    A malformed answer shows as-is with its parse error; nothing here raises on model output."""
-    answer = last_answer(history)
-    if not task or answer is None:
+def structured_view(task, schema_text, answer):
+    """The panel for ``answer``, the newest one this session's model wrote (a ``gr.State`` only the
+    server writes: a client's chat history never chooses what is checked): rendered HTML, table
+    rows, problems (schema or parse) as text. A malformed answer shows as-is with its parse error;
+    nothing here raises on model output. None: no answer yet (a new or cleared chat)."""
+    if not task or not isinstance(answer, str):
         return "", gr.update(value=None, visible=False), "" if task else IDLE_NOTE
     preset = get_preset(task)
     try:
         schema = parse_schema(schema_text) if preset.needs_schema else None
     except G4VError as err:
-        schema, schema_note = None, f"The schema could not be used: {err}"
+        schema, schema_note = None, f"The schema could not be used: {escape_markdown(err)}"
     else:
         schema_note = ""
     result = read_answer(preset.output, answer, schema)
     lines = [schema_note] if schema_note else []
     if result.error:
-        lines.append(f"**Could not read the answer as {preset.output.upper()}:** {_code(result.error)}")
-    lines += [f"- {_code(problem.path)}: expected {_code(problem.expected)}, got {_code(problem.got)}"
+        lines.append(f"**Could not read the answer as {preset.output.upper()}:** {markdown_code(result.error)}")
+    lines += [f"- {markdown_code(problem.path)}: expected {markdown_code(problem.expected)}, got {markdown_code(problem.got)}"
               for problem in result.problems]
     if result.ok and not schema_note:
         lines.append(f"Read as {preset.output.upper()}" + (" and valid against the schema." if schema else "."))
@@ -324,14 +310,10 @@ def pending_view(task):
     return "", gr.update(value=None, visible=False), PENDING_NOTE if task else IDLE_NOTE
 
 
-def _code(text: str) -> str:
-    """Text inside Markdown code, so markup in it (``<table>``) shows instead of rendering."""
-    return "`" + str(text).replace("`", "'") + "`"
-
-
-def chat_documents(box, chatbot, left_out: gr.Markdown):
+def chat_documents(box, answer: gr.State, left_out: gr.Markdown):
     """Render the Chat tab's document tools under its box; returns ``follow(event)``, which updates
     the structured panel after each answer, and the task and schema fields (the examples set them).
+    ``answer``: the newest answer the server wrote for this session (see :func:`structured_view`);
     ``left_out``: the line under the box that says what was taken out of the message."""
     document_picker(box, chat_box=True, elem_id="chat-doc", left_out=left_out)
     with gr.Row():
@@ -356,7 +338,7 @@ def chat_documents(box, chatbot, left_out: gr.Markdown):
         if started is not None:
             started.then(pending_view, task, [rendered, table, notes], api_visibility="private", queue=False,
                          show_progress="hidden")
-        return event.then(structured_view, [task, schema, chatbot], [rendered, table, notes],
+        return event.then(structured_view, [task, schema, answer], [rendered, table, notes],
                           api_visibility="private", show_progress="hidden")
 
     return follow, task, schema

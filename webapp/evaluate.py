@@ -28,7 +28,7 @@ from g4v.evaluate import BUNDLED_DATASET, Columns, EvalConfig, RunResult, open_d
 from g4v.evaluate.store import CSV_FILE, PARQUET_FILE, ROWS_FILE, RUN_FILE, SUMMARY_FILE, read_settings, shareable
 from g4v.evaluate.uploads import UPLOAD_SUFFIXES, extract_upload
 from viz.evaluate import run_figures
-from webapp.common import MODEL_QUEUE, QUIET_INPUT, OutputBoxes, run_keeping_previous, shows_errors
+from webapp.common import EVALUATE_QUEUE, QUIET_INPUT, OutputBoxes, escape_markdown, run_keeping_previous, shows_errors
 from webapp.evaluate_budget import budget_section
 from webapp.evaluate_choices import (BUNDLED, SAME_AS_A, SAME_AS_A_LABEL, UPLOAD, ArmChoice, arm_choices,
                                      dataset_choices, dataset_label)
@@ -325,7 +325,7 @@ def evaluate_tab(engine, model: str, adapters_dir, workspace: EvalWorkspace, tar
     evaluate = make_run(engine, workspace, choices, adapters_dir, gpu_task, boxes)
     run_keeping_previous(run, evaluate, [arm_a, arm_b, dataset, files, *columns, limit, seed, max_new_tokens,
                                          blank_probe, levels, margin, discordance],
-                         boxes.components(), status, api_name="evaluate", concurrency_id=MODEL_QUEUE,
+                         boxes.components(), status, api_name="evaluate", concurrency_id=EVALUATE_QUEUE,
                          concurrency_limit=concurrency, show_progress_on=status)  # one progress bar, not one a box
 
     def stop_run(request: gr.Request):
@@ -360,7 +360,7 @@ def wire_dataset_info(workspace: EvalWorkspace, dataset, files, columns, describ
         with workspace.sessions.using(session_key(request)) as visitor:
             mapping = guessed_columns(key, uploaded, workspace, visitor, strict=True)
         return {guess: {role: mapping[role] or "" for role in COLUMN_ROLES},
-                described: f"{mapping['rows']:,} rows in {dataset_label(key)}.", row_count: mapping["rows"]}
+                described: f"{mapping['rows']:,} rows in {escape_markdown(dataset_label(key))}.", row_count: mapping["rows"]}
 
     def fill(found, before, *now):
         """The guess in the boxes unchanged since the choice; a box left out keeps what it shows."""

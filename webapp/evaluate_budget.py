@@ -16,7 +16,7 @@ from g4v.errors import G4VError
 from g4v.evaluate.budget import accuracy_text, parse_keeps, parse_policies, run_budget_sweep
 from g4v.model.token_budget import DEFAULT_KEEPS, POLICIES
 from viz.token_budget import budget_figure
-from webapp.common import MODEL_QUEUE, OutputBoxes, shows_errors, without_error_badges
+from webapp.common import EVALUATE_QUEUE, OutputBoxes, escape_markdown, shows_errors, without_error_badges
 from webapp.evaluate_runs import eval_config, in_worker
 from webapp.sessions import session_key
 
@@ -26,7 +26,7 @@ DEFAULT_POLICIES = ("norm", "random")
 
 def curve_markdown(curve: dict) -> str:
     """The curve as a table: one row per (policy, kept %)."""
-    lines = [f"**Token budget of {curve['arm']}** (random is the control)", "",
+    lines = [f"**Token budget of {escape_markdown(curve['arm'])}** (random is the control)", "",
              "| policy | kept | rows | accuracy [95%] | same answer | KL mean [95%] |", "|---|---|---|---|---|---|"]
     for point in curve["points"]:
         agree = "-" if point["agreement"] is None else f"{100 * point['agreement']:.0f}%"
@@ -95,5 +95,5 @@ def budget_section(workspace, choices, reuse: dict, adapters_dir, inputs: list, 
         return {boxes.status: curve_markdown(data), boxes.plot: budget_figure(data), boxes.curve: data}
 
     event = run.click(sweep, [*inputs, keeps, policies], boxes.components(), api_name="evaluate_budget",
-                      concurrency_id=MODEL_QUEUE, concurrency_limit=concurrency, show_progress_on=boxes.status)
+                      concurrency_id=EVALUATE_QUEUE, concurrency_limit=concurrency, show_progress_on=boxes.status)
     without_error_badges(event, boxes.components())

@@ -6,9 +6,9 @@ which the CLI prints too)."""
 
 import gradio as gr
 
-from g4v.errors import G4VError, check_value
+from g4v.errors import G4VError, check_value, read_decimal
 from g4v.evaluate import EvalConfig
-from g4v.evaluate.run import check_share
+from g4v.evaluate.run import MIN_MARGIN, check_margin, check_share
 from g4v.evaluate.equivalence import plan_line, summary_lines
 from g4v.evaluate.fields import FIELD_HEADERS, field_rows
 from g4v.evaluate.stats import detectable
@@ -30,10 +30,11 @@ def equivalence_boxes() -> tuple[gr.Number, gr.Number]:
     return margin, discordance
 
 
-def checked_share(value, name: str) -> float:
-    """A margin or discordance box's value, strictly between 0 and 1, or one line naming the box
-    (in the command line's words: :data:`g4v.evaluate.run.check_share`)."""
-    check_value(name, value, check_share)
+def checked_share(value, name: str, check=check_share) -> float:
+    """A margin or discordance box's value, strictly between 0 and 1 (the margin at least
+    :data:`~g4v.evaluate.run.MIN_MARGIN`: ``check=check_margin``), or one line naming the box (in
+    the command line's words: :data:`g4v.evaluate.run.check_share`)."""
+    check_value(name, value, check)
     return value
 
 
@@ -51,13 +52,13 @@ def wire_plan(row_count, limit, discordance, margin, planned) -> None:
                       queue=False)
 
 
-def _share(value) -> float | None:
-    """A box's share strictly between 0 and 1, else None."""
+def _share(value, smallest: float = 0.0) -> float | None:
+    """A box's share strictly between 0 and 1 (and at least ``smallest``), else None."""
     try:
-        share = float(value)
+        share = read_decimal(value)
     except (TypeError, ValueError):
         return None
-    return share if not isinstance(value, bool) and 0 < share < 1 else None
+    return share if not isinstance(value, bool) and 0 < share < 1 and share >= smallest else None
 
 
 def plan_text(rows, limit, discordance, margin=EvalConfig.margin) -> str:
@@ -68,7 +69,7 @@ def plan_text(rows, limit, discordance, margin=EvalConfig.margin) -> str:
         cut = whole_or_none(limit, ROWS_NAME, smallest=1, means_none=0)
     except G4VError:
         return ""
-    share, points = _share(discordance), _share(margin)
+    share, points = _share(discordance), _share(margin, MIN_MARGIN)
     if not rows or share is None or points is None:
         return ""
     return "Before the run: " + plan_line(detectable(min(rows, cut or rows), share, margin=points)) + "."

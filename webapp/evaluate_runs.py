@@ -8,6 +8,7 @@ from dataclasses import fields
 
 from g4v.evaluate import Columns, EvalConfig, open_dataset
 from g4v.evaluate.equivalence import DISCORDANCE, MARGIN
+from g4v.evaluate.run import check_margin
 from webapp.common import sampling_settings, time_left
 from webapp.evaluate_choices import ArmChoice, pick_arms
 from webapp.evaluate_equivalence import DISCORDANCE_NAME, MARGIN_NAME, checked_share
@@ -33,13 +34,29 @@ def eval_config(workspace, choices: list[ArmChoice], visitor, arm_a, arm_b, data
     return EvalConfig(a=a, b=b, data=str(source), columns=mapping,
                       limit=whole_or_none(limit, ROWS_NAME, smallest=1, means_none=0),
                       seed=whole_or_none(seed, SEED_NAME, smallest=0, means_none=-1), max_new_tokens=tokens,
-                      blank_probe=bool(blank_probe), levels=bool(levels), margin=checked_share(margin, MARGIN_NAME),
+                      blank_probe=bool(blank_probe), levels=bool(levels), margin=checked_share(margin, MARGIN_NAME, check_margin),
                       discordance=checked_share(discordance, DISCORDANCE_NAME))
+
+
+def client_gone() -> bool:
+    """Whether the visitor of the event running in this thread has gone: closed the page, or closed
+    the API client's event stream. Gradio (6.31) then marks the event's job as no longer alive
+    (``Queue.clean_events``), but raises nothing into a handler that does not yield: one that waits
+    on a worker asks here. The event is found as ``gr.Progress`` finds it (Gradio's ``LocalContext``).
+    False outside a queued event."""
+    from gradio.context import LocalContext
+
+    blocks, event_id = LocalContext.blocks.get(None), LocalContext.event_id.get(None)
+    queue = getattr(blocks, "_queue", None)
+    event = queue.event_ids_to_events.get(event_id) if queue is not None and event_id else None
+    return event is not None and not event.alive
 
 
 def in_worker(workspace, request, progress, unit: str, job):
     """``job(report, cancel)`` in a worker thread while the handler shows its progress (``report(done,
-    total)`` in ``unit``); Stop sets ``cancel``. Returns the job's result, or raises its error."""
+    total)`` in ``unit``); Stop sets ``cancel``, and so does the visitor's going away
+    (:func:`client_gone`, read at each poll): the job stops after the batch in hand, so no run outlives
+    its visitor. Returns the job's result, or raises its error."""
     session = session_key(request) or "api"
     switch = workspace.stop_switch(session)
     counts, outcome = [0, 0], {}
@@ -57,6 +74,8 @@ def in_worker(workspace, request, progress, unit: str, job):
         started = None  # when the samples began (opening the arms is not their pace)
         while worker.is_alive():
             worker.join(POLL_SECONDS)
+            if client_gone():
+                switch.set()
             done, total = counts
             if total:
                 started = started or time.monotonic()
@@ -66,6 +85,6 @@ def in_worker(workspace, request, progress, unit: str, job):
             raise outcome["error"]
         return outcome["result"]
     finally:
-        switch.set()  # a closed connection or a failure stops the worker too
+        switch.set()  # a failure in this thread (or a generator closed by Gradio) stops the worker too
         worker.join()
         workspace.forget(session, switch)

@@ -4,9 +4,10 @@ check of the tab's whole-number boxes."""
 
 import math
 
-from g4v.errors import G4VError, quoted
+from g4v.errors import G4VError, quoted, read_decimal
 from g4v.evaluate import SampleResult
 from g4v.evaluate.stats import worst_rows
+from webapp.common import markdown_code
 
 AGGREGATE_HEADERS = ["group", "n", "errors", "A accuracy [95% CI]", "B accuracy [95% CI]",
                      "right: both / A only / B only / neither", "McNemar p", "same answer", "KL mean", "KL q99",
@@ -120,7 +121,7 @@ def run_status(summary: dict, label_a: str, label_b: str) -> str:
     """One paragraph: how much of the run is done and its headline numbers."""
     n, errors = summary.get("n", 0), summary.get("n_errors", 0)
     done = "Finished" if summary.get("complete", True) else "Stopped (press Run again to continue where it stopped)"
-    parts = [f"**{done}**: {n} sample(s), {errors} with errors. A = `{label_a}`, B = `{label_b}`."]
+    parts = [f"**{done}**: {n} sample(s), {errors} with errors. A = {markdown_code(label_a)}, B = {markdown_code(label_b)}."]
     agreement = summary.get("agreement")
     if agreement is not None:
         parts.append(f"The greedy answers agree on {agreement:.1%}.")
@@ -141,8 +142,8 @@ def whole_or_none(value, name: str, smallest: int, means_none: int) -> int | Non
     whole number >= ``smallest``."""
     if value is None or value == "" or (value == means_none and not isinstance(value, bool)):
         return None
-    try:
-        number = float(value)
+    try:  # typed (an API client's text): the digits 0-9 only, as every box reads a number
+        number = read_decimal(value) if isinstance(value, str) else float(value)
     except (TypeError, ValueError, OverflowError):
         number = math.nan
     if isinstance(value, bool) or not math.isfinite(number) or not number.is_integer() or number < smallest:

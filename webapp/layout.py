@@ -12,7 +12,7 @@ from g4v.paths import (ASSETS_DIR, DOCUMENTS_MODEL_DIR, EXAMPLES_DIR, REAL_MODEL
 from webapp.attribution import attribution_tab
 from webapp.chat import chat_tab
 from webapp.circuits import circuits_tab
-from webapp.common import engine_line, model_task
+from webapp.common import WorkbenchBlocks, engine_line, markdown_code, model_task
 from webapp.deepstack import deepstack_tab
 from webapp.evaluate import STORES, EvalWorkspace, evaluate_tab
 from webapp.evaluate_open import OpenInChat, OpenInDeepstack, OpenInLora, OpenTargets
@@ -57,7 +57,7 @@ def banner(model: str) -> str:
     if is_bundled(model):
         return ("**Demo checkpoint in use**: a tiny Granite 4 Vision with the real architecture and random "
                 "weights, bundled so the workbench runs offline. Its answers are not meaningful. " + switch)
-    return f"Model: `{model_name(model)}`"  # a local folder by its name: the page never shows a server path
+    return f"Model: {markdown_code(model_name(model))}"  # a local folder by its name: the page never shows a server path
 
 
 def example_rows(model: str) -> list[list]:
@@ -87,7 +87,7 @@ def build_app(engine: Engine, model: str, concurrency: int = 1, adapters_dir=Non
     bundled one); ``eval_servers``: OpenAI-compatible servers it offers as arms (``URL[,model=NAME]``)."""
     config = local_config(engine)
     gpu_task = model_task(engine, gpu_task)  # a request sent while the model loads is told so
-    with gr.Blocks(title="Granite 4 Vision workbench", analytics_enabled=False, delete_cache=CACHE_CLEANUP) as demo:
+    with WorkbenchBlocks(title="Granite 4 Vision workbench", analytics_enabled=False, delete_cache=CACHE_CLEANUP) as demo:
         # Each visitor's files in folders of their own (webapp.sessions), inside Gradio's cache so
         # Gradio serves them without copying them, and the stores' pruning is the only copy's
         # lifetime. Exports: at least twice the model's concurrency, so none is pruned while written.

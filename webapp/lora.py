@@ -11,7 +11,7 @@ from g4v.lora.models import model_choices
 from g4v.lora.settings import LoraDiffSettings
 from g4v.lora.side_by_side import lora_side_by_side
 from g4v.lora.token_diff import lora_token_diff
-from webapp.common import (MODEL_QUEUE, image_input, last_chat_image_button, refuse_non_pictures, sampling_settings,
+from webapp.common import (MODEL_QUEUE, escape_markdown, image_input, last_chat_image_button, refuse_non_pictures, sampling_settings,
                            shows_errors, use_last_chat_image, without_error_badges)
 from webapp.documents import document_picker
 
@@ -42,6 +42,12 @@ def make_handlers(engine, adapters_dir, gpu_task):
     return side_by_side, token_diff
 
 
+def warning_line(name, adapters_dir, model) -> str:
+    """The line under the pickers when the adapter was made for another base: text as written (the
+    adapter's folder name and its config's base are the adapter's own words, never markup)."""
+    return escape_markdown(base_warning(name, adapters_dir, model))
+
+
 def _pickers(engine, adapters_dir, adapter, left, right):
     """Both model pickers and both answer boxes named for ``adapter``'s kind (a choice the new
     list lacks falls back to the default)."""
@@ -60,7 +66,7 @@ def lora_tab(engine, model: str, adapters_dir, last_chat_image: gr.State, concur
     gr.Markdown("Two models' answers side by side, and where they differ token by token: on a checkpoint with a "
                 "vision LoRA the base language model, the vision model (what Chat runs) and your adapter as its "
                 "kind runs (on top of the vision LoRA, or in its place); otherwise the model and the adapter. "
-                + adapter_folder_help(adapters_dir))
+                + escape_markdown(adapter_folder_help(adapters_dir)))
     options = describe_adapters(adapters_dir, model)  # adapters made for this model first
     # a row of its own: an entry names its base ("... (made for assets/granite4-vision-tiny-trained)"),
     # cut off in a third of the page
@@ -84,7 +90,7 @@ def lora_tab(engine, model: str, adapters_dir, last_chat_image: gr.State, concur
     with gr.Row():
         left = gr.Dropdown(choices, value=DEFAULTS.left, label="Left model", elem_id="lora-left")
         right = gr.Dropdown(choices, value=DEFAULTS.right, label="Right model", elem_id="lora-right")
-    warning = gr.Markdown(base_warning(adapter.value, adapters_dir, model), elem_id="lora-base-warning")
+    warning = gr.Markdown(warning_line(adapter.value, adapters_dir, model), elem_id="lora-base-warning")
     prompt = gr.Textbox(label="Prompt", value="What colour is the shape?", elem_id="lora-prompt")
     with gr.Row():
         run = gr.Button("Run side by side", variant="primary")
@@ -101,7 +107,7 @@ def lora_tab(engine, model: str, adapters_dir, last_chat_image: gr.State, concur
 
     side_by_side, token_diff = make_handlers(engine, adapters_dir, gpu_task)
     use_last_chat_image(from_chat, last_chat_image, image)
-    adapter.change(lambda name: base_warning(name, adapters_dir, model), adapter, warning, api_visibility="private",
+    adapter.change(lambda name: warning_line(name, adapters_dir, model), adapter, warning, api_visibility="private",
                    queue=False, show_progress="hidden")  # a mismatch runs, with this line in view
     # names and answer boxes follow the adapter's kind (whoever sets it) and the user's choices
     picked = [adapter, left, right]

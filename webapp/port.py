@@ -15,7 +15,7 @@ from g4v.port import lora_audit
 from g4v.port.in_vllm_env import run_port_diff_in_vllm_env
 from g4v.port.settings import PortDiffSettings
 from g4v.port.table import LEVEL_COLUMNS, level_rows, without_model_path
-from webapp.common import (image_input, last_chat_image_button, refuse_non_pictures, shows_errors, use_last_chat_image,
+from webapp.common import (escape_markdown, image_input, last_chat_image_button, refuse_non_pictures, shows_errors, use_last_chat_image,
                            without_error_badges)
 from webapp.documents import document_picker
 
@@ -103,17 +103,17 @@ def audit_note(checkpoint: PortCheckpoint, vision_lora, vllm_vision_lora, servin
     try:
         settings = lora_settings(checkpoint, vision_lora, vllm_vision_lora, serving_text, strict=False)
     except G4VError as err:
-        return f"**Not usable**: {err}"
+        return f"**Not usable**: {escape_markdown(err)}"
     if settings.refused:
-        return "\n".join([f"**Not usable**: {SERVING_NAME}: " + "; ".join(settings.refused), "",
-                          *(f"- {line}" for line in settings.findings)])
+        return "\n".join([f"**Not usable**: {SERVING_NAME}: " + escape_markdown("; ".join(settings.refused)), "",
+                          *(f"- {escape_markdown(line)}" for line in settings.findings)])
     lora = checkpoint.lora
     head = ("This checkpoint has no vision LoRA (its weights are the vision model): the modes do not apply."
             if lora is None else f"Vision LoRA: rank {lora.rank}, {len(lora.modules)} modules; transformers "
             f"{settings.transformers}, vLLM {settings.vllm}"
             + (" with g4v's recipe." if settings.serving is None else " with your LoRA arguments."))
     lines = settings.findings or ["no finding: both sides run the same model"]
-    return head + "\n\n" + "\n".join(f"- {line}" for line in lines)
+    return head + "\n\n" + "\n".join(f"- {escape_markdown(line)}" for line in lines)
 
 
 def make_port_diff(model: str, checkpoint: PortCheckpoint | None = None):
@@ -142,9 +142,10 @@ def tab_outputs(summary: dict, checkpoint: PortCheckpoint | None = None) -> tupl
         summary = _mapped(summary, checkpoint.shown)
     tolerance = summary.get("tolerance") or {}
     findings = (summary.get("vision_lora") or {}).get("findings") or []
-    verdict = (f"**{'Agrees' if summary.get('ok') else 'Differs'}**: {summary.get('message', '')}"
+    verdict = (f"**{'Agrees' if summary.get('ok') else 'Differs'}**: {escape_markdown(summary.get('message', ''))}"
                + (f"\n\nPer-level tolerance: `{tolerance['rule']}` ({tolerance['source']})" if tolerance else "")
-               + ("\n\nVision LoRA findings:\n" + "\n".join(f"- {line}" for line in findings) if findings else ""))
+               + ("\n\nVision LoRA findings:\n" + "\n".join(f"- {escape_markdown(line)}" for line in findings)
+                  if findings else ""))
     return verdict, level_rows(summary.get("levels") or []), summary
 
 

@@ -20,6 +20,7 @@ import torch
 from g4v.attribution.forward import encode_image, make_answer
 from g4v.attribution.gradients import METHODS, gradient_x_input
 from g4v.attribution.pointing import PICTURE_SETS, POINTING_METHOD, POINTING_TARGET, POINTING_TARGETS
+from g4v.errors import read_whole
 from g4v.model.bench import add_model_flags, build_model, measure_modes, run_benchmarks, synthetic_inputs
 from g4v.model.levels import describe_levels
 
@@ -77,7 +78,7 @@ def format_result(result: AttributionBench) -> str:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_model_flags(parser)
-    parser.add_argument("--pointing-game", type=int, default=0, metavar="N",
+    parser.add_argument("--pointing-game", type=read_whole, default=0, metavar="N",
                         help="instead: the pointing game on N held-out demo pictures (trained checkpoint)")
     parser.add_argument("--pointing-model", default=None, metavar="DIR",
                         help="checkpoint for --pointing-game (default: the trained demo checkpoint)")

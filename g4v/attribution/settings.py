@@ -9,7 +9,7 @@ command's flags cost no import; the gradient and deletion modules take their def
 from dataclasses import dataclass, field
 
 from g4v.conversation import check_text, max_text_chars
-from g4v.errors import G4VError, check_fields, whole_number
+from g4v.errors import G4VError, NumberError, check_fields, quoted, read_whole, whole_number
 
 METHODS = ("gradxinput", "ig")
 DEFAULT_IG_STEPS = 16  # path points for integrated gradients (Captum's Gauss-Legendre rule)
@@ -44,9 +44,9 @@ def read_token(text: str) -> int | None:
     if text.strip().lower() == "all":
         return None
     try:
-        return int(text)
-    except ValueError:
-        raise ValueError(f"must be a whole number or 'all', got {text!r}") from None
+        return read_whole(text)
+    except NumberError:
+        raise NumberError(f"must be a whole number or 'all' (digits 0-9), got {quoted(text)}") from None
 
 
 @dataclass

@@ -69,6 +69,7 @@ class ImageAttention:
             "text_share_per_head": self.text_per_head.tolist(),
             "image_share_by_kind": self.share_by_kind(),
             "mean_attention": self.mean.tolist(),  # per layer, one weight per image token
+            "attention_per_head": self.per_head.tolist(),  # per layer, per head, one weight per image token
             "image_tokens": [{"position": p, "kind": t.kind, "row": t.row, "col": t.col, "tile": t.tile,
                               "box": list(t.box)} for p, t in zip(self.image_positions, self.plan.tokens)],
         }

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from g4v.conversation import check_continuation_length
-from g4v.errors import G4VError, check_value, whole_number
+from g4v.errors import G4VError, NumberError, check_value, quoted, read_whole, whole_number
 from g4v.model.levels import Level
 
 if TYPE_CHECKING:
@@ -65,9 +65,10 @@ def parse_layers(spec: str, num_layers: int) -> list[int]:
     if len(text) > MAX_LAYERS_CHARS:
         raise G4VError(f"layers are written all, N or A-B (e.g. 2-5); got {len(text):,} characters")
     first, sep, last = text.partition("-")
-    if not first.isdigit() or (sep and not last.isdigit()):
-        raise G4VError(f"layers are written all, N or A-B (e.g. 2-5), got {spec!r}")
-    start, end = int(first), int(last) if sep else int(first)
+    try:
+        start, end = read_whole(first, signed=False), read_whole(last if sep else first, signed=False)
+    except NumberError:
+        raise G4VError(f"layers are written all, N or A-B with the digits 0-9 (e.g. 2-5), got {quoted(spec)}") from None
     if start > end:
         raise G4VError(f"the layer range {spec} is empty: its start is after its end")
     if end >= num_layers:

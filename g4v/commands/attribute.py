@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 
 from g4v.attribution.settings import AttributionSettings
-from g4v.commands.common import add_model_flags
+from g4v.commands.common import add_model_flags, output_folder
 from g4v.commands.inputs import add_picture_flags, open_single
 from g4v.commands.settings_flags import add_settings_flags, settings_from_args
 from g4v.errors import G4VError
@@ -26,7 +26,7 @@ def add_parser(subparsers):
     parser = subparsers.add_parser("attribute", help="per-level attribution, deletion test and logit lens")
     add_model_flags(parser)
     add_picture_flags(parser)
-    parser.add_argument("--out", required=True, metavar="DIR", help="folder for summary.json, PNGs, tensors")
+    parser.add_argument("--out", required=True, type=output_folder, metavar="DIR", help="folder for summary.json, PNGs, tensors")
     others = tuple(field.name for field in dataclasses.fields(AttributionSettings) if field.name not in _EXCLUSIVE)
     add_settings_flags(parser.add_mutually_exclusive_group(), AttributionSettings, exclude=others)
     add_settings_flags(parser, AttributionSettings, exclude=_NOT_FLAGS + _EXCLUSIVE)

@@ -7,8 +7,9 @@ vary too much to assert on.
 
 import sys
 
-from g4v.commands.common import add_model_flags
+from g4v.commands.common import add_model_flags, output_file
 from g4v.commands.engine_flags import add_engine_flags, engine_options
+from g4v.errors import read_whole
 
 #: New tokens each conversation answers with in ``bench engines``, unless told.
 ENGINE_BENCH_TOKENS = 64
@@ -19,14 +20,14 @@ def add_engines_arguments(parser) -> None:
     add_engine_flags(parser)
     parser.add_argument("--backends", default=None,
                         help="comma-separated, from hf, vllm, openai (default: every one available here)")
-    parser.add_argument("--chats", type=int, default=8, help="conversations submitted at once")
-    parser.add_argument("--max-new-tokens", type=int, default=ENGINE_BENCH_TOKENS,
+    parser.add_argument("--chats", type=read_whole, default=8, help="conversations submitted at once")
+    parser.add_argument("--max-new-tokens", type=read_whole, default=ENGINE_BENCH_TOKENS,
                         help="new tokens per conversation")
     parser.add_argument("--serve", action="store_true",
                         help="for the openai backend, start a local vLLM server (127.0.0.1) for the run")
     parser.add_argument("--vision-lora-modes", default=None, metavar="MODES",
                         help="run each backend once per mode of the checkpoint's vision LoRA, e.g. native,merged,off")
-    parser.add_argument("--markdown", default=None, metavar="PATH", help="also write the table to PATH")
+    parser.add_argument("--markdown", default=None, type=output_file, metavar="PATH", help="also write the table to PATH")
 
 
 def run_engines(args) -> int:

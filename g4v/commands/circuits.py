@@ -22,7 +22,7 @@ import json
 from pathlib import Path
 
 from g4v.circuits.exports import FILES
-from g4v.commands.common import add_model_flags
+from g4v.commands.common import add_model_flags, output_folder
 from g4v.commands.inputs import add_page_flags, open_single
 from g4v.commands.settings_flags import add_settings_flags, settings_from_args
 from g4v.errors import G4VError
@@ -56,7 +56,7 @@ def add_parser(subparsers):
         add_settings_flags(sub, CircuitSettings, exclude=excluded)
         sub.add_argument("--json", action="store_true", help="print the whole result as JSON instead of a table")
         if verb in FILES:
-            sub.add_argument("--out", default=None, metavar="DIR",
+            sub.add_argument("--out", default=None, type=output_folder, metavar="DIR",
                              help=f"also write the result and its pictures ({', '.join(FILES[verb])})")
     return parser
 

@@ -19,7 +19,7 @@ import threading
 from dataclasses import replace
 from pathlib import Path
 
-from g4v.commands.common import add_adapters_dir_flag
+from g4v.commands.common import add_adapters_dir_flag, output_folder
 from g4v.commands.settings_flags import add_settings_flags, settings_from_args
 from g4v.evaluate.equivalence import plan_line, summary_lines
 from g4v.evaluate.fields import field_rows
@@ -50,7 +50,7 @@ def add_parser(subparsers):
                              "or Hub id (assets/datasets/shapes-heldout is bundled)")
     parser.add_argument("--columns", default=None, metavar="MAP",
                         help="column mapping, e.g. image=img,prompt=question,reference=answer,category=kind")
-    parser.add_argument("--out", required=True, type=Path, metavar="DIR", help="results folder (resumable)")
+    parser.add_argument("--out", required=True, type=output_folder, metavar="DIR", help="results folder (resumable)")
     add_settings_flags(parser, EvalConfig, exclude=_OWN_FLAGS)
     parser.add_argument("--keep-sweep", default=None, metavar="K,K,...",
                         help="token-budget sweep instead of A vs B: arm A against itself keeping each percent of "

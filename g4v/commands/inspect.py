@@ -6,7 +6,7 @@ Writes ``summary.json``, the PNGs and ``capture.safetensors`` into ``DIR``.
 
 from pathlib import Path
 
-from g4v.commands.common import add_model_flags
+from g4v.commands.common import add_model_flags, output_folder
 from g4v.commands.inputs import add_picture_flags, open_single
 from g4v.commands.settings_flags import add_settings_flags, settings_from_args
 from g4v.errors import G4VError
@@ -17,7 +17,7 @@ def add_parser(subparsers):
     parser = subparsers.add_parser("inspect", help="deepstack and spatial activation inspector")
     add_model_flags(parser)
     add_picture_flags(parser)
-    parser.add_argument("--out", required=True, metavar="DIR", help="folder for summary.json, PNGs, capture")
+    parser.add_argument("--out", required=True, type=output_folder, metavar="DIR", help="folder for summary.json, PNGs, capture")
     add_settings_flags(parser, InspectSettings)  # --ablate, --scale, --full, --max-new-tokens
     return parser
 

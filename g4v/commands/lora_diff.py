@@ -5,7 +5,7 @@ import json
 import sys
 
 from g4v.commands.chat import open_images, warn_about_base
-from g4v.commands.common import add_adapters_dir_flag, add_model_flags
+from g4v.commands.common import add_adapters_dir_flag, add_model_flags, output_file
 from g4v.commands.engine_flags import add_vision_lora_flag
 from g4v.commands.inputs import add_page_flags
 from g4v.commands.settings_flags import add_settings_flags, settings_from_args
@@ -34,8 +34,8 @@ def add_parser(subparsers):
     add_page_flags(parser)
     parser.add_argument("--prompt", required=True, help="the question")
     parser.add_argument("--json", action="store_true", help="print the full result as JSON")
-    parser.add_argument("--png", default=None, metavar="PATH", help="also save the highlighted answers as a PNG")
-    parser.add_argument("--plot", default=None, metavar="PATH", help="also save the per-token plot as a PNG")
+    parser.add_argument("--png", default=None, type=output_file, metavar="PATH", help="also save the highlighted answers as a PNG")
+    parser.add_argument("--plot", default=None, type=output_file, metavar="PATH", help="also save the per-token plot as a PNG")
     add_adapters_dir_flag(parser)
     return parser
 

@@ -12,6 +12,7 @@ all the same), so CI can tell "the port departs" from "the tool could not run"."
 import json
 import os
 
+from g4v.commands.common import output_file
 from g4v.commands.inputs import add_picture_flags
 from g4v.commands.settings_flags import add_settings_flags, settings_from_args
 from g4v.errors import G4VError
@@ -30,7 +31,7 @@ def add_parser(subparsers):
     parser.add_argument("--fail-on-diff", action="store_true",
                         help=f"exit with status {EXIT_DIFFERS} when the verdict is DIFFERS (for CI)")
     parser.add_argument("--json", action="store_true", help="print the full result as JSON")
-    parser.add_argument("--png", default=None, metavar="PATH", help="also save heatmaps and trajectories as a PNG")
+    parser.add_argument("--png", default=None, type=output_file, metavar="PATH", help="also save heatmaps and trajectories as a PNG")
     return parser
 
 

@@ -13,6 +13,7 @@ import json
 
 from g4v.commands.inputs import add_picture_flags
 from g4v.commands.settings_flags import add_settings_flags, settings_from_args
+from g4v.errors import G4VError
 
 COLUMNS = ("level", "LLM", "rel error", "max token rel", "cosine", "min cosine", "max |diff|")
 WIDTHS = (12, 4, 11, 15, 11, 11, 11)
@@ -37,6 +38,8 @@ def run(args) -> int:
     from g4v.model.precision import Precision, check_precision, precision_drift, require_quant_library
 
     typed = settings_from_args(Precision, args)
+    if typed.quant is None and not typed.quant_vision:  # it was taken, and meant nothing
+        raise G4VError("--no-quant-vision says what --quant does to the vision part: give --quant int8 with it")
     candidate = check_precision(typed.dtype or (None if typed.quant else "bfloat16"), typed.quant,
                                 typed.quant_vision if typed.quant else None)
     require_quant_library(candidate.quant)

@@ -37,6 +37,8 @@ import json
 import types
 import typing
 
+from g4v.errors import read_decimal, read_whole
+
 
 def flag_of(field: dataclasses.Field) -> str:
     """The command-line flag of one settings field."""
@@ -88,14 +90,20 @@ def _parsing(field: dataclasses.Field, hint) -> dict:
         return {"action": argparse.BooleanOptionalAction}
     if kind in (list, tuple) and "nargs" in field.metadata:
         element = (typing.get_args(_unwrapped(hint)) or (str,))[0]
-        return {"nargs": field.metadata["nargs"], "action": "extend", "type": element, **given}
+        return {"nargs": field.metadata["nargs"], "action": "extend", "type": NUMBER_READERS.get(element, element), **given}
     if "parse" in field.metadata:
         return {"type": _checked_reader(field.metadata["parse"], field.metadata.get("check")), **given}
     if kind in (dict, list):
         return {"type": _json_reader(kind), "metavar": "JSON", **given}
+    kind = NUMBER_READERS.get(kind, kind)
     if "check" in field.metadata:
         return {"type": _checked_reader(kind, field.metadata["check"]), **given}
     return {"type": kind, **given}
+
+
+#: How a flag reads a number: as every box of the app does (:func:`g4v.errors.read_whole`), ASCII
+#: digits only, in one line (``int`` would take "٣", and "²" passes ``str.isdigit``).
+NUMBER_READERS = {int: read_whole, float: read_decimal}
 
 
 def _checked_reader(parse, check=None):

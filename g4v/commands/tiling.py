@@ -8,6 +8,7 @@ never the weights.
 import sys
 from pathlib import Path
 
+from g4v.commands.common import output_file
 from g4v.commands.inputs import add_page_flags, open_single
 from g4v.errors import G4VError
 
@@ -19,7 +20,7 @@ def add_parser(subparsers):
                         help="model folder or hub id whose config to use (default: $G4V_MODEL, else the bundled checkpoint)")
     source.add_argument("--config", default=None, metavar="FILE", help="a config.json file (or a folder holding one)")
     parser.add_argument("--json", action="store_true", help="print the plan as JSON (every token with kind and box)")
-    parser.add_argument("--png", default=None, metavar="OUT.png", help="write the overlay picture here")
+    parser.add_argument("--png", default=None, type=output_file, metavar="OUT.png", help="write the overlay picture here")
     parser.add_argument("image", help="the image, or a PDF (one page: --pages)")
     add_page_flags(parser)
     return parser

@@ -28,7 +28,7 @@ from pathlib import Path
 from PIL import Image
 
 from g4v.conversation import MAX_IMAGES_PER_MESSAGE
-from g4v.errors import G4VError, quoted
+from g4v.errors import G4VError, quoted, read_decimal
 from g4v.images import MAX_IMAGE_PIXELS, to_rgb
 
 #: Larger files are refused before they are read.
@@ -270,7 +270,7 @@ def parse_page_range(text: str | None, pages: int) -> list[int]:
 def check_dpi(dpi) -> float:
     """The render resolution as a number inside ``MIN_DPI..MAX_DPI``, or one line saying why not."""
     try:
-        value = float(dpi)
+        value = read_decimal(dpi)  # the digits 0-9 only, as every number typed (float reads "٣" too)
     except (TypeError, ValueError):
         raise G4VError(f"render resolution must be a number of dots per inch, not {dpi!r}") from None
     if not MIN_DPI <= value <= MAX_DPI:

@@ -2,7 +2,7 @@
 ``hf:quant=int8,quant-vision=no``, ``hf:keep=50,policy=norm``): each refusal one line that names the
 arm as typed. Used by :meth:`g4v.evaluate.arms.ArmSpec.parse`."""
 
-from g4v.errors import G4VError, quoted
+from g4v.errors import WHOLE_TEXT, G4VError, quoted, read_whole
 
 
 def checked_precision(text: str, backend: str, values: dict) -> dict:
@@ -24,7 +24,7 @@ def checked_budget(text: str, backend: str, keep: str | None, policy: str | None
     def check():
         if keep is None:
             raise G4VError("policy= needs keep=K (the percent of image tokens kept)")
-        budget = TokenBudget(int(keep) if keep.isdigit() else keep, policy or "norm")
+        budget = TokenBudget(read_whole(keep) if WHOLE_TEXT.fullmatch(keep.strip()) else keep, policy or "norm")
         return {"keep": budget.keep, "policy": budget.policy}
 
     return _on_hf(text, backend, "a token budget (keep=, policy=) runs on hf arms only", check)

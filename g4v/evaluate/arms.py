@@ -86,7 +86,10 @@ class ArmSpec:
             if not sep or not value or key not in {**ARM_KEYS, **PRECISION_KEYS}:
                 raise G4VError(f"arm {quoted(text)}: expected model=, adapter=, vision-lora=, dtype=, quant=, "
                                f"quant-vision=, keep=, policy= or label=, got {quoted(part)}")
-            values[{**ARM_KEYS, **PRECISION_KEYS}[key]] = value
+            field_name = {**ARM_KEYS, **PRECISION_KEYS}[key]
+            if field_name in values:  # hf:keep=50,keep=10 took the last silently
+                raise G4VError(f"arm {quoted(text)}: {key}= is given twice; give it once")
+            values[field_name] = value
         if "vision_lora" in values:
             if backend == "openai":
                 raise G4VError(f"arm {quoted(text)}: an openai arm's vision LoRA is the server's choice "

@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from g4v.conversation import SamplingSettings
 from g4v.engines.bench import known
 from g4v.engines.vision_lora import check_mode
-from g4v.errors import G4VError
+from g4v.errors import G4VError, read_decimal, read_whole
 from g4v.evaluate.arms import ARM_KEYS, ArmSpec, check_arms, open_arm
 from g4v.evaluate.data import BUNDLED_DATASET, Columns, open_dataset
 from g4v.evaluate.run import EvalConfig, row_order
@@ -57,9 +57,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--backends", default="hf,vllm", help="arms to time, comma-separated (default hf,vllm)")
     parser.add_argument("--data", default=str(BUNDLED_DATASET), help="dataset (default: the bundled one)")
     parser.add_argument("--columns", default=None, help="column mapping, as for eval")
-    parser.add_argument("--limit", type=int, default=None, help="only the first N rows (default: all)")
-    parser.add_argument("--max-new-tokens", type=int, default=EvalConfig.max_new_tokens)
-    parser.add_argument("--concurrency", type=int, default=EvalConfig.concurrency, help="openai arms' pool size")
+    parser.add_argument("--limit", type=read_whole, default=None, help="only the first N rows (default: all)")
+    parser.add_argument("--max-new-tokens", type=read_whole, default=EvalConfig.max_new_tokens)
+    parser.add_argument("--concurrency", type=read_whole, default=EvalConfig.concurrency, help="openai arms' pool size")
     parser.add_argument("--vision-lora-modes", default=None, metavar="MODES",
                         help="run each hf/vllm arm once per vision LoRA mode, e.g. native,merged,off "
                              "(the arms' model must carry a vision LoRA)")
@@ -70,7 +70,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--b", default="hf:adapter=tiny-trained-french", help="--whole-run: second arm (default: the adapter)")
     parser.add_argument("--baseline-checkout", default=None, metavar="DIR",
                         help="--whole-run: also time the same run in this checkout of an older commit (git worktree add DIR COMMIT)")
-    parser.add_argument("--timeout", type=float, default=1800, help="--whole-run: longest a timed whole run may take, in s")
+    parser.add_argument("--timeout", type=read_decimal, default=1800, help="--whole-run: longest a timed whole run may take, in s")
 
 
 def run(args) -> int:

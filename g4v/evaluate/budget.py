@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from g4v.errors import G4VError, quoted
+from g4v.errors import MAX_NUMBER_CHARS, WHOLE_TEXT, G4VError, quoted
 from g4v.evaluate.arms import ArmSpec, open_arm
 from g4v.evaluate.run import EvalConfig, RunResult, run_eval
 from g4v.evaluate.stats import Z95
@@ -72,8 +72,8 @@ def parse_keeps(text) -> tuple[int, ...]:
         raise G4VError(f"kept percentages must be a comma-separated list like 100,75,50,25,10, got {quoted(str(text))}")
     keeps = []
     for part in parts:
-        if not part.isdigit():
-            raise G4VError(f"kept percentage {quoted(part)} is not a whole number from 1 to 100")
+        if not WHOLE_TEXT.fullmatch(part) or len(part) > MAX_NUMBER_CHARS:
+            raise G4VError(f"kept percentage {quoted(part)} is not a whole number from 1 to 100 (digits 0-9)")
         keeps.append(TokenBudget(int(part)).keep)
     return tuple(sorted(set(keeps), reverse=True))
 

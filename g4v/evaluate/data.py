@@ -32,6 +32,7 @@ from g4v.conversation import MAX_IMAGES_PER_MESSAGE, max_text_chars, text_previe
 from g4v.errors import G4VError, quoted
 from g4v.images import open_image
 from g4v.paths import ASSETS_DIR
+from g4v.tiling import resized_size, select_best_resolution
 
 #: The bundled example: held-out synthetic pictures with reference answers (``python -m g4v.demo dataset``).
 BUNDLED_DATASET = ASSETS_DIR / "datasets" / "shapes-heldout"
@@ -47,6 +48,42 @@ GUESSES = {
 }
 #: A picture path naming a URL or an fsspec chain (``hf://x``, ``http://...``, ``zip::...``).
 URL_LIKE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://|::")
+#: A dataset picture with more pixels than this is reduced as it is read (:class:`PictureFit`); one
+#: at most this large is kept as it is, so ordinary pictures reach the processor untouched.
+REDUCE_ABOVE_PIXELS = 4_000_000
+
+
+@dataclass(frozen=True)
+class PictureFit:
+    """The size a dataset picture is kept at once decoded: a picture of over
+    :data:`REDUCE_ABOVE_PIXELS` is reduced to the size the model's processor resizes it to anyway
+    (LLaVA-NeXT's anyres: fitted into the pinpoint it picks, :func:`g4v.tiling.select_best_resolution`),
+    so a row of four 6324 x 6324 pictures holds 4 x 120 MB only one picture at a time. The pinpoints
+    of both arms' models are pooled (the larger fit wins); with a model whose config is unknown (a
+    remote server's), the picture is scaled down to :data:`REDUCE_ABOVE_PIXELS`."""
+
+    pinpoints: tuple = ()  # (height, width) pairs; empty: the processor is unknown
+
+    @classmethod
+    def for_configs(cls, configs) -> "PictureFit":
+        pooled = []
+        for config in configs:
+            found = getattr(config, "image_grid_pinpoints", None)
+            if not found:
+                return cls()
+            pooled += [(int(pin[0]), int(pin[1])) for pin in found]
+        return cls(tuple(pooled))
+
+    def __call__(self, width: int, height: int) -> tuple[int, int]:
+        """``(width, height)`` to keep a picture of that size at."""
+        if width * height <= REDUCE_ABOVE_PIXELS:
+            return width, height
+        if self.pinpoints:
+            kept_height, kept_width = resized_size((height, width), select_best_resolution((height, width), self.pinpoints))
+        else:
+            scale = (REDUCE_ABOVE_PIXELS / (width * height)) ** 0.5
+            kept_width, kept_height = max(1, int(width * scale)), max(1, int(height * scale))
+        return (kept_width, kept_height) if kept_width * kept_height < width * height else (width, height)
 
 
 @dataclass(frozen=True)
@@ -103,8 +140,9 @@ class EvalDataset:
     def __len__(self) -> int:
         return len(self._table)
 
-    def sample(self, index: int) -> EvalSample:
-        """Row ``index``; never raises for a bad row (``error`` says what is wrong)."""
+    def sample(self, index: int, fit: PictureFit | None = None) -> EvalSample:
+        """Row ``index``, its pictures decoded one by one and each reduced by ``fit`` at once;
+        never raises for a bad row (``error`` says what is wrong)."""
         row = self._table[index]
         cols = self.columns
         sample = EvalSample(
@@ -117,14 +155,14 @@ class EvalDataset:
         )
         try:
             _bound_texts(sample)
-            self._load_images(sample, row.get(cols.image))
+            self._load_images(sample, row.get(cols.image), fit)
             if not sample.prompt.strip():
                 raise G4VError("empty prompt")
         except G4VError as err:
             sample.images, sample.error = [], str(err)
         return sample
 
-    def _load_images(self, sample: EvalSample, value) -> None:
+    def _load_images(self, sample: EvalSample, value, fit: PictureFit | None) -> None:
         entries = value if isinstance(value, list) else [value]
         entries = [entry for entry in entries if entry not in (None, "")]
         if not entries:
@@ -132,22 +170,22 @@ class EvalDataset:
         if len(entries) > MAX_IMAGES_PER_MESSAGE:
             raise G4VError(f"{len(entries)} images in one row, at most {MAX_IMAGES_PER_MESSAGE}")
         for entry in entries:
-            picture, path = self._open_entry(entry)
+            picture, path = self._open_entry(entry, fit)
             sample.images.append(picture)
             if path:
                 sample.image_paths.append(path)
 
-    def _open_entry(self, entry) -> tuple[Image.Image, str | None]:
+    def _open_entry(self, entry, fit: PictureFit | None) -> tuple[Image.Image, str | None]:
         """A picture from a path, an ``Image`` feature's ``{"bytes", "path"}`` or a PIL image."""
         if isinstance(entry, Image.Image):
-            return open_image(entry), None
+            return open_image(entry, fit=fit), None
         if isinstance(entry, dict) and entry.get("bytes"):
-            return open_image(entry["bytes"], name=Path(entry.get("path") or "image").name), None
+            return open_image(entry["bytes"], name=Path(entry.get("path") or "image").name, fit=fit), None
         path = entry.get("path") if isinstance(entry, dict) else entry
         if not isinstance(path, str):
             raise G4VError(f"image column holds {type(entry).__name__}, not a path or a picture")
         real = self._picture_path(path)
-        return open_image(str(real), name=Path(path).name), str(real)
+        return open_image(str(real), name=Path(path).name, fit=fit), str(real)
 
     def _picture_path(self, path: str) -> Path:
         """The file ``path`` names: never a URL, inside the dataset's folder when confined."""

@@ -28,7 +28,7 @@ import g4v.evaluate.store as store
 from g4v.engines.base import BATCH_SIZE
 from g4v.evaluate.arms import VLLM_IN_FLIGHT, Arm, ArmSpec, check_arms, open_arms
 from g4v.evaluate.requests import Requests
-from g4v.evaluate.data import Columns, EvalSample, open_dataset
+from g4v.evaluate.data import Columns, EvalSample, PictureFit, open_dataset
 from g4v.evaluate.scoring import (PairScores, agreement, blanked, image_tokens, level_drift, level_norms,
                                   precision_pair, score_pairs)
 from g4v.evaluate.equivalence import DISCORDANCE, MARGIN
@@ -37,10 +37,19 @@ from g4v.evaluate.stats import detectable, matches, summarise
 #: Fewest rows per chunk when both arms are local transformers (a chunk holds at least one batch);
 #: a batching arm gets chunks as large as the requests it keeps in flight.
 HF_CHUNK = 4
+#: The most picture pixels one chunk of rows holds, decoded (as RGB, 3 bytes each: 144 MB): a chunk
+#: ends early at the row that reaches it. Pictures are reduced as read (:class:`PictureFit`), so at
+#: worst a chunk of 8 rows of 4 pictures each at the real model's largest fit (1.47 M pixels) fits.
+CHUNK_PIXELS = 48_000_000
 
 
-#: The margin's and the discordance's check (the app's boxes use it too).
+#: The discordance's check (the app's box uses it too).
 check_share = share(example=" (0.02 = 2 points)")
+#: The smallest equivalence margin: a tenth of a point of accuracy already needs about 800,000 rows
+#: to be shown (a margin of 1e-300 overflowed the row count: OverflowError).
+MIN_MARGIN = 0.001
+#: The margin's check (the app's box uses it too).
+check_margin = share(example=" (0.02 = 2 points)", smallest=MIN_MARGIN)
 
 
 @dataclass
@@ -66,7 +75,7 @@ class EvalConfig:
         "help": "also answer with every picture blanked: flags arms whose answer ignores the image"})
     levels: bool = field(default=False, metadata={"help": "per-level injected norms (Deepstack capture), hf arms"})
     margin: float = field(default=MARGIN, metadata={
-        "check": check_share,
+        "check": check_margin,
         "help": "equivalence margin: the TOST asks whether |accuracy A - accuracy B| < this (0.02 = 2 points)"})
     discordance: float = field(default=DISCORDANCE, metadata={
         "check": check_share,
@@ -199,10 +208,10 @@ def run_eval(config: EvalConfig, out_dir: Path, *, adapters_dir=None, reuse=None
         try:
             size = chunk_size(config)
             model_config = _model_config(arm_a, arm_b)
+            fit = PictureFit.for_configs([_arm_config(arm) for arm in (arm_a, arm_b)])
             answers_per_row = 4 if config.blank_probe else 2
             progress_lock = threading.Lock()
-            for start in range(0, len(todo), size):
-                samples = [dataset.sample(index) for index in todo[start:start + size]]
+            for samples in sample_chunks(dataset, todo, size, fit):
                 answered = [0]
 
                 def answer_done(*_):  # progress moves with each answer, not only with each chunk
@@ -231,6 +240,20 @@ def run_eval(config: EvalConfig, out_dir: Path, *, adapters_dir=None, reuse=None
             arm_b.close()
     report(len(done), len(order))
     return _write_results(out_dir, config, order, done)
+
+
+def sample_chunks(dataset, indices: list[int], size: int, fit: PictureFit):
+    """The rows ``indices`` in chunks of ``size``, decoded only as each chunk is asked for; a chunk
+    whose pictures reach :data:`CHUNK_PIXELS` ends at that row."""
+    chunk, pixels = [], 0
+    for index in indices:
+        chunk.append(sample := dataset.sample(index, fit))
+        pixels += sum(picture.width * picture.height for picture in sample.images)
+        if len(chunk) == size or pixels >= CHUNK_PIXELS:
+            yield chunk
+            chunk, pixels = [], 0
+    if chunk:
+        yield chunk
 
 
 def _write_results(out_dir: Path, config: EvalConfig, order: list[int], done: dict) -> RunResult:
@@ -334,12 +357,18 @@ def _same(answer, blank_answer) -> bool | None:
     return answer.text == blank_answer.text
 
 
-def _model_config(arm_a: Arm, arm_b: Arm):
-    """The transformers config of a local arm's model (for image-token counts), or None."""
+def _arm_config(arm: Arm):
+    """The transformers config of the model ``arm`` answers with, or None (a remote server's)."""
     from g4v.loading import engine_config, load_config
 
-    for arm in (arm_a, arm_b):
-        if arm.spec.backend == "hf":
-            return engine_config(arm.engine)
-    path = arm_a.model_path or arm_b.model_path
-    return load_config(path) if path else None
+    if arm.spec.backend == "hf":
+        return engine_config(arm.engine)
+    return load_config(arm.model_path) if arm.model_path else None
+
+
+def _model_config(arm_a: Arm, arm_b: Arm):
+    """The transformers config of a local arm's model (for image-token counts), or None: an hf
+    arm's first, else that of an arm with a model folder."""
+    local = [arm for arm in (arm_a, arm_b) if arm.spec.backend == "hf"] or [arm for arm in (arm_a, arm_b)
+                                                                             if arm.model_path]
+    return _arm_config(local[0]) if local else None

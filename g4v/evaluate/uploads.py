@@ -18,6 +18,7 @@ import os
 import shutil
 import stat
 import zipfile
+import zlib
 from pathlib import Path, PurePosixPath
 
 from g4v.errors import G4VError, quoted
@@ -71,11 +72,23 @@ def _extract_zip(archive: Path, into: Path) -> None:
                 destination.parent.mkdir(parents=True, exist_ok=True)
                 with zipped.open(info) as source, open(destination, "xb") as sink:
                     _copy_at_most(source, sink, info.file_size, info.filename)
-    except zipfile.BadZipFile:
+    except (zipfile.BadZipFile, zlib.error, EOFError):
         raise G4VError(f"{archive.name} is not a zip file, or it is damaged") from None
     except (zipfile.LargeZipFile, NotImplementedError, RuntimeError, OSError) as err:
-        # unknown compression, a file and a folder of one name, a full disk
-        raise G4VError(f"{archive.name} cannot be unpacked ({type(err).__name__})") from None
+        raise G4VError(f"{archive.name} cannot be unpacked: {_unpack_problem(err)}") from None
+
+
+def _unpack_problem(err: Exception) -> str:
+    """What is wrong, in words (the exception's class name meant nothing to a visitor)."""
+    if isinstance(err, NotImplementedError):
+        return "it uses a compression method that cannot be read here (stored, deflate, bzip2 and lzma can)"
+    if isinstance(err, zipfile.LargeZipFile):
+        return "it needs ZIP64 extensions, which are not read here"
+    if isinstance(err, RuntimeError):
+        return "an entry is encrypted or needs a password"
+    if isinstance(err, (FileExistsError, IsADirectoryError, NotADirectoryError)):
+        return "two of its entries have one name (a file twice, or a file and a folder)"
+    return f"the server could not write it ({(getattr(err, 'strerror', None) or 'a file system error').lower()})"
 
 
 def entry_target(info: zipfile.ZipInfo) -> PurePosixPath | None:

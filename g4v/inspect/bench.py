@@ -20,7 +20,7 @@ from functools import partial
 
 import torch
 
-from g4v.errors import G4VError
+from g4v.errors import G4VError, read_whole
 from g4v.model.bench import add_model_flags, build_model, measure_modes, run_benchmarks, synthetic_inputs
 
 MODES = ("off", "norms", "full")
@@ -80,7 +80,7 @@ def format_result(result: BenchResult) -> str:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_model_flags(parser, models=("bundled", "larger"), repeats=7)
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    parser.add_argument("--threads", type=read_whole, default=None, help="torch CPU threads (default: torch's choice)")
 
 
 def run(args) -> int:

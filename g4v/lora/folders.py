@@ -65,15 +65,8 @@ def resolve_adapter(choice: str, dirs: list[Path] | None = None) -> tuple[str, P
     roots = [root.resolve() for root in dirs]
     choice = (choice or "").strip()
     _check_typed_name(choice)
-    candidate = _find_adapter(choice, roots, dirs)
-    real = _resolved(candidate, choice)
+    real = _resolved(_find_adapter(choice, roots, dirs), choice)
     root = _inside(real, roots)
-    if root is None:
-        folders = ", ".join(folder_label(d) for d in dirs)
-        raise G4VError(
-            f"adapter path {quoted(choice, 80)} is outside the adapter folders ({folders}); "
-            f"copy it there or name its folder with --adapters-dir or ${ADAPTERS_ENV}"
-        )
     if not real.is_dir():
         raise G4VError(f"adapter folder not found: {quoted(choice, 80)}")
     name = real.relative_to(root).as_posix()
@@ -99,16 +92,23 @@ def _check_typed_name(choice: str) -> None:
 
 
 def _find_adapter(choice: str, roots: list[Path], dirs: list[Path]) -> Path:
-    """The folder ``choice`` names: under an adapter folder first (what :func:`list_adapters`
-    shows), else a path as typed. Containment is checked afterwards, on the resolved result."""
+    """The existing path ``choice`` names inside an adapter folder: under an adapter folder first
+    (what :func:`list_adapters` shows), else a path as typed. Containment is decided on each
+    resolved path before asking whether anything is there: a path that leads outside every adapter
+    folder gets one answer, whether or not the server has such a file (``../../etc/passwd`` and
+    ``../../etc/no-such-file`` alike), so no answer tells which server paths exist."""
     typed = Path(choice).expanduser()
-    if typed.is_absolute():
-        return typed
-    for root in roots:
-        if _exists(root / typed):
-            return root / typed
-    if _exists(typed):
-        return typed
+    candidates = [typed] if typed.is_absolute() else [*(root / typed for root in roots), typed]
+    inside = [candidate for candidate in candidates if _inside(_resolved(candidate, choice), roots) is not None]
+    found = next((candidate for candidate in inside if _exists(candidate)), None)
+    if found is not None:
+        return found
+    if not inside:
+        folders = ", ".join(folder_label(d) for d in dirs)
+        raise G4VError(
+            f"adapter path {quoted(choice, 80)} is outside the adapter folders ({folders}); "
+            f"copy it there or name its folder with --adapters-dir or ${ADAPTERS_ENV}"
+        )
     available = ", ".join(list_adapters(dirs)) or "none"
     raise G4VError(f"unknown adapter {quoted(choice, 80)} (available: {available})")
 

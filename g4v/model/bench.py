@@ -17,7 +17,7 @@ from functools import partial
 
 import torch
 
-from g4v.errors import G4VError, check_value, whole_number
+from g4v.errors import G4VError, check_value, read_whole, whole_number
 
 TEXT_TOKENS = 32  # text tokens around the image tokens
 
@@ -189,6 +189,6 @@ def add_model_flags(parser, models: tuple[str, ...] = ("bundled",), repeats: int
     parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default)")
     parser.add_argument("--dtype", default="auto", help="float32, bfloat16, float16 or auto (default)")
     parser.add_argument("--image-size", default="384x768", metavar="HxW", help="synthetic image size")
-    parser.add_argument("--repeats", type=int, default=repeats, help="timed rounds per mode")
+    parser.add_argument("--repeats", type=read_whole, default=repeats, help="timed rounds per mode")
     parser.add_argument("--json", default=None, metavar="PATH", help="also write the results as JSON")
 

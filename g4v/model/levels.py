@@ -18,7 +18,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from g4v.errors import G4VError
+from g4v.errors import WHOLE_TEXT, G4VError
 
 SPATIAL_OFFSETS = ("TL", "TR", "BL", "BR")  # order of transformers' spatial_projectors (offset 0..3)
 
@@ -78,7 +78,7 @@ def _resolve(layer: int, count: int) -> int:
 def find_level(levels: list[Level], spec) -> Level:
     """A level by name (case-insensitive) or by index (an int or a string of digits)."""
     text = str(spec).strip()
-    if text.lstrip("-").isdigit():
+    if WHOLE_TEXT.fullmatch(text):
         number = int(text)
         if 0 <= number < len(levels):
             return levels[number]

@@ -94,10 +94,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
-    from g4v.errors import G4VError
+    from g4v.errors import WHOLE_TEXT, G4VError
 
     parts = [part.strip() for part in args.keeps.split(",")]
-    if not all(part.isdigit() for part in parts):
+    if not all(WHOLE_TEXT.fullmatch(part) and len(part) <= 3 for part in parts):
         raise G4VError(f"--keeps wants whole percentages like 100,75,50,25,10, got {args.keeps!r}")
     keeps = [TokenBudget(int(part)).keep for part in parts]
     return run_benchmarks(args, partial(_bench_keeps, keeps=keeps), format_result)

@@ -36,15 +36,24 @@ VLLM_MAX_LORA_RANK = 16
 _KINDS = {bool: "true or false", int: "a whole number", dict: "a JSON object"}
 
 
+#: The longest text of vLLM's LoRA arguments read (a few keys and one folder name each).
+MAX_SERVING_CHARS = 4096
+
+
 def parse_serving(text: str | None, name: str = "--vllm-serving") -> dict | None:
     """``--vllm-serving``'s JSON object, checked: only :data:`SERVING_KEYS`, each of its type
     (``name``: what the one-line refusals call it; the app's box has no flag)."""
     if text is None:
         return None
+    if len(text) > MAX_SERVING_CHARS:
+        raise G4VError(f"{name} is too long: {len(text):,} characters (vLLM's LoRA arguments take at most "
+                       f"{MAX_SERVING_CHARS:,})")
     try:
         serving = json.loads(text)
     except ValueError:
         raise G4VError(f"{name} must be a JSON object, e.g. '{{\"enable_lora\": true, \"max_lora_rank\": 256}}'") from None
+    except RecursionError:  # "[" * 100000: json's parser recurses per bracket
+        raise G4VError(f"{name} is nested too deeply: vLLM's LoRA arguments are a flat JSON object") from None
     if not isinstance(serving, dict):
         raise G4VError(f"{name} must be a JSON object of vLLM's LoRA arguments")
     for key, value in serving.items():

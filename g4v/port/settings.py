@@ -6,22 +6,22 @@ object to :func:`g4v.port.in_vllm_env.run_port_diff_in_vllm_env`, which turns it
 command line. A default changed here changes the command, the tab and the command line the tab runs.
 """
 
-import math
 from dataclasses import dataclass, field
 
 from g4v.conversation import check_continuation_length
 from g4v.engines.vision_lora import DEFAULT_MODE, MODES
+from g4v.errors import NumberError, quoted, read_decimal
 from g4v.port import COMPARED_TOKENS
 
 
 def tolerance(text: str) -> float:
     """A tolerance as typed: a finite number >= 0 (``ValueError`` names the problem in one line)."""
     try:
-        value = float(text)
-    except ValueError:
-        raise ValueError(f"expected a number >= 0, got {text!r}") from None
-    if not math.isfinite(value) or value < 0:
-        raise ValueError(f"expected a finite number >= 0, got {text!r}")
+        value = read_decimal(text)
+    except NumberError:
+        raise NumberError(f"expected a finite number >= 0 written with the digits 0-9, got {quoted(text)}") from None
+    if value < 0:
+        raise NumberError(f"expected a finite number >= 0, got {quoted(text)}")
     return value
 
 
