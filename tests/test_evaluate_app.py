@@ -273,7 +273,7 @@ def test_the_api_runs_a_bf16_arm_with_per_level_drift(client):
         assert level["cosine_min"] == min(row["levels"][name]["cosine"] for row in per_row) < 1
     shown = {cells[0]: cells for cells in table["value"]["data"]}  # the tab's drift table: the same numbers
     assert table["visible"] and list(shown) == list(drift["levels"])
-    assert all(float(shown[name][2]) == pytest.approx(level["rel_error_max"], rel=2e-3)
+    assert all(float(shown[name][2]) == pytest.approx(level["rel_error_max"], rel=5e-3)  # shown to 3 digits
                for name, level in drift["levels"].items())
 
 
