@@ -71,29 +71,37 @@ def step_chat(check) -> dict:
 
 
 def step_zero_gpu_aot(check) -> dict:
-    """What a ZeroGPU Space gets: the decode step exported and compiled ahead of time by the ``spaces``
-    package (``spaces.aoti_compile``; outside ZeroGPU ``spaces.GPU`` runs the function where it is),
-    installed into an engine that decodes each request in its own call (``inline``): the compile
-    time, batch-1 decode tokens/s through it, and whether its answer equals the eager loop's."""
+    """What a ZeroGPU Space gets: the decode step exported and compiled ahead of time, installed
+    into an engine that decodes each request in its own call (``inline``): the compile time, batch-1
+    decode tokens/s through it, and whether its answer equals the eager loop's. With the ``spaces``
+    package here it compiles as a Space does (``spaces.aoti_compile``; outside ZeroGPU ``spaces.GPU``
+    runs the function where it is); else with AOTInductor directly (:func:`compile_here`, what
+    ``spaces.aoti_compile`` wraps; ``spaces`` requires gradio, which the check does not carry)."""
     import importlib.util
+    import tempfile
     from dataclasses import replace
 
-    from g4v.engines.aot import compile_on_zero_gpu, installed
+    from g4v.engines.aot import compile_here, compile_on_zero_gpu, installed, variants
     from g4v.engines.decode_bench import decode_rates, forced, through
     from g4v.engines.hf import TransformersEngine
 
     if check.device.type != "cuda":
-        return {"skipped": True, "reason": "spaces' ahead-of-time compile needs a CUDA build of torch"}
-    if importlib.util.find_spec("spaces") is None:
-        return {"skipped": True, "reason": "the spaces package is not here (scripts/prepare_gpu_wheels.sh carries it)"}
-    import spaces
+        return {"skipped": True, "reason": "the ahead-of-time compile is for CUDA builds of torch"}
 
     base = check.engine
     aot = TransformersEngine(base.info.model, loaded=base.loaded, inline=True,
                              decode=replace(base.decode, compile_decode="off"))
     eager = TransformersEngine(base.info.model, loaded=base.loaded, decode=replace(base.decode, compile_decode="off"))
     began = time.perf_counter()
-    line = compile_on_zero_gpu(aot, spaces)
+    if importlib.util.find_spec("spaces") is not None:
+        import spaces
+
+        line = compile_on_zero_gpu(aot, spaces)
+    else:
+        folder = tempfile.mkdtemp(prefix="g4v-aot-")
+        for variant in variants(aot):
+            compile_here(aot, folder, variant)
+        line = f"decode step: compiled ahead of time with AOTInductor for {len(variants(aot))} variant(s)"
     compile_s = time.perf_counter() - began
     if not installed(aot):
         raise RuntimeError(line)

@@ -285,14 +285,20 @@ BAD = [
     ({}, ["--region", "box:0,0,1,1"], "no image token's centre"),
     ({}, ["--region", "everything"], "a region is written"),
     ({}, ["--max-new-tokens", "1000000000"], "too long"),
-    ({}, ["--out", "not-a-folder"], "is a file"),
     ({"other": "missing.png"}, [], "missing.png"),
 ]
 
 
+def test_an_out_that_is_a_file_is_refused_as_the_flag_is_read(files, pair):
+    """argparse refuses it (exit 2) in one line naming the flag, before any model loads."""
+    result = _cli(files, "--prompt", pair.prompt, "--out", str(files / "a.png"))
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert result.returncode == 2, result.stderr
+    assert len(lines) == 1 and "argument --out" in lines[0] and "is a file" in lines[0], result.stderr
+
+
 @pytest.mark.parametrize("other,flags,words", BAD, ids=[" ".join(flags) or str(other) for other, flags, _ in BAD])
 def test_bad_input_is_one_line(files, pair, other, flags, words):
-    flags = [str(files / flag) if flag == "not-a-folder" else flag for flag in flags]
     result = _cli(files, "--prompt", pair.prompt, *flags, **other)
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert result.returncode == 1, result.stderr

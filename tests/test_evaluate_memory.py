@@ -5,7 +5,7 @@ nothing) took 7-10 GB: every chunk of rows held each picture decoded at full siz
 processor worked on them whole. Pictures are now reduced as read to what the processor keeps
 (:class:`g4v.evaluate.data.PictureFit`), one at a time, and a chunk holds a bounded count of pixels.
 
-Peak memory is measured in a child process (its own ``ru_maxrss``) running the app's upload code
+Peak memory is measured in a child process (its own VmHWM) running the app's upload code
 and the CLI's ``eval`` on such a zip, with 1 and with 4 rows: the peak must not grow with the rows,
 and stays far under the issue's 4 GB.
 """
@@ -45,15 +45,18 @@ def huge_zip(folder, rows: int):
 
 
 #: In the child: the zip unpacked by the app's own upload code, then ``python -m g4v eval`` on it
-#: (arm A against itself); prints the child's peak resident memory in MiB.
+#: (arm A against itself); prints the child's peak resident memory in MiB: its own VmHWM, not
+#: ``ru_maxrss``, which Linux carries across ``exec`` from the forking process (a pytest worker that
+#: had grown to 3.2 GB gave every child that peak).
 RUN_AND_MEASURE = """
-import resource, sys
+import sys
 from pathlib import Path
 from g4v.cli import main
 from g4v.evaluate.uploads import extract_upload
 source = extract_upload([sys.argv[1]], Path(sys.argv[2]))
 code = main(["eval", "--a", "hf", "--b", "same", "--data", str(source), "--out", sys.argv[3], "--max-new-tokens", "2"])
-print(code, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+hwm = next(line for line in open("/proc/self/status") if line.startswith("VmHWM:"))
+print(code, int(hwm.split()[1]) / 1024)
 """
 
 

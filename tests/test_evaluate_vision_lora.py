@@ -13,6 +13,7 @@ import pytest
 from scipy.stats import binomtest
 
 from g4v.conversation import Message, SamplingSettings
+from g4v.engines.base import GenerationRequest
 from g4v.errors import G4VError
 from g4v.evaluate import BUNDLED_DATASET, ArmSpec, Columns
 from g4v.evaluate.data import open_dataset
@@ -182,7 +183,7 @@ def test_every_arm_kind_on_the_layout_checkpoint_answers_in_batches_as_one_by_on
         for adapter in [adapter for kind, adapter in ARM_KINDS if kind == mode]:
             name = activate_adapter(engine, adapter).name if adapter else None
             alone = [engine.generate(messages, greedy, adapter=name).token_ids for messages in MIXED]
-            assert [g.token_ids for g in engine.generate_batch(MIXED, greedy, adapter=name, batch_size=4)] == alone, \
+            assert [g.token_ids for g in engine.generate_batch([GenerationRequest(messages, greedy, name) for messages in MIXED], in_flight=4)] == alone, \
                 (mode, adapter)
 
 

@@ -43,6 +43,13 @@ def steps(report) -> dict:
     return {step["name"]: step for step in report["steps"]}
 
 
+def timed(rate: float) -> bool:
+    """A decode rate the smoke run measured: positive, or NaN where the shared machine's noise
+    exceeded the few tokens' decode time (:func:`g4v.engines.decode_bench.decode_rates` says so
+    rather than print a negative rate); never zero or negative."""
+    return rate > 0 or rate != rate
+
+
 def test_every_step_runs_or_says_why_not(report):
     from gpu_check_steps import STEPS
 
@@ -56,7 +63,7 @@ def test_every_step_runs_or_says_why_not(report):
     assert {name for name, step in by_name.items() if step["status"] == "ok"} >= {
         "load", "chat", "deepstack_capture", "deepstack_ablation", "tiling_27_pinpoints", "attribution", "documents",
         "dataset_run", "dataset_batching", "circuits", "vision_lora", "lora"}
-    assert "CUDA" in by_name["zero_gpu_aot"]["metrics"]["reason"]  # spaces' compile needs a GPU build of torch
+    assert "CUDA" in by_name["zero_gpu_aot"]["metrics"]["reason"]  # AOTInductor's compile here is for GPU builds
 
 
 def test_the_smoke_run_lacks_what_the_gpu_machine_lacks():
@@ -95,7 +102,8 @@ def test_chat_sees_the_real_image_token_count_and_measures_every_path(report):
     assert chat["image_tokens"] == 1320 == plan_tiling((768, 1536), load_config(REAL_CONFIG_DIR)).num_image_tokens
     assert chat["ttft_s"] > 0 and chat["bandwidth_bound_tok_s"] > 0
     assert set(chat["decode_tok_s"]) == {"bare generate", "engine (reference path)", "engine (decode loop)"}
-    assert chat["decode_tok_s_batch1"] == chat["decode_tok_s"]["engine (decode loop)"] > 0
+    rate = chat["decode_tok_s_batch1"]
+    assert timed(rate) and str(rate) == str(chat["decode_tok_s"]["engine (decode loop)"])  # NaN equals NaN here
     assert chat["chats"] == SMOKE_SIZES.batch == chat["same_as_alone"] and chat["chats_over_one_at_a_time"] > 0
 
 
@@ -189,9 +197,9 @@ def test_the_vision_lora_runs_native_and_merged_at_real_geometry(report):
     for mode in ("native", "merged"):
         numbers = lora[mode]
         assert numbers["apply_s"] > 0 and numbers["ttft_s"] > 0 and numbers["peak_bytes"] > 0
-        assert numbers["decode_tok_s_batch1"] > 0 and numbers["bare_generate_tok_s"] > 0
-    assert lora["native"]["vision_copy"].startswith("merged copy") and lora["native"]["peft_layers_tok_s"] > 0
-    assert lora["bandwidth_ratio"] > 0 and "vision_lora" in report["table"]
+        assert timed(numbers["decode_tok_s_batch1"]) and timed(numbers["bare_generate_tok_s"])
+    assert lora["native"]["vision_copy"].startswith("merged copy") and timed(lora["native"]["peft_layers_tok_s"])
+    assert timed(lora["bandwidth_ratio"]) and "vision_lora" in report["table"]
 
 
 def test_the_circuits_views_run_at_real_geometry(report):

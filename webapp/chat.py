@@ -217,7 +217,7 @@ def chat_tab(engine, last_chat_image: gr.State, examples: list[list], concurrenc
     # decode loop batches them; vLLM and a server schedule them), in a group of their own, so an
     # inspector's run waits for one decode step, not for whole answers; else one at a time, in
     # turn with every other model-bound event.
-    streams = engine.concurrent_streams
+    streams = engine.concurrent_streams if engine is not None else 1  # None: a page built without a model
     answering = ({"concurrency_id": CHAT_QUEUE, "concurrency_limit": streams} if streams > 1 else
                  {"concurrency_id": MODEL_QUEUE, "concurrency_limit": concurrency})
 

@@ -11,6 +11,8 @@ from g4v.commands.common import add_model_flags, output_file
 from g4v.commands.engine_flags import add_engine_flags, engine_options
 from g4v.errors import read_whole
 
+#: New tokens each answer of ``bench decode`` has, unless told (the issue's concurrent-chats figure).
+DECODE_BENCH_TOKENS = 48
 #: New tokens each conversation answers with in ``bench engines``, unless told.
 ENGINE_BENCH_TOKENS = 64
 
@@ -87,14 +89,14 @@ def _starter(backend: str, model: str | None, options: dict, serve: bool):
 def add_decode_arguments(parser) -> None:
     add_model_flags(parser)
     add_engine_flags(parser)
-    parser.add_argument("--max-new-tokens", type=int, default=48, help="new tokens per answer")
-    parser.add_argument("--chats", type=int, default=8, help="chats submitted at once (each with its own picture)")
-    parser.add_argument("--repeats", type=int, default=3, help="interleaved rounds of the batch-of-one timings")
+    parser.add_argument("--max-new-tokens", type=read_whole, default=DECODE_BENCH_TOKENS, help="new tokens per answer")
+    parser.add_argument("--chats", type=read_whole, default=8, help="chats submitted at once (each with its own picture)")
+    parser.add_argument("--repeats", type=read_whole, default=3, help="interleaved rounds of the batch-of-one timings")
     parser.add_argument("--compile", action="store_true",
                         help="also time the loop with its decode step compiled, and the first request's compile "
                              "(always on a GPU)")
-    parser.add_argument("--markdown", default=None, metavar="PATH", help="also write the table to PATH")
-    parser.add_argument("--json", default=None, metavar="PATH", help="also write the figures to PATH as JSON")
+    parser.add_argument("--markdown", default=None, type=output_file, metavar="PATH", help="also write the table to PATH")
+    parser.add_argument("--json", default=None, type=output_file, metavar="PATH", help="also write the figures to PATH as JSON")
 
 
 def run_decode(args) -> int:

@@ -92,21 +92,16 @@ def run_chats(engine, conversations: list[list[Message]], settings: SamplingSett
     """Submit every conversation at once (one thread each) and time each answer's pieces."""
     timings = [ChatTiming(submitted=0.0) for _ in conversations]
     errors: list[BaseException] = []
-    token_stream = getattr(engine, "stream_outputs", None)
 
     def chat(index: int) -> None:
         timing = timings[index]
         timing.submitted = time.perf_counter()
         try:
-            if token_stream is not None:
-                pieces = ((text, len(ids)) for text, ids, _ in token_stream(conversations[index], settings))
-            else:
-                pieces = ((text, 0) for text in engine.stream(conversations[index], settings))
-            for text, count in pieces:
-                if timing.first_token is None and (text or count):
+            for piece in engine.stream_outputs(conversations[index], settings):
+                if timing.first_token is None and (piece.text or piece.token_ids):
                     timing.first_token = time.perf_counter()
-                timing.tokens += count
-                timing.text += text
+                timing.tokens += len(piece.token_ids)
+                timing.text += piece.text
         except BaseException as err:  # noqa: BLE001 - re-raised in the caller's thread
             errors.append(err)
         timing.finished = time.perf_counter()
@@ -123,7 +118,7 @@ def run_chats(engine, conversations: list[list[Message]], settings: SamplingSett
     if errors:
         raise errors[0]
     result = BackendResult(backend=engine.info.backend, startup_s=0.0, wall_s=wall, chats=timings)
-    if token_stream is None:
+    if any(chat.text and not chat.tokens for chat in timings):  # a server that streams text without ids
         count_tokens(engine, conversations, settings, result)
     return result
 
