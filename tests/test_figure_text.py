@@ -10,12 +10,18 @@ from dataclasses import fields
 import gradio as gr
 import numpy as np
 import pytest
+import torch
 from matplotlib.backends.backend_agg import FigureCanvasAgg, RendererAgg
 from matplotlib.figure import Figure
 from matplotlib.text import Text
 
+from g4v.attribution.deletion import DeletionCurve
+from g4v.attribution.lens import LensView
 from g4v.evaluate import SampleResult
 from g4v.loading import load_config
+from g4v.model.capture import LevelCapture, Trajectory
+from g4v.model.levels import Level
+from g4v.port.compare import LevelDiff, SideNorms, Tolerance, TrajectoryDiff
 from g4v.paths import BUNDLED_MODEL_DIR
 from g4v.tiling import plan_tiling
 from tests.conftest import make_image
@@ -101,8 +107,8 @@ def picture_and_tokens():
     return image, [(t.kind, t.box) for t in plan.tokens]
 
 
-def lens_views(count: int, tokens) -> list[dict]:
-    return [{"name": f"layer {n}", "top_ids": [i % 10 for i in range(len(tokens))]} for n in range(count)]
+def lens_views(count: int, tokens) -> list[LensView]:
+    return [LensView(f"layer {n}", [i % 10 for i in range(len(tokens))], [0.5] * len(tokens)) for n in range(count)]
 
 
 LONG_NAMES = {i: f"token number {i:02d} of ten" for i in range(10)}  # cut to 24 characters in the legend
@@ -111,13 +117,11 @@ LEVELS = ["deepstack0", "deepstack1", "deepstack2", "deepstack3", "spatial_TL", 
 
 def figures(image, tokens) -> dict:
     scores = {name: [math.sin(i + n) for i in range(len(tokens))] for n, name in enumerate(LEVELS + ["combined"])}
-    curve = {"fractions": [0, 0.1, 0.5, 1], "random": [[-1, -1.5, -2, -3]] * 2, "random_mean": [-1, -1.5, -2, -3],
-             "attributed": [-1, -2.5, -4, -3], "level": None, "area_between": 1.2}
-    levels = [{"name": name, "llm_layer": n, "injected_norm_mean": 2.0, "residual_norm_before_mean": 3.0,
-               "residual_norm_after_mean": 3.5} for n, name in enumerate(LEVELS)]
-    trajectory = {"layers": list(range(41)), "image_norm": [1.0 + i / 10 for i in range(41)],
-                  "text_norm": [1.0 + i / 20 for i in range(41)],
-                  "injection_layers": {str(n * 3): name for n, name in enumerate(LEVELS)}}
+    curve = DeletionCurve(level=None, ranking="positive", fractions=[0, 0.1, 0.5, 1], random=[[-1, -1.5, -2, -3]] * 2,
+                          random_mean=[-1, -1.5, -2, -3], attributed=[-1, -2.5, -4, -3], area_between=1.2)
+    levels = level_captures(LEVELS)
+    trajectory = Trajectory(list(range(41)), [1.0 + i / 10 for i in range(41)], [1.0 + i / 20 for i in range(41)],
+                            {n * 3: name for n, name in enumerate(LEVELS)})
     return {
         "attribution tiles": lambda: va.attribution_figure(image, tokens, scores, "tile"),
         "deletion": lambda: va.deletion_figure(curve, measure="log-odds"),
@@ -130,9 +134,15 @@ def figures(image, tokens) -> dict:
         "circuits share": lambda: vc.image_share_figure(circuits_summary(tokens)),
         "circuits reverse": lambda: vc.region_attention_figure(image, circuits_summary(tokens)),
         "port levels": lambda: vp.level_bars_figure(
-            [dict(row, share_of_tolerance_used=0.1 * (n + 1), max_abs_diff=1e-3, ok=True) for n, row in enumerate(levels)],
-            {"rule": "atol + rtol * |x|", "source": "bf16"}),
+            [LevelDiff(name, n, "deepstack", True, 1e-3, 1e-4, 1e-4, 1.0, None, share_of_tolerance_used=0.1 * (n + 1))
+             for n, name in enumerate(LEVELS)], Tolerance(1e-5, 5e-2, "bfloat16 defaults")),
     }
+
+
+def level_captures(names: list[str]) -> list[LevelCapture]:
+    """What the norms figure reads of each level (a capture's means; no tensors needed)."""
+    return [LevelCapture(Level(n, name, "spatial" if name.startswith("spatial") else "deepstack", -1, 27, n),
+                         1.0, torch.zeros(0), 2.0, 3.0, 3.5, 1.0, 1.0) for n, name in enumerate(names)]
 
 
 def circuits_summary(tokens) -> dict:
@@ -146,9 +156,10 @@ def circuits_summary(tokens) -> dict:
             "region_tokens": [{"kind": kind, "box": list(box)} for kind, box in tokens[:30] if kind != "newline"]}
 
 
-def port_trajectory(trajectory: dict) -> dict:
-    return {"layers": trajectory["layers"], "injection_layers": trajectory["injection_layers"], "transformers": trajectory,
-            "vllm": trajectory, "max_token_rel_diff": [1e-3] * len(trajectory["layers"]), "rtol": 1e-2}
+def port_trajectory(trajectory: Trajectory) -> TrajectoryDiff:
+    side = SideNorms(trajectory.image_norm, trajectory.text_norm)
+    return TrajectoryDiff(layers=trajectory.layers, injection_layers={str(k): v for k, v in trajectory.injection_layers.items()},
+                          transformers=side, vllm=side, max_token_rel_diff=[1e-3] * len(trajectory.layers), rtol=1e-2)
 
 
 @pytest.mark.parametrize("name", ["attribution tiles", "deletion", "lens", "lens levels", "norms", "trajectory",

@@ -38,7 +38,7 @@ def test_each_mistake_is_one_line_with_what_to_do(transformers, vllm, serving, s
     found = lora_audit.findings(LORA, transformers, vllm, serving)
     assert any(line.startswith(start) for line in found), found
     assert all("\n" not in line and ": " in line for line in found)
-    assert lora_audit.summary(LORA, transformers, vllm, serving)["ok"] is False
+    assert lora_audit.summary(LORA, transformers, vllm, serving).ok is False
 
 
 def test_a_rank_vllm_refuses_is_not_started_with_the_lora():
