@@ -207,9 +207,10 @@ def test_app_functions(engine, chat):
     assert pairs[-1] == (engine.generate(chat, SamplingSettings(max_new_tokens=8)).text,
                          engine.generate(chat, SamplingSettings(max_new_tokens=8), adapter=ADAPTER_NAME).text)
     view = lora_token_diff(engine, chat[0].text, chat[0].images, LoraDiffSettings(adapter=ADAPTER_NAME, max_new_tokens=6))
-    assert view.data["adapter"] == ADAPTER_NAME and "<span" in view.html and view.figure.axes
+    data = view.diff.to_dict()
+    assert view.diff.adapter == data["adapter"] == ADAPTER_NAME and "<span" in view.html and view.figure.axes
     direct = lora_diff(engine, chat, ADAPTER_NAME, SamplingSettings(max_new_tokens=6)).to_dict()  # the same request, by hand
-    assert [view.data[key] for key in ("base_text", "adapter_text", "base_tokens", "adapter_tokens")] \
+    assert [data[key] for key in ("base_text", "adapter_text", "base_tokens", "adapter_tokens")] \
         == [direct[key] for key in ("base_text", "adapter_text", "base_tokens", "adapter_tokens")]
 
 

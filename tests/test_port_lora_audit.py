@@ -114,11 +114,12 @@ def test_the_port_tab_refuses_outside_folders_and_bad_json_in_one_line(checkpoin
     config override; the refusal names the box, not a CLI flag, in one line, before vLLM starts."""
     import gradio as gr
 
-    from webapp.port import audit_note, make_port_diff
+    from webapp.port import PortBoxes, audit_note, make_port_diff
 
     assert audit_note(checkpoint, "native", "native", serving).startswith("**Not usable**: ")
     with pytest.raises(gr.Error) as err:
-        make_port_diff(str(VLORA_MODEL_DIR), checkpoint)("x.png", "Hi", "native", "native", serving)
+        boxes = PortBoxes(verdict=gr.Markdown(), table=gr.Dataframe(), picture=gr.Image(), details=gr.JSON())
+        make_port_diff(str(VLORA_MODEL_DIR), boxes, checkpoint)("x.png", "Hi", "native", "native", serving)
     assert words in err.value.message and "\n" not in err.value.message and "--vllm" not in err.value.message
 
 

@@ -13,6 +13,7 @@ the data, never over it. Plain numbers and boxes in, PIL images out; matplotlib 
 
 import io
 import math
+import textwrap
 
 import matplotlib
 
@@ -223,14 +224,22 @@ def token_heatmap_grid(image: Image.Image, tokens: list[tuple[str, tuple]], valu
 
 def note_figure(title: str, note: str, shown_px: int = PAGE_WIDTH_PX) -> Image.Image:
     """A small picture that says why there is nothing to draw, in place of empty panels (its text
-    sized for a picture shown ``shown_px`` wide, see :func:`text_points`)."""
-    fig = Figure(figsize=(8, 1.6 if shown_px >= PAGE_WIDTH_PX else 2.2))
+    sized for a picture shown ``shown_px`` wide, see :func:`text_points`). The title is wrapped to
+    the picture's width: at a half page's text size a long one ran off both sides ("agree entire")."""
+    width = 8
+    fig = Figure(figsize=(width, 1.6 if shown_px >= PAGE_WIDTH_PX else 2.4))
     ax = fig.add_subplot()
     ax.axis("off")
-    small = text_points(8, shown_px)
-    ax.text(0.5, 0.5, note, ha="center", va="center", wrap=True, fontsize=small + 1)
-    fig.suptitle(title, fontsize=small + 2)
+    small = text_points(width, shown_px)
+    ax.text(0.5, 0.45, note, ha="center", va="center", wrap=True, fontsize=small + 1)
+    fig.suptitle(wrapped(title, width, small + 2), fontsize=small + 2)
     return figure_to_image(fig)
+
+
+def wrapped(text: str, inches: float, points: float) -> str:
+    """``text`` broken between words into lines that fit ``inches`` at ``points`` (an average
+    character is taken as 0.6 em wide, with a margin)."""
+    return "\n".join(textwrap.wrap(text, max(10, int(inches * 72 * 0.9 / (0.6 * points))))) or text
 
 
 def _fit_title(text: str, panel_width: float) -> str:

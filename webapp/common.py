@@ -245,6 +245,19 @@ def run_keeping_previous(button: gr.Button, fn, inputs: list, outputs: list, sta
     return event
 
 
+def emptied(components: list) -> dict:
+    """What each result box shows when it is emptied (no text, no picture, no rows, no files), by box."""
+    return {component: [] if isinstance(component, gr.Dataframe)
+            else "" if isinstance(component, (gr.Markdown, gr.HTML, gr.Textbox)) else None for component in components}
+
+
+def empties_on(event, components: list) -> None:
+    """``event`` (a new picture, another region) empties ``components``: the results shown were
+    computed from what was there before, and would stand unmarked beside the new input."""
+    event(lambda: emptied(components), None, components, api_visibility="private", queue=False,
+          show_progress="hidden")
+
+
 def busy_while_running(button: gr.Button, busy: str):
     """Show ``busy`` on ``button``, disabled, while its run works: call it before wiring the run (its
     step is registered first, so it shows at once), then pass the run's event to what it returns,
