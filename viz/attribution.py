@@ -11,7 +11,7 @@ import numpy as np
 from matplotlib.figure import Figure
 from PIL import Image
 
-from viz.figures import PANEL_INCHES, figure_to_image, heatmap_picture, text_points, token_heatmap_grid
+from viz.figures import PANEL_INCHES, figure_to_image, heatmap_picture, muted, text_points, token_heatmap_grid
 
 LENS_COLOURS = 10  # the most frequent top tokens get a colour each; the rest are grey
 LENS_LEGEND_COLUMNS = 5  # the lens legend's names a row, under the panels
@@ -76,6 +76,7 @@ def lens_figure(image: Image.Image, tokens: list[tuple[str, tuple]], views: list
     small = text_points(fig.get_figwidth())
     axes = fig.subplots(rows, cols, squeeze=False)
     colours = [tuple(c) for c in _tab10()]
+    backdrop = muted(shown)
     for ax, lens_view in zip(axes.flat, views):
         canvas = np.zeros((shown.height, shown.width, 4), dtype=np.float32)
         for i in picked:
@@ -86,7 +87,7 @@ def lens_figure(image: Image.Image, tokens: list[tuple[str, tuple]], views: list
                 continue
             n = palette.get(lens_view.top_ids[i])
             canvas[top:bottom, left:right] = (*colours[n], 0.55) if n is not None else (0.5, 0.5, 0.5, 0.35)
-        ax.imshow(shown)
+        ax.imshow(backdrop)  # in greys: a token's colour is its top token's, whatever the picture's colour there
         ax.imshow(canvas)
         ax.set_title(lens_view.name, fontsize=small)
         ax.axis("off")

@@ -53,6 +53,19 @@ def shown_picture(image: Image.Image, size: tuple[int, int]) -> Image.Image:
     return image if image.mode == "RGB" else image.convert("RGB")
 
 
+#: How far towards white a heatmap's backdrop is lightened, once in greys.
+BACKDROP_LIGHTEN = 0.35
+
+
+def muted(picture: Image.Image) -> Image.Image:
+    """``picture`` in light greys, to paint values over: the colours of a heatmap (or of the logit
+    lens's top tokens) then read as the colour scale's own inside a strongly coloured object too,
+    where over the picture's own colours a red object made every value look high and a blue one
+    low, and the picture's shapes still show through."""
+    grey = picture.convert("L").convert("RGB")
+    return Image.blend(grey, Image.new("RGB", grey.size, "white"), BACKDROP_LIGHTEN)
+
+
 def heatmap_picture(image: Image.Image) -> tuple[Image.Image, float, float]:
     """The picture a heatmap panel paints over (at most ``HEATMAP_MAX_SIDE`` on a side, at least
     ``HEATMAP_MIN_SIDE``) and the x and y scales from original-image pixels to it."""
@@ -169,7 +182,8 @@ def token_heatmap_grid(image: Image.Image, tokens: list[tuple[str, tuple]], valu
     combined panel's is not painted plain grey.
 
     The image is shown at :func:`display_size` with the heatmap bounds, so a panel is
-    never a 1-pixel line, and the figure's size in inches depends only on the panels' shape."""
+    never a 1-pixel line, and the figure's size in inches depends only on the panels' shape; it is
+    drawn :func:`muted`, so the values read the same over any colour of the picture."""
     shown, scale_x, scale_y = heatmap_picture(image)
     shown_width, shown_height = shown.size
     picked = [i for i, (kind, _) in enumerate(tokens) if kind == view]
@@ -207,8 +221,9 @@ def token_heatmap_grid(image: Image.Image, tokens: list[tuple[str, tuple]], valu
     small = text_points(fig.get_figwidth())
     axes = fig.subplots(rows, cols, squeeze=False)
     mappable = None
+    backdrop = muted(shown)
     for ax, (name, heat) in zip(axes.flat, maps.items()):
-        ax.imshow(shown)
+        ax.imshow(backdrop)
         mappable = ax.imshow(heat, cmap=cmap, alpha=alpha, vmin=vmin, vmax=vmax)
         ax.set_title(_fit_title(panel_title(name, peaks[name]), panel_width), fontsize=small)
         ax.axis("off")

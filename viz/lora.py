@@ -20,7 +20,7 @@ DELTA_SCALE = 4.0
 #: this many characters: a longer one ends in "…" (the highlighted answers above the plot show it
 #: whole, and each span's tooltip gives its numbers).
 MAX_TOKEN_LABELS = 48
-TOKEN_LABEL_CHARS = 12
+TOKEN_LABEL_CHARS = 16  # the tokenizer's special tokens whole (``<|end_of_text|>`` was ``<|end_of_te…``)
 LEGEND_ROW_CHARS = 100  # the plot's legend labels, all told, that one row under it holds
 
 

@@ -189,21 +189,26 @@ def document_picker(target, chat_box: bool = False, elem_id: str = "doc", left_o
     """
     limit = MAX_IMAGES_PER_MESSAGE if chat_box else 1
     with gr.Accordion("From a PDF", open=False, elem_id=f"{elem_id}-picker") as accordion:
-        with gr.Row():
+        # Under the Chat box the picker has the page's width; beside a tab's picture, half of it: there
+        # the file box takes the whole width (beside the page box its name was cut to "r….pdf").
+        with gr.Row() if chat_box else gr.Column():
             document = gr.File(label="PDF", file_types=[".pdf"], type="filepath", height=120,
                                elem_id=f"{elem_id}-pdf")
             with gr.Column():
-                pages = gr.Textbox(value="1", label=f"Page{'s, e.g. 1,3-4' if chat_box else ''}",
+                pages = gr.Textbox(value="1", label=f"Page{'s, e.g. 1,3-4' if chat_box else ''} (or click a page below)",
                                    elem_id=f"{elem_id}-pages")
                 dpi = gr.Slider(MIN_DPI, MAX_DPI, value=DEFAULT_DPI, step=12, label="Render resolution (dpi)")
                 dpi.preprocess = _checked_dpi  # what a client sends ("abc", null) is refused in our words
                 use = gr.Button("Add to the message" if chat_box else "Use this page", elem_id=f"{elem_id}-use")
-        # Six columns whatever the page count (Gradio otherwise widens the cells to fill the row: a
-        # 2-page PDF became two 580-px squares, blown up and cut off), each thumbnail drawn at its
-        # own size or shrunk to fit its cell, never enlarged or cropped; further rows scroll.
-        thumbnails = gr.Gallery(label="Pages (click one to choose it)", columns=6, fit_columns=False,
+        # A fixed number of columns whatever the page count (Gradio otherwise widens the cells to fill
+        # the row: a 2-page PDF became two 580-px squares, blown up and cut off), as many as the
+        # picker's width holds at Gradio's 100-px least a cell (six cut the sixth off beside a tab's
+        # picture), each thumbnail drawn at its own size or shrunk to fit its cell, never enlarged or
+        # cropped; further rows scroll. No label over them: it covered the first row's tops.
+        thumbnails = gr.Gallery(label="Pages", show_label=False, columns=6 if chat_box else 4, fit_columns=False,
                                 height=THUMBNAILS_HEIGHT, allow_preview=False, object_fit="scale-down",
                                 elem_id=f"{elem_id}-thumbnails")
+
     def thumbnails_shown(pdf_path):
         pictures, first = show_thumbnails(pdf_path)
         return {thumbnails: pictures, pages: first}
