@@ -188,11 +188,11 @@ def test_diff_json_and_pictures(diff, output_dir):
     data = json.loads(json.dumps(diff.to_dict()))
     assert {"base_text", "adapter_text", "first_divergence", "base_tokens", "adapter_tokens"} <= set(data)
     assert data["base_text"] == diff.base.text and len(data["adapter_tokens"]) == len(diff.tuned.tokens)
-    html = diff_html(data)
+    html = diff_html(diff)
     assert html.count("<span") == len(data["base_tokens"]) + len(data["adapter_tokens"])
     assert "#1f4fd1" in html  # the first divergence is marked
-    picture = diff_png(data)
-    plot = figure_to_image(diff_plot(data))
+    picture = diff_png(diff)
+    plot = figure_to_image(diff_plot(diff))
     assert picture.size[0] == 900 and plot.size[0] > 400
     picture.save(output_dir / "lora_diff.png")
     plot.save(output_dir / "lora_diff_plot.png")

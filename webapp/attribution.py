@@ -93,7 +93,11 @@ def attribution_tab(engine, config, last_chat_image: gr.State, sessions: Session
                 "tokens, and what each layer would predict at the image positions (logit lens).")
     level_names = [level.name for level in describe_levels(config)] if config is not None else []
     with gr.Row():
-        image = image_input(label="Image", height=240, elem_id="attribution-image")
+        with gr.Column():
+            image = image_input(label="Image", height=240, elem_id="attribution-image")
+            # the run's progress bar, under the picture: in view while the run works (under the
+            # button it was below the fold, and the results further still)
+            status = gr.Markdown(elem_id="attribution-status")
         refuse_non_pictures(image)
         with gr.Column():
             from_chat = last_chat_image_button("attribution-from-chat")
@@ -111,8 +115,6 @@ def attribution_tab(engine, config, last_chat_image: gr.State, sessions: Session
                                  elem_id="attribution-against")
             run = gr.Button(EXPLAIN, variant="primary", elem_id="attribution-run")
             gr.Markdown(RUN_HINT, elem_id="attribution-hint")
-            # the bar beside the button, in view while the run works (the report is below the fold)
-            status = gr.Markdown(elem_id="attribution-status")
     report = gr.Markdown(elem_id="attribution-report")
     # One picture a row, at the page's width, without Gradio's label over it: each carries its title.
     pictures = {"show_label": False, "format": "png"}

@@ -172,14 +172,17 @@ def port_tab(model: str, last_chat_image: gr.State) -> None:
     if not available:
         gr.Markdown(SETUP_HINT, elem_id="port-setup-hint")
     with gr.Row():
-        image = image_input(label="Image", height=200, elem_id="port-image")
+        with gr.Column():
+            image = image_input(label="Image", height=200, elem_id="port-image")
+            # the run's progress bar, under the picture: in view while the run works (under the
+            # button it was below the fold, and the results further still)
+            status = gr.Markdown(elem_id="port-status")
         refuse_non_pictures(image)
         with gr.Column():
             from_chat = last_chat_image_button("port-from-chat")
             document_picker(image, elem_id="port-doc")
             prompt = gr.Textbox(label="Prompt", value="What colour is the shape?")
             run = gr.Button(COMPARE, variant="primary", interactive=available, elem_id="port-run")
-            status = gr.Markdown(elem_id="port-status")  # the run's progress bar, beside its button
     name = checkpoint.folder.name if checkpoint.folder else "FOLDER"
     with gr.Accordion("Vision LoRA and vLLM serving", open=checkpoint.lora is not None):
         with gr.Row():
