@@ -10,7 +10,7 @@ from g4v.attribution.gradients import METHODS
 from g4v.attribution.run import AttributionReport, AttributionSettings, run_attribution
 from g4v.errors import G4VError
 from g4v.model.levels import describe_levels
-from webapp.common import (MODEL_QUEUE, OutputBoxes, busy_while_running, image_input, last_chat_image_button,
+from webapp.common import (MODEL_QUEUE, STATUS_HEIGHT, OutputBoxes, busy_while_running, image_input, last_chat_image_button,
                            previous_run_mark, progress_line, refuse_non_pictures, run_keeping_previous, shows_errors,
                            use_last_chat_image, without_error_badges)
 from webapp.documents import document_picker
@@ -95,9 +95,9 @@ def attribution_tab(engine, config, last_chat_image: gr.State, sessions: Session
     with gr.Row():
         with gr.Column():
             image = image_input(label="Image", height=240, elem_id="attribution-image")
-            # the run's progress bar, under the picture: in view while the run works (under the
-            # button it was below the fold, and the results further still)
-            status = gr.Markdown(elem_id="attribution-status")
+            # the run's progress bar, over this hint under the picture: in view while the run works
+            # (under the button it was below the fold, and the results further still)
+            status = gr.Markdown(RUN_HINT, min_height=STATUS_HEIGHT, elem_id="attribution-status")
         refuse_non_pictures(image)
         with gr.Column():
             from_chat = last_chat_image_button("attribution-from-chat")
@@ -114,7 +114,6 @@ def attribution_tab(engine, config, last_chat_image: gr.State, sessions: Session
                                  "own log-probability)", value="", placeholder="e.g. red, green, blue",
                                  elem_id="attribution-against")
             run = gr.Button(EXPLAIN, variant="primary", elem_id="attribution-run")
-            gr.Markdown(RUN_HINT, elem_id="attribution-hint")
     report = gr.Markdown(elem_id="attribution-report")
     # One picture a row, at the page's width, without Gradio's label over it: each carries its title.
     pictures = {"show_label": False, "format": "png"}

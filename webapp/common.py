@@ -258,6 +258,11 @@ def empties_on(event, components: list) -> None:
           show_progress="hidden")
 
 
+#: The least height of the line a long run's progress bar is drawn over (Gradio draws the bar over
+#: the box it is shown on: over an empty Markdown it had no height at all, and did not show).
+STATUS_HEIGHT = 72
+
+
 def busy_while_running(button: gr.Button, busy: str):
     """Show ``busy`` on ``button``, disabled, while its run works: call it before wiring the run (its
     step is registered first, so it shows at once), then pass the run's event to what it returns,
@@ -266,9 +271,10 @@ def busy_while_running(button: gr.Button, busy: str):
     button.click(lambda: gr.Button(value=busy, interactive=False), None, button, api_visibility="private",
                  queue=False, **QUIET_INPUT)
 
-    def done(event) -> None:
-        event.then(lambda: gr.Button(value=idle, interactive=True), None, button, api_visibility="private",
-                   queue=False, **QUIET_INPUT)
+    def done(event) -> None:  # not .then: Gradio 6.31 runs no .then step after a refused run
+        for ended in (event.success, event.failure):
+            ended(lambda: gr.Button(value=idle, interactive=True), None, button, api_visibility="private",
+                  queue=False, **QUIET_INPUT)
 
     return done
 

@@ -27,7 +27,7 @@ from g4v.errors import G4VError, quoted
 from g4v.evaluate import BUNDLED_DATASET, Columns, EvalConfig, RunResult, open_dataset, run_eval
 from g4v.evaluate.store import CSV_FILE, PARQUET_FILE, ROWS_FILE, RUN_FILE, SUMMARY_FILE, read_settings, shareable
 from g4v.evaluate.uploads import UPLOAD_SUFFIXES, extract_upload
-from viz.evaluate import run_figures
+from viz.evaluate import all_failed, run_figures
 from webapp.common import MODEL_QUEUE, QUIET_INPUT, OutputBoxes, run_keeping_previous, shows_errors
 from webapp.evaluate_budget import budget_section
 from webapp.evaluate_choices import (BUNDLED, SAME_AS_A, SAME_AS_A_LABEL, UPLOAD, ArmChoice, arm_choices,
@@ -251,7 +251,9 @@ def show_result(boxes: ResultBoxes, result: RunResult, config: EvalConfig, expor
     equivalence, field_table, drift_table = result_values(result.summary)
     run = {"source": config.data, "columns": asdict(config.columns),
            "adapters": [config.a.adapter, config.b.adapter], "out_dir": str(result.out_dir)}
-    return {boxes.status: run_status(result.summary, config.a.display, config.b.display),
+    status = run_status(result.summary, config.a.display, config.b.display)
+    failed = all_failed(result.rows)  # said above the results too, not only in the pictures
+    return {boxes.status: f"{status}\n\n**{failed}**" if failed else status,
             boxes.aggregate: aggregate_rows(result.summary), boxes.equivalence: equivalence,
             boxes.field_table: field_table, boxes.drift_table: drift_table,
             boxes.accuracy_plot: pictures["accuracy"], boxes.paired_plot: pictures["paired"],

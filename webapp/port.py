@@ -16,7 +16,7 @@ from g4v.port.in_vllm_env import SETUP_COMMAND, run_port_diff_in_vllm_env
 from g4v.port.settings import PortDiffSettings
 from g4v.port.summary import PortDiffSummary
 from g4v.port.table import LEVEL_COLUMNS, level_rows, with_texts, without_model_path
-from webapp.common import (OutputBoxes, busy_while_running, image_input, last_chat_image_button, previous_run_mark,
+from webapp.common import (STATUS_HEIGHT, OutputBoxes, busy_while_running, image_input, last_chat_image_button, previous_run_mark,
                            progress_line, refuse_non_pictures, run_keeping_previous, shows_errors,
                            use_last_chat_image, without_error_badges)
 from webapp.documents import document_picker
@@ -24,6 +24,8 @@ from webapp.documents import document_picker
 SETUP_HINT = (f"**This tab is off: the vLLM environment is not built** (`make run` leaves it out). Turn it on "
               f"with `{SETUP_COMMAND}` (a few minutes, about 6 GiB), then restart the app; or point "
               "`G4V_VLLM_PYTHON` at a Python that has vLLM.")
+RUN_HINT = ("A comparison runs in the vLLM environment, mostly starting vLLM's engine: about a minute on a CPU; "
+            "the bar here names each stage and the time left.")
 COMPARE, COMPARING = "Compare", "Comparing…"  # the button, and what it says while a run works
 #: What the refusals call the serving box (the app has no ``--vllm-serving`` flag).
 SERVING_NAME = "vLLM LoRA arguments"
@@ -168,7 +170,7 @@ def port_tab(model: str, last_chat_image: gr.State) -> None:
     available = vllm_python() is not None
     checkpoint = PortCheckpoint.of(model)
     gr.Markdown("Where vLLM's port of Granite 4 Vision departs from transformers: per injection level, "
-                "per layer, per config field. Runs in the vLLM environment; about a minute on a CPU.")
+                "per layer, per config field.")
     if not available:
         gr.Markdown(SETUP_HINT, elem_id="port-setup-hint")
     with gr.Row():
@@ -176,12 +178,12 @@ def port_tab(model: str, last_chat_image: gr.State) -> None:
             image = image_input(label="Image", height=200, elem_id="port-image")
             # the run's progress bar, under the picture: in view while the run works (under the
             # button it was below the fold, and the results further still)
-            status = gr.Markdown(elem_id="port-status")
+            status = gr.Markdown(RUN_HINT, min_height=STATUS_HEIGHT, elem_id="port-status")
         refuse_non_pictures(image)
         with gr.Column():
             from_chat = last_chat_image_button("port-from-chat")
             document_picker(image, elem_id="port-doc")
-            prompt = gr.Textbox(label="Prompt", value="What colour is the shape?")
+            prompt = gr.Textbox(label="Prompt", value="What colour is the shape?", elem_id="port-prompt")
             run = gr.Button(COMPARE, variant="primary", interactive=available, elem_id="port-run")
     name = checkpoint.folder.name if checkpoint.folder else "FOLDER"
     with gr.Accordion("Vision LoRA and vLLM serving", open=checkpoint.lora is not None):
