@@ -38,20 +38,34 @@ BAR = """(prefix) => { const box = document.querySelector(`#${prefix}-status`);
     return [box.innerText, r.height > 0 && r.top >= 0 && r.bottom <= window.innerHeight]; }"""
 
 
-def watch_run(page, prefix: str, button: str, done: str, timeout: float) -> list[tuple[str, bool, str, bool]]:
-    """Press ``button`` and, every half second until ``done`` (a JavaScript condition) holds, while a
-    bar shows on the status box under the picture: what the button says, whether it is disabled,
-    the bar's line, and whether the bar is inside the window."""
-    page.locator(button).click()
+def watch_run(page, prefix: str, busy: str, done: str, timeout: float) -> list[str]:
+    """Press the tab's run button (``#PREFIX-run``) and, every half second until ``done`` (a
+    JavaScript condition) holds, read the bar on the status box under the picture: while it shows,
+    the button says ``busy``, disabled, and the bar is inside the window. Returns the bar's lines."""
+    button = page.locator(f"#{prefix}-run")
+    button.click()
     seen, deadline = [], time.monotonic() + timeout
     while time.monotonic() < deadline and not page.evaluate(done):
         bar = page.evaluate(BAR, prefix)
         if bar is not None:
-            seen.append((page.locator(button).inner_text(), page.locator(button).is_disabled(), *bar))
+            seen.append((button.inner_text(), button.is_disabled(), *bar))
         time.sleep(0.5)
     assert page.evaluate(done), seen[-3:]
     assert seen, f"no progress bar showed on #{prefix}-status"
-    return seen
+    assert all(label == busy and disabled for label, disabled, _, _ in seen), seen[:3]
+    assert all(in_view for *_, in_view in seen), seen[:3]
+    return [line for _, _, line, _ in seen]
+
+
+def evaluate(page, limit: int | None = None) -> str:
+    """Run the Evaluate tab as it is set (``limit`` rows) and wait for its status: returns it."""
+    if limit is not None:
+        page.locator("#eval-limit input").fill(str(limit))
+    page.locator("#eval-run").click()
+    page.wait_for_function("(n) => document.querySelector('#eval-status').innerText.includes('Finished')"
+                           " && (n === null || document.querySelector('#eval-status').innerText.includes(`${n} sample`))",
+                           arg=limit, timeout=300_000)
+    return text_of(page, "#eval-status")
 
 
 def test_attribution_shows_its_stages_and_the_time_left_in_view_and_a_busy_button(app_url):
@@ -68,10 +82,7 @@ def test_attribution_shows_its_stages_and_the_time_left_in_view_and_a_busy_butto
         upload(page, "attribution", EXAMPLE)
         done = "() => document.querySelector('#attribution-report').innerText.includes('Deletion test')" \
                " && !document.querySelector('#attribution-run').disabled"
-        busy = watch_run(page, "attribution", "#attribution-run", done, timeout=240)
-        assert busy and all(label == "Explaining…" and disabled for label, disabled, _, _ in busy), busy[:3]
-        assert all(in_view for *_, in_view in busy)
-        lines = [status for _, _, status, _ in busy]
+        lines = watch_run(page, "attribution", "Explaining…", done, timeout=240)
         assert any(LEFT.search(line) for line in lines), lines
         drawn = {match for line in lines for match in re.findall(r"drawing the [\w' -]+?(?=,| -|\n|$)", line)}
         assert len(drawn) >= 2, lines  # the drawing is said picture by picture, not as one stage
@@ -119,10 +130,7 @@ def test_the_port_run_has_a_bar_with_the_time_left_and_stale_results_are_marked(
         upload(page, "port", EXAMPLE)
         done = "() => document.querySelector('#port-verdict').innerText.includes('Agrees')" \
                " && !document.querySelector('#port-run').disabled"
-        busy = watch_run(page, "port", "#port-run", done, timeout=500)
-        assert busy and all(label == "Comparing…" and disabled for label, disabled, _, _ in busy), busy[:3]
-        assert all(in_view for *_, in_view in busy)
-        lines = [status for _, _, status, _ in busy]
+        lines = watch_run(page, "port", "Comparing…", done, timeout=500)
         assert any("starting vLLM" in line for line in lines) and any(LEFT.search(line) for line in lines), lines
         prompt = page.locator("#port-prompt textarea")
         prompt.fill("  ")  # refused before vLLM starts
@@ -152,17 +160,11 @@ def test_a_new_run_of_evaluate_forgets_the_row_picked_in_the_last(app_url):
     with browser_page(width=1400, height=1000) as page:
         page.goto(app_url)
         page.get_by_role("tab", name="Evaluate").click()
-        page.locator("#eval-limit input").fill("4")
-        page.locator("#eval-run").click()
-        page.wait_for_function("() => document.querySelector('#eval-status').innerText.includes('Finished')",
-                               timeout=300_000)
+        evaluate(page, limit=4)
         page.locator("#eval-samples [data-testid=cell-2-0]").click()
         page.wait_for_function("() => document.querySelector('#eval-picked').innerText.includes('selected')"
                                " && !document.querySelector('#eval-picked').innerText.includes('No row')")
-        page.locator("#eval-limit input").fill("2")
-        page.locator("#eval-run").click()
-        page.wait_for_function("() => document.querySelector('#eval-status').innerText.includes('2 sample(s)')",
-                               timeout=300_000)
+        evaluate(page, limit=2)
         page.wait_for_function("() => document.querySelector('#eval-picked').innerText.includes('No row selected')")
 
 
@@ -177,10 +179,7 @@ def test_evaluate_says_that_every_row_failed_and_why(app_url, tmp_path):
         page.get_by_role("tab", name="Evaluate").click()
         page.locator("#eval-upload input[type=file]").set_input_files(str(table))
         page.wait_for_function("() => document.querySelector('#eval-dataset-info').innerText.includes('3 rows')")
-        page.locator("#eval-run").click()
-        page.wait_for_function("() => document.querySelector('#eval-status').innerText.includes('Finished')",
-                               timeout=300_000)
-        status = text_of(page, "#eval-status")
+        status = evaluate(page)
         assert "Every row failed (3 of 3)" in status and "missing0.png" in status, status
 
 
