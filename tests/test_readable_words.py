@@ -54,9 +54,9 @@ def test_the_tab_report_says_it_in_the_same_words():
     assert report.startswith("**Answer:** `red`\n\n**Explained:** the whole answer 'red', log-probability -0.5")
     assert "deepstack0 +0.1" in report
     contrast = replace(answer, alternatives=[[8]], alternative_texts=["blue"])  # with --against: a log-odds
-    report = report_markdown(AttributionReport(None, "?", (8, 8), False, contrast, attribution, curve(), None, None,
-                                               None, None))
-    assert "log-odds -0.5" in report and "log-prob" not in report
+    contrasted = report_markdown(AttributionReport(None, "?", (8, 8), False, contrast, attribution, curve(), None,
+                                                   None, None, None))
+    assert "log-odds -0.5" in contrasted and "log-prob" not in contrasted
     assert ("**Deletion test (all levels):** area between the curves 1.15, i.e. how much further the target's "
             "log-probability falls") in report
 
