@@ -7,7 +7,6 @@ checked on the figures in tests/test_figure_text.py."""
 import re
 import time
 
-import pytest
 from PIL import Image
 
 from g4v.paths import EXAMPLES_DIR

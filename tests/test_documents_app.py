@@ -127,9 +127,10 @@ def picker():
     address, and its Blocks (whose events the page calls by number)."""
     from tests.conftest import free_port
 
-    with gr.Blocks() as demo:
+    with gr.Blocks() as demo, gr.Row():  # the picker beside the picture, as the tabs place it
         image = gr.Image(type="filepath", elem_id="picked")
-        documents.document_picker(image, elem_id="t-doc")
+        with gr.Column():
+            documents.document_picker(image, elem_id="t-doc")
     port = free_port()
     demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
     try:
@@ -167,7 +168,7 @@ def test_thumbnails_show_at_about_their_own_size_and_whole(picker, tmp_path, pag
         tab.goto(picker.url)
         pick_pdf_pages(tab, "t", path, thumbnails=pages, use=False)
         thumbnails = tab.evaluate(THUMBNAIL_GEOMETRY)
-    first_row = thumbnails[:6]
+    first_row = thumbnails[:documents.TAB_COLUMNS]
     for thumbnail in first_row:
         assert thumbnail["fit"] in ("contain", "scale-down"), thumbnail  # "cover"/"fill" crop or distort
         for natural, shown in zip(thumbnail["natural"], thumbnail["shown"]):

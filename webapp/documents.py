@@ -32,6 +32,8 @@ from webapp.tempdirs import own_folder
 KEEP_PAGES = 200
 #: The picker's thumbnail strip in pixels: a row of cells at a desktop width and the top of the next.
 THUMBNAILS_HEIGHT = 320
+#: Thumbnails a row: under the Chat box (the page's width), and beside a tab's picture (half of it).
+CHAT_COLUMNS, TAB_COLUMNS = 6, 3
 NO_TASK = "(free question)"
 PENDING_NOTE = "*Waiting for the new answer: it is read here once complete.*"
 #: The panel without a task preset: what would show here.
@@ -205,7 +207,8 @@ def document_picker(target, chat_box: bool = False, elem_id: str = "doc", left_o
         # picker's width holds at Gradio's 100-px least a cell (six cut the sixth off beside a tab's
         # picture), each thumbnail drawn at its own size or shrunk to fit its cell, never enlarged or
         # cropped; further rows scroll. No label over them: it covered the first row's tops.
-        thumbnails = gr.Gallery(label="Pages", show_label=False, columns=6 if chat_box else 4, fit_columns=False,
+        thumbnails = gr.Gallery(label="Pages", show_label=False, columns=CHAT_COLUMNS if chat_box else TAB_COLUMNS,
+                                fit_columns=False,
                                 height=THUMBNAILS_HEIGHT, allow_preview=False, object_fit="scale-down",
                                 elem_id=f"{elem_id}-thumbnails")
 
