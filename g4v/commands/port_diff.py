@@ -31,6 +31,8 @@ def add_parser(subparsers):
                         help=f"exit with status {EXIT_DIFFERS} when the verdict is DIFFERS (for CI)")
     parser.add_argument("--json", action="store_true", help="print the full result as JSON")
     parser.add_argument("--png", default=None, metavar="PATH", help="also save heatmaps and trajectories as a PNG")
+    parser.add_argument("--progress", action="store_true",
+                        help="write a line on stderr as each stage starts (the app's vLLM port tab reads them)")
     return parser
 
 
@@ -55,7 +57,7 @@ def run(args) -> int:
 
     # On stderr as it is now (the app reads the lines there): while vLLM runs, the comparison sends
     # file descriptor 2 elsewhere to hold back vLLM's logs (g4v.port.probe).
-    stderr = os.fdopen(os.dup(2), "w", buffering=1)
+    stderr = os.fdopen(os.dup(2), "w", buffering=1) if args.progress else None
 
     def progress(fraction: float, text: str) -> None:
         print(progress_line(fraction, text), file=stderr, flush=True)
@@ -63,7 +65,7 @@ def run(args) -> int:
     result = run_port_diff(picture, args.prompt, model=args.model, max_new_tokens=settings.max_new_tokens,
                            atol=settings.atol, rtol=settings.rtol, draw=bool(args.png),
                            vision_lora=settings.vision_lora, vllm_vision_lora=settings.vllm_vision_lora,
-                           vllm_serving=serving, progress=progress)
+                           vllm_serving=serving, progress=progress if args.progress else None)
     if args.png:
         result.figure.save(args.png)
     print(json.dumps(result.summary.to_dict(), indent=2) if args.json else report(result.summary))

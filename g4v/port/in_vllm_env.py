@@ -40,7 +40,7 @@ def port_diff_command(python, image_path: str, prompt: str, model: str, png: Pat
     (``--`` + the name in kebab case: :func:`g4v.commands.settings_flags.flag_of`, which the
     library may not import; tests/test_port_lora_audit.py parses the line back)."""
     command = [str(python), "-m", "g4v", "port-diff", "--model", model, "--image", str(image_path),
-               "--prompt", prompt, "--json", "--png", str(png)]
+               "--prompt", prompt, "--json", "--png", str(png), "--progress"]
     for name, value in asdict(settings or PortDiffSettings()).items():
         if value is not None:
             command += ["--" + name.replace("_", "-"), str(value)]
