@@ -8,15 +8,23 @@ VENV := .venv
 PY := $(VENV)/bin/python
 VLLM_PY := .venv-vllm/bin/python
 
-.PHONY: setup run test test-fast test-main test-vllm vllm-env browser checkpoint gpu-wheels
+.PHONY: setup app-setup run test test-fast test-main test-vllm vllm-env browser checkpoint gpu-wheels
+# setup: the app and the test tools (every test target); app-setup: the app alone (make run), from
+# requirements.txt only, so serving from a fresh clone does not wait for pytest, Playwright and SciPy.
 setup: $(VENV)/.g4v-stamp
+app-setup: $(VENV)/.g4v-app-stamp
 
 $(VENV)/.g4v-stamp: requirements.txt requirements-dev.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --disable-pip-version-check -q -r requirements-dev.txt
+	touch $@ $(VENV)/.g4v-app-stamp
+
+$(VENV)/.g4v-app-stamp: requirements.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --disable-pip-version-check -q -r requirements.txt
 	touch $@
 
-run: setup
+run: app-setup
 	$(PY) app.py
 
 browser:

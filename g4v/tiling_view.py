@@ -9,7 +9,7 @@ from pathlib import Path
 
 from g4v.images import open_image
 from g4v.loading import load_config
-from g4v.tiling import ImageToken, TilingPlan, plan_tiling, token_at
+from g4v.tiling import ImageToken, TilingPlan, first_token_to_show, plan_tiling, token_at
 from viz.tiling import highlight_box, outline_box, tiling_overlay
 
 
@@ -24,6 +24,15 @@ def tiling_report(image, config):
     plan = plan_tiling((image.height, image.width), config)
     overlay, regions = tiling_overlay(image, plan.to_dict())
     return overlay, plan.budget_rows(), plan, regions
+
+
+def token_to_show(plan: TilingPlan) -> int:
+    """The token to select right after analysing: the tile token at the picture's centre (the first
+    tile token, at the top-left corner, sat under the picture's label and its own tag), else the
+    base token there (a strip so thin that unpadding keeps no tile feature has none)."""
+    height, width = plan.image_size
+    token = token_at(plan, width / 2, height / 2) or token_at(plan, width / 2, height / 2, kind="base")
+    return token.index if token is not None else first_token_to_show(plan)
 
 
 def token_at_overlay(plan: TilingPlan, regions: dict, x: float, y: float) -> ImageToken | None:

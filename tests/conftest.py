@@ -56,7 +56,7 @@ MODULE_TIERS = {
     "test_demo_training": "training", "test_demo_documents": "training", "test_documents_checkpoint": "training",
     "test_checkpoint": "training", "test_attribution_pointing": "training", "test_adapter_init": "training",
     "test_evaluate_vllm": "vllm", "test_port_diff_cli": "vllm", "test_browser_documents_ux": "browser",
-    "test_evaluate_equivalence_browser": "browser", "test_browser_markup": "browser",
+    "test_evaluate_equivalence_browser": "browser", "test_browser_markup": "browser", "test_browser_walk": "browser",
 }
 #: Fixtures that put a test in a tier wherever it lives: a served app, or a page driven in Chromium.
 FIXTURE_TIERS = {"app_url": "server", "picker": "browser", "tabs_url": "browser"}

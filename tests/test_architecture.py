@@ -227,3 +227,74 @@ def test_answer_length_defaults_are_written_once():
                               if (is_flag and k.arg == "default" or is_slider and k.arg == "value")
                               and isinstance(k.value, ast.Constant)]
     assert offenders == []
+
+
+#: Event listener methods: their first argument (or ``fn=``) is a handler.
+EVENT_METHODS = {"click", "change", "submit", "upload", "select", "input", "success", "then", "failure", "blur",
+                 "focus", "load", "unload", "clear", "release", "stream", "like", "edit", "delete", "retry"}
+
+
+def _tuple_results(function) -> list[int]:
+    """Lines where ``function`` (a def or a lambda) returns or yields a tuple literal of several items;
+    nested functions are their own."""
+    if isinstance(function, ast.Lambda):
+        body = function.body
+        return [function.lineno] if isinstance(body, ast.Tuple) and len(body.elts) > 1 else []
+    found, todo = [], list(function.body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+            continue
+        if isinstance(node, (ast.Return, ast.Yield)) and isinstance(node.value, ast.Tuple) and len(node.value.elts) > 1:
+            found.append(node.lineno)
+        todo.extend(ast.iter_child_nodes(node))
+    return found
+
+
+def _handlers(tree: ast.Module):
+    """Every function the module wires to an event: a lambda given to a listener, or a function of
+    the module given by name (directly, or as what a ``make_...`` factory of the module returns, or
+    wrapped in ``functools.partial``)."""
+    functions: dict[str, list] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            functions.setdefault(node.name, []).append(node)
+
+    def resolve(expr, depth=0):
+        if depth > 3 or expr is None:
+            return []
+        if isinstance(expr, ast.Lambda):
+            return [expr]
+        if isinstance(expr, ast.Name):
+            return functions.get(expr.id, [])
+        if isinstance(expr, ast.Call):
+            name = getattr(expr.func, "id", None) or getattr(expr.func, "attr", None)
+            if name == "partial" and expr.args:
+                return resolve(expr.args[0], depth + 1)
+            made = []
+            for factory in functions.get(name, []):  # a factory: the handlers it returns
+                for node in ast.walk(factory):
+                    if isinstance(node, ast.Return) and node.value is not None:
+                        values = node.value.elts if isinstance(node.value, ast.Tuple) else [node.value]
+                        made += [f for value in values for f in resolve(value, depth + 1)]
+            return made
+        return []
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in EVENT_METHODS:
+            given = node.args[0] if node.args else next((k.value for k in node.keywords if k.arg == "fn"), None)
+            yield from resolve(given)
+        elif isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "Examples":
+            yield from resolve(next((k.value for k in node.keywords if k.arg == "fn"), None))
+
+
+def test_tab_handlers_return_by_box():
+    """A tab's handler returns ``{box: value}`` (its boxes a ``webapp.common.OutputBoxes``), never a
+    tuple that must be kept in step with the event's outputs list by hand: no function or lambda
+    wired to an event in ``webapp/`` returns or yields a tuple literal of several items (a helper
+    that does is no handler). docs/architecture.md, "Where a new panel goes"."""
+    offenders = []
+    for path in sorted((REPO_ROOT / "webapp").glob("*.py")):
+        for handler in _handlers(ast.parse(path.read_text())):
+            offenders += [f"{path.name}:{line} {getattr(handler, 'name', 'lambda')}" for line in _tuple_results(handler)]
+    assert sorted(set(offenders)) == []

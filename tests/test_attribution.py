@@ -202,7 +202,8 @@ def test_a_full_request_leaves_no_hooks_and_the_next_chat_unchanged(hf_engine, r
     assert [p.requires_grad for p in model.parameters()] == grads
     assert hf_engine.generate(chat, settings).token_ids == before
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(p.name for p in report.files)
-    assert report.summary["answer"]["target"] == 0 and report.summary["lens"] is not None
+    assert report.answer.target == 0 and report.lens is not None
+    assert report.to_dict()["answer"]["target"] == 0 and report.to_dict()["lens"] is not None
 
 
 def test_bad_requests_get_one_line(hf_engine, request_inputs, tmp_path):

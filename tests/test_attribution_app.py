@@ -24,7 +24,7 @@ def test_attribute_endpoint_equals_the_library_run_and_picks_a_token(client, hf_
         handle_file(str(EXAMPLE)), PROMPT, " red circle", "1", "gradxinput", "", api_name="/attribute")
     summary = json.loads(open(next(f for f in files if f.endswith("summary.json"))).read())
     expected = run_attribution(hf_engine, str(EXAMPLE), PROMPT, AttributionSettings(target=" red circle", token=1, lens=False),
-                               out_dir=tmp_path).summary
+                               out_dir=tmp_path).to_dict()
     assert summary["answer"] == expected["answer"] and summary["answer"]["target"] == 1
     assert summary["attribution"]["level_totals"] == pytest.approx(expected["attribution"]["level_totals"], rel=1e-4,
                                                                    abs=1e-7)
@@ -48,7 +48,7 @@ def test_attribute_endpoint_contrasts_with_other_answers(client, hf_engine, tmp_
                                " green ,blue,", api_name="/attribute")
     summary = json.loads(open(next(f for f in files if f.endswith("summary.json"))).read())
     expected = run_attribution(hf_engine, str(EXAMPLE), PROMPT, AttributionSettings(target="red", against=("green", "blue"),
-                               lens=False), out_dir=tmp_path).summary
+                               lens=False), out_dir=tmp_path).to_dict()
     assert summary["answer"]["against"] == ["green", "blue"] == expected["answer"]["against"]
     assert summary["attribution"]["level_totals"] == pytest.approx(expected["attribution"]["level_totals"], rel=1e-4,
                                                                    abs=1e-7)

@@ -4,6 +4,7 @@ region picker turns two clicks into a region, and bad input is one clear line ea
 
 import json
 import re
+from types import SimpleNamespace
 
 import gradio as gr
 import pytest
@@ -328,7 +329,8 @@ def emptied_by(page, elem_id: str, event: str) -> dict:
     values = {}
     for function in page.fns.values():
         if (source._id, event) in function.targets and not function.inputs:
-            for box, value in zip(function.outputs, function.fn()):
+            result = function.fn()  # by box, or (a single output) the value itself
+            for box, value in result.items() if isinstance(result, dict) else zip(function.outputs, [result]):
                 box.postprocess(value)
                 values[box.elem_id] = value
     return values
@@ -364,9 +366,11 @@ def test_the_head_picker_redraws_the_maps_for_one_head(handlers):
     choices = head_choices(kept)
     assert choices["choices"] == [ALL_HEADS, *(f"head {h}" for h in range(summary["num_heads"]))]
     picture = open_image(EXAMPLE)
-    mean_tiles, mean_base = head_maps(kept, ALL_HEADS)
+    boxes = SimpleNamespace(tiles="tiles", base="base")  # the handler's results, by box
+    redraw = head_maps(boxes)
+    mean_tiles, mean_base = redraw(kept, ALL_HEADS)["tiles"], redraw(kept, ALL_HEADS)["base"]
     assert list(mean_tiles.getdata()) == list(tiles.getdata()) and list(mean_base.getdata()) == list(base.getdata())
-    one, other = head_maps(kept, "head 0")[0], head_maps(kept, f"head {summary['num_heads'] - 1}")[0]
+    one, other = redraw(kept, "head 0")["tiles"], redraw(kept, f"head {summary['num_heads'] - 1}")["tiles"]
     assert list(one.getdata()) == list(attention_map_figure(picture, summary, "tile", 0).getdata())
     assert list(one.getdata()) != list(other.getdata()) != list(tiles.getdata())
     assert summary["attention_per_head"][0][0] != summary["mean_attention"][0]  # a head is not the mean

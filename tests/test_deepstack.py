@@ -218,7 +218,7 @@ def test_run_inspection_for_the_app(hf_engine, image, tmp_path):
     from g4v.inspect.run import FIGURE_FILES, run_inspection
 
     result = run_inspection(hf_engine, image, PROMPT, max_new_tokens=0, out_dir=tmp_path / "export")
-    assert result.ablation is None and result.summary["ablation"] is None
+    assert result.ablation is None and result.to_dict()["ablation"] is None
     assert set(result.figures) == set(FIGURE_FILES) and all(f.width > 300 for f in result.figures.values())
     assert result.plan.num_image_tokens == result.capture.num_image_tokens
     names = set(zipfile.ZipFile(result.export_zip).namelist())

@@ -15,8 +15,8 @@ from g4v.cli import main as cli_main
 from g4v.conversation import Message
 from g4v.errors import G4VError
 from g4v.inspect.ablation import compare_scaled, run_outcome
-from g4v.model.capture import capture_forward, instrument, language_model_of
-from g4v.model.levels import MAX_SCALE, describe_levels, level_scales
+from g4v.model.capture import LevelCapture, Trajectory, capture_forward, instrument, language_model_of
+from g4v.model.levels import MAX_SCALE, Level, describe_levels, level_scales
 from g4v.paths import BUNDLED_MODEL_DIR, REAL_CONFIG_DIR, REPO_ROOT
 from g4v.loading import load_config
 from g4v.tiling import plan_tiling
@@ -67,11 +67,10 @@ def test_every_picture_is_bounded_for_extreme_aspect_ratios(width, height, confi
     first_tile = next((t for t in plan.tokens if t.kind == "tile"), plan.tokens[0])
     _assert_bounded(highlight_box(image, first_tile.box, label="#0"), "highlight")
 
-    levels = [{"name": f"level{i}", "llm_layer": i, "injected_norm_mean": 1.0 + i, "scale": 1e4,
-               "residual_norm_before_mean": 2.0, "residual_norm_after_mean": 3.0} for i in range(8)]
+    levels = [LevelCapture(Level(i, f"level{i}", "deepstack", -1, 27, i), 1e4, torch.zeros(0), 1.0 + i, 2.0, 3.0, 1.0, 1.0)
+              for i in range(8)]
     _assert_bounded(norms_figure(levels), "norms")
-    trajectory = {"layers": list(range(41)), "image_norm": [1.0] * 41, "text_norm": [2.0] * 41,
-                  "injection_layers": {str(i): f"level{i}" for i in range(8)}}
+    trajectory = Trajectory(list(range(41)), [1.0] * 41, [2.0] * 41, {i: f"level{i}" for i in range(8)})
     _assert_bounded(trajectory_figure(trajectory, modified=trajectory), "trajectory")
 
 
@@ -235,8 +234,8 @@ def test_a_factor_of_one_runs_no_second_pass(hf_engine):
     finally:
         handle.remove()
     assert len(calls) == 1
-    assert result.ablation is None and result.summary["ablation"] is None
-    assert result.summary["unchanged_levels"] == ["deepstack0", "spatial_TL"]
+    assert result.ablation is None and result.to_dict()["ablation"] is None
+    assert result.unchanged_levels == result.to_dict()["unchanged_levels"] == ["deepstack0", "spatial_TL"]
 
     levels = describe_levels(hf_engine.model.config)
     assert level_scales(levels, ["spatial_BR"], {"deepstack0": 1.0, "deepstack1": 2}) == {

@@ -135,7 +135,13 @@ def served(build):
 @pytest.fixture(scope="module")
 def picker():
     """A page with one image input and its "From a PDF" picker, as every image tab builds it."""
-    with served(lambda: documents.document_picker(gr.Image(type="filepath", elem_id="picked"), elem_id="t-doc")) as page:
+    def beside_its_picture():  # the picker beside the picture, as the tabs place it
+        with gr.Row():
+            image = gr.Image(type="filepath", elem_id="picked")
+            with gr.Column():
+                documents.document_picker(image, elem_id="t-doc")
+
+    with served(beside_its_picture) as page:
         yield page
 
 
@@ -168,7 +174,7 @@ def test_thumbnails_show_at_about_their_own_size_and_whole(picker, tmp_path, pag
         tab.goto(picker.url)
         pick_pdf_pages(tab, "t", path, thumbnails=pages, use=False)
         thumbnails = tab.evaluate(THUMBNAIL_GEOMETRY)
-    first_row = thumbnails[:6]
+    first_row = thumbnails[:documents.TAB_COLUMNS]
     for thumbnail in first_row:
         assert thumbnail["fit"] in ("contain", "scale-down"), thumbnail  # "cover"/"fill" crop or distort
         for natural, shown in zip(thumbnail["natural"], thumbnail["shown"]):
@@ -307,26 +313,37 @@ def test_a_csv_answer_is_shown_once_in_the_grid():
 
 def test_the_chat_box_takes_out_what_open_image_refuses_and_says_why(tmp_path):
     """An attachment that is not a picture leaves the box (text, good pictures and the PDF handling
-    as before); the refusal to show is open_image's own line, with a fresh id each time, and the
-    line under the box says the same."""
+    as before); the refusal to show is open_image's own line, and the line under the box says the
+    same. The box's change event came twice for one upload: the refusal still on show is not said
+    again (one toast, not "Warning (2)"), but it is once the line went; a picture attached after it
+    takes the line away (it no longer describes the message)."""
     from g4v.images import open_image
     from tests.conftest import make_image
 
-    good, fake = tmp_path / "good.png", tmp_path / "fake.png"
+    good, other, fake = tmp_path / "good.png", tmp_path / "other.png", tmp_path / "fake.png"
     make_image(32, 24).save(good)
+    make_image(24, 32).save(other)
     fake.write_bytes(b"not a picture")
     with pytest.raises(G4VError) as refused:
         open_image(fake)
+    boxes = documents.BoxSorting(box=gr.MultimodalTextbox(), document=gr.File(), accordion=gr.Accordion(),
+                                 refusal=gr.JSON(), left_out=gr.Markdown())
     box = {"text": "What is this?", "files": [{"path": str(good)}, {"path": str(fake)}, str(REPORT_PDF)]}
-    kept, pdf, _, refusal, line = documents.pdf_to_picker(box)
+    sorted_out = documents.pdf_to_picker(boxes, box)
+    kept, pdf, refusal, line = (sorted_out[b] for b in (boxes.box, boxes.document, boxes.refusal, boxes.left_out))
     assert kept == {"text": "What is this?", "files": [str(good)]} and pdf == str(REPORT_PDF)
     assert refusal["text"] == f"{refused.value}: removed from the message ({documents.BOX_TAKES})"
     assert line["visible"] and rendered_text(line["value"]) == "⚠️ " + refusal["text"]
-    assert documents.pdf_to_picker(box)[3]["id"] != refusal["id"]
+    again = documents.pdf_to_picker(boxes, box, refusal, line["value"])  # the same upload's second change event
+    assert boxes.refusal not in again and boxes.left_out not in again and again[boxes.box] == kept
+    after_sending = documents.pdf_to_picker(boxes, box, refusal, "")  # the line went: said again
+    assert after_sending[boxes.refusal] == refusal and after_sending[boxes.left_out]["visible"]
     with pytest.warns(UserWarning, match="fake.png is not an image"):  # outside an event: a warning, not a toast
         documents.show_refusal(refusal)
     documents.show_refusal(None)  # nothing to say: no toast
-    assert all(out is gr.skip() or out == gr.skip() for out in documents.pdf_to_picker(kept))
+    assert documents.pdf_to_picker(boxes, kept, refusal, line["value"]) == {}  # typing: the line stays
+    more = {"text": "What is this?", "files": [str(good), str(other)]}
+    assert documents.pdf_to_picker(boxes, more, refusal, line["value"]) == {boxes.left_out: documents.left_out_line()}
 
 
 def rendered_text(markdown: str) -> str:

@@ -5,17 +5,24 @@ text calls, the legends' and axes' boxes), and the size each text has once the p
 picture at most ``PAGE_WIDTH_PX`` wide is computed from the drawn size and the picture's width."""
 
 import math
-from dataclasses import fields
+from dataclasses import fields, replace
 
 import gradio as gr
 import numpy as np
 import pytest
+import torch
 from matplotlib.backends.backend_agg import FigureCanvasAgg, RendererAgg
 from matplotlib.figure import Figure
 from matplotlib.text import Text
 
+from g4v.attribution.deletion import DeletionCurve
+from g4v.attribution.lens import LensView
 from g4v.evaluate import SampleResult
 from g4v.loading import load_config
+from g4v.lora.token_diff import LoraDiff, ScoredAnswer, TokenScore
+from g4v.model.capture import LevelCapture, Trajectory
+from g4v.model.levels import Level
+from g4v.port.compare import LevelDiff, SideNorms, Tolerance, TrajectoryDiff
 from g4v.paths import BUNDLED_MODEL_DIR
 from g4v.tiling import plan_tiling
 from tests.conftest import make_image
@@ -101,8 +108,8 @@ def picture_and_tokens():
     return image, [(t.kind, t.box) for t in plan.tokens]
 
 
-def lens_views(count: int, tokens) -> list[dict]:
-    return [{"name": f"layer {n}", "top_ids": [i % 10 for i in range(len(tokens))]} for n in range(count)]
+def lens_views(count: int, tokens) -> list[LensView]:
+    return [LensView(f"layer {n}", [i % 10 for i in range(len(tokens))], [0.5] * len(tokens)) for n in range(count)]
 
 
 LONG_NAMES = {i: f"token number {i:02d} of ten" for i in range(10)}  # cut to 24 characters in the legend
@@ -111,13 +118,11 @@ LEVELS = ["deepstack0", "deepstack1", "deepstack2", "deepstack3", "spatial_TL", 
 
 def figures(image, tokens) -> dict:
     scores = {name: [math.sin(i + n) for i in range(len(tokens))] for n, name in enumerate(LEVELS + ["combined"])}
-    curve = {"fractions": [0, 0.1, 0.5, 1], "random": [[-1, -1.5, -2, -3]] * 2, "random_mean": [-1, -1.5, -2, -3],
-             "attributed": [-1, -2.5, -4, -3], "level": None, "area_between": 1.2}
-    levels = [{"name": name, "llm_layer": n, "injected_norm_mean": 2.0, "residual_norm_before_mean": 3.0,
-               "residual_norm_after_mean": 3.5} for n, name in enumerate(LEVELS)]
-    trajectory = {"layers": list(range(41)), "image_norm": [1.0 + i / 10 for i in range(41)],
-                  "text_norm": [1.0 + i / 20 for i in range(41)],
-                  "injection_layers": {str(n * 3): name for n, name in enumerate(LEVELS)}}
+    curve = DeletionCurve(level=None, ranking="positive", fractions=[0, 0.1, 0.5, 1], random=[[-1, -1.5, -2, -3]] * 2,
+                          random_mean=[-1, -1.5, -2, -3], attributed=[-1, -2.5, -4, -3], area_between=1.2)
+    levels = level_captures(LEVELS)
+    trajectory = Trajectory(list(range(41)), [1.0 + i / 10 for i in range(41)], [1.0 + i / 20 for i in range(41)],
+                            {n * 3: name for n, name in enumerate(LEVELS)})
     return {
         "attribution tiles": lambda: va.attribution_figure(image, tokens, scores, "tile"),
         "deletion": lambda: va.deletion_figure(curve, measure="log-odds"),
@@ -130,9 +135,15 @@ def figures(image, tokens) -> dict:
         "circuits share": lambda: vc.image_share_figure(circuits_summary(tokens)),
         "circuits reverse": lambda: vc.region_attention_figure(image, circuits_summary(tokens)),
         "port levels": lambda: vp.level_bars_figure(
-            [dict(row, share_of_tolerance_used=0.1 * (n + 1), max_abs_diff=1e-3, ok=True) for n, row in enumerate(levels)],
-            {"rule": "atol + rtol * |x|", "source": "bf16"}),
+            [LevelDiff(name, n, "deepstack", True, 1e-3, 1e-4, 1e-4, 1.0, None, share_of_tolerance_used=0.1 * (n + 1))
+             for n, name in enumerate(LEVELS)], Tolerance(1e-5, 5e-2, "bfloat16 defaults")),
     }
+
+
+def level_captures(names: list[str]) -> list[LevelCapture]:
+    """What the norms figure reads of each level (a capture's means; no tensors needed)."""
+    return [LevelCapture(Level(n, name, "spatial" if name.startswith("spatial") else "deepstack", -1, 27, n),
+                         1.0, torch.zeros(0), 2.0, 3.0, 3.5, 1.0, 1.0) for n, name in enumerate(names)]
 
 
 def circuits_summary(tokens) -> dict:
@@ -146,9 +157,10 @@ def circuits_summary(tokens) -> dict:
             "region_tokens": [{"kind": kind, "box": list(box)} for kind, box in tokens[:30] if kind != "newline"]}
 
 
-def port_trajectory(trajectory: dict) -> dict:
-    return {"layers": trajectory["layers"], "injection_layers": trajectory["injection_layers"], "transformers": trajectory,
-            "vllm": trajectory, "max_token_rel_diff": [1e-3] * len(trajectory["layers"]), "rtol": 1e-2}
+def port_trajectory(trajectory: Trajectory) -> TrajectoryDiff:
+    side = SideNorms(trajectory.image_norm, trajectory.text_norm)
+    return TrajectoryDiff(layers=trajectory.layers, injection_layers={str(k): v for k, v in trajectory.injection_layers.items()},
+                          transformers=side, vllm=side, max_token_rel_diff=[1e-3] * len(trajectory.layers), rtol=1e-2)
 
 
 @pytest.mark.parametrize("name", ["attribution tiles", "deletion", "lens", "lens levels", "norms", "trajectory",
@@ -161,20 +173,22 @@ def test_picture_text_is_readable_at_the_pages_width(picture_and_tokens, drawn, 
     legends_clear_of_the_buttons(drawn["figures"][-1])
 
 
-def lora_diff(count: int) -> dict:
-    def tokens(shift):
-        return [{"position": i, "text": f" w{i}", "logprob_base": -1.0 - (i % 3), "logprob_adapter": -1.0 - shift * (i % 2),
-                 "delta": 0.5, "kl": 0.1 * (i % 4)} for i in range(count)]
-    return {"adapter": "french", "first_divergence": 2, "base_tokens": tokens(0), "adapter_tokens": tokens(1)}
+def scored(texts: list[str], shift: float = 0.0, diverge_at: int | None = None) -> ScoredAnswer:
+    """An answer whose tokens are ``texts``, scored as the pictures read it."""
+    return ScoredAnswer("base", "".join(texts), [
+        TokenScore(i, i, text, -1.0 - (i % 3), -1.0 - shift * (i % 2), 0.5, 0.1 * (i % 4), 1, 2 if i == diverge_at else 1)
+        for i, text in enumerate(texts)])
+
+
+def lora_diff(count: int, labels=("base", "adapter")) -> LoraDiff:
+    texts = [f" w{i}" for i in range(count)]
+    return LoraDiff("french", scored(texts, 0, diverge_at=2), scored(texts, 1), labels)
 
 
 @pytest.mark.parametrize("count, names", [(12, None), (300, None),
                                            (12, ("base language model (vision LoRA off)", "vision model + a-long-adapter-name"))])
 def test_lora_plot_names_its_tokens_and_keeps_legends_off_the_data(drawn, count, names):
-    diff = lora_diff(count)
-    if names:
-        diff.update(left=names[0], right=names[1])
-    figure = vl.diff_plot(diff)
+    figure = vl.diff_plot(lora_diff(count, names or ("base", "adapter")))
     figure_to_image(figure)
     size, text = smallest_shown_text(drawn)
     assert size >= MIN_TEXT_PX, f"{text!r} is {size:.1f} px at the page's width"
@@ -265,16 +279,15 @@ def test_port_legend_shows_which_stack_is_dashed(picture_and_tokens, drawn):
 
 
 def test_lora_plot_shortens_long_tokens_with_an_ellipsis(drawn):
-    """Issue 31's walk: the x axis showed ``<|end_of_tex`` for ``<|end_of_text|>``, a cut that reads as
-    another token. A token longer than the label's room ends in "…"; a short one is shown whole;
-    and every label, as drawn, lies inside the saved picture."""
+    """The x axis showed ``<|end_of_te…`` for ``<|end_of_text|>``: the tokenizer's special tokens are
+    shown whole; a longer token ends in "…"; a short one is whole; and every label, as drawn, lies
+    inside the saved picture."""
     texts = [" the", "<|end_of_text|>", "\n", " internationalisation", "twelve chars"]
-    tokens = [{"position": i, "text": text, "logprob_base": -1.0, "logprob_adapter": -2.0, "delta": -1.0, "kl": 0.2}
-              for i, text in enumerate(texts)]
-    figure = vl.diff_plot({"adapter": "french", "first_divergence": 1, "base_tokens": tokens, "adapter_tokens": tokens})
+    answer = scored(texts, diverge_at=1)
+    figure = vl.diff_plot(LoraDiff("french", answer, answer))
     picture = figure_to_image(figure)
     labels = [label.get_text() for label in figure.axes[0].get_xticklabels()]
-    assert labels == [" the", "<|end_of_te…", "⏎", " internatio…", "twelve chars"]  # written out by hand
+    assert labels == [" the", "<|end_of_text|>", "⏎", " internationali…", "twelve chars"]  # written out by hand
     renderer = FigureCanvasAgg(figure).get_renderer()
     whole = figure.get_tightbbox(renderer).transformed(figure.dpi_scale_trans)
     for label in figure.axes[0].get_xticklabels():
@@ -364,3 +377,66 @@ def test_evaluate_notes_are_readable_at_half_the_pages_width(drawn):
     ve.paired_figure({"n": 0, "arms": {}})
     size, text = smallest_shown_text(drawn, EVALUATE_PICTURE_PX)
     assert size >= MIN_TEXT_PX, f"{text!r} is {size:.1f} px"
+
+
+def test_heatmaps_and_the_lens_paint_over_the_picture_in_greys(picture_and_tokens, drawn):
+    """Over a strongly coloured object a heatmap's own colours were lost (a red shape under the red
+    and blue attribution map read as "high" wherever it was; the lens's token colours mixed with the
+    picture's): the picture under every panel is drawn in greys, so one value paints one hue inside
+    a red shape and beside it (lighter or darker with the grey, never redder)."""
+    from PIL import Image, ImageDraw
+
+    _, tokens = picture_and_tokens
+    red = Image.new("RGB", (400, 300), "white")
+    ImageDraw.Draw(red).rectangle((100, 80, 300, 220), fill=(230, 20, 20))
+    scores = {name: [0.7] * len(tokens) for name in ("deepstack0", "combined")}
+    for draw in (lambda: va.attribution_figure(red, tokens, scores, "tile"),
+                 lambda: va.lens_figure(red, tokens, lens_views(2, tokens), LONG_NAMES),
+                 lambda: vd.heatmaps_figure(red, tokens, scores, "tile")):
+        draw()
+        panels = [ax for ax in drawn["figures"][-1].axes if len(ax.images) == 2]
+        assert panels
+        for ax in panels:
+            backdrop = np.asarray(ax.images[0].get_array(), dtype=int)[..., :3]
+            assert (backdrop.max(axis=-1) - backdrop.min(axis=-1)).max() <= 1  # greys only
+    figure = drawn["figures"][-1]  # the deepstack heatmap: one value everywhere
+    canvas = FigureCanvasAgg(figure)
+    canvas.draw()
+    pixels = np.asarray(canvas.buffer_rgba())[..., :3].astype(int)
+    box = figure.axes[0].get_window_extent()
+
+    def colour_at(x: float, y: float):  # a point of the picture, as a share of its width and height
+        return pixels[int(pixels.shape[0] - (box.y1 - y * box.height)), int(box.x0 + x * box.width)]
+
+    shift = colour_at(0.5, 0.5) - colour_at(0.9, 0.9)  # inside the red shape minus the white beside it
+    assert shift.max() - shift.min() <= 12, shift  # the same hue, only darker: not reddened
+
+
+def test_a_note_figure_wraps_a_long_title_inside_the_picture(drawn):
+    """Evaluate's note pictures at half the page cut their titles off at both sides ("agree entire")."""
+    from viz.figures import HALF_PAGE_PX, note_figure
+
+    title = "First differing answer token (0 of 0 samples agree entirely): a long title at a half page's text size"
+    note_figure(title, "Every row failed.", HALF_PAGE_PX)
+    figure = drawn["figures"][-1]
+    renderer = FigureCanvasAgg(figure).get_renderer()
+    whole = figure.bbox
+    suptitle = figure._suptitle
+    box = suptitle.get_window_extent(renderer)
+    assert whole.x0 <= box.x0 and box.x1 <= whole.x1, (box, whole)
+    assert "agree entirely" in suptitle.get_text().replace("\n", " ")
+
+
+def test_a_run_whose_every_row_failed_says_so_in_every_picture(drawn):
+    """A dataset whose pictures are missing: every row failed, and the pictures said "the dataset has
+    no reference answers" and "needs both arms on local transformers". They say the rows failed, and
+    the first row's error."""
+    summary, rows = evaluate_run(2)
+    failed = [replace(row, error="the picture red.png named in row 1 is missing") for row in rows[:12]]
+    assert ve.all_failed(failed).startswith("Every row failed (12 of 12)")
+    assert "red.png named in row 1 is missing" in ve.all_failed(failed)
+    assert ve.all_failed(rows) is None and ve.all_failed(failed[:3] + rows[:1]) is None
+    assert set(ve.run_figures(summary, failed)) == {"accuracy", "paired", "kl", "divergence"}
+    notes = [" ".join(text.get_text() for ax in figure.axes for text in ax.texts) for figure in drawn["figures"]]
+    assert len(notes) == 4 and all("Every row failed" in note and "red.png" in note for note in notes)
+    assert not any("reference answers" in note or "local transformers" in note for note in notes)

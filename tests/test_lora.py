@@ -188,11 +188,11 @@ def test_diff_json_and_pictures(diff, output_dir):
     data = json.loads(json.dumps(diff.to_dict()))
     assert {"base_text", "adapter_text", "first_divergence", "base_tokens", "adapter_tokens"} <= set(data)
     assert data["base_text"] == diff.base.text and len(data["adapter_tokens"]) == len(diff.tuned.tokens)
-    html = diff_html(data)
+    html = diff_html(diff)
     assert html.count("<span") == len(data["base_tokens"]) + len(data["adapter_tokens"])
     assert "#1f4fd1" in html  # the first divergence is marked
-    picture = diff_png(data)
-    plot = figure_to_image(diff_plot(data))
+    picture = diff_png(diff)
+    plot = figure_to_image(diff_plot(diff))
     assert picture.size[0] == 900 and plot.size[0] > 400
     picture.save(output_dir / "lora_diff.png")
     plot.save(output_dir / "lora_diff_plot.png")
@@ -207,9 +207,10 @@ def test_app_functions(engine, chat):
     assert pairs[-1] == (engine.generate(chat, SamplingSettings(max_new_tokens=8)).text,
                          engine.generate(chat, SamplingSettings(max_new_tokens=8), adapter=ADAPTER_NAME).text)
     view = lora_token_diff(engine, chat[0].text, chat[0].images, LoraDiffSettings(adapter=ADAPTER_NAME, max_new_tokens=6))
-    assert view.data["adapter"] == ADAPTER_NAME and "<span" in view.html and view.figure.axes
+    data = view.diff.to_dict()
+    assert view.diff.adapter == data["adapter"] == ADAPTER_NAME and "<span" in view.html and view.figure.axes
     direct = lora_diff(engine, chat, ADAPTER_NAME, SamplingSettings(max_new_tokens=6)).to_dict()  # the same request, by hand
-    assert [view.data[key] for key in ("base_text", "adapter_text", "base_tokens", "adapter_tokens")] \
+    assert [data[key] for key in ("base_text", "adapter_text", "base_tokens", "adapter_tokens")] \
         == [direct[key] for key in ("base_text", "adapter_text", "base_tokens", "adapter_tokens")]
 
 

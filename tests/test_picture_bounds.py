@@ -24,6 +24,7 @@ def photo():
 
 
 def test_figures_over_a_39_megapixel_picture_stay_small(hf_engine, photo):
+    from g4v.attribution.lens import LensView
     from viz.attribution import attribution_figure, lens_figure
     from viz.deepstack import heatmaps_figure
     from viz.tiling import highlight_box, render_tiling_overlay
@@ -31,7 +32,7 @@ def test_figures_over_a_39_megapixel_picture_stay_small(hf_engine, photo):
     plan = plan_tiling((photo.height, photo.width), hf_engine.model.config)
     tokens = [(t.kind, t.box) for t in plan.tokens]
     values = {"deepstack0": [float(i % 7) for i in range(len(tokens))]}
-    views = [{"name": "layer 0", "top_ids": [i % 3 for i in range(len(tokens))]}]
+    views = [LensView("layer 0", [i % 3 for i in range(len(tokens))], [0.5] * len(tokens))]
     with address_space_limit(DRAWING_MB):
         pictures = [lens_figure(photo, tokens, views, {0: "red", 1: "blue", 2: "sky"}),
                     attribution_figure(photo, tokens, values), heatmaps_figure(photo, tokens, values),

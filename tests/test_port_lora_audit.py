@@ -40,7 +40,7 @@ def test_each_mistake_is_one_line_with_what_to_do(transformers, vllm, serving, s
     found = lora_audit.findings(LORA, transformers, vllm, serving)
     assert any(line.startswith(start) for line in found), found
     assert all("\n" not in line and ": " in line for line in found)
-    assert lora_audit.summary(LORA, transformers, vllm, serving)["ok"] is False
+    assert lora_audit.summary(LORA, transformers, vllm, serving).ok is False
 
 
 def test_a_rank_vllm_refuses_is_not_started_with_the_lora():
@@ -117,11 +117,12 @@ def test_the_port_tab_refuses_outside_folders_and_bad_json_in_one_line(checkpoin
     config override; the refusal names the box, not a CLI flag, in one line, before vLLM starts."""
     import gradio as gr
 
-    from webapp.port import audit_note, make_port_diff
+    from webapp.port import PortBoxes, audit_note, make_port_diff
 
     assert audit_note(checkpoint, "native", "native", serving).startswith("**Not usable**: ")
     with pytest.raises(gr.Error) as err:
-        make_port_diff(str(VLORA_MODEL_DIR), checkpoint)("x.png", "Hi", "native", "native", serving)
+        boxes = PortBoxes(verdict=gr.Markdown(), table=gr.Dataframe(), picture=gr.Image(), details=gr.JSON())
+        make_port_diff(str(VLORA_MODEL_DIR), boxes, checkpoint)("x.png", "Hi", "native", "native", serving)
     assert words in err.value.message and "\n" not in err.value.message and "--vllm" not in err.value.message
 
 

@@ -1,7 +1,10 @@
 """The words a new user reads (issue 31's walk, hardening 2): what the deletion test's number means,
 and the trained checkpoints' banner, written as plain sentences. Plain functions, no model."""
 
+from dataclasses import replace
+
 import pytest
+import torch
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
@@ -26,12 +29,12 @@ def test_area_between_is_the_trapezoid_area_between_the_random_mean_and_the_attr
 def test_the_deletion_result_says_what_the_area_between_means():
     """Issue 31 (hardening 2): "area between random and attributed 1.15" named no curve and no unit.
     The sentence the tab and the CLI print says what the number is and what its sign means."""
-    text = describe_area(curve().to_dict(), "log-probability")
+    text = describe_area(curve(), "log-probability")
     assert text == ("deletion test (all levels): area between the curves 1.15, i.e. how much further the "
                     "target's log-probability falls when the image tokens the map ranks first are removed than "
                     "when random ones are (the random mean minus the attributed curve, summed over the share "
                     "removed by the trapezoid rule); above 0 the map beats chance: here it beats random removal.")
-    worse = {**curve().to_dict(), "area_between": -0.2, "beats_random": False, "level": "deepstack1"}
+    worse = replace(curve(), area_between=-0.2, level="deepstack1")
     assert describe_area(worse, "log-odds").endswith("here it does not beat random removal.")
     assert "(deepstack1)" in describe_area(worse, "log-odds") and "target's log-odds falls" in describe_area(worse, "log-odds")
 
@@ -39,11 +42,21 @@ def test_the_deletion_result_says_what_the_area_between_means():
 def test_the_tab_report_says_it_in_the_same_words():
     from webapp.attribution import report_markdown
 
-    summary = {"answer": {"tokens": ["red"], "explained": "the whole answer"},
-               "attribution": {"measure": "log-probability", "target_value": -0.5, "level_totals": {"deepstack0": 0.1},
-                               "method": "grad_x_input"},
-               "deletion": curve().to_dict()}
-    report = report_markdown(summary)
+    from g4v.attribution.forward import Answer
+    from g4v.attribution.gradients import Attribution
+    from g4v.attribution.run import AttributionReport
+    from g4v.model.levels import Level
+
+    answer = Answer(torch.zeros(1, 3, dtype=torch.long), [7], ["red"], None)
+    attribution = Attribution("gradxinput", [Level(0, "deepstack0", "deepstack", -1, 27, 0)], torch.tensor([[0.1]]), -0.5)
+    report = report_markdown(AttributionReport(None, "?", (8, 8), False, answer, attribution, curve(), None, None,
+                                               None, None))
+    assert report.startswith("**Answer:** `red`\n\n**Explained:** the whole answer 'red', log-probability -0.5")
+    assert "deepstack0 +0.1" in report
+    contrast = replace(answer, alternatives=[[8]], alternative_texts=["blue"])  # with --against: a log-odds
+    contrasted = report_markdown(AttributionReport(None, "?", (8, 8), False, contrast, attribution, curve(), None,
+                                                   None, None, None))
+    assert "log-odds -0.5" in contrasted and "log-prob" not in contrasted
     assert ("**Deletion test (all levels):** area between the curves 1.15, i.e. how much further the target's "
             "log-probability falls") in report
 
@@ -54,7 +67,7 @@ def test_the_deletion_figure_title_says_what_the_area_is(monkeypatch):
     drawn = []
     real = va.figure_to_image
     monkeypatch.setattr(va, "figure_to_image", lambda figure, **kw: drawn.append(figure) or real(figure, **kw))
-    va.deletion_figure(curve().to_dict())
+    va.deletion_figure(curve())
     figure: Figure = drawn[0]
     title = figure.axes[0].title
     assert title.get_text() == ("Deletion test: area between the curves 1.15\n(random mean minus top-k, over the "

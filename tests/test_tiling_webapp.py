@@ -11,13 +11,27 @@ from tests.conftest import make_image
 from viz.figures import display_size
 from g4v.paths import BUNDLED_MODEL_DIR
 from g4v.loading import load_config
-from g4v.tiling import first_token_to_show
-from webapp.tiling import make_handlers
+from g4v.tiling_view import token_to_show
+from webapp.tiling import TilingBoxes, make_handlers
+
+#: The tab's boxes, made outside a page: the handlers return their values by box.
+BOXES = TilingBoxes(overlay=gr.Image(), table=gr.Dataframe(), plan=gr.State(), regions=gr.State(),
+                    token_index=gr.Number(), token_view=gr.Image(), token_info=gr.Markdown(), analysed=gr.State(),
+                    unmarked=gr.State(), shown=gr.State())
+
+
+def shown(values: dict, *names: str) -> tuple:
+    """The values a handler returned for the boxes ``names`` (TilingBoxes' fields)."""
+    return tuple(values[getattr(BOXES, name)] for name in names)
+
+
+ANALYSED = ("overlay", "table", "plan", "regions", "token_index", "token_view", "token_info", "analysed", "unmarked")
+PICKED = ("token_view", "token_info", "overlay")
 
 
 @pytest.fixture(scope="module")
 def handlers():
-    return make_handlers(load_config(BUNDLED_MODEL_DIR))
+    return make_handlers(load_config(BUNDLED_MODEL_DIR), BOXES)
 
 
 @pytest.mark.parametrize("size", [(1, 8000), (3, 600), (8000, 1), (1, 1), (300, 500)])
@@ -27,12 +41,12 @@ def test_analyse_selects_a_token_for_every_shape(size, handlers, tmp_path):
     path = tmp_path / "picture.png"
     make_image(width, height, seed=1).save(path)
 
-    overlay, rows, plan, regions, first, view, info, analysed, unmarked = analyse(str(path))
-    assert first == first_token_to_show(plan)
+    overlay, rows, plan, regions, first, view, info, analysed, unmarked = shown(analyse(str(path)), *ANALYSED)
+    assert first == token_to_show(plan) == shown(analyse(str(path)), "shown")[0]
     assert view.size == display_size(width, height) and f"Token **{first}**" in info
     count = plan.num_image_tokens
 
-    view, info, _ = select_index(str(path), plan, analysed, regions, unmarked, count - 1)
+    view, info, _ = shown(select_index(str(path), plan, analysed, regions, unmarked, count - 1), *PICKED)
     assert f"Token **{count - 1}** of {count}" in info
 
 
@@ -41,7 +55,7 @@ def test_token_for_a_changed_image_is_refused(handlers, tmp_path):
     analysed, other = tmp_path / "analysed.png", tmp_path / "other.png"
     make_image(500, 300).save(analysed)
     make_image(8000, 1).save(other)
-    _, _, plan, regions, _, _, _, fingerprint, unmarked = analyse(str(analysed))
+    _, _, plan, regions, _, _, _, fingerprint, unmarked = shown(analyse(str(analysed)), *ANALYSED)
     with pytest.raises(gr.Error, match="the image changed since it was analysed") as caught:
         select_index(str(other), plan, fingerprint, regions, unmarked, 0)
     assert str(tmp_path) not in str(caught.value)
@@ -59,10 +73,10 @@ def test_a_different_picture_of_the_same_size_is_refused(handlers, tmp_path):
     green, blue = tmp_path / "green.png", tmp_path / "blue.png"
     Image.new("RGB", (200, 200), (0, 200, 0)).save(green)
     Image.new("RGB", (200, 200), (0, 0, 200)).save(blue)
-    _, _, plan, regions, _, _, _, fingerprint, unmarked = analyse(str(green))
+    _, _, plan, regions, _, _, _, fingerprint, unmarked = shown(analyse(str(green)), *ANALYSED)
     with pytest.raises(gr.Error, match="the image changed since it was analysed"):
         select_index(str(blue), plan, fingerprint, regions, unmarked, 5)
-    view, info, _ = select_index(str(green), plan, fingerprint, regions, unmarked, 5)
+    view, info, _ = shown(select_index(str(green), plan, fingerprint, regions, unmarked, 5), *PICKED)
     assert "Token **5**" in info
 
 
@@ -111,21 +125,23 @@ def test_a_click_on_the_overlay_picks_the_token_under_it(size, handlers, tmp_pat
     height, width = size
     path = tmp_path / "picture.png"
     make_image(width, height, seed=2).save(path)
-    _, _, plan, regions, _, _, _, analysed, overlay = analyse(str(path))
+    _, _, plan, regions, _, _, _, analysed, overlay = shown(analyse(str(path)), *ANALYSED)
     canvas = canvas_in_overlay(overlay)
     tiles = [token for token in plan.tokens if token.kind == "tile"]
     for token in (tiles[0], tiles[len(tiles) // 2], tiles[-1]):
         x, y = overlay_spot(plan, canvas, token)
-        index, view, info, _ = select_on_overlay(str(path), plan, analysed, regions, overlay,
-                                                 gr.SelectData(None, {"index": [x, y], "value": None}))
+        index, view, info = shown(select_on_overlay(str(path), plan, analysed, regions, overlay,
+                                                    gr.SelectData(None, {"index": [x, y], "value": None})),
+                                  "token_index", "token_view", "token_info")
         assert index == token.index and f"Token **{token.index}**" in info and isinstance(view, Image.Image)
     left, top, right, bottom = regions["base"]
-    index, _, info, _ = select_on_overlay(str(path), plan, analysed, regions, overlay,
-                                          gr.SelectData(None, {"index": [(left + right) / 2, (top + bottom) / 2], "value": None}))
+    index, = shown(select_on_overlay(str(path), plan, analysed, regions, overlay,
+                                     gr.SelectData(None, {"index": [(left + right) / 2, (top + bottom) / 2], "value": None})),
+                   "token_index")
     centre = plan.token(index)
     assert centre.kind == "base" and centre.box[0] <= width / 2 <= centre.box[2] and centre.box[1] <= height / 2 <= centre.box[3]
     assert select_on_overlay(str(path), plan, analysed, regions, overlay,
-                             gr.SelectData(None, {"index": [5, 5], "value": None})) == (gr.skip(),) * 4
+                             gr.SelectData(None, {"index": [5, 5], "value": None})) == {}  # every box keeps its value
 
 
 def marked_frame(before, after) -> tuple[int, int, int, int]:
@@ -148,8 +164,8 @@ def test_the_picked_token_is_framed_on_the_overlay(size, handlers, tmp_path):
     path = tmp_path / "picture.png"
     make_image(width, height, seed=3).save(path)
     analyse, select_on_overlay = handlers[0], handlers[3]
-    shown, _, plan, regions, first, _, _, analysed, overlay = analyse(str(path))
-    assert shown.size == overlay.size and shown.tobytes() != overlay.tobytes()  # the first token is framed too
+    framed, _, plan, regions, first, _, _, analysed, overlay = shown(analyse(str(path)), *ANALYSED)
+    assert framed.size == overlay.size and framed.tobytes() != overlay.tobytes()  # the first token is framed too
     canvas = canvas_in_overlay(overlay)
     left, top, right, bottom = canvas
     cell = plan.tile_size / plan.view_feature_grid[0]
@@ -157,8 +173,9 @@ def test_the_picked_token_is_framed_on_the_overlay(size, handlers, tmp_path):
     tiles = [token for token in plan.tokens if token.kind == "tile"]
     for token in (tiles[len(tiles) // 3], tiles[-2]):
         x, y = overlay_spot(plan, canvas, token)
-        index, _, _, marked = select_on_overlay(str(path), plan, analysed, regions, overlay,
-                                                gr.SelectData(None, {"index": [x, y], "value": None}))
+        index, marked = shown(select_on_overlay(str(path), plan, analysed, regions, overlay,
+                                                gr.SelectData(None, {"index": [x, y], "value": None})),
+                              "token_index", "overlay")
         assert index == token.index
         frame_left, frame_top, frame_right, frame_bottom = marked_frame(overlay, marked)
         column = plan.unpadded_cols[0] + token.col  # the cell in the whole tile-feature grid
@@ -171,8 +188,8 @@ def test_the_picked_token_is_framed_on_the_overlay(size, handlers, tmp_path):
                                                 (cell_left, cell_top, cell_right, cell_bottom))
     base_left, base_top, base_right, base_bottom = regions["base"]
     centre = ((base_left + base_right) / 2, (base_top + base_bottom) / 2)
-    _, _, _, marked = select_on_overlay(str(path), plan, analysed, regions, overlay,
-                                        gr.SelectData(None, {"index": list(centre), "value": None}))
+    marked, = shown(select_on_overlay(str(path), plan, analysed, regions, overlay,
+                                      gr.SelectData(None, {"index": list(centre), "value": None})), "overlay")
     frame = marked_frame(overlay, marked)
     assert base_left - 6 <= frame[0] <= centre[0] <= frame[2] <= base_right + 6
     assert base_top - 6 <= frame[1] <= centre[1] <= frame[3] <= base_bottom + 6

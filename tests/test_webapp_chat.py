@@ -133,6 +133,11 @@ def chat_handler(engine, name):
     return next(block.fn for block in page.fns.values() if getattr(block.fn, "__name__", "") == name)
 
 
+def checked_settings(accepted: dict):
+    """The sampling settings among what the box's check returned, by box."""
+    return next(value for value in accepted.values() if isinstance(value, SamplingSettings))
+
+
 def test_the_box_refuses_bad_sampling_settings_before_the_model_queue(hf_engine):
     """A seed or temperature out of range is refused by the box's first check (not queued behind
     other visitors' answers), in the words SamplingSettings uses; good settings reach the answer step
@@ -152,7 +157,7 @@ def test_the_box_refuses_bad_sampling_settings_before_the_model_queue(hf_engine)
         with pytest.raises(G4VError) as direct:  # the same words as the settings' own check
             SamplingSettings(**{"max_new_tokens": 8, **bad}).validated()
         assert words in str(direct.value)
-    *_, settings = accept(message, [], 7, 0.5, 0.9, 3)
+    settings = checked_settings(accept(message, [], 7, 0.5, 0.9, 3))
     assert settings == SamplingSettings(max_new_tokens=7, temperature=0.5, top_p=0.9, seed=3)
 
 
@@ -176,7 +181,7 @@ def test_the_chat_box_refuses_long_text_at_the_engines_own_limit(hf_engine):
 def test_the_seed_defaults_to_a_fresh_one_and_0_is_a_seed(hf_engine):
     """The box's handler, given no seed, checks SamplingSettings' default (a fresh seed each run);
     0 is a seed like any other, not "random" (tests/test_request_defaults.py: the box starts at it)."""
-    *_, settings = chat_handler(hf_engine, "accept")({"text": "Hi", "files": []}, [])
+    settings = checked_settings(chat_handler(hf_engine, "accept")({"text": "Hi", "files": []}, []))
     assert settings.seed is SamplingSettings.seed is None
     assert sampling_settings(8, seed=0).seed == 0
 

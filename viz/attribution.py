@@ -11,7 +11,7 @@ import numpy as np
 from matplotlib.figure import Figure
 from PIL import Image
 
-from viz.figures import PANEL_INCHES, figure_to_image, heatmap_picture, text_points, token_heatmap_grid
+from viz.figures import PANEL_INCHES, figure_to_image, heatmap_picture, muted, text_points, token_heatmap_grid
 
 LENS_COLOURS = 10  # the most frequent top tokens get a colour each; the rest are grey
 LENS_LEGEND_COLUMNS = 5  # the lens legend's names a row, under the panels
@@ -32,21 +32,22 @@ def attribution_figure(image: Image.Image, tokens: list[tuple[str, tuple]], scor
         title=title or f"Attribution per {view} token")
 
 
-def deletion_figure(curve: dict, title: str = "Deletion test", measure: str = "log-probability") -> Image.Image:
+def deletion_figure(curve, title: str = "Deletion test", measure: str = "log-probability") -> Image.Image:
     """The explained number (``measure``: the target's log-probability, or a contrast's log-odds) as
     the top-k% tokens by attribution are removed, against random removals (each seed thin, their
-    mean dashed). The title says what its number, the area between the curves, means."""
+    mean dashed). The title says what its number, the area between the curves, means. ``curve``: a
+    ``g4v.attribution.deletion.DeletionCurve``."""
     fig = Figure(figsize=(6, 4), layout="constrained")
     small = text_points(fig.get_figwidth())
     ax = fig.add_subplot()
-    shares = [100 * f for f in curve["fractions"]]
-    for run in curve["random"]:
+    shares = [100 * f for f in curve.fractions]
+    for run in curve.random:
         ax.plot(shares, run, color="grey", alpha=0.35, linewidth=0.8)
-    ax.plot(shares, curve["random_mean"], color="grey", linestyle="--", label="random (mean)")
-    ax.plot(shares, curve["attributed"], color="tab:red", marker="o", label="top-k by attribution")
-    ax.set_xlabel(f"image tokens removed (%), {curve['level'] or 'all levels'}")
+    ax.plot(shares, curve.random_mean, color="grey", linestyle="--", label="random (mean)")
+    ax.plot(shares, curve.attributed, color="tab:red", marker="o", label="top-k by attribution")
+    ax.set_xlabel(f"image tokens removed (%), {curve.level or 'all levels'}")
     ax.set_ylabel(f"target {measure}")
-    ax.set_title(f"{title}: area between the curves {curve['area_between']:.3g}\n"
+    ax.set_title(f"{title}: area between the curves {curve.area_between:.3g}\n"
                  "(random mean minus top-k, over the share removed; above 0: the map beats chance)",
                  fontsize=small + 1)
     ax.grid(alpha=0.3)
@@ -54,12 +55,13 @@ def deletion_figure(curve: dict, title: str = "Deletion test", measure: str = "l
     return figure_to_image(fig)
 
 
-def lens_figure(image: Image.Image, tokens: list[tuple[str, tuple]], views: list[dict], vocabulary: dict,
+def lens_figure(image: Image.Image, tokens: list[tuple[str, tuple]], views: list, vocabulary: dict,
                 view: str = "tile", title: str = "Logit lens: top token per image token") -> Image.Image:
-    """One panel per lens view (``{"name", "top_ids"}``), each token's box coloured by its top token;
-    the legend names the most frequent tokens over all panels."""
+    """One panel per lens view (a ``g4v.attribution.lens.LensView``: its ``name`` and ``top_ids``),
+    each token's box coloured by its top token; the legend names the most frequent tokens over all
+    panels."""
     picked = [i for i, (kind, _) in enumerate(tokens) if kind == view]
-    counts = Counter(v["top_ids"][i] for v in views for i in picked)
+    counts = Counter(v.top_ids[i] for v in views for i in picked)
     common = [token for token, _ in counts.most_common(LENS_COLOURS)]
     palette = {token: n for n, token in enumerate(common)}
     shown, scale_x, scale_y = heatmap_picture(image)  # never the full-size picture: 40 Mpx would take GBs
@@ -74,6 +76,7 @@ def lens_figure(image: Image.Image, tokens: list[tuple[str, tuple]], views: list
     small = text_points(fig.get_figwidth())
     axes = fig.subplots(rows, cols, squeeze=False)
     colours = [tuple(c) for c in _tab10()]
+    backdrop = muted(shown)
     for ax, lens_view in zip(axes.flat, views):
         canvas = np.zeros((shown.height, shown.width, 4), dtype=np.float32)
         for i in picked:
@@ -82,11 +85,11 @@ def lens_figure(image: Image.Image, tokens: list[tuple[str, tuple]], views: list
                                                                  box[2] * scale_x, box[3] * scale_y))
             if right <= left or bottom <= top:
                 continue
-            n = palette.get(lens_view["top_ids"][i])
+            n = palette.get(lens_view.top_ids[i])
             canvas[top:bottom, left:right] = (*colours[n], 0.55) if n is not None else (0.5, 0.5, 0.5, 0.35)
-        ax.imshow(shown)
+        ax.imshow(backdrop)  # in greys: a token's colour is its top token's, whatever the picture's colour there
         ax.imshow(canvas)
-        ax.set_title(lens_view["name"], fontsize=small)
+        ax.set_title(lens_view.name, fontsize=small)
         ax.axis("off")
     for ax in list(axes.flat)[len(views):]:
         ax.axis("off")

@@ -7,8 +7,9 @@
 * :func:`heatmaps_figure`: per level, the injected norm of each image token painted over the
   original picture through the tiling token boxes.
 
-Inputs are the plain dicts of ``summary.json`` (``levels`` rows, the ``trajectory``) so that an export
-can be redrawn without the model. No torch here; matplotlib draws off-screen (no pyplot state).
+Inputs are the inspection's typed parts, read by attribute (:class:`g4v.model.capture.LevelCapture`
+per level, :class:`g4v.model.capture.Trajectory`), and plain lists of numbers. No torch here;
+matplotlib draws off-screen (no pyplot state).
 Every picture stays within ``viz.figures.MAX_PICTURE_SIDE`` pixels on a side, whatever the image.
 """
 
@@ -19,13 +20,14 @@ from PIL import Image
 from viz.figures import figure_to_image, floats_or_nan, mark_injection_layers, text_points, token_heatmap_grid
 
 
-def norms_figure(levels: list[dict], title: str = "Injected vs residual norms (image tokens)") -> Image.Image:
-    """Grouped bars per level: injected, residual before, residual after (mean L2 norms)."""
-    names = [f"{row['name']}\nLLM {row['llm_layer']}" for row in levels]
+def norms_figure(levels: list, title: str = "Injected vs residual norms (image tokens)") -> Image.Image:
+    """Grouped bars per level (a ``LevelCapture`` each): injected, residual before, residual after
+    (mean L2 norms over the image tokens)."""
+    names = [f"{row.level.name}\nLLM {row.level.llm_layer}" for row in levels]
     series = [
         ("injected", "injected_norm_mean", "#d62728"),
-        ("residual before", "residual_norm_before_mean", "#7f7f7f"),
-        ("residual after", "residual_norm_after_mean", "#1f77b4"),
+        ("residual before", "residual_norm_before_image", "#7f7f7f"),
+        ("residual after", "residual_norm_after_image", "#1f77b4"),
     ]
     x = np.arange(len(levels))
     width = 0.27
@@ -33,12 +35,12 @@ def norms_figure(levels: list[dict], title: str = "Injected vs residual norms (i
     small = text_points(fig.get_figwidth())
     ax = fig.add_subplot()
     for i, (label, key, colour) in enumerate(series):
-        values = [float(row[key]) for row in levels]
+        values = [float(getattr(row, key)) for row in levels]
         ax.bar(x + (i - 1) * width, values, width, label=label, color=colour)
-    if any("scale" in row and row["scale"] != 1.0 for row in levels):
+    if any(row.scale != 1.0 for row in levels):
         for xi, row in zip(x, levels):
-            if row.get("scale", 1.0) != 1.0:
-                ax.annotate(f"x{row['scale']:g}", (xi, 0), xytext=(0, -28), textcoords="offset points",
+            if row.scale != 1.0:
+                ax.annotate(f"x{row.scale:g}", (xi, 0), xytext=(0, -28), textcoords="offset points",
                             ha="center", fontsize=small, color="#d62728")
     ax.set_xticks(x, names, fontsize=small)
     ax.set_ylabel("mean L2 norm")
@@ -48,19 +50,19 @@ def norms_figure(levels: list[dict], title: str = "Injected vs residual norms (i
     return figure_to_image(fig)
 
 
-def trajectory_figure(trajectory: dict, modified: dict | None = None,
-                      title: str = "Residual-stream norm by LLM layer") -> Image.Image:
+def trajectory_figure(trajectory, modified=None, title: str = "Residual-stream norm by LLM layer") -> Image.Image:
     """Mean residual norm entering each layer (last point: the last layer's output), image and
-    text tokens; injection layers as labelled vertical lines; ``modified`` dashed, if given."""
-    layers = trajectory["layers"]
+    text tokens; injection layers as labelled vertical lines; ``modified`` dashed, if given (each a
+    ``Trajectory``)."""
+    layers = trajectory.layers
     fig = Figure(figsize=(8, 4.6), layout="constrained")
     small = text_points(fig.get_figwidth())
     ax = fig.add_subplot()
     runs = [(trajectory, "-", "")] + ([(modified, "--", " (modified)")] if modified else [])
     for run, style, suffix in runs:
-        ax.plot(layers, floats_or_nan(run["image_norm"]), style, color="#d62728", marker=".", label="image tokens" + suffix)
-        ax.plot(layers, floats_or_nan(run["text_norm"]), style, color="#1f77b4", marker=".", label="text tokens" + suffix)
-    mark_injection_layers(ax, trajectory.get("injection_layers", {}), small)
+        ax.plot(layers, floats_or_nan(run.image_norm), style, color="#d62728", marker=".", label="image tokens" + suffix)
+        ax.plot(layers, floats_or_nan(run.text_norm), style, color="#1f77b4", marker=".", label="text tokens" + suffix)
+    mark_injection_layers(ax, trajectory.injection_layers, small)
     ax.set_xlabel("LLM layer (residual stream entering it, after its injection)")
     ax.set_ylabel("mean L2 norm")
     ax.set_title(title)

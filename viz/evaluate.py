@@ -201,8 +201,25 @@ def divergence_histogram(rows: list) -> Image.Image:
     return figure_to_image(fig)
 
 
+#: Each picture's title, for the note that replaces all four when every row failed.
+FIGURE_TITLES = {"accuracy": "Accuracy per category", "paired": "Paired outcomes", "kl": "KL(A || B) per sample",
+                 "divergence": "First differing answer token"}
+
+
+def all_failed(rows: list) -> str | None:
+    """When every row failed (a picture the dataset names is missing, an arm's server is down): the
+    note every picture shows instead of a reason that does not apply ("no reference answers", "needs
+    both arms on local transformers"); None while any row has answers."""
+    if not rows or not all(row.error for row in rows):
+        return None
+    return f"Every row failed ({len(rows)} of {len(rows)}), so there is nothing to draw. The first: {rows[0].error}"
+
+
 def run_figures(summary: dict, rows: list) -> dict[str, Image.Image]:
     """Every picture of a run, by name (the Evaluate tab shows them in this order); ``rows`` are
     the run's typed rows (``RunResult.rows``)."""
+    failed = all_failed(rows)
+    if failed:
+        return {name: note_figure(title, failed, HALF_PAGE_PX) for name, title in FIGURE_TITLES.items()}
     return {"accuracy": accuracy_figure(summary), "paired": paired_figure(summary),
             "kl": kl_histogram(rows), "divergence": divergence_histogram(rows)}

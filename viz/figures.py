@@ -13,6 +13,7 @@ the data, never over it. Plain numbers and boxes in, PIL images out; matplotlib 
 
 import io
 import math
+import textwrap
 
 import matplotlib
 
@@ -50,6 +51,19 @@ def shown_picture(image: Image.Image, size: tuple[int, int]) -> Image.Image:
     if image.size != tuple(size):
         image = image.resize(tuple(size), Image.Resampling.BICUBIC, reducing_gap=3.0)
     return image if image.mode == "RGB" else image.convert("RGB")
+
+
+#: How far towards white a heatmap's backdrop is lightened, once in greys.
+BACKDROP_LIGHTEN = 0.35
+
+
+def muted(picture: Image.Image) -> Image.Image:
+    """``picture`` in light greys, to paint values over: the colours of a heatmap (or of the logit
+    lens's top tokens) then read as the colour scale's own inside a strongly coloured object too,
+    where over the picture's own colours a red object made every value look high and a blue one
+    low, and the picture's shapes still show through."""
+    grey = picture.convert("L").convert("RGB")
+    return Image.blend(grey, Image.new("RGB", grey.size, "white"), BACKDROP_LIGHTEN)
 
 
 def heatmap_picture(image: Image.Image) -> tuple[Image.Image, float, float]:
@@ -168,7 +182,8 @@ def token_heatmap_grid(image: Image.Image, tokens: list[tuple[str, tuple]], valu
     combined panel's is not painted plain grey.
 
     The image is shown at :func:`display_size` with the heatmap bounds, so a panel is
-    never a 1-pixel line, and the figure's size in inches depends only on the panels' shape."""
+    never a 1-pixel line, and the figure's size in inches depends only on the panels' shape; it is
+    drawn :func:`muted`, so the values read the same over any colour of the picture."""
     shown, scale_x, scale_y = heatmap_picture(image)
     shown_width, shown_height = shown.size
     picked = [i for i, (kind, _) in enumerate(tokens) if kind == view]
@@ -206,8 +221,9 @@ def token_heatmap_grid(image: Image.Image, tokens: list[tuple[str, tuple]], valu
     small = text_points(fig.get_figwidth())
     axes = fig.subplots(rows, cols, squeeze=False)
     mappable = None
+    backdrop = muted(shown)
     for ax, (name, heat) in zip(axes.flat, maps.items()):
-        ax.imshow(shown)
+        ax.imshow(backdrop)
         mappable = ax.imshow(heat, cmap=cmap, alpha=alpha, vmin=vmin, vmax=vmax)
         ax.set_title(_fit_title(panel_title(name, peaks[name]), panel_width), fontsize=small)
         ax.axis("off")
@@ -223,14 +239,22 @@ def token_heatmap_grid(image: Image.Image, tokens: list[tuple[str, tuple]], valu
 
 def note_figure(title: str, note: str, shown_px: int = PAGE_WIDTH_PX) -> Image.Image:
     """A small picture that says why there is nothing to draw, in place of empty panels (its text
-    sized for a picture shown ``shown_px`` wide, see :func:`text_points`)."""
-    fig = Figure(figsize=(8, 1.6 if shown_px >= PAGE_WIDTH_PX else 2.2))
+    sized for a picture shown ``shown_px`` wide, see :func:`text_points`). The title is wrapped to
+    the picture's width: at a half page's text size a long one ran off both sides ("agree entire")."""
+    width = 8
+    fig = Figure(figsize=(width, 1.6 if shown_px >= PAGE_WIDTH_PX else 2.4))
     ax = fig.add_subplot()
     ax.axis("off")
-    small = text_points(8, shown_px)
-    ax.text(0.5, 0.5, note, ha="center", va="center", wrap=True, fontsize=small + 1)
-    fig.suptitle(title, fontsize=small + 2)
+    small = text_points(width, shown_px)
+    ax.text(0.5, 0.45, note, ha="center", va="center", wrap=True, fontsize=small + 1)
+    fig.suptitle(wrapped(title, width, small + 2), fontsize=small + 2)
     return figure_to_image(fig)
+
+
+def wrapped(text: str, inches: float, points: float) -> str:
+    """``text`` broken between words into lines that fit ``inches`` at ``points`` (an average
+    character is taken as 0.6 em wide, with a margin)."""
+    return "\n".join(textwrap.wrap(text, max(10, int(inches * 72 * 0.9 / (0.6 * points))))) or text
 
 
 def _fit_title(text: str, panel_width: float) -> str:

@@ -1,21 +1,23 @@
 """The Attribution tab: which image regions, through which of the 8 levels, an answer token relied
 on; whether that map beats random removal (the deletion test); and the logit lens over the image."""
 
-import time
+from dataclasses import dataclass
 
 import gradio as gr
 
 from g4v.attribution.deletion import describe_area
 from g4v.attribution.gradients import METHODS
-from g4v.attribution.run import AttributionSettings, run_attribution
+from g4v.attribution.run import AttributionReport, AttributionSettings, run_attribution
 from g4v.errors import MAX_NUMBER_CHARS, WHOLE_TEXT, G4VError, quoted
 from g4v.model.levels import describe_levels
-from webapp.common import (MODEL_QUEUE, image_input, last_chat_image_button, markdown_code, refuse_non_pictures, shows_errors,
-                           time_left, use_last_chat_image, without_error_badges)
+from webapp.common import (MODEL_QUEUE, STATUS_HEIGHT, OutputBoxes, busy_while_running, image_input, last_chat_image_button,
+                           markdown_code, previous_run_mark, progress_line, refuse_non_pictures, run_keeping_previous,
+                           shows_errors, use_last_chat_image, without_error_badges)
 from webapp.documents import document_picker
 from webapp.sessions import SessionStores, session_key
 
 WHOLE_ANSWER = "the whole answer"
+EXPLAIN, EXPLAINING = "Explain", "Explaining…"  # the button, and what it says while a run works
 #: What the tab's widgets start at: the settings' own defaults (``python -m g4v attribute``'s too).
 DEFAULTS = AttributionSettings()
 RUN_HINT = ("An explanation runs the model forward and backward many times (the deletion test, the logit lens): "
@@ -32,21 +34,35 @@ def token_choice(text: str | None) -> int | None:
     return int(head)
 
 
-def report_markdown(summary: dict) -> str:
-    attribution, deletion = summary["attribution"], summary["deletion"]
-    totals = ", ".join(f"{name} {value:+.3g}" for name, value in attribution["level_totals"].items())
-    head, _, rest = describe_area(deletion, attribution["measure"]).partition(": ")
-    lines = [f"**Answer:** {markdown_code(''.join(summary['answer']['tokens']))}",
-             f"**Explained:** {summary['answer']['explained']}, {attribution['measure']} {attribution['target_value']:.4g}",
+def report_markdown(report: AttributionReport) -> str:
+    attribution, deletion, answer = report.attribution, report.deletion, report.answer
+    totals = ", ".join(f"{name} {value:+.3g}" for name, value in attribution.level_totals().items())
+    head, _, rest = describe_area(deletion, answer.measure).partition(": ")
+    lines = [f"**Answer:** {markdown_code(''.join(answer.texts))}",
+             f"**Explained:** {answer.describe()}, {answer.measure} {attribution.target_logprob:.4g}",
              f"**Per level (sum over image tokens):** {totals}",
              f"**{head[0].upper()}{head[1:]}:** {rest}"]
-    if attribution["method"] == "ig":
-        lines.append(f"**Integrated gradients:** {attribution['steps']} steps, completeness gap "
-                     f"{attribution['convergence_delta']:.3g} (scores sum vs f(image) - f(no image))")
+    if attribution.method == "ig":
+        lines.append(f"**Integrated gradients:** {attribution.steps} steps, completeness gap "
+                     f"{attribution.convergence_delta:.3g} (scores sum vs f(image) - f(no image))")
     return "\n\n".join(lines)
 
 
-def make_explain(engine, sessions: SessionStores, gpu_task):
+@dataclass
+class ExplainBoxes(OutputBoxes):
+    """An explanation's results, in ``/attribute``'s order."""
+
+    token: gr.Dropdown  # the answer's tokens, the explained one chosen
+    report: gr.Markdown
+    tiles: gr.Image
+    base: gr.Image
+    deletion: gr.Image
+    lens: gr.Image
+    lens_levels: gr.Image
+    export: gr.File
+
+
+def make_explain(engine, sessions: SessionStores, gpu_task, boxes: ExplainBoxes):
     @gpu_task
     @shows_errors
     def explain(image_path, prompt, target, token, method, deletion_level, against="", request: gr.Request = None,
@@ -56,21 +72,16 @@ def make_explain(engine, sessions: SessionStores, gpu_task):
         rivals = tuple(part.strip() for part in (against or "").split(",") if part.strip())
         settings = AttributionSettings(target=target or None, token=token_choice(token), method=method,
                                        deletion_level=deletion_level or None, against=rivals)
-        started = time.monotonic()
-
-        def tell(fraction, text):
-            left = time_left(fraction, 1.0, time.monotonic() - started)
-            progress(fraction, desc=f"{text}, {left}" if left else text)
-
         with sessions.using(session_key(request)) as visitor:  # the export goes to the visitor's own store
             report = run_attribution(engine, image_path, prompt, settings, exports=visitor.stores["inspect"],
-                                     progress=tell)
+                                     progress=progress_line(progress))
         tokens = [f"{i}: {text!r}" for i, text in enumerate(report.answer.texts)] + [WHOLE_ANSWER]
         chosen = WHOLE_ANSWER if report.answer.target is None else tokens[report.answer.target]
         figures = report.figures
-        return (gr.update(choices=tokens, value=chosen), report_markdown(report.summary), figures["tile"],
-                figures["base"], figures["deletion"], figures.get("lens"), figures.get("lens_levels"),
-                [str(path) for path in report.files])
+        return {boxes.token: gr.update(choices=tokens, value=chosen), boxes.report: report_markdown(report),
+                boxes.tiles: figures["tile"], boxes.base: figures["base"], boxes.deletion: figures["deletion"],
+                boxes.lens: figures.get("lens"), boxes.lens_levels: figures.get("lens_levels"),
+                boxes.export: [str(path) for path in report.files]}
 
     return explain
 
@@ -82,7 +93,11 @@ def attribution_tab(engine, config, last_chat_image: gr.State, sessions: Session
                 "tokens, and what each layer would predict at the image positions (logit lens).")
     level_names = [level.name for level in describe_levels(config)] if config is not None else []
     with gr.Row():
-        image = image_input(label="Image", height=240, elem_id="attribution-image")
+        with gr.Column():
+            image = image_input(label="Image", height=240, elem_id="attribution-image")
+            # the run's progress bar, over this hint under the picture: in view while the run works
+            # (under the button it was below the fold, and the results further still)
+            status = gr.Markdown(RUN_HINT, min_height=STATUS_HEIGHT, elem_id="attribution-status")
         refuse_non_pictures(image)
         with gr.Column():
             from_chat = last_chat_image_button("attribution-from-chat")
@@ -98,8 +113,7 @@ def attribution_tab(engine, config, last_chat_image: gr.State, sessions: Session
             against = gr.Textbox(label="Explain against (other answers, comma-separated; empty: the answer's "
                                  "own log-probability)", value="", placeholder="e.g. red, green, blue",
                                  elem_id="attribution-against")
-            run = gr.Button("Explain", variant="primary", elem_id="attribution-run")
-            gr.Markdown(RUN_HINT, elem_id="attribution-hint")
+            run = gr.Button(EXPLAIN, variant="primary", elem_id="attribution-run")
     report = gr.Markdown(elem_id="attribution-report")
     # One picture a row, at the page's width, without Gradio's label over it: each carries its title.
     pictures = {"show_label": False, "format": "png"}
@@ -109,11 +123,16 @@ def attribution_tab(engine, config, last_chat_image: gr.State, sessions: Session
     lens = gr.Image(label="Logit lens (residual stream)", **pictures)
     lens_levels = gr.Image(label="Logit lens (each level's features)", **pictures)
     export = gr.File(label="Export (summary.json, PNGs, attribution.safetensors)", file_count="multiple")
+    boxes = ExplainBoxes(token=token, report=report, tiles=tiles, base=base, deletion=deletion, lens=lens,
+                         lens_levels=lens_levels, export=export)
 
     use_last_chat_image(from_chat, last_chat_image, image)
-    explained = run.click(make_explain(engine, sessions, gpu_task),
-                          [image, prompt, target, token, method, deletion_level, against],
-                          [token, report, tiles, base, deletion, lens, lens_levels, export],
-                          api_name="attribute", concurrency_id=MODEL_QUEUE, concurrency_limit=concurrency,
-                          show_progress_on=report)  # one progress bar, not one in each of the outputs
-    without_error_badges(explained, [report])
+    ready = busy_while_running(run, EXPLAINING)
+    # a refused run leaves the results on show, marked as the previous run's; so does another picture
+    explained = run_keeping_previous(run, make_explain(engine, sessions, gpu_task, boxes),
+                                     [image, prompt, target, token, method, deletion_level, against],
+                                     boxes.components(), report, api_name="attribute", concurrency_id=MODEL_QUEUE,
+                                     concurrency_limit=concurrency, show_progress_on=status)
+    ready(explained)
+    without_error_badges(explained, [box for box in boxes.components() if box is not report])
+    image.change(**previous_run_mark(report))

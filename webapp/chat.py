@@ -18,6 +18,7 @@ top_p, seed``), with the conversation kept per client session.
 
 import os
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import gradio as gr
@@ -26,8 +27,8 @@ from g4v.conversation import (MAX_IMAGES_PER_CONVERSATION, MAX_IMAGES_PER_MESSAG
                               SamplingSettings, validate_conversation)
 from g4v.errors import G4VError, PromptTooLong
 from g4v.images import open_image
-from webapp.common import (CHAT_QUEUE, MODEL_QUEUE, RANDOM_SEED, escape_markdown, sampling_settings, seed_box_value,
-                           shows_errors, unescape_markdown, without_error_badges)
+from webapp.common import (CHAT_QUEUE, MODEL_QUEUE, RANDOM_SEED, OutputBoxes, escape_markdown, sampling_settings,
+                           seed_box_value, shows_errors, unescape_markdown, without_error_badges)
 from webapp.documents import chat_documents, chat_examples, left_out_line
 
 
@@ -129,7 +130,8 @@ def within_image_limit(messages: list[Message], limit: int = MAX_IMAGES_PER_CONV
     return messages, dropped
 
 
-def start_answer(engine, messages: list[Message], settings: SamplingSettings, cancel: threading.Event):
+def start_answer(engine, messages: list[Message], settings: SamplingSettings,
+                 cancel: threading.Event) -> tuple[Iterator[str], int]:
     """``engine.stream`` on the longest tail of the conversation that fits the context window.
 
     Engines check the prompt's length before the first piece streams and raise
@@ -207,6 +209,39 @@ def newest_image(message: dict | None, history: list) -> str | None:
 
 # ── the tab ─────────────────────────────────────────────────────────────────────────────────────
 
+#: Said under the chat: a small model easily answers a new picture's question about an earlier one.
+CONTEXT_NOTE = ("Each message is answered with the whole conversation in view, earlier pictures included "
+                "(\"Open in Chat\" in Evaluate adds to it too): to ask about a picture on its own, press Clear first.")
+
+
+@dataclass
+class Taking(OutputBoxes):
+    """What checking a message writes: the box (emptied, disabled) and the checked message kept."""
+
+    box: gr.MultimodalTextbox
+    sending: gr.State  # the message as sent, put back in the box if the answer fails
+    checked: gr.State  # the same message as read: text and opened pictures
+    before: gr.State  # the history before it
+    settings: gr.State  # the sampling settings as checked
+
+
+@dataclass
+class Answering(OutputBoxes):
+    """What an answer writes as it streams."""
+
+    chatbot: gr.Chatbot
+    last_image: gr.State  # the newest chat picture, for the other tabs
+    box: gr.MultimodalTextbox  # enabled again at the end, or given the message back
+    newest_answer: gr.State  # the answer as the model wrote it, for the structured panel
+
+
+@dataclass
+class ApiBoxes(OutputBoxes):
+    """The ``/chat`` endpoint's results."""
+
+    answer: gr.Textbox
+    history: gr.State  # the session's conversation
+
 
 def chat_tab(engine, last_chat_image: gr.State, examples: list[list], concurrency: int = 1,
              gpu_task=lambda fn: fn) -> gr.MultimodalTextbox:
@@ -218,8 +253,8 @@ def chat_tab(engine, last_chat_image: gr.State, examples: list[list], concurrenc
     # inspector's run waits for one decode step, not for whole answers; else one at a time, in
     # turn with every other model-bound event.
     streams = engine.concurrent_streams if engine is not None else 1  # None: a page built without a model
-    answering = ({"concurrency_id": CHAT_QUEUE, "concurrency_limit": streams} if streams > 1 else
-                 {"concurrency_id": MODEL_QUEUE, "concurrency_limit": concurrency})
+    queue = ({"concurrency_id": CHAT_QUEUE, "concurrency_limit": streams} if streams > 1 else
+             {"concurrency_id": MODEL_QUEUE, "concurrency_limit": concurrency})
 
     @shows_errors
     def accept(message, history, max_new_tokens=SamplingSettings.max_new_tokens,
@@ -229,7 +264,8 @@ def chat_tab(engine, last_chat_image: gr.State, examples: list[list], concurrenc
         queue, so a refusal shows at once even while other visitors' answers hold the model."""
         settings = sampling_settings(max_new_tokens, temperature, top_p, seed)
         user = read_message(message, engine.context_window())
-        return gr.MultimodalTextbox(value=None, interactive=False), message, user, history, settings
+        return {taking.box: gr.MultimodalTextbox(value=None, interactive=False), taking.sending: message,
+                taking.checked: user, taking.before: history, taking.settings: settings}
 
     @gpu_task
     @shows_errors
@@ -243,11 +279,13 @@ def chat_tab(engine, last_chat_image: gr.State, examples: list[list], concurrenc
         text = ""
         try:
             for text in answer(engine, user, history, settings, threading.Event()):
-                yield [*shown, answer_entry(text)], image, gr.skip(), text
+                yield {answering.chatbot: [*shown, answer_entry(text)], answering.last_image: image,
+                       answering.newest_answer: text}
         except Exception:
-            yield history, gr.skip(), gr.MultimodalTextbox(value=message, interactive=True), gr.skip()
+            yield {answering.chatbot: history, answering.box: gr.MultimodalTextbox(value=message, interactive=True)}
             raise
-        yield [*shown, answer_entry(text)], image, gr.MultimodalTextbox(interactive=True), text
+        yield {answering.chatbot: [*shown, answer_entry(text)], answering.last_image: image,
+               answering.box: gr.MultimodalTextbox(interactive=True), answering.newest_answer: text}
 
     @gpu_task
     @shows_errors
@@ -257,14 +295,15 @@ def chat_tab(engine, last_chat_image: gr.State, examples: list[list], concurrenc
         user = read_message(message, engine.context_window())
         text = ""
         for text in answer(engine, user, history, settings, threading.Event()):
-            yield text, history
-        yield text, [*history, user_entry(message), answer_entry(text)]
+            yield {api.answer: text}
+        yield {api.answer: text, api.history: [*history, user_entry(message), answer_entry(text)]}
 
     chatbot = gr.Chatbot(label="Chat", height=460, elem_id="chatbot")
     # A PDF attached here goes to the "From a PDF" picker below (chat_documents), for its pages.
     box = gr.MultimodalTextbox(file_types=["image", ".pdf"], file_count="multiple", sources=["upload"],
                                placeholder="Ask about an image or a PDF...", show_label=False, elem_id="chat-box")
     left_out = gr.Markdown(visible=False, elem_id="chat-left-out")  # what the box took out, in sight until sent
+    gr.Markdown(CONTEXT_NOTE, elem_id="chat-context-note")
     with gr.Row():
         stop = gr.Button("Stop", size="sm", elem_id="chat-stop")
         clear = gr.Button("Clear", size="sm", elem_id="chat-clear")
@@ -284,26 +323,29 @@ def chat_tab(engine, last_chat_image: gr.State, examples: list[list], concurrenc
     before = gr.State([])  # the history before it
     api_history = gr.State([])  # the /chat endpoint's conversation, per client session
 
+    taking = Taking(box=box, sending=sending, checked=checked, before=before, settings=checked_settings)
+    answering = Answering(chatbot=chatbot, last_image=last_chat_image, box=box, newest_answer=newest_answer)
+
     # A refusal shows as a toast only: Gradio's error panel would cover the chat and the box
     # (show_progress="hidden"), and the check writes nothing but the box, so only the box is its output.
-    accepted = box.submit(accept, [box, chatbot, max_new_tokens, temperature, top_p, seed],
-                          [box, sending, checked, before, checked_settings], api_visibility="private",
-                          show_progress="hidden")
-    shown = accepted.success(lambda message, history: ([*history, user_entry(message)], left_out_line()),
+    accepted = box.submit(accept, [box, chatbot, max_new_tokens, temperature, top_p, seed], taking.components(),
+                          api_visibility="private", show_progress="hidden")
+    shown = accepted.success(lambda message, history: {chatbot: [*history, user_entry(message)], left_out: left_out_line()},
                              [sending, before], [chatbot, left_out], api_visibility="private", queue=False,
                              show_progress="hidden")
     answered = shown.success(
-        respond, [sending, checked, before, checked_settings], [chatbot, last_chat_image, box, newest_answer],
-        api_visibility="private", show_progress="minimal", **answering)
+        respond, [sending, checked, before, checked_settings], answering.components(),
+        api_visibility="private", show_progress="minimal", **queue)
     follow_answers(answered, started=shown)
     without_error_badges(answered, [chatbot])  # a refused answer is its toast; the message is back in the box
     stop.click(lambda: gr.MultimodalTextbox(interactive=True), None, box, cancels=[answered], api_visibility="private")
-    follow_answers(clear.click(lambda: ([], gr.MultimodalTextbox(interactive=True), None), None,
-                               [chatbot, box, newest_answer], cancels=[answered],
+    follow_answers(clear.click(lambda: {chatbot: [], box: gr.MultimodalTextbox(interactive=True), newest_answer: None},
+                               None, [chatbot, box, newest_answer], cancels=[answered],
                                api_visibility="private"))  # and empties the structured panel
 
     api_answer = gr.Textbox(visible=False)
+    api = ApiBoxes(answer=api_answer, history=api_history)
     gr.Button(visible=False).click(
-        api_chat, [box, api_history, max_new_tokens, temperature, top_p, seed], [api_answer, api_history],
-        api_name="chat", **answering)
+        api_chat, [box, api_history, max_new_tokens, temperature, top_p, seed], api.components(),
+        api_name="chat", **queue)
     return box

@@ -6,10 +6,10 @@ writes the same JSON and PNG files as ``python -m g4v circuits ... --out`` into 
 export folder."""
 
 import math
-import time
 from dataclasses import dataclass, fields
 
 import gradio as gr
+from PIL import Image
 
 from g4v.circuits.attention import image_attention
 from g4v.circuits.common import CircuitSettings
@@ -21,8 +21,9 @@ from g4v.errors import WHOLE_TEXT, G4VError, quoted
 from g4v.images import open_image
 from viz.circuits import picker_size, region_overlay
 from viz.figures import original_point
-from webapp.common import (MODEL_QUEUE, QUIET_INPUT, OutputBoxes, image_input, markdown_code, optional_whole, previous_run_mark,
-                           last_chat_image_button, refuse_non_pictures, run_keeping_previous, shows_errors, time_left,
+from webapp.common import (MODEL_QUEUE, QUIET_INPUT, OutputBoxes, empties_on, image_input, markdown_code, optional_whole,
+                           previous_run_mark, last_chat_image_button, refuse_non_pictures, progress_line,
+                           run_keeping_previous, shows_errors,
                            use_last_chat_image, without_error_badges)
 from webapp.documents import document_picker
 from webapp.sessions import SessionStores, session_key
@@ -147,17 +148,23 @@ def head_choices(kept) -> dict:
     return gr.update(choices=[ALL_HEADS, *(f"head {h}" for h in range(heads))], value=ALL_HEADS)
 
 
-@shows_errors
-def head_maps(kept, choice):
-    """The tile and base-view maps of the kept run redrawn for one head (or the mean): no model pass."""
-    if not kept:
-        return gr.skip(), gr.skip()
-    from viz.circuits import attention_map_figure
+def head_maps(view: AttentionBoxes):
+    """The head picker's handler: the tile and base-view maps of the kept run redrawn for one head
+    (or the mean), no model pass."""
 
-    image_path, summary = kept
-    head = None if choice in (None, ALL_HEADS) else int(str(choice).removeprefix("head "))
-    picture = open_image(image_path)
-    return (attention_map_figure(picture, summary, "tile", head), attention_map_figure(picture, summary, "base", head))
+    @shows_errors
+    def redraw(kept, choice):
+        if not kept:
+            return {}
+        from viz.circuits import attention_map_figure
+
+        image_path, summary = kept
+        head = None if choice in (None, ALL_HEADS) else int(str(choice).removeprefix("head "))
+        picture = open_image(image_path)
+        return {view.tiles: attention_map_figure(picture, summary, "tile", head),
+                view.base: attention_map_figure(picture, summary, "base", head)}
+
+    return redraw
 
 
 @dataclass
@@ -206,12 +213,7 @@ def make_handlers(engine, sessions: SessionStores, gpu_task, boxes: CircuitBoxes
     store and shows their paths."""
 
     def run_view(view: str, work, image_path, prompt, settings, request, progress, other_path=None):
-        started = time.monotonic()
-
-        def tell(fraction, text):
-            left = time_left(fraction, 1.0, time.monotonic() - started)
-            progress(fraction, desc=f"{text}, {left}" if left else text)
-
+        tell = progress_line(progress)
         if not image_path:
             raise G4VError("the circuits views need an image: upload one first")
         picture = open_image(image_path)
@@ -301,8 +303,9 @@ def show_new_picture(image_path, region):
 
 
 @shows_errors
-def pick_corner(image_path, region, evt: gr.SelectData):
-    """A click on the region picker: the first click sets one corner, the second the opposite one."""
+def pick_corner(image_path, region, evt: gr.SelectData) -> tuple[str, Image.Image]:
+    """A click on the region picker: the first click sets one corner, the second the opposite one
+    (the region's text and the picker's picture)."""
     if not image_path:
         raise G4VError("upload a picture first")
     picture = open_image(image_path)
@@ -317,19 +320,6 @@ def pick_corner(image_path, region, evt: gr.SelectData):
         box = (min(first_x, x), min(first_y, y), max(first_x, x) + 1, max(first_y, y) + 1)
         return ",".join(map(str, box)), region_overlay(picture, box)
     return f"{x},{y}", region_overlay(picture, point=(x, y))
-
-
-def emptied(components: list) -> list:
-    """What each result box shows when it is emptied: no text, no picture, no rows, no files."""
-    return [[] if isinstance(component, gr.Dataframe) else "" if isinstance(component, gr.Markdown) else None
-            for component in components]
-
-
-def empties_on(event, components: list) -> None:
-    """``event`` (a new picture, another region) empties ``components``: the results shown were
-    computed from what was there before, and would stand unmarked beside the new input."""
-    event(lambda: emptied(components), None, components, api_visibility="private", queue=False,
-          show_progress="hidden")
 
 
 def circuits_tab(engine, last_chat_image: gr.State, sessions: SessionStores, concurrency: int = 1,
@@ -379,7 +369,11 @@ def circuits_tab(engine, last_chat_image: gr.State, sessions: SessionStores, con
                                  elem_id="circuits-reverse-export")
     for event, show in ((image.change, show_new_picture), (region.submit, show_region)):
         without_error_badges(event(show, [image, region], picker, api_visibility="private", **QUIET_INPUT), [picker])
-    without_error_badges(picker.select(pick_corner, [image, region], [region, picker], api_visibility="private",
+    def corner(image_path, typed, evt: gr.SelectData):
+        text, shown = pick_corner(image_path, typed, evt)
+        return {region: text, picker: shown}
+
+    without_error_badges(picker.select(corner, [image, region], [region, picker], api_visibility="private",
                                        **QUIET_INPUT), [region, picker])
     reverse = ReverseBoxes(report=reverse_text, picture=reverse_picture, export=reverse_export)
 
@@ -441,7 +435,7 @@ def circuits_tab(engine, last_chat_image: gr.State, sessions: SessionStores, con
     # another region (typed, or set by the two clicks): the reverse results, whose report names the
     # old one, stay until the next run, marked as the previous run's (a refused region keeps them)
     region.change(**previous_run_mark(reverse.report))
-    head.input(head_maps, [attention.kept, head], [attention.tiles, attention.base], api_visibility="private",
+    head.input(head_maps(attention), [attention.kept, head], [attention.tiles, attention.base], api_visibility="private",
                show_progress="hidden")
     use_last_chat_image(from_chat, last_chat_image, image)
     return boxes

@@ -1,13 +1,16 @@
 """The Deepstack tab: what each of the 8 injections carries into the language model, and what
 changes when levels are zeroed or scaled."""
 
+from dataclasses import dataclass
+
 import gradio as gr
 
 from g4v.model.levels import describe_levels
-from g4v.inspect.run import run_inspection
+from g4v.inspect.run import InspectionResult, run_inspection
 from g4v.inspect.settings import InspectSettings
-from webapp.common import (MODEL_QUEUE, image_input, last_chat_image_button, markdown_code, refuse_non_pictures, shows_errors,
-                           use_last_chat_image, without_error_badges)
+from webapp.common import (MODEL_QUEUE, OutputBoxes, image_input, last_chat_image_button, markdown_code, previous_run_mark,
+                           refuse_non_pictures, run_keeping_previous, shows_errors, use_last_chat_image,
+                           without_error_badges)
 from webapp.documents import document_picker
 from webapp.sessions import SessionStores, session_key
 
@@ -16,25 +19,45 @@ LEVEL_COLUMNS = ["level", "kind", "vision layer", "LLM layer", "injected norm", 
 DEFAULTS = InspectSettings()
 
 
-def ablation_report(summary: dict) -> str:
-    top = ", ".join(f"{markdown_code(t['text'])} {t['prob']:.3f}" for t in summary["next_token_top5"])
-    lines = [f"**Next token (top 5):** {top}", f"**Greedy continuation:** {markdown_code(summary['continuation'])}"]
-    if summary.get("unchanged_levels"):
-        lines.append(f"**Unchanged (factor 1, no second run):** {', '.join(summary['unchanged_levels'])}")
-    ablation = summary.get("ablation")
+def ablation_report(result: InspectionResult) -> str:
+    top = ", ".join(f"{markdown_code(t.text)} {t.prob:.3f}" for t in result.outcome.top5)
+    lines = [f"**Next token (top 5):** {top}", f"**Greedy continuation:** {markdown_code(result.outcome.continuation)}"]
+    if result.unchanged_levels:
+        lines.append(f"**Unchanged (factor 1, no second run):** {', '.join(result.unchanged_levels)}")
+    ablation = result.ablation
     if ablation:
-        after = ", ".join(f"{markdown_code(t['text'])} {t['prob']:.3f}" for t in ablation["top5_after"])
-        changed = {name: f for name, f in ablation["scales"].items() if f != 1.0}
+        after = ", ".join(f"{markdown_code(t.text)} {t.prob:.3f}" for t in ablation.after.top5)
+        changed = {name: f for name, f in ablation.scales.items() if f != 1.0}
         lines += [
             f"**Changed levels:** {', '.join(f'{n} x{f:g}' for n, f in changed.items())}",
-            f"**KL(before || after) of the next token:** {ablation['kl_divergence']:.4g}",
+            f"**KL(before || after) of the next token:** {ablation.kl_divergence:.4g}",
             f"**Top 5 after:** {after}",
-            f"**Greedy continuation after:** {markdown_code(ablation['continuation_after'])}",
+            f"**Greedy continuation after:** {markdown_code(ablation.after.continuation)}",
         ]
     return "\n\n".join(lines)
 
 
-def make_inspect(engine, sessions: SessionStores, gpu_task):
+def level_table(result: InspectionResult) -> list[list]:
+    """One row of :data:`LEVEL_COLUMNS` per level."""
+    return [[cap.level.name, cap.level.kind, cap.level.vision_layer, cap.level.llm_layer,
+             round(cap.injected_norm_mean, 3), round(cap.residual_norm_before_image, 3),
+             round(cap.residual_norm_after_image, 3)] for cap in result.capture.levels]
+
+
+@dataclass
+class InspectBoxes(OutputBoxes):
+    """The inspection's results, in ``/inspect``'s order."""
+
+    table: gr.Dataframe
+    norms: gr.Image
+    trajectory: gr.Image
+    heat_tiles: gr.Image
+    heat_base: gr.Image
+    report: gr.Markdown  # above the results: a refused or outdated run's mark goes here
+    export: gr.File
+
+
+def make_inspect(engine, sessions: SessionStores, gpu_task, boxes: InspectBoxes):
     @gpu_task
     @shows_errors
     def inspect(image_path, prompt, ablate, scales_text, full, request: gr.Request):
@@ -47,12 +70,11 @@ def make_inspect(engine, sessions: SessionStores, gpu_task):
             result = run_inspection(engine, image_path, prompt, ablate=settings.ablate, scale=scales,
                                     full=settings.full, max_new_tokens=settings.max_new_tokens,
                                     exports=visitor.stores["inspect"])
-        rows = [[lv["name"], lv["kind"], lv["vision_layer"], lv["llm_layer"], round(lv["injected_norm_mean"], 3),
-                 round(lv["residual_norm_before_mean"], 3), round(lv["residual_norm_after_mean"], 3)]
-                for lv in result.summary["levels"]]
         figures = result.figures
-        return (rows, figures["norms"], figures["trajectory"], figures["heatmaps_tile"], figures["heatmaps_base"],
-                ablation_report(result.summary), str(result.export_zip))
+        return {boxes.table: level_table(result), boxes.norms: figures["norms"],
+                boxes.trajectory: figures["trajectory"], boxes.heat_tiles: figures["heatmaps_tile"],
+                boxes.heat_base: figures["heatmaps_base"], boxes.report: ablation_report(result),
+                boxes.export: str(result.export_zip)}
 
     return inspect
 
@@ -76,18 +98,22 @@ def deepstack_tab(engine, config, last_chat_image: gr.State, sessions: SessionSt
                                 placeholder="e.g. deepstack0=0.5, spatial_TL=2")
             full = gr.Checkbox(value=DEFAULTS.full, label="Keep full tensors in the export")
             run = gr.Button("Inspect", variant="primary", elem_id="deepstack-run")
+    report = gr.Markdown(elem_id="deepstack-report")
     table = gr.Dataframe(headers=LEVEL_COLUMNS, label="Levels", interactive=False)
-    report = gr.Markdown()
     # One picture a row, at the page's width, without Gradio's label over it: each carries its title.
     norms = gr.Image(label="Injected vs residual norms", show_label=False, format="png", elem_id="deepstack-norms")
     trajectory = gr.Image(label="Residual norm through the layers", show_label=False, format="png")
     heat_tiles = gr.Image(label="Injected norm over the image (tiles)", show_label=False, format="png")
     heat_base = gr.Image(label="Injected norm over the image (base view)", show_label=False, format="png")
     export = gr.File(label="Export (summary.json, PNGs, capture.safetensors)")
+    boxes = InspectBoxes(table=table, norms=norms, trajectory=trajectory, heat_tiles=heat_tiles, heat_base=heat_base,
+                         report=report, export=export)
 
     use_last_chat_image(from_chat, last_chat_image, image)
-    outputs = [table, norms, trajectory, heat_tiles, heat_base, report, export]
-    without_error_badges(run.click(make_inspect(engine, sessions, gpu_task), [image, prompt, ablate, scales, full],
-                                   outputs, api_name="inspect", concurrency_id=MODEL_QUEUE,
-                                   concurrency_limit=concurrency), outputs)
+    # a refused run leaves the results on show, marked as the previous run's; so does another picture
+    event = run_keeping_previous(run, make_inspect(engine, sessions, gpu_task, boxes),
+                                 [image, prompt, ablate, scales, full], boxes.components(), report,
+                                 api_name="inspect", concurrency_id=MODEL_QUEUE, concurrency_limit=concurrency)
+    without_error_badges(event, [box for box in boxes.components() if box is not report])
+    image.change(**previous_run_mark(report))
     return image, prompt

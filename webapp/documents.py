@@ -8,8 +8,10 @@ sees an uploaded picture, through ``open_image``.
 """
 
 import functools
+import hashlib
 import json
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 import gradio as gr
@@ -21,7 +23,7 @@ from g4v.documents.presets import PRESETS, build_prompt, get_preset, parse_schem
 from g4v.documents.structured import read_answer
 from g4v.errors import G4VError
 from g4v.images import open_image
-from webapp.common import QUIET_INPUT, escape_markdown, markdown_code, shows_errors, toast_text
+from webapp.common import QUIET_INPUT, OutputBoxes, escape_markdown, markdown_code, shows_errors, toast_text
 from webapp.tempdirs import own_folder
 
 #: Rendered pages live in the app's own folder (webapp.tempdirs) until Gradio has copied them into
@@ -29,6 +31,8 @@ from webapp.tempdirs import own_folder
 KEEP_PAGES = 200
 #: The picker's thumbnail strip in pixels: a row of cells at a desktop width and the top of the next.
 THUMBNAILS_HEIGHT = 320
+#: Thumbnails a row: under the Chat box (the page's width), and beside a tab's picture (half of it).
+CHAT_COLUMNS, TAB_COLUMNS = 6, 3
 NO_TASK = "(free question)"
 PENDING_NOTE = "*Waiting for the new answer: it is read here once complete.*"
 #: The panel without a task preset: what would show here.
@@ -71,7 +75,7 @@ def _checked_pdf(pdf_path) -> str:
 
 
 @shows_errors
-def show_thumbnails(pdf_path):
+def show_thumbnails(pdf_path) -> tuple[list, str]:
     """The uploaded document's page thumbnails, and page 1 chosen."""
     if not pdf_path:
         return [], "1"
@@ -104,26 +108,47 @@ def sorted_attachments(current) -> tuple[str, list[str], list[str], dict[str, st
     return current.get("text") or "", [f for f in files if f not in pdfs and f not in refused], pdfs, refused
 
 
-def pdf_to_picker(current):
+@dataclass
+class BoxSorting(OutputBoxes):
+    """What sorting the Chat box's attachments updates (:func:`pdf_to_picker`)."""
+
+    box: gr.MultimodalTextbox
+    document: gr.File  # the picker's PDF
+    accordion: gr.Accordion  # the picker, opened for a PDF
+    refusal: gr.JSON  # what was taken out, for the toast (show_refusal)
+    left_out: gr.Markdown  # the line under the box
+
+
+def pdf_to_picker(boxes: BoxSorting, current, shown=None, line_text=None) -> dict:
     """The Chat box's value with its PDFs taken out, the first of them for the picker, and the picker
     opened; nothing changes while no PDF is attached (every change of the box comes here: Gradio's
     MultimodalTextbox has no upload event, and its input event does not fire for attachments).
     An attachment that is not a readable picture is taken out too: left in, it showed as a broken
-    chip until the message was refused at sending. The last two outputs are the refusal to show
-    (see :func:`show_refusal`), with an id of its own so that the same refusal twice shows twice,
-    and the same words for the line under the box (:func:`left_out_line`), which stays until the
-    message is sent: a toast is easy to miss, and the text would then go without the picture."""
+    chip until the message was refused at sending. The refusal goes to ``boxes.refusal`` (for the
+    toast, :func:`show_refusal`) and to the line under the box (:func:`left_out_line`), which stays
+    until the message is sent or a picture is attached after it: a toast is easy to miss, and the
+    text would then go without the picture.
+
+    ``shown`` is the refusal shown last and ``line_text`` the line as it reads now: the box's change
+    event came twice for one upload, so the same refusal still on show is not said again (one toast,
+    not "Warning (2)"); said once more after the line went (sent, or a picture attached since)."""
     text, kept, pdfs, refused = sorted_attachments(current)
+    shown = shown if isinstance(shown, dict) else {}
     if not pdfs and not refused:
-        return gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip()
+        attached_since = set(kept) - set(shown.get("kept") or [])
+        return {boxes.left_out: left_out_line()} if line_text and attached_since else {}
     problems = [f"{'; '.join(refused.values())}: removed from the message ({BOX_TAKES})"] if refused else []
     if len(pdfs) > 1:
         problems.append(f"one PDF at a time: {Path(pdfs[0]).name} is open in the picker below")
-    refusal = {"id": uuid.uuid4().hex, "text": "; ".join(problems)} if problems else gr.skip()
-    line = left_out_line(refusal["text"]) if problems else gr.skip()
-    if not pdfs:
-        return {"text": text, "files": kept}, gr.skip(), gr.skip(), refusal, line
-    return {"text": text, "files": kept}, pdfs[0], gr.Accordion(open=True), refusal, line
+    said = "; ".join(problems)
+    refusal = {"id": hashlib.sha256(json.dumps([said, kept, text]).encode()).hexdigest()[:16], "text": said,
+               "kept": kept}
+    updates = {boxes.box: {"text": text, "files": kept}}
+    if problems and not (refusal["id"] == shown.get("id") and line_text):
+        updates |= {boxes.refusal: refusal, boxes.left_out: left_out_line(said)}
+    if pdfs:
+        updates |= {boxes.document: pdfs[0], boxes.accordion: gr.Accordion(open=True)}
+    return updates
 
 
 def left_out_line(text: str | None = None):
@@ -165,27 +190,38 @@ def document_picker(target, chat_box: bool = False, elem_id: str = "doc", left_o
     """
     limit = MAX_IMAGES_PER_MESSAGE if chat_box else 1
     with gr.Accordion("From a PDF", open=False, elem_id=f"{elem_id}-picker") as accordion:
-        with gr.Row():
+        # Under the Chat box the picker has the page's width; beside a tab's picture, half of it: there
+        # the file box takes the whole width (beside the page box its name was cut to "r….pdf").
+        with gr.Row() if chat_box else gr.Column():
             document = gr.File(label="PDF", file_types=[".pdf"], type="filepath", height=120,
                                elem_id=f"{elem_id}-pdf")
             with gr.Column():
-                pages = gr.Textbox(value="1", label=f"Page{'s, e.g. 1,3-4' if chat_box else ''}",
+                pages = gr.Textbox(value="1", label=f"Page{'s, e.g. 1,3-4' if chat_box else ''} (or click a page below)",
                                    elem_id=f"{elem_id}-pages")
                 dpi = gr.Slider(MIN_DPI, MAX_DPI, value=DEFAULT_DPI, step=12, label="Render resolution (dpi)")
                 dpi.preprocess = _checked_dpi  # what a client sends ("abc", null) is refused in our words
                 use = gr.Button("Add to the message" if chat_box else "Use this page", elem_id=f"{elem_id}-use")
-        # Six columns whatever the page count (Gradio otherwise widens the cells to fill the row: a
-        # 2-page PDF became two 580-px squares, blown up and cut off), each thumbnail drawn at its
-        # own size or shrunk to fit its cell, never enlarged or cropped; further rows scroll.
-        thumbnails = gr.Gallery(label="Pages (click one to choose it)", columns=6, fit_columns=False,
+        # A fixed number of columns whatever the page count (Gradio otherwise widens the cells to fill
+        # the row: a 2-page PDF became two 580-px squares, blown up and cut off), as many as the
+        # picker's width holds at Gradio's 100-px least a cell (six cut the sixth off beside a tab's
+        # picture), each thumbnail drawn at its own size or shrunk to fit its cell, never enlarged or
+        # cropped; further rows scroll. No label over them: it covered the first row's tops.
+        thumbnails = gr.Gallery(label="Pages", show_label=False, columns=CHAT_COLUMNS if chat_box else TAB_COLUMNS,
+                                fit_columns=False,
                                 height=THUMBNAILS_HEIGHT, allow_preview=False, object_fit="scale-down",
                                 elem_id=f"{elem_id}-thumbnails")
-    document.change(show_thumbnails, document, [thumbnails, pages], api_visibility="private")
+
+    def thumbnails_shown(pdf_path):
+        pictures, first = show_thumbnails(pdf_path)
+        return {thumbnails: pictures, pages: first}
+
+    document.change(thumbnails_shown, document, [thumbnails, pages], api_visibility="private")
     if chat_box:  # a PDF attached with the box's paperclip opens here, for its pages to be chosen
         # Not a gr.State: a State's change event does not fire for an unqueued event's output.
         refusal = gr.JSON(visible=False)
-        target.change(pdf_to_picker, target, [target, document, accordion, refusal, left_out], api_visibility="private",
-                      queue=False, show_progress="hidden", trigger_mode="always_last")
+        sorting = BoxSorting(box=target, document=document, accordion=accordion, refusal=refusal, left_out=left_out)
+        target.change(functools.partial(pdf_to_picker, sorting), [target, refusal, left_out], sorting.components(),
+                      api_visibility="private", queue=False, show_progress="hidden", trigger_mode="always_last")
         refusal.change(show_refusal, refusal, None, api_visibility="private", show_progress="hidden")
     thumbnails.select(pick_thumbnail, None, pages, api_visibility="private")
 
@@ -212,7 +248,7 @@ def preset_choices() -> list[tuple[str, str]]:
 
 
 @shows_errors
-def fill_prompt(task, schema_text, current):
+def fill_prompt(task, schema_text, current) -> tuple[dict, dict]:
     """Choosing a task puts its prompt into the Chat box (attachments kept), in place of an empty
     box or another preset's prompt, never of the user's own text; a free question or a document
     question empties a preset's prompt. Key-value extraction shows the schema box and rebuilds the
@@ -269,7 +305,8 @@ def chat_examples(rows: list[list], box, task, schema) -> gr.Examples:
     def picked(message):
         preset, schema_text = presets.get((message or {}).get("text"), ("", None))
         shown = schema_field(preset)
-        return preset, shown if schema_text is None else gr.update(value=schema_text, visible=shown["visible"])
+        return {task: preset, schema: shown if schema_text is None else gr.update(value=schema_text,
+                                                                                  visible=shown["visible"])}
 
     return gr.Examples([[message] for message, _, _ in rows], inputs=[box], outputs=[task, schema], fn=picked,
                        run_on_click=True, cache_examples=False, label="Examples", elem_id="chat-examples",
@@ -277,7 +314,7 @@ def chat_examples(rows: list[list], box, task, schema) -> gr.Examples:
 
 
 @shows_errors
-def structured_view(task, schema_text, answer):
+def structured_view(task, schema_text, answer) -> tuple[str, dict, str]:
     """The panel for ``answer``, the newest one this session's model wrote (a ``gr.State`` only the
     server writes: a client's chat history never chooses what is checked): rendered HTML, table
     rows, problems (schema or parse) as text. A malformed answer shows as-is with its parse error;
@@ -305,7 +342,7 @@ def structured_view(task, schema_text, answer):
     return shown_once, table, "\n".join(lines)
 
 
-def pending_view(task):
+def pending_view(task) -> tuple[str, dict, str]:
     """The panel while an answer is being written: empty, with a note when a task preset reads it."""
     return "", gr.update(value=None, visible=False), PENDING_NOTE if task else IDLE_NOTE
 
@@ -328,17 +365,30 @@ def chat_documents(box, answer: gr.State, left_out: gr.Markdown):
     # A preset the user picks puts its prompt into the box; one an example sets comes with the
     # example's own prompt and picture, which a rebuild here could race (it reads the box as it was).
     # .select, not .input: Gradio 6's Dropdown fires .input twice per pick (two "keeps your text" toasts).
-    task.select(fill_prompt, [task, schema, box], [box, schema], api_visibility="private")
+    def filled(*values):
+        message, shown = fill_prompt(*values)
+        return {box: message, schema: shown}
+
+    task.select(filled, [task, schema, box], [box, schema], api_visibility="private")
     task.change(schema_field, task, schema, api_visibility="private", queue=False, show_progress="hidden")
-    schema.blur(fill_prompt, [task, schema, box], [box, schema], api_visibility="private")
+    schema.blur(filled, [task, schema, box], [box, schema], api_visibility="private")
+    panel = [rendered, table, notes]
+
+    def panel_of(view):
+        """``view`` (:func:`structured_view` or :func:`pending_view`) returning by box, under its own name."""
+        @functools.wraps(view)
+        def by_box(*values):
+            return dict(zip(panel, view(*values), strict=True))
+
+        return by_box
 
     def follow(event, started=None):
         """Read each answer once it is complete; from ``started`` (a message sent) until then, the
         panel says it waits, instead of showing the previous answer as if it were this one's."""
         if started is not None:
-            started.then(pending_view, task, [rendered, table, notes], api_visibility="private", queue=False,
+            started.then(panel_of(pending_view), task, panel, api_visibility="private", queue=False,
                          show_progress="hidden")
-        return event.then(structured_view, [task, schema, answer], [rendered, table, notes],
+        return event.then(panel_of(structured_view), [task, schema, answer], panel,
                           api_visibility="private", show_progress="hidden")
 
     return follow, task, schema

@@ -27,7 +27,7 @@ from g4v.errors import G4VError, quoted
 from g4v.evaluate import BUNDLED_DATASET, Columns, EvalConfig, RunResult, open_dataset, run_eval
 from g4v.evaluate.store import CSV_FILE, PARQUET_FILE, ROWS_FILE, RUN_FILE, SUMMARY_FILE, read_settings, shareable
 from g4v.evaluate.uploads import UPLOAD_SUFFIXES, extract_upload
-from viz.evaluate import run_figures
+from viz.evaluate import all_failed, run_figures
 from webapp.common import EVALUATE_QUEUE, QUIET_INPUT, OutputBoxes, escape_markdown, run_keeping_previous, shows_errors
 from webapp.evaluate_budget import budget_section
 from webapp.evaluate_choices import (BUNDLED, SAME_AS_A, SAME_AS_A_LABEL, UPLOAD, ArmChoice, arm_choices,
@@ -55,6 +55,8 @@ DEFAULT_LIMIT = 24
 #: Pixels of the upload box's file list: four files (a table, its pictures; Gradio draws a row
 #: about 60 px tall) show without scrolling.
 UPLOAD_BOX_HEIGHT = 270
+#: Under the samples table before a row is picked (and after a new run replaced the rows).
+NO_ROW = "No row selected."
 #: Under the dataset choice while "upload" is chosen and the box is empty (or a refused upload left it).
 UPLOAD_HINT = "Upload a .zip of a dataset folder, or a table file with its pictures."
 
@@ -249,7 +251,9 @@ def show_result(boxes: ResultBoxes, result: RunResult, config: EvalConfig, expor
     equivalence, field_table, drift_table = result_values(result.summary)
     run = {"source": config.data, "columns": asdict(config.columns),
            "adapters": [config.a.adapter, config.b.adapter], "out_dir": str(result.out_dir)}
-    return {boxes.status: run_status(result.summary, config.a.display, config.b.display),
+    status = run_status(result.summary, config.a.display, config.b.display)
+    failed = all_failed(result.rows)  # said above the results too, not only in the pictures
+    return {boxes.status: f"{status}\n\n**{failed}**" if failed else status,
             boxes.aggregate: aggregate_rows(result.summary), boxes.equivalence: equivalence,
             boxes.field_table: field_table, boxes.drift_table: drift_table,
             boxes.accuracy_plot: pictures["accuracy"], boxes.paired_plot: pictures["paired"],
@@ -304,7 +308,7 @@ def evaluate_tab(engine, model: str, adapters_dir, workspace: EvalWorkspace, tar
         divergence_plot = gr.Image(show_label=False, format="png")
     samples = gr.Dataframe(headers=SAMPLE_HEADERS, label="Samples, worst first (select a row)", interactive=False,
                            elem_id="eval-samples", wrap=True, max_height=420, column_widths=column_widths(SAMPLE_HEADERS))
-    picked = gr.Markdown("No row selected.", elem_id="eval-picked")
+    picked = gr.Markdown(NO_ROW, elem_id="eval-picked")
     with gr.Row():
         to_chat = gr.Button("Open in Chat", elem_id="eval-open-chat")
         to_deepstack = gr.Button("Open in Deepstack", elem_id="eval-open-deepstack")
@@ -323,10 +327,13 @@ def evaluate_tab(engine, model: str, adapters_dir, workspace: EvalWorkspace, tar
                         divergence_plot=divergence_plot, samples=samples, export=export, summary=summary,
                         run_state=run_state)
     evaluate = make_run(engine, workspace, choices, adapters_dir, gpu_task, boxes)
-    run_keeping_previous(run, evaluate, [arm_a, arm_b, dataset, files, *columns, limit, seed, max_new_tokens,
-                                         blank_probe, levels, margin, discordance],
-                         boxes.components(), status, api_name="evaluate", concurrency_id=EVALUATE_QUEUE,
-                         concurrency_limit=concurrency, show_progress_on=status)  # one progress bar, not one a box
+    ran = run_keeping_previous(run, evaluate, [arm_a, arm_b, dataset, files, *columns, limit, seed, max_new_tokens,
+                                               blank_probe, levels, margin, discordance],
+                               boxes.components(), status, api_name="evaluate", concurrency_id=EVALUATE_QUEUE,
+                               concurrency_limit=concurrency, show_progress_on=status)  # one progress bar, not one a box
+    # the new run's rows replace the old ones: a row picked among those is no row of this run
+    ran.success(lambda: {row_state: None, picked: NO_ROW}, None, [row_state, picked], api_visibility="private",
+                queue=False, **QUIET_INPUT)
 
     def stop_run(request: gr.Request):
         if not workspace.stop(session_key(request) or "api"):
@@ -336,7 +343,7 @@ def evaluate_tab(engine, model: str, adapters_dir, workspace: EvalWorkspace, tar
 
     def select(evt: gr.SelectData):
         index = (evt.row_value or [None])[0]
-        return index, f"Row {index} selected." if index is not None else "No row selected."
+        return {row_state: index, picked: f"Row {index} selected." if index is not None else NO_ROW}
 
     samples.select(select, None, [row_state, picked], api_visibility="private", queue=False)
     if targets is not None:
@@ -377,7 +384,7 @@ def wire_dataset_info(workspace: EvalWorkspace, dataset, files, columns, describ
     def uploaded(upload, chosen, *boxes):
         """The dropdown on the upload, what it showed before (a refused upload goes back to it), and
         what the column boxes show (gr.update: a new Dropdown without choices would warn in the log)."""
-        return (gr.update(value=UPLOAD), chosen, boxes) if upload else (gr.skip(), gr.skip(), gr.skip())
+        return {dataset: gr.update(value=UPLOAD), before_upload: chosen, shown: boxes} if upload else {}
 
     # .select (a visitor's pick), not .change: the upload's own step below sets the dropdown too,
     # and .change would describe the upload (and show its refusal) a second time; nor .input, which
@@ -389,7 +396,7 @@ def wire_dataset_info(workspace: EvalWorkspace, dataset, files, columns, describ
     before_upload = gr.State(BUNDLED)
     refused = guessing(files.upload(uploaded, [files, dataset, *columns], [dataset, before_upload, shown],
                                     api_visibility="private", queue=False)).failure(
-        lambda chosen: (None, chosen), before_upload, [files, dataset], api_visibility="private", queue=False,
+        lambda chosen: {files: None, dataset: chosen}, before_upload, [files, dataset], api_visibility="private", queue=False,
         **QUIET_INPUT)
     guessing(refused)
 

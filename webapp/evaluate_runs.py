@@ -3,13 +3,12 @@ checked, and the worker thread a run works in while the handler shows its progre
 reaches it (the tab's :class:`~webapp.evaluate.EvalWorkspace` holds the stop switches)."""
 
 import threading
-import time
 from dataclasses import fields
 
 from g4v.evaluate import Columns, EvalConfig, open_dataset
 from g4v.evaluate.equivalence import DISCORDANCE, MARGIN
 from g4v.evaluate.run import check_margin
-from webapp.common import sampling_settings, time_left
+from webapp.common import Pace, sampling_settings
 from webapp.evaluate_choices import ArmChoice, pick_arms
 from webapp.evaluate_equivalence import DISCORDANCE_NAME, MARGIN_NAME, checked_share
 from webapp.evaluate_tables import ROWS_NAME, SEED_NAME, whole_or_none
@@ -71,15 +70,14 @@ def in_worker(workspace, request, progress, unit: str, job):
     try:
         worker.start()
         progress(0.0, desc="opening the arms (loading a model or starting a server can take a minute)")
-        started = None  # when the samples began (opening the arms is not their pace)
+        pace = Pace()  # from the first count: opening the arms is not the samples' pace
         while worker.is_alive():
             worker.join(POLL_SECONDS)
             if client_gone():
                 switch.set()
             done, total = counts
             if total:
-                started = started or time.monotonic()
-                left = time_left(done, total, time.monotonic() - started)
+                left = pace.left(done, total)
                 progress((done, total), desc=f"{unit}, {left}" if left else unit, unit=unit)
         if "error" in outcome:
             raise outcome["error"]

@@ -1,6 +1,7 @@
 """The LoRA tab: base model and adapter answers side by side, and where they part token by token."""
 
 import threading
+from dataclasses import dataclass
 
 import gradio as gr
 
@@ -11,23 +12,56 @@ from g4v.lora.models import model_choices
 from g4v.lora.settings import LoraDiffSettings
 from g4v.lora.side_by_side import lora_side_by_side
 from g4v.lora.token_diff import lora_token_diff
-from webapp.common import (MODEL_QUEUE, escape_markdown, image_input, last_chat_image_button, refuse_non_pictures, sampling_settings,
-                           shows_errors, use_last_chat_image, without_error_badges)
+from webapp.common import (MODEL_QUEUE, OutputBoxes, empties_on, escape_markdown, image_input, last_chat_image_button,
+                           refuse_non_pictures, sampling_settings, shows_errors, use_last_chat_image, without_error_badges)
 from webapp.documents import document_picker
 
 #: The tab's starting choices: the command's defaults (``lora-diff``), written once in LoraDiffSettings.
 DEFAULTS = LoraDiffSettings()
 
 
-def make_handlers(engine, adapters_dir, gpu_task):
+@dataclass
+class AnswerBoxes(OutputBoxes):
+    """The two answers, in ``/lora_side_by_side``'s order."""
+
+    left: gr.Textbox
+    right: gr.Textbox
+
+
+@dataclass
+class DiffBoxes(OutputBoxes):
+    """The token diff's results, in ``/lora_diff``'s order (the answers too, so they never show an
+    earlier input's answers beside the diff)."""
+
+    html: gr.HTML
+    plot: gr.Plot
+    numbers: gr.JSON
+    left_answer: gr.Textbox
+    right_answer: gr.Textbox
+
+
+@dataclass
+class PickerBoxes(OutputBoxes):
+    """What follows the adapter's kind and the user's choice of models: both pickers and the
+    names of both answer boxes."""
+
+    left: gr.Dropdown
+    right: gr.Dropdown
+    left_answer: gr.Textbox
+    right_answer: gr.Textbox
+
+
+def make_handlers(engine, adapters_dir, gpu_task, answers: AnswerBoxes, diffs: DiffBoxes):
     @gpu_task
     @shows_errors
     def side_by_side(adapter, image_path, prompt, max_new_tokens, temperature, seed, left=DEFAULTS.left,
                      right=DEFAULTS.right):
         """The two chosen models' answers, streamed together with the same settings and seed."""
         settings = sampling_settings(max_new_tokens, temperature, seed=seed)
-        yield from lora_side_by_side(engine, adapter or "", prompt, [image_path] if image_path else [], settings,
-                                     adapters_dir=adapters_dir, cancel=threading.Event(), left=left, right=right)
+        for left_text, right_text in lora_side_by_side(engine, adapter or "", prompt, [image_path] if image_path else [],
+                                                       settings, adapters_dir=adapters_dir, cancel=threading.Event(),
+                                                       left=left, right=right):
+            yield {answers.left: left_text, answers.right: right_text}
 
     @gpu_task
     @shows_errors
@@ -37,7 +71,8 @@ def make_handlers(engine, adapters_dir, gpu_task):
         settings = LoraDiffSettings(adapter=adapter or None, left=left, right=right,
                                     max_new_tokens=sampling_settings(max_new_tokens).max_new_tokens)
         view = lora_token_diff(engine, prompt, [image_path] if image_path else [], settings, adapters_dir=adapters_dir)
-        return view.html, view.figure, view.data, view.data["base_text"], view.data["adapter_text"]
+        return {diffs.html: view.html, diffs.plot: view.figure, diffs.numbers: view.diff.to_dict(),
+                diffs.left_answer: view.diff.base.text, diffs.right_answer: view.diff.tuned.text}
 
     return side_by_side, token_diff
 
@@ -48,15 +83,15 @@ def warning_line(name, adapters_dir, model) -> str:
     return escape_markdown(base_warning(name, adapters_dir, model))
 
 
-def _pickers(engine, adapters_dir, adapter, left, right):
+def _pickers(engine, adapters_dir, boxes: PickerBoxes, adapter, left, right) -> dict:
     """Both model pickers and both answer boxes named for ``adapter``'s kind (a choice the new
     list lacks falls back to the default)."""
     choices = model_choices(engine, adapter, adapters_dir)
     labels = dict((which, label) for label, which in choices)
     left = left if left in labels else DEFAULTS.left
     right = right if right in labels else DEFAULTS.right
-    return (gr.Dropdown(choices=choices, value=left), gr.Dropdown(choices=choices, value=right),
-            gr.Textbox(label=labels[left]), gr.Textbox(label=labels[right]))
+    return {boxes.left: gr.Dropdown(choices=choices, value=left), boxes.right: gr.Dropdown(choices=choices, value=right),
+            boxes.left_answer: gr.Textbox(label=labels[left]), boxes.right_answer: gr.Textbox(label=labels[right])}
 
 
 def lora_tab(engine, model: str, adapters_dir, last_chat_image: gr.State, concurrency: int = 1,
@@ -105,26 +140,28 @@ def lora_tab(engine, model: str, adapters_dir, last_chat_image: gr.State, concur
     diff_plot = gr.Plot(label="Log-probabilities and KL per token")
     diff_json = gr.JSON(label="Numbers", visible=False)
 
-    side_by_side, token_diff = make_handlers(engine, adapters_dir, gpu_task)
+    answers = AnswerBoxes(left=base_answer, right=adapter_answer)
+    diffs = DiffBoxes(html=diff_html, plot=diff_plot, numbers=diff_json, left_answer=base_answer,
+                      right_answer=adapter_answer)
+    pickers = PickerBoxes(left=left, right=right, left_answer=base_answer, right_answer=adapter_answer)
+    side_by_side, token_diff = make_handlers(engine, adapters_dir, gpu_task, answers, diffs)
     use_last_chat_image(from_chat, last_chat_image, image)
     adapter.change(lambda name: warning_line(name, adapters_dir, model), adapter, warning, api_visibility="private",
                    queue=False, show_progress="hidden")  # a mismatch runs, with this line in view
     # names and answer boxes follow the adapter's kind (whoever sets it) and the user's choices
     picked = [adapter, left, right]
     for event in (adapter.change, left.input, right.input):
-        event(lambda *values: _pickers(engine, adapters_dir, *values), picked, [left, right, base_answer, adapter_answer],
+        event(lambda *values: _pickers(engine, adapters_dir, pickers, *values), picked, pickers.components(),
               api_visibility="private", queue=False, show_progress="hidden")
     model_bound = {"concurrency_id": MODEL_QUEUE, "concurrency_limit": concurrency}
     running = run.click(side_by_side, [adapter, image, prompt, max_new_tokens, temperature, seed, left, right],
-                        [base_answer, adapter_answer], api_name="lora_side_by_side", **model_bound)
-    diffing = diff_run.click(token_diff, [adapter, image, prompt, max_new_tokens, left, right],
-                             [diff_html, diff_plot, diff_json, base_answer, adapter_answer], api_name="lora_diff",
-                             **model_bound)
-    without_error_badges(running, [base_answer, adapter_answer])
-    without_error_badges(diffing, [diff_html, diff_plot, diff_json, base_answer, adapter_answer])
+                        answers.components(), api_name="lora_side_by_side", **model_bound)
+    diffing = diff_run.click(token_diff, [adapter, image, prompt, max_new_tokens, left, right], diffs.components(),
+                             api_name="lora_diff", **model_bound)
+    without_error_badges(running, answers.components())
+    without_error_badges(diffing, diffs.components())
     # another picture (uploaded, from Chat, a PDF page, "Open in LoRA"): the answers and the diff
     # were the old picture's, so they go rather than stand unmarked beside the new one
-    image.change(lambda: ("", "", "", None), None, [base_answer, adapter_answer, diff_html, diff_plot],
-                 api_visibility="private", queue=False, show_progress="hidden")
+    empties_on(image.change, [base_answer, adapter_answer, diff_html, diff_plot])
     stop.click(None, cancels=[running, diffing], api_visibility="private")
     return adapter, image, prompt

@@ -12,16 +12,21 @@ from g4v.engines import vllm_python
 from g4v.engines.vision_lora import MODES, VisionLora, check_mode, find_vision_lora
 from g4v.errors import G4VError
 from g4v.port import lora_audit
-from g4v.port.in_vllm_env import run_port_diff_in_vllm_env
+from g4v.port.in_vllm_env import SETUP_COMMAND, run_port_diff_in_vllm_env
 from g4v.port.settings import PortDiffSettings
-from g4v.port.table import LEVEL_COLUMNS, level_rows, without_model_path
-from webapp.common import (escape_markdown, image_input, last_chat_image_button, refuse_non_pictures, shows_errors, use_last_chat_image,
-                           without_error_badges)
+from g4v.port.summary import PortDiffSummary
+from g4v.port.table import LEVEL_COLUMNS, level_rows, with_texts, without_model_path
+from webapp.common import (STATUS_HEIGHT, OutputBoxes, busy_while_running, escape_markdown, image_input,
+                           last_chat_image_button, previous_run_mark, progress_line, refuse_non_pictures,
+                           run_keeping_previous, shows_errors, use_last_chat_image, without_error_badges)
 from webapp.documents import document_picker
 
-SETUP_HINT = ("The vLLM environment was not found, so this tab cannot run here. Build it with "
-              "`scripts/setup_vllm_cpu_env.sh` (a few minutes, about 6 GiB), or point `G4V_VLLM_PYTHON` "
-              "at a Python that has vLLM, then restart the app.")
+SETUP_HINT = (f"**This tab is off: the vLLM environment is not built** (`make run` leaves it out). Turn it on "
+              f"with `{SETUP_COMMAND}` (a few minutes, about 6 GiB), then restart the app; or point "
+              "`G4V_VLLM_PYTHON` at a Python that has vLLM.")
+RUN_HINT = ("A comparison runs in the vLLM environment, mostly starting vLLM's engine: about a minute on a CPU; "
+            "the bar here names each stage and the time left.")
+COMPARE, COMPARING = "Compare", "Comparing…"  # the button, and what it says while a run works
 #: What the refusals call the serving box (the app has no ``--vllm-serving`` flag).
 SERVING_NAME = "vLLM LoRA arguments"
 #: The tab's starting options: ``port-diff``'s defaults, written once in PortDiffSettings.
@@ -116,64 +121,71 @@ def audit_note(checkpoint: PortCheckpoint, vision_lora, vllm_vision_lora, servin
     return head + "\n\n" + "\n".join(f"- {escape_markdown(line)}" for line in lines)
 
 
-def make_port_diff(model: str, checkpoint: PortCheckpoint | None = None):
+@dataclass
+class PortBoxes(OutputBoxes):
+    """A comparison's results, in ``/port_diff``'s order."""
+
+    verdict: gr.Markdown  # above the results: a refused or outdated run's mark goes here
+    table: gr.Dataframe
+    picture: gr.Image
+    details: gr.JSON
+
+
+def make_port_diff(model: str, boxes: PortBoxes, checkpoint: PortCheckpoint | None = None):
     checkpoint = checkpoint or PortCheckpoint.of(model)
 
     @shows_errors
     def port_diff(image_path, prompt, vision_lora=DEFAULTS.vision_lora, vllm_vision_lora=DEFAULTS.vllm_vision_lora,
-                  vllm_serving=DEFAULTS.vllm_serving):
+                  vllm_serving=DEFAULTS.vllm_serving, progress=gr.Progress()):
         """vLLM's granite4_vision against transformers for one image (runs in the vLLM environment),
         with the vision LoRA options checked before vLLM starts (every option has a default, so an
         API client that sends only the image and prompt still runs: ``vllm_serving`` None, not "")."""
         settings = lora_settings(checkpoint, vision_lora, vllm_vision_lora, vllm_serving)
-        report = run_port_diff_in_vllm_env(image_path, prompt, model, settings.request())
-        verdict, rows, summary = tab_outputs(report.summary, checkpoint)
-        return verdict, rows, str(report.png), summary
+        report = run_port_diff_in_vllm_env(image_path, prompt, model, settings.request(),
+                                           progress=progress_line(progress))
+        summary = shown_summary(report.summary, checkpoint)
+        return {boxes.verdict: verdict_text(summary), boxes.table: level_rows(summary.levels),
+                boxes.picture: str(report.png), boxes.details: summary.to_dict()}
 
     return port_diff
 
 
-def tab_outputs(summary: dict, checkpoint: PortCheckpoint | None = None) -> tuple[str, list[list[str]], dict]:
-    """The verdict line (the vision LoRA findings under it, one per line), the level table
-    (formatted as the CLI prints it) and the JSON panel's summary, with the model's path on the
-    server reduced to its folder name."""
+def shown_summary(summary: PortDiffSummary, checkpoint: PortCheckpoint | None = None) -> PortDiffSummary:
+    """The summary as the page shows it: the model's path on the server (and the checkpoint's, in
+    findings and errors) reduced to its folder's name; the caller's is left as it was."""
     summary = without_model_path(summary)
-    if checkpoint is not None:
-        summary = _mapped(summary, checkpoint.shown)
-    tolerance = summary.get("tolerance") or {}
-    findings = (summary.get("vision_lora") or {}).get("findings") or []
-    verdict = (f"**{'Agrees' if summary.get('ok') else 'Differs'}**: {escape_markdown(summary.get('message', ''))}"
-               + (f"\n\nPer-level tolerance: `{tolerance['rule']}` ({tolerance['source']})" if tolerance else "")
-               + ("\n\nVision LoRA findings:\n" + "\n".join(f"- {escape_markdown(line)}" for line in findings)
-                  if findings else ""))
-    return verdict, level_rows(summary.get("levels") or []), summary
+    return with_texts(summary, checkpoint.shown) if checkpoint is not None else summary
 
 
-def _mapped(value, text):
-    if isinstance(value, str):
-        return text(value)
-    if isinstance(value, dict):
-        return {key: _mapped(item, text) for key, item in value.items()}
-    if isinstance(value, list):
-        return [_mapped(item, text) for item in value]
-    return value
+def verdict_text(summary: PortDiffSummary) -> str:
+    """The verdict line, the tolerance rule, and the vision LoRA findings under it, one per line (the
+    message and findings as text: they quote files and the vLLM side's own words, never markup)."""
+    tolerance, lora = summary.tolerance, summary.vision_lora
+    findings = lora.findings if lora else []
+    return (f"**{'Agrees' if summary.ok else 'Differs'}**: {escape_markdown(summary.message)}"
+            + (f"\n\nPer-level tolerance: `{tolerance.rule}` ({tolerance.source})" if tolerance else "")
+            + ("\n\nVision LoRA findings:\n" + "\n".join(f"- {escape_markdown(line)}" for line in findings) if findings else ""))
 
 
 def port_tab(model: str, last_chat_image: gr.State) -> None:
     available = vllm_python() is not None
     checkpoint = PortCheckpoint.of(model)
     gr.Markdown("Where vLLM's port of Granite 4 Vision departs from transformers: per injection level, "
-                "per layer, per config field. Runs in the vLLM environment; about a minute on a CPU.")
+                "per layer, per config field.")
     if not available:
         gr.Markdown(SETUP_HINT, elem_id="port-setup-hint")
     with gr.Row():
-        image = image_input(label="Image", height=200, elem_id="port-image")
+        with gr.Column():
+            image = image_input(label="Image", height=200, elem_id="port-image")
+            # the run's progress bar, under the picture: in view while the run works (under the
+            # button it was below the fold, and the results further still)
+            status = gr.Markdown(RUN_HINT, min_height=STATUS_HEIGHT, elem_id="port-status")
         refuse_non_pictures(image)
         with gr.Column():
             from_chat = last_chat_image_button("port-from-chat")
             document_picker(image, elem_id="port-doc")
-            prompt = gr.Textbox(label="Prompt", value="What colour is the shape?")
-            run = gr.Button("Compare", variant="primary", interactive=available)
+            prompt = gr.Textbox(label="Prompt", value="What colour is the shape?", elem_id="port-prompt")
+            run = gr.Button(COMPARE, variant="primary", interactive=available, elem_id="port-run")
     name = checkpoint.folder.name if checkpoint.folder else "FOLDER"
     with gr.Accordion("Vision LoRA and vLLM serving", open=checkpoint.lora is not None):
         with gr.Row():
@@ -193,11 +205,16 @@ def port_tab(model: str, last_chat_image: gr.State) -> None:
     for option in options:
         option.change(lambda *values: audit_note(checkpoint, *values), options, audit, api_visibility="private",
                       queue=False, show_progress="hidden")
-    verdict = gr.Markdown()
+    verdict = gr.Markdown(elem_id="port-verdict")
     table = gr.Dataframe(headers=list(LEVEL_COLUMNS), label="Levels", interactive=False, elem_id="port-levels")
     picture = gr.Image(label="Per-token differences and trajectories", format="png")
     details = gr.JSON(label="Everything (trajectory, next token, config audit)")
+    boxes = PortBoxes(verdict=verdict, table=table, picture=picture, details=details)
     use_last_chat_image(from_chat, last_chat_image, image)
-    without_error_badges(run.click(make_port_diff(model, checkpoint), [image, prompt, *options],
-                                   [verdict, table, picture, details], api_name="port_diff"),
-                         [verdict, table, picture, details])
+    ready = busy_while_running(run, COMPARING) if available else lambda event: None
+    # a refused run leaves the results on show, marked as the previous run's; so does another picture
+    event = run_keeping_previous(run, make_port_diff(model, boxes, checkpoint), [image, prompt, *options],
+                                 boxes.components(), verdict, api_name="port_diff", show_progress_on=status)
+    ready(event)
+    without_error_badges(event, [box for box in boxes.components() if box is not verdict])
+    image.change(**previous_run_mark(verdict))

@@ -1,15 +1,16 @@
 """The Tiling tab: which anyres grid the model picks, and which pixels each image token covers."""
 
 import hashlib
+from dataclasses import dataclass
 
 import gradio as gr
 
 from g4v.errors import G4VError
-from g4v.tiling import first_token_to_show, token_at
-from g4v.tiling_view import highlight_token, mark_token, tiling_report, token_at_overlay
+from g4v.tiling import token_at
+from g4v.tiling_view import highlight_token, mark_token, tiling_report, token_at_overlay, token_to_show
 from viz.figures import original_point
-from webapp.common import (QUIET_INPUT, image_input, last_chat_image_button, shows_errors, use_last_chat_image,
-                           without_error_badges)
+from webapp.common import (QUIET_INPUT, OutputBoxes, emptied, image_input, last_chat_image_button, shows_errors,
+                           use_last_chat_image, without_error_badges)
 from webapp.documents import document_picker
 
 
@@ -40,25 +41,46 @@ def check_same_image(image_path, plan, analysed: str | None) -> None:
         raise G4VError("the image changed since it was analysed: analyse it again")
 
 
-def make_handlers(config):
-    def picked(image_path, plan, regions, overlay, index) -> tuple:
+@dataclass
+class TilingBoxes(OutputBoxes):
+    """What analysing a picture fills, in ``/tiling``'s order (the states after the shown boxes)."""
+
+    overlay: gr.Image
+    table: gr.Dataframe
+    plan: gr.State
+    regions: gr.State  # where the overlay shows the canvas and the base view
+    token_index: gr.Number
+    token_view: gr.Image
+    token_info: gr.Markdown
+    analysed: gr.State  # the analysed file's fingerprint
+    unmarked: gr.State  # the overlay as drawn, before the picked token is framed on it
+    shown: gr.State  # the index of the token the pictures show (the number box goes back to it after a refusal)
+
+
+def make_handlers(config, boxes: TilingBoxes) -> tuple:
+    """The tab's handlers: analyse a picture, and pick a token by its index, by a click on the token
+    view, or by a click on the overlay; each returns its values by box."""
+
+    def picked(image_path, plan, regions, overlay, index) -> dict:
         """What every way of picking a token shows: the token view, its description and the
         overlay with the token framed (``overlay`` is the overlay as drawn, without a mark)."""
         view = highlight_token(image_path, plan, index)  # checks the index and the image's size
-        return view, token_description(plan, index), mark_token(overlay, plan, regions, index)
+        return {boxes.token_view: view, boxes.token_info: token_description(plan, index),
+                boxes.overlay: mark_token(overlay, plan, regions, index), boxes.shown: index}
 
     @shows_errors
     def analyse(image_path):
-        """Overlay, token-budget table and plan for one image; the first tile token selected (and
+        """Overlay, token-budget table and plan for one image; the token at its centre selected (and
         the overlay without its mark, kept for the next pick)."""
         if config is None:
             raise G4VError("the tiling inspector needs the model's config.json, which this backend does not expose")
         if not image_path:
             raise G4VError("upload an image first")
         overlay, rows, plan, regions = tiling_report(image_path, config)
-        first = first_token_to_show(plan)
-        view, info, marked = picked(image_path, plan, regions, overlay, first)
-        return marked, rows, plan, regions, first, view, info, fingerprint(image_path), overlay
+        first = token_to_show(plan)
+        return {**picked(image_path, plan, regions, overlay, first), boxes.table: rows, boxes.plan: plan,
+                boxes.regions: regions, boxes.token_index: first, boxes.analysed: fingerprint(image_path),
+                boxes.unmarked: overlay}
 
     @shows_errors
     def select_index(image_path, plan, analysed, regions, overlay, index):
@@ -74,7 +96,7 @@ def make_handlers(config):
         token = token_at(plan, x, y) or token_at(plan, x, y, kind="base")
         if token is None:
             raise G4VError(f"no token covers pixel ({x}, {y})")
-        return token.index, *picked(image_path, plan, regions, overlay, token.index)
+        return {boxes.token_index: token.index, **picked(image_path, plan, regions, overlay, token.index)}
 
     @shows_errors
     def select_on_overlay(image_path, plan, analysed, regions, overlay, evt: gr.SelectData):
@@ -84,8 +106,8 @@ def make_handlers(config):
         token = token_at_overlay(plan, regions or {}, *evt.index)
         if token is None:  # a title, a margin, a cut-off cell: a hint, the selection kept (no error badge)
             gr.Info("no token there: click a cell of the canvas (inside the dashed line) or of the base view")
-            return (gr.skip(),) * 4
-        return token.index, *picked(image_path, plan, regions, overlay, token.index)
+            return {}
+        return {boxes.token_index: token.index, **picked(image_path, plan, regions, overlay, token.index)}
 
     return analyse, select_index, select_click, select_on_overlay
 
@@ -103,30 +125,35 @@ def tiling_tab(config, last_chat_image: gr.State) -> None:
     overlay = gr.Image(label="Grid, tiles, padding and unpadded region (click a cell to pick its token)",
                        interactive=False, format="png", elem_id="tiling-overlay")
     with gr.Row():
-        token_view = gr.Image(label="Selected token (click a spot to pick another)", interactive=False,
-                              format="png", height=420, elem_id="tiling-token-view")
+        # No label over the picture: it covered the top-left tokens (the Markdown beside it says what it shows).
+        token_view = gr.Image(label="Selected token", show_label=False, interactive=False, format="png", height=420,
+                              elem_id="tiling-token-view")
         with gr.Column():
+            gr.Markdown("**Selected token** (click a spot on its picture, or type an index, to pick another)")
             token_index = gr.Number(label="Token index", value=0, elem_id="tiling-token-index")  # whole numbers checked by the plan, not rounded
             token_info = gr.Markdown(elem_id="tiling-token-info")
-    plan = gr.State(None)
-    regions = gr.State(None)  # where the overlay shows the canvas and the base view
-    analysed = gr.State(None)  # the analysed file's fingerprint
-    unmarked = gr.State(None)  # the overlay as drawn, before the picked token is framed on it
+    boxes = TilingBoxes(overlay=overlay, table=table, plan=gr.State(None), regions=gr.State(None),
+                        token_index=token_index, token_view=token_view, token_info=token_info,
+                        analysed=gr.State(None), unmarked=gr.State(None), shown=gr.State(0))
 
-    analyse, select_index, select_click, select_on_overlay = make_handlers(config)
-    outputs = [overlay, table, plan, regions, token_index, token_view, token_info, analysed, unmarked]
-    picking = [image, plan, analysed, regions, unmarked]
+    analyse, select_index, select_click, select_on_overlay = make_handlers(config, boxes)
+    outputs = boxes.components()
+    picking = [image, boxes.plan, boxes.analysed, boxes.regions, boxes.unmarked]
     # A refused upload (not a picture, too many pixels) leaves nothing behind: not the broken picture,
     # the previous picture's results, nor an "Error" badge over each output; the toast says why.
     image.upload(analyse, image, outputs, api_name="tiling").failure(
-        lambda: (None, None, None, None, None, 0, None, "", None, None), None, [image, *outputs],
-        api_visibility="private", queue=False, **QUIET_INPUT)
+        lambda: {image: None, **emptied(outputs), token_index: 0, boxes.shown: 0}, None, [image, *outputs], api_visibility="private",
+        queue=False, **QUIET_INPUT)
     use_last_chat_image(from_chat, last_chat_image, image).success(
         analyse, image, outputs, api_visibility="private")
     from_pdf.success(analyse, image, outputs, api_visibility="private")
-    # A refused pick (an index out of range, no picture analysed) is its toast: the pictures stay.
-    picked = [token_index, token_view, token_info, overlay]
-    without_error_badges(token_index.submit(select_index, [*picking, token_index], picked[1:], api_name="tiling_token"),
-                         picked[1:])
+    # A refused pick (an index out of range, no picture analysed) is its toast: the pictures stay, and
+    # the number box goes back to the token they show.
+    shown_token = [token_view, token_info, overlay, boxes.shown]
+    typed = token_index.submit(select_index, [*picking, token_index], shown_token, api_name="tiling_token")
+    typed.failure(lambda index: index, boxes.shown, token_index, api_visibility="private", queue=False,
+                  **QUIET_INPUT)
+    without_error_badges(typed, shown_token)
+    picked = [token_index, *shown_token]
     without_error_badges(token_view.select(select_click, picking, picked, api_visibility="private"), picked)
     without_error_badges(overlay.select(select_on_overlay, picking, picked, api_visibility="private"), picked)

@@ -42,13 +42,13 @@ class DeletionCurve:
                 "beats_random": self.beats_random}
 
 
-def describe_area(deletion: dict, measure: str) -> str:
+def describe_area(deletion: DeletionCurve, measure: str) -> str:
     """The deletion test's result as a reader gets it (the tab's report and the CLI): what
-    ``area_between`` is, in words, its value and the verdict. ``deletion``: :meth:`DeletionCurve.summary`;
-    ``measure``: what the target's number is (a log-probability, or a contrast's log-odds)."""
-    verdict = "beats" if deletion["beats_random"] else "does not beat"
-    return (f"deletion test ({deletion['level'] or 'all levels'}): area between the curves "
-            f"{deletion['area_between']:.4g}, i.e. how much further the target's {measure} falls when the "
+    ``area_between`` is, in words, its value and the verdict. ``measure``: what the target's number
+    is (a log-probability, or a contrast's log-odds)."""
+    verdict = "beats" if deletion.beats_random else "does not beat"
+    return (f"deletion test ({deletion.level or 'all levels'}): area between the curves "
+            f"{deletion.area_between:.4g}, i.e. how much further the target's {measure} falls when the "
             f"image tokens the map ranks first are removed than when random ones are (the random mean minus "
             f"the attributed curve, summed over the share removed by the trapezoid rule); above 0 the map "
             f"beats chance: here it {verdict} random removal.")

@@ -47,6 +47,10 @@ class Attribution:
         out["combined"] = self.combined.tolist()
         return out
 
+    def level_totals(self) -> dict[str, float]:
+        """Each level's score summed over the image tokens."""
+        return {level.name: float(self.scores[i].sum()) for i, level in enumerate(self.levels)}
+
     def to_dict(self, measure: str = "log-probability") -> dict:
         """The numbers for ``summary.json``; ``measure`` names the explained number (an answer's
         log-probability, or with answers to contrast with its log-odds against them)."""
@@ -57,7 +61,7 @@ class Attribution:
             "baseline_value": self.baseline_logprob,
             "convergence_delta": self.convergence_delta,
             "steps": self.steps,
-            "level_totals": {level.name: float(self.scores[i].sum()) for i, level in enumerate(self.levels)},
+            "level_totals": self.level_totals(),
             "total": float(self.scores.sum()),
         }
 

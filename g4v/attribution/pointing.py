@@ -103,11 +103,11 @@ def pointing_game(engine, cases: list[PointingCase], method: str = POINTING_METH
         tile, base = (top_token(plan, attribution.combined, kind) for kind in ("tile", "base"))
         region = top_token(plan, region_scores(plan, attribution.combined), "tile")
         rows.append({"question": case.question, "answer": case.answer, "shape_box": list(case.box),
-                     "top_tile_box": tile and tile["box"], "hit": bool(tile and boxes_overlap(tile["box"], case.box)),
-                     "top_region_box": region and region["box"],
-                     "region_hit": bool(region and boxes_overlap(region["box"], case.box)),
-                     "top_base_box": base and base["box"],
-                     "base_hit": bool(base and boxes_overlap(base["box"], case.box)),
+                     "top_tile_box": tile and tile.box, "hit": bool(tile and boxes_overlap(tile.box, case.box)),
+                     "top_region_box": region and region.box,
+                     "region_hit": bool(region and boxes_overlap(region.box, case.box)),
+                     "top_base_box": base and base.box,
+                     "base_hit": bool(base and boxes_overlap(base.box, case.box)),
                      "area_between": curve.area_between})
         if progress:
             progress(number + 1, len(cases))

@@ -15,7 +15,7 @@ from PIL import Image
 from g4v.attribution.deletion import DeletionCurve, deletion_curve
 from g4v.attribution.forward import Answer, answer_ids, encode_image, make_answer
 from g4v.attribution.gradients import Attribution, attribute
-from g4v.attribution.lens import LogitLens, logit_lens
+from g4v.attribution.lens import LensView, LogitLens, logit_lens
 from g4v.attribution.regions import region_scores
 from g4v.attribution.settings import MAX_ANSWER_TOKENS, AttributionSettings
 from g4v.conversation import Message
@@ -26,6 +26,7 @@ from g4v.loading import model_name
 from g4v.model.scoring import greedy_continuation
 from g4v.model.exports import ExportStore, default_export_store
 from g4v.model.levels import describe_levels, find_level
+from g4v.model.records import Record, plain
 from g4v.tiling import TilingPlan, plan_tiling
 
 SUMMARY_FILE = "summary.json"
@@ -34,19 +35,67 @@ FIGURE_FILES = {"tile": "attribution_tiles.png", "base": "attribution_base.png",
                 "deletion": "deletion.png", "lens": "lens.png", "lens_levels": "lens_levels.png"}
 LENS_LAYERS_SHOWN = 4  # lens panels drawn: evenly spaced residual-stream points, the last included
 REGION_PANEL = "both views"  # the tile figure's panel of region scores (g4v.attribution.regions)
+#: Where each stage starts on the progress bar (0-1), after the time each took on the demo checkpoint
+#: on a CPU (gradient x input, the lens on): drawing the five pictures took a third of it, so a bar
+#: that gave drawing the last tenth said "about 1 s left" for many seconds.
+STAGES = {"answering": 0.0, "encoding the image": 0.08, "attributing": 0.15, "deletion test": 0.27,
+          "logit lens": 0.5, "drawing": 0.62, "writing the export": 0.97}
+#: Each figure's share of the drawing stage, and what the progress line calls it.
+FIGURE_STEPS = {"tile": (0.3, "the tile map"), "base": (0.22, "the base-view map"),
+                "deletion": (0.05, "the deletion curve"), "lens": (0.2, "the logit lens"),
+                "lens_levels": (0.23, "the levels' logit lens")}
+
+
+@dataclass
+class TopToken(Record):
+    """The image token with the highest score: its index and its box on the original image."""
+
+    index: int
+    box: list[float]
+    score: float
 
 
 @dataclass
 class AttributionReport:
+    """One explanation: what was asked, the answer, the attribution, the deletion test, the lens,
+    and where the export lies. The tab, the command and the figures read it by attribute;
+    :meth:`to_dict` is ``summary.json``."""
+
+    model: str | None  # the model's name (a local folder's name: no server path in an export)
+    prompt: str
+    image_size: tuple[int, int]  # (width, height) of the picture as opened
+    teacher_forced: bool  # the answer was given (``--target``), not the model's own
     answer: Answer
     attribution: Attribution
     deletion: DeletionCurve
     lens: LogitLens | None
     plan: TilingPlan
-    figures: dict[str, Image.Image]  # keys of FIGURE_FILES
-    summary: dict
+    top_tile_token: TopToken | None  # by its own combined score
+    top_region_token: TopToken | None  # by its region's score (both views on the same pixels)
+    figures: dict[str, Image.Image] = field(default_factory=dict)  # keys of FIGURE_FILES
     export_dir: Path | None = None
     files: list[Path] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        """``summary.json``: what was explained and every number the pictures show; ``files`` names
+        the files the export holds (the figures drawn, no others)."""
+        answer = self.answer
+        return {
+            "model": self.model,
+            "prompt": self.prompt,
+            "image_size": named_size(*self.image_size),
+            "num_image_tokens": self.plan.num_image_tokens,
+            "answer": {"tokens": answer.texts, "ids": answer.ids, "target": answer.target,
+                       "against": answer.alternative_texts,
+                       "explained": answer.describe(), "teacher_forced": self.teacher_forced},
+            "attribution": self.attribution.to_dict(answer.measure),
+            "top_tile_token": plain(self.top_tile_token),
+            "top_region_token": plain(self.top_region_token),
+            "deletion": self.deletion.to_dict(),
+            "lens": plain(self.lens),
+            "files": {"summary": SUMMARY_FILE, "tensors": TENSORS_FILE,
+                      **{name: FIGURE_FILES[name] for name in self.figures}},
+        }
 
 
 def run_attribution(engine, image, prompt: str, settings: AttributionSettings | None = None,
@@ -73,28 +122,31 @@ def run_attribution(engine, image, prompt: str, settings: AttributionSettings | 
     plan = plan_tiling((picture.height, picture.width), config)
 
     with engine.adapter_scope(None) as model:
-        tell(0.05, "answering")
+        tell(STAGES["answering"], "answering")
         ids = target_ids or greedy_continuation(model, inputs, tokenizer, settings.max_new_tokens)
         answer = make_answer(tokenizer, inputs["input_ids"], ids or [tokenizer.eos_token_id], settings.token,
                              tuple(settings.against))
-        tell(0.2, "encoding the image")
+        tell(STAGES["encoding the image"], "encoding the image")
         encoded = encode_image(model, inputs)
         if encoded.num_image_tokens != plan.num_image_tokens:
             raise RuntimeError(f"tiling plan has {plan.num_image_tokens} image tokens, the model "
                                f"{encoded.num_image_tokens}")
-        tell(0.3, f"attributing ({settings.method})")
+        tell(STAGES["attributing"], f"attributing ({settings.method})")
         attribution = attribute(model, encoded, answer, levels, settings.method, settings.steps)
-        tell(0.55, "deletion test")
+        tell(STAGES["deletion test"], "deletion test")
         deletion = deletion_curve(model, encoded, answer, attribution, deletion_level, settings.fractions,
                                   settings.seeds, ranking=settings.deletion_ranking)
         lens = None
         if settings.lens:
-            tell(0.8, "logit lens")
+            tell(STAGES["logit lens"], "logit lens")
             lens = logit_lens(model, inputs, tokenizer, levels)
-    tell(0.9, "drawing")
-    figures = draw_figures(picture, plan, answer, attribution, deletion, lens)
-    summary = build_summary(engine, prompt, picture, plan, answer, attribution, deletion, lens, settings, figures)
-    report = AttributionReport(answer, attribution, deletion, lens, plan, figures, summary)
+    info = getattr(engine, "info", None)
+    report = AttributionReport(model_name(getattr(info, "model", None)) or None, prompt, picture.size,
+                               settings.target is not None, answer, attribution, deletion, lens, plan,
+                               top_token(plan, attribution.combined, "tile"),
+                               top_token(plan, region_scores(plan, attribution.combined), "tile"))
+    report.figures = draw_figures(picture, report, tell)
+    tell(STAGES["writing the export"], "writing the export")
     folder = Path(out_dir) if out_dir is not None else (exports or default_export_store()).new_folder()
     report.export_dir, report.files = folder, write_export(folder, report)
     return report
@@ -116,60 +168,49 @@ def check_answer_fits(engine, inputs: dict, target_ids: list[int] | None, settin
                        f"do not fit the model's context window of {window} tokens")
 
 
-def build_summary(engine, prompt, picture, plan, answer, attribution, deletion, lens, settings, figures) -> dict:
-    """``summary.json``: what was explained and every number the pictures show; ``files`` names
-    the files the export holds (the figures drawn, no others)."""
-    info = getattr(engine, "info", None)
-    return {
-        "model": model_name(getattr(info, "model", None)) or None,  # no server path in an export
-        "prompt": prompt,
-        "image_size": named_size(picture.width, picture.height),
-        "num_image_tokens": plan.num_image_tokens,
-        "answer": {"tokens": answer.texts, "ids": answer.ids, "target": answer.target,
-                   "against": answer.alternative_texts,
-                   "explained": answer.describe(), "teacher_forced": settings.target is not None},
-        "attribution": attribution.to_dict(answer.measure),
-        "top_tile_token": top_token(plan, attribution.combined, "tile"),
-        "top_region_token": top_token(plan, region_scores(plan, attribution.combined), "tile"),
-        "deletion": deletion.to_dict(),
-        "lens": lens.to_dict() if lens else None,
-        "files": {"summary": SUMMARY_FILE, "tensors": TENSORS_FILE, **{name: FIGURE_FILES[name] for name in figures}},
-    }
-
-
-def top_token(plan: TilingPlan, scores: torch.Tensor, kind: str) -> dict | None:
+def top_token(plan: TilingPlan, scores: torch.Tensor, kind: str) -> TopToken | None:
     """The ``kind`` token with the highest score: its index and its box on the original image."""
     candidates = [t for t in plan.tokens if t.kind == kind and t.box[2] > t.box[0] and t.box[3] > t.box[1]]
     if not candidates:
         return None
     best = max(candidates, key=lambda t: float(scores[t.index]))
-    return {"index": best.index, "box": list(best.box), "score": float(scores[best.index])}
+    return TopToken(best.index, list(best.box), float(scores[best.index]))
 
 
-def lens_views_shown(lens: LogitLens) -> list[dict]:
+def lens_views_shown(lens: LogitLens) -> list[LensView]:
     """A few evenly spaced residual-stream points (first and last included) for the lens picture."""
     count = len(lens.layers)
     picks = sorted({round(i * (count - 1) / (LENS_LAYERS_SHOWN - 1)) for i in range(LENS_LAYERS_SHOWN)})
-    return [vars(lens.layers[i]) for i in picks]
+    return [lens.layers[i] for i in picks]
 
 
-def draw_figures(picture, plan, answer, attribution, deletion, lens) -> dict[str, Image.Image]:
+def draw_figures(picture, report: AttributionReport, tell=lambda fraction, text: None) -> dict[str, Image.Image]:
+    """The export's pictures; ``tell(fraction, text)`` before each (drawing takes seconds: a bar that
+    sat at "drawing" for all of them looked stuck)."""
     from viz.attribution import attribution_figure, deletion_figure, lens_figure
 
+    plan, attribution, lens = report.plan, report.attribution, report.lens
     tokens = [(t.kind, t.box) for t in plan.tokens]
     scores = attribution.by_level()
     tile_scores = {**scores, REGION_PANEL: region_scores(plan, attribution.combined).tolist()}
-    figures = {
-        "tile": attribution_figure(picture, tokens, tile_scores, "tile",
-                                   f"Attribution per tile token (high-resolution view; '{REGION_PANEL}': "
-                                   "with the base view's share of each tile token's region)"),
-        "base": attribution_figure(picture, tokens, scores, "base", "Attribution per base-view token"),
-        "deletion": deletion_figure(deletion.to_dict(), measure=answer.measure),
+    drawings = {
+        "tile": lambda: attribution_figure(picture, tokens, tile_scores, "tile",
+                                           f"Attribution per tile token (high-resolution view; '{REGION_PANEL}': "
+                                           "with the base view's share of each tile token's region)"),
+        "base": lambda: attribution_figure(picture, tokens, scores, "base", "Attribution per base-view token"),
+        "deletion": lambda: deletion_figure(report.deletion, measure=report.answer.measure),
     }
     if lens is not None:
-        figures["lens"] = lens_figure(picture, tokens, lens_views_shown(lens), lens.vocabulary)
-        figures["lens_levels"] = lens_figure(picture, tokens, [vars(v) for v in lens.levels], lens.vocabulary,
-                                             title="Logit lens on each level's injected features")
+        drawings["lens"] = lambda: lens_figure(picture, tokens, lens_views_shown(lens), lens.vocabulary)
+        drawings["lens_levels"] = lambda: lens_figure(picture, tokens, lens.levels, lens.vocabulary,
+                                                      title="Logit lens on each level's injected features")
+    figures, start, width = {}, STAGES["drawing"], STAGES["writing the export"] - STAGES["drawing"]
+    total = sum(FIGURE_STEPS[name][0] for name in drawings)
+    for name, draw in drawings.items():
+        share, what = FIGURE_STEPS[name]
+        tell(start, f"drawing {what}")
+        figures[name] = draw()
+        start += width * share / total
     return figures
 
 
@@ -178,7 +219,7 @@ def write_export(folder: Path, report: AttributionReport) -> list[Path]:
 
     folder.mkdir(parents=True, exist_ok=True)
     written = [folder / SUMMARY_FILE]
-    written[0].write_text(json.dumps(report.summary, indent=2) + "\n")
+    written[0].write_text(json.dumps(report.to_dict(), indent=2) + "\n")
     for name, figure in report.figures.items():
         figure.save(folder / FIGURE_FILES[name])
         written.append(folder / FIGURE_FILES[name])

@@ -61,13 +61,11 @@ def run(args) -> int:
     finally:
         bar.close()
         engine.close()
-    summary = report.summary
-    attribution = summary["attribution"]
-    print(f"explained: {summary['answer']['explained']} ({attribution['measure']} {attribution['target_value']:.4g})")
-    for name, total in attribution["level_totals"].items():
+    answer, attribution = report.answer, report.attribution
+    print(f"explained: {answer.describe()} ({answer.measure} {attribution.target_logprob:.4g})")
+    for name, total in attribution.level_totals().items():
         print(f"  {name:<12} {total:+.4g}")
-    deletion = summary["deletion"]
-    print(describe_area(deletion, attribution["measure"]))
+    print(describe_area(report.deletion, answer.measure))
     print(f"wrote {report.export_dir}")
     return 0
 

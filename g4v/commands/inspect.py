@@ -63,17 +63,17 @@ def _check_levels_early(model: str | None, ablate: list[str], scale: dict) -> No
 
 def _print_report(result) -> None:
     print(f"{'level':<12} {'kind':<9} {'vision':>6} {'llm':>4} {'injected':>9} {'before':>8} {'after':>8}")
-    for row in result.summary["levels"]:
-        print(f"{row['name']:<12} {row['kind']:<9} {row['vision_layer']:>6} {row['llm_layer']:>4} "
-              f"{row['injected_norm_mean']:>9.3f} {row['residual_norm_before_mean']:>8.3f} "
-              f"{row['residual_norm_after_mean']:>8.3f}")
-    ablation = result.summary["ablation"]
-    unchanged = result.summary["unchanged_levels"]
+    for cap in result.capture.levels:
+        level = cap.level
+        print(f"{level.name:<12} {level.kind:<9} {level.vision_layer:>6} {level.llm_layer:>4} "
+              f"{cap.injected_norm_mean:>9.3f} {cap.residual_norm_before_image:>8.3f} "
+              f"{cap.residual_norm_after_image:>8.3f}")
+    ablation, unchanged = result.ablation, result.unchanged_levels
     if unchanged:
         rerun = "" if ablation else ", so there was no second run"
         print(f"a factor of 1 leaves {', '.join(unchanged)} unchanged{rerun}")
     if ablation:
-        print(f"scaled {ablation['scales']}: KL(before || after) = {ablation['kl_divergence']:.4g} nats")
-        print(f"  before: {ablation['continuation_before']!r}")
-        print(f"  after:  {ablation['continuation_after']!r}")
+        print(f"scaled {ablation.scales}: KL(before || after) = {ablation.kl_divergence:.4g} nats")
+        print(f"  before: {ablation.before.continuation!r}")
+        print(f"  after:  {ablation.after.continuation!r}")
     print(f"wrote {result.export_dir}")

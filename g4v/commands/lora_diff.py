@@ -66,35 +66,36 @@ def run(args) -> int:
     if "vision_lora" in engine.info.details:
         print(engine.info.details["vision_lora"], file=sys.stderr)
     left, right = resolve_sides(engine, settings.left, settings.right, settings.adapter, args.adapters_dir)
-    data = lora_diff(engine, messages, right.adapter, sampling, left.adapter, (left.label, right.label)).to_dict()
-    _save_pictures(data, args.png, args.plot)
-    print(json.dumps(data, indent=2) if args.json else _report(data))
+    diff = lora_diff(engine, messages, right.adapter, sampling, left.adapter, (left.label, right.label))
+    _save_pictures(diff, args.png, args.plot)
+    print(json.dumps(diff.to_dict(), indent=2) if args.json else _report(diff))
     return 0
 
 
-def _save_pictures(data: dict, png: str | None, plot: str | None) -> None:
+def _save_pictures(diff, png: str | None, plot: str | None) -> None:
     from viz.figures import figure_to_image
     from viz.lora import diff_plot, diff_png
 
     if png:
-        diff_png(data).save(png)
+        diff_png(diff).save(png)
     if plot:
-        figure_to_image(diff_plot(data)).save(plot)
+        figure_to_image(diff_plot(diff)).save(plot)
 
 
-def _report(data: dict) -> str:
+def _report(diff) -> str:
+    first = diff.first_divergence
     lines = [
-        f"adapter: {data['adapter']}",
-        f"left:    {data['left']}: {data['base_text']!r}",
-        f"right:   {data['right']}: {data['adapter_text']!r}",
-        f"first divergence: {'none' if data['first_divergence'] is None else 'token ' + str(data['first_divergence'])}",
+        f"adapter: {diff.adapter}",
+        f"left:    {diff.labels[0]}: {diff.base.text!r}",
+        f"right:   {diff.labels[1]}: {diff.tuned.text!r}",
+        f"first divergence: {'none' if first is None else 'token ' + str(first)}",
     ]
-    for key, title in (("base_tokens", "base answer"), ("adapter_tokens", "adapter answer")):
+    for answer, title in ((diff.base, "base answer"), (diff.tuned, "adapter answer")):
         lines.append(f"\n{title}:  pos  token              logp_base  logp_adapter     delta        KL")
-        for t in data[key]:
+        for t in answer.tokens:
             lines.append(
-                f"  {t['position']:4d}  {_quoted(t['text']):<{TOKEN_WIDTH}} {t['logprob_base']:10.3f} {t['logprob_adapter']:13.3f} "
-                f"{t['delta']:+9.3f} {t['kl']:9.4f}"
+                f"  {t.position:4d}  {_quoted(t.text):<{TOKEN_WIDTH}} {t.logprob_base:10.3f} {t.logprob_adapter:13.3f} "
+                f"{t.delta:+9.3f} {t.kl:9.4f}"
             )
     return "\n".join(lines)
 

@@ -16,17 +16,11 @@ from g4v.errors import G4VError
 from g4v.inspect.settings import InspectSettings
 from g4v.model.capture import Capture, capture_forward
 from g4v.model.levels import Level
-from g4v.model.scoring import greedy_continuation, kl_divergence, next_token_logprobs, next_token_probs
+from g4v.model.records import TokenProb, plain
+from g4v.model.scoring import greedy_continuation, kl_divergence, next_token_logprobs, next_token_probs, top_tokens
 
 #: Greedy tokens shown before and after a change, unless told (``inspect``, the Deepstack tab).
 CONTINUATION_TOKENS = InspectSettings.max_new_tokens
-
-@dataclass
-class TokenProb:
-    token_id: int
-    text: str
-    prob: float
-
 
 @dataclass
 class RunOutcome:
@@ -54,11 +48,11 @@ class AblationResult:
             "scales": self.scales,
             "ablated": sorted(name for name, f in self.scales.items() if f == 0.0),
             "kl_divergence": self.kl_divergence,
-            "top5_before": [vars(t) for t in self.before.top5],
-            "top5_after": [vars(t) for t in self.after.top5],
+            "top5_before": plain(self.before.top5),
+            "top5_after": plain(self.after.top5),
             "continuation_before": self.before.continuation,
             "continuation_after": self.after.continuation,
-            "levels_after": [cap.to_dict() for cap in self.capture.levels],
+            "levels_after": plain(self.capture.levels),
             "trajectory_after": self.capture.trajectory.to_dict(),
         }
 
@@ -78,11 +72,6 @@ def require_finite_logits(logits: torch.Tensor, scales: dict[str, float] | None 
         raise G4VError(f"scaling {describe_scales(scales)} made the model's output non-finite (overflow in "
                        f"{dtype}); try a smaller factor")
     raise G4VError(f"the model's output is non-finite (NaN or infinite logits in {dtype}) for this input")
-
-
-def top_tokens(probs: torch.Tensor, tokenizer, k: int = 5) -> list[TokenProb]:
-    values, ids = torch.topk(probs, k=min(k, probs.numel()))
-    return [TokenProb(int(i), tokenizer.decode([int(i)]), float(v)) for v, i in zip(values, ids)]
 
 
 def run_outcome(model, inputs: dict, tokenizer, logits: torch.Tensor, max_new_tokens: int,

@@ -9,7 +9,7 @@ Exports go to the caller's folder or to an :class:`~g4v.model.exports.ExportStor
 
 import json
 import zipfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from PIL import Image
@@ -24,6 +24,7 @@ from g4v.inspect.settings import InspectSettings
 from g4v.model.capture import Capture, capture_forward
 from g4v.model.exports import ExportStore, default_export_store
 from g4v.model.levels import Level, describe_levels, level_scales, unit_scale_levels
+from g4v.model.records import plain
 from g4v.tiling import TilingPlan, plan_tiling
 
 CAPTURE_FILE = "capture.safetensors"
@@ -39,15 +40,44 @@ EXPORT_FILES = (SUMMARY_FILE, *FIGURE_FILES.values(), CAPTURE_FILE)  # what an e
 
 @dataclass
 class InspectionResult:
+    """One inspection: what was asked, what the model did, and where its export lies. The tab, the
+    command and the figures read it by attribute; :meth:`to_dict` is ``summary.json``."""
+
+    model: str | None  # the model's name (a local folder's name: no server path in an export)
+    prompt: str
+    image_size: tuple[int, int]  # (width, height) of the picture as opened
+    plan: TilingPlan
+    full: bool  # the export keeps the full tensors
     levels: list[Level]
     capture: Capture  # the unmodified run
     outcome: RunOutcome  # its next-token distribution and greedy continuation
     ablation: AblationResult | None  # the run with levels zeroed or scaled, when any were asked for
-    plan: TilingPlan
-    figures: dict[str, Image.Image]  # keys of FIGURE_FILES
-    summary: dict  # what summary.json holds
-    export_dir: Path  # summary.json, the PNGs, capture.safetensors
-    export_zip: Path | None  # those files zipped, inside export_dir (make_zip=True)
+    unchanged_levels: list[str]  # asked to be scaled by 1: no second run was needed for them
+    figures: dict[str, Image.Image] = field(default_factory=dict)  # keys of FIGURE_FILES
+    export_dir: Path | None = None  # summary.json, the PNGs, capture.safetensors
+    export_zip: Path | None = None  # those files zipped, inside export_dir (make_zip=True)
+
+    def to_dict(self) -> dict:
+        """``summary.json``: the request, the tiling, every number the pictures show."""
+        plan, capture = self.plan, self.capture
+        return {
+            "model": self.model,
+            "prompt": self.prompt,
+            "image_size": named_size(*self.image_size),
+            "tiling": {"grid": list(plan.grid), "best_resolution": list(plan.best_resolution),
+                       "base_tokens": plan.base_tokens, "tile_tokens": plan.tile_tokens,
+                       "newline_tokens": plan.newline_tokens},
+            "num_image_tokens": capture.num_image_tokens,
+            "num_text_tokens": capture.num_text_tokens,
+            "full": self.full,
+            "levels": plain(capture.levels),
+            "trajectory": capture.trajectory.to_dict(),
+            "next_token_top5": plain(self.outcome.top5),
+            "continuation": self.outcome.continuation,
+            "ablation": plain(self.ablation),
+            "unchanged_levels": list(self.unchanged_levels),
+            "files": {"summary": SUMMARY_FILE, "capture": CAPTURE_FILE, **FIGURE_FILES},
+        }
 
 
 def run_inspection(engine, image, prompt: str, ablate=(), scale: dict | None = None, full: bool = InspectSettings.full,
@@ -85,48 +115,26 @@ def run_inspection(engine, image, prompt: str, ablate=(), scale: dict | None = N
         raise RuntimeError(f"tiling plan has {plan.num_image_tokens} image tokens, the model saw "
                            f"{capture.num_image_tokens}")
 
-    summary = build_summary(engine, prompt, picture, plan, capture, outcome, ablation, full, unchanged)
-    figures = draw_figures(picture, plan, summary, capture)
-    export_dir = Path(out_dir) if out_dir is not None else (exports or default_export_store()).new_folder()
-    write_export(export_dir, summary, figures, capture, ablation)
-    export_zip = zip_export(export_dir) if make_zip else None
-    return InspectionResult(levels, capture, outcome, ablation, plan, figures, summary, export_dir, export_zip)
-
-
-def build_summary(engine, prompt: str, picture: Image.Image, plan: TilingPlan, capture: Capture,
-                  outcome: RunOutcome, ablation: AblationResult | None, full: bool,
-                  unchanged_levels: list[str] = ()) -> dict:
     info = getattr(engine, "info", None)
-    return {
-        "model": model_name(getattr(info, "model", None)) or None,  # no server path in an export
-        "prompt": prompt,
-        "image_size": named_size(picture.width, picture.height),
-        "tiling": {"grid": list(plan.grid), "best_resolution": list(plan.best_resolution),
-                   "base_tokens": plan.base_tokens, "tile_tokens": plan.tile_tokens,
-                   "newline_tokens": plan.newline_tokens},
-        "num_image_tokens": capture.num_image_tokens,
-        "num_text_tokens": capture.num_text_tokens,
-        "full": full,
-        "levels": [cap.to_dict() for cap in capture.levels],
-        "trajectory": capture.trajectory.to_dict(),
-        "next_token_top5": [vars(t) for t in outcome.top5],
-        "continuation": outcome.continuation,
-        "ablation": ablation.to_dict() if ablation else None,
-        "unchanged_levels": list(unchanged_levels),  # asked to be scaled by 1: no run was needed
-        "files": {"summary": SUMMARY_FILE, "capture": CAPTURE_FILE, **FIGURE_FILES},
-    }
+    result = InspectionResult(model_name(getattr(info, "model", None)) or None, prompt, picture.size, plan, full,
+                              levels, capture, outcome, ablation, unchanged)
+    result.figures = draw_figures(picture, result)
+    result.export_dir = Path(out_dir) if out_dir is not None else (exports or default_export_store()).new_folder()
+    write_export(result)
+    result.export_zip = zip_export(result.export_dir) if make_zip else None
+    return result
 
 
-def draw_figures(picture: Image.Image, plan: TilingPlan, summary: dict, capture: Capture) -> dict[str, Image.Image]:
+def draw_figures(picture: Image.Image, result: InspectionResult) -> dict[str, Image.Image]:
     from viz.deepstack import heatmaps_figure, norms_figure, trajectory_figure
 
-    tokens = [(token.kind, token.box) for token in plan.tokens]
-    norms = {cap.level.name: cap.injected_norm.tolist() for cap in capture.levels}
-    modified = summary["ablation"]
+    tokens = [(token.kind, token.box) for token in result.plan.tokens]
+    levels = result.capture.levels
+    norms = {cap.level.name: cap.injected_norm.tolist() for cap in levels}
+    modified = result.ablation.capture.trajectory if result.ablation else None
     return {
-        "norms": norms_figure(summary["levels"]),
-        "trajectory": trajectory_figure(summary["trajectory"],
-                                        modified=_trajectory_of(modified) if modified else None),
+        "norms": norms_figure(levels),
+        "trajectory": trajectory_figure(result.capture.trajectory, modified=modified),
         "heatmaps_tile": heatmaps_figure(picture, tokens, norms, view="tile",
                                          title="Injected norm per tile token (high-resolution view)"),
         "heatmaps_base": heatmaps_figure(picture, tokens, norms, view="base",
@@ -134,21 +142,17 @@ def draw_figures(picture: Image.Image, plan: TilingPlan, summary: dict, capture:
     }
 
 
-def _trajectory_of(ablation_summary: dict) -> dict:
-    return ablation_summary["trajectory_after"]
-
-
-def write_export(folder: Path, summary: dict, figures: dict[str, Image.Image], capture: Capture,
-                 ablation: AblationResult | None) -> None:
+def write_export(result: InspectionResult) -> None:
     from safetensors.torch import save_file
 
+    folder = result.export_dir
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
-    for name, picture in figures.items():
+    (folder / SUMMARY_FILE).write_text(json.dumps(result.to_dict(), indent=2) + "\n")
+    for name, picture in result.figures.items():
         picture.save(folder / FIGURE_FILES[name])
-    tensors = capture.tensors()
-    if ablation is not None:
-        tensors.update({f"ablated.{name}": t for name, t in ablation.capture.tensors().items()})
+    tensors = result.capture.tensors()
+    if result.ablation is not None:
+        tensors.update({f"ablated.{name}": t for name, t in result.ablation.capture.tensors().items()})
     save_file(tensors, str(folder / CAPTURE_FILE), metadata={"format": "pt"})
 
 

@@ -111,11 +111,12 @@ def lora_diff(engine, messages: list[Message], adapter: str | None, settings: Sa
 
 @dataclass
 class LoraDiffView:
-    """The token diff, ready to show: HTML highlighting, a matplotlib figure, the JSON numbers."""
+    """The token diff, ready to show: HTML highlighting, a matplotlib figure, and the diff itself
+    (its ``to_dict()`` is the JSON numbers)."""
 
     html: str
     figure: object  # matplotlib.figure.Figure
-    data: dict
+    diff: LoraDiff
 
 
 def lora_token_diff(engine, prompt: str, images=(), settings: LoraDiffSettings | None = None,
@@ -129,8 +130,8 @@ def lora_token_diff(engine, prompt: str, images=(), settings: LoraDiffSettings |
     messages = chat_input(prompt, images)
     sampling = settings.sampling()
     first, second = resolve_sides(engine, settings.left, settings.right, settings.adapter, adapters_dir)
-    data = lora_diff(engine, messages, second.adapter, sampling, first.adapter, (first.label, second.label)).to_dict()
-    return LoraDiffView(html=diff_html(data), figure=diff_plot(data), data=data)
+    diff = lora_diff(engine, messages, second.adapter, sampling, first.adapter, (first.label, second.label))
+    return LoraDiffView(html=diff_html(diff), figure=diff_plot(diff), diff=diff)
 
 
 def _answer_tokens(engine, generation) -> list[int]:

@@ -15,6 +15,7 @@ from g4v.conversation import Message
 from g4v.engines.base import BATCH_SIZE
 from g4v.model.capture import instrument
 from g4v.model.levels import Level
+from g4v.model.records import TokenProb
 
 
 def next_token_probs(logits: torch.Tensor) -> torch.Tensor:
@@ -25,6 +26,12 @@ def next_token_probs(logits: torch.Tensor) -> torch.Tensor:
 def next_token_logprobs(logits: torch.Tensor) -> torch.Tensor:
     """(batch, seq, vocab) logits -> (vocab,) float32 log-probabilities of the token after the prompt."""
     return torch.log_softmax(logits[0, -1].float(), dim=-1).cpu()
+
+
+def top_tokens(probs: torch.Tensor, tokenizer, k: int = 5) -> list[TokenProb]:
+    """The ``k`` likeliest tokens of a (vocab,) distribution, likeliest first."""
+    values, ids = torch.topk(probs, k=min(k, probs.numel()))
+    return [TokenProb(int(i), tokenizer.decode([int(i)]), float(v)) for v, i in zip(values, ids)]
 
 
 def kl_divergence(log_p: torch.Tensor, log_q: torch.Tensor) -> torch.Tensor:

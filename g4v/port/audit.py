@@ -19,6 +19,7 @@ import torch
 from g4v.errors import G4VError, first_line
 from g4v.model.levels import Level, describe_levels
 from g4v.loading import read_raw_config
+from g4v.model.records import Record
 
 _QFORMER_FIELDS = ("hidden_size", "num_attention_heads", "intermediate_size", "num_hidden_layers",
                    "encoder_hidden_size", "cross_attention_frequency", "hidden_act", "layer_norm_eps")
@@ -27,15 +28,32 @@ _QFORMER_DEFAULTS = {"hidden_act": "gelu", "layer_norm_eps": 1e-12, "cross_atten
 
 
 @dataclass
-class ConfigAudit:
-    rows: list[dict]  # field, checkpoint, transformers, vllm, ok, note
-    source: str  # where the vLLM column comes from
+class AuditRow(Record):
+    """One config field as the checkpoint, transformers and vLLM have it; ``ok`` compares vLLM with
+    the checkpoint (None when vLLM's side could not be read)."""
+
+    field: str
+    checkpoint: object
+    transformers: object
+    vllm: object
+    ok: bool | None
+    transformers_ok: bool | None
+    note: str | None  # why vLLM departs, when it does
+
+
+@dataclass(kw_only=True)
+class ConfigAudit(Record):
     ok: bool
     message: str
+    vllm_source: str  # where the vLLM column comes from
+    fields: list[AuditRow]
+
+    @property
+    def mismatches(self) -> list[str]:
+        return [row.field for row in self.fields if row.ok is False]
 
     def to_dict(self) -> dict:
-        return {"ok": self.ok, "message": self.message, "vllm_source": self.source, "fields": self.rows,
-                "mismatches": [row["field"] for row in self.rows if row["ok"] is False]}
+        return {**super().to_dict(), "mismatches": self.mismatches}
 
 
 def static_vllm_facts(hf_config) -> dict:
@@ -130,23 +148,22 @@ def audit_config(raw: dict, hf_config, vllm_facts: dict, source: str) -> ConfigA
         expected = [l for _, l in _pairs(raw.get("deepstack_layer_map"))] + list(raw.get("spatial_target_layers") or [])
         rows.append(_row("injection layers (derived)", expected, [lv.llm_layer for lv in _levels_or_empty(hf_config)],
                          vllm_facts["injection_layers"], "order of vLLM's packed levels"))
-    bad = [row for row in rows if row["ok"] is False]
-    unknown = [row for row in rows if row["ok"] is None]
+    bad = [row for row in rows if row.ok is False]
+    unknown = [row for row in rows if row.ok is None]
     if bad:
-        parts = [f"{row['field']}: checkpoint {row['checkpoint']!r}, vLLM built {row['vllm']!r}" for row in bad]
+        parts = [f"{row.field}: checkpoint {row.checkpoint!r}, vLLM built {row.vllm!r}" for row in bad]
         message = f"vLLM does not honour {len(bad)} config field(s): " + "; ".join(parts)
     else:
         message = "vLLM's built modules match every audited config field"
     if unknown:
         message += f" ({len(unknown)} model-level field(s) not checked: {source})"
-    return ConfigAudit(rows, source, not bad, message)
+    return ConfigAudit(ok=not bad, message=message, vllm_source=source, fields=rows)
 
 
-def _row(name, checkpoint, transformers, vllm, note=None) -> dict:
+def _row(name, checkpoint, transformers, vllm, note=None) -> AuditRow:
     ok = None if vllm is None or checkpoint is None else _same(checkpoint, vllm)
-    return {"field": name, "checkpoint": checkpoint, "transformers": _plain(transformers), "vllm": vllm, "ok": ok,
-            "transformers_ok": None if checkpoint is None else _same(checkpoint, _plain(transformers)),
-            "note": note if ok is False else None}
+    return AuditRow(name, checkpoint, _plain(transformers), vllm, ok,
+                    None if checkpoint is None else _same(checkpoint, _plain(transformers)), note if ok is False else None)
 
 
 def _same(a, b) -> bool:

@@ -22,7 +22,8 @@ import torch
 from g4v.errors import G4VError
 from g4v.model.drift import feature_drift
 from g4v.model.levels import Level
-from g4v.model.scoring import kl_divergence
+from g4v.model.records import Record, TokenProb, optional
+from g4v.model.scoring import kl_divergence, top_tokens
 
 #: Per-level feature tolerance ``(atol, rtol)`` by dtype (see :class:`Tolerance` for the rule).
 #: The reference is ``torch.testing.assert_close``'s defaults, read from the installed torch
@@ -42,7 +43,7 @@ DEFAULT_TRAJECTORY_RTOL = {torch.float32: 1e-4, torch.float16: 2e-2, torch.bfloa
 
 
 @dataclass(frozen=True)
-class Tolerance:
+class Tolerance(Record):
     """When one level's features agree: elementwise ``|got - ref| <= atol + rtol * max(|ref|, rms)``.
 
     That is ``torch.testing.assert_close``'s rule with one change: ``|ref|`` is floored at the RMS of
@@ -74,10 +75,13 @@ class Tolerance:
     def within(self, got: torch.Tensor, ref: torch.Tensor) -> bool:
         return got.shape == ref.shape and self.used(got, ref) <= 1.0
 
+    @property
+    def rule(self) -> str:
+        """What the report and the picture print."""
+        return f"|vLLM - transformers| <= {self.atol:g} + {self.rtol:g} * max(|transformers|, token RMS)"
+
     def to_dict(self) -> dict:
-        """For the JSON; ``rule`` is what the report and the picture print."""
-        rule = f"|vLLM - transformers| <= {self.atol:g} + {self.rtol:g} * max(|transformers|, token RMS)"
-        return {"atol": self.atol, "rtol": self.rtol, "source": self.source, "rule": rule}
+        return {**super().to_dict(), "rule": self.rule}
 
 
 def default_tolerance(dtype: torch.dtype, atol: float | None = None, rtol: float | None = None) -> Tolerance:
@@ -103,7 +107,10 @@ def _tolerance_value(name: str, value, default: float) -> float:
 
 
 @dataclass
-class LevelDiff:
+class LevelDiff(Record):
+    """One level's features, vLLM against transformers (its per-token differences stay out of the
+    JSON: the picture draws them in the process that computed them)."""
+
     name: str
     llm_layer: int
     kind: str
@@ -117,10 +124,10 @@ class LevelDiff:
     token_diff: list[float] = field(default_factory=list)  # per image token: max |vllm - ref|
 
     def to_dict(self) -> dict:
-        return {"name": self.name, "llm_layer": self.llm_layer, "kind": self.kind, "ok": self.ok,
-                "max_abs_diff": self.max_abs_diff, "max_rel_diff": self.max_rel_diff,
-                "mean_abs_diff": self.mean_abs_diff, "reference_max_abs": self.reference_max_abs,
-                "share_of_tolerance_used": self.share_of_tolerance_used, "problem": self.problem}
+        out = super().to_dict()
+        del out["token_diff"]
+        out["problem"] = out.pop("problem")  # last, as the JSON always had it
+        return out
 
 
 def split_levels(packed: torch.Tensor, llm_layers: list[int], hidden: int) -> dict[int, torch.Tensor]:
@@ -191,34 +198,57 @@ def _explain(got: torch.Tensor, ref: torch.Tensor, reference: dict[str, torch.Te
 # ── the residual trajectory ─────────────────────────────────────────────────────────────────────
 
 
+@dataclass
+class SideNorms(Record):
+    """One side's mean residual norm at each trajectory point (None where it has no such tokens)."""
+
+    image_norm: list[float | None]
+    text_norm: list[float | None]
+
+
+@dataclass(kw_only=True)
+class TrajectoryDiff(Record):
+    """The residual trajectories of both sides, compared point by point; the norms and differences
+    only when both sides were recorded alike."""
+
+    layers: list[int]
+    injection_layers: dict[str, str]  # llm layer -> level name
+    rtol: float
+    transformers: SideNorms | None = optional()
+    vllm: SideNorms | None = optional()
+    rel_diff_image: list[float | None] | None = optional()
+    rel_diff_text: list[float | None] | None = optional()
+    max_token_rel_diff: list[float] | None = optional()
+    max_rel_diff: float | None = optional()
+    first_departure: int | None = None  # the first point past rtol
+    ok: bool = False
+    problem: str | None = None
+
+
 def compare_trajectories(reference: torch.Tensor, candidate: torch.Tensor | None, image_mask: torch.Tensor,
-                         injection_layers: dict[int, str], rtol: float) -> dict:
+                         injection_layers: dict[int, str], rtol: float) -> TrajectoryDiff:
     """Per-token residual norms ``(layers + 1, tokens)`` of both sides -> the mean norm at image and
     text tokens per point, their relative differences and the first layer where they depart."""
     points = reference.shape[0]
-    out = {"layers": list(range(points)), "injection_layers": {str(k): v for k, v in sorted(injection_layers.items())},
-           "rtol": rtol}
+    frame = {"layers": list(range(points)), "injection_layers": {str(k): v for k, v in sorted(injection_layers.items())},
+             "rtol": rtol}
     if candidate is None or candidate.shape != reference.shape:
         shape = None if candidate is None else list(candidate.shape)
-        out.update(ok=False, problem=f"vLLM recorded residual norms of shape {shape}, transformers {list(reference.shape)}",
-                   first_departure=None)
-        return out
-    rows = {}
-    for side, norms in (("transformers", reference), ("vllm", candidate)):
-        rows[side] = {"image_norm": _masked_means(norms, image_mask), "text_norm": _masked_means(norms, ~image_mask)}
-    rel_image = [_rel(a, b) for a, b in zip(rows["vllm"]["image_norm"], rows["transformers"]["image_norm"])]
-    rel_text = [_rel(a, b) for a, b in zip(rows["vllm"]["text_norm"], rows["transformers"]["text_norm"])]
+        return TrajectoryDiff(**frame, ok=False, problem=f"vLLM recorded residual norms of shape {shape}, "
+                                                         f"transformers {list(reference.shape)}")
+    sides = {side: SideNorms(_masked_means(norms, image_mask), _masked_means(norms, ~image_mask))
+             for side, norms in (("transformers", reference), ("vllm", candidate))}
+    ref, got = sides["transformers"], sides["vllm"]
+    rel_image = [_rel(a, b) for a, b in zip(got.image_norm, ref.image_norm)]
+    rel_text = [_rel(a, b) for a, b in zip(got.text_norm, ref.text_norm)]
     token_rel = ((candidate - reference).abs() / reference.abs().clamp(min=1e-12)).amax(dim=1).tolist()
     worst = [max(x for x in (a, b, c) if x is not None) for a, b, c in zip(rel_image, rel_text, token_rel)]
     first = next((layer for layer, value in enumerate(worst) if value > rtol), None)
-    out.update({
-        "transformers": rows["transformers"], "vllm": rows["vllm"],
-        "rel_diff_image": rel_image, "rel_diff_text": rel_text, "max_token_rel_diff": token_rel,
-        "max_rel_diff": max(worst) if worst else 0.0,
-        "first_departure": first, "ok": first is None, "problem": None if first is None else
-        f"residual norms depart at layer {first} by {worst[first]:.3g} (tolerance {rtol:.3g})",
-    })
-    return out
+    return TrajectoryDiff(
+        **frame, transformers=ref, vllm=got, rel_diff_image=rel_image, rel_diff_text=rel_text,
+        max_token_rel_diff=token_rel, max_rel_diff=max(worst) if worst else 0.0,
+        first_departure=first, ok=first is None, problem=None if first is None else
+        f"residual norms depart at layer {first} by {worst[first]:.3g} (tolerance {rtol:.3g})")
 
 
 def _masked_means(norms: torch.Tensor, mask: torch.Tensor) -> list[float | None]:
@@ -236,8 +266,26 @@ def _rel(a, b):
 # ── next token and continuation ─────────────────────────────────────────────────────────────────
 
 
+@dataclass(kw_only=True)
+class NextTokenDiff(Record):
+    """The next-token distributions and the greedy continuations of both sides."""
+
+    kl_divergence: float  # KL(transformers || vLLM), nats
+    kl_over: str  # the full vocabulary, or how much of it vLLM's logprobs covered
+    top5_transformers: list[TokenProb]
+    top5_vllm: list[TokenProb]
+    top5_overlap: int
+    argmax_agrees: bool
+    continuation_transformers: str
+    continuation_vllm: str
+    continuation_ids_transformers: list[int]
+    continuation_ids_vllm: list[int]
+    first_divergence: int | None  # the first greedy token where they differ
+    prompt_token_ids_equal: bool | None = optional()
+
+
 def compare_next_token(reference_probs: torch.Tensor, vllm_logprobs: dict[int, float], tokenizer,
-                       reference_ids: list[int], vllm_ids: list[int], k: int = 5) -> dict:
+                       reference_ids: list[int], vllm_ids: list[int], k: int = 5) -> NextTokenDiff:
     """KL(transformers || vLLM) of the next-token distribution, the two top-5 lists and their
     overlap, and where the greedy continuations first differ."""
     vocab = reference_probs.numel()
@@ -247,23 +295,16 @@ def compare_next_token(reference_probs: torch.Tensor, vllm_logprobs: dict[int, f
             logp[token] = value
     vllm_probs = torch.softmax(logp, dim=-1)  # renormalise (vLLM's logprobs are log-softmaxed already)
     covered = len([t for t in vllm_logprobs if 0 <= t < vocab])
-
-    def top(probs):
-        values, ids = torch.topk(probs, k=min(k, vocab))
-        return [{"token_id": int(i), "text": tokenizer.decode([int(i)]), "prob": float(v)} for v, i in zip(values, ids)]
-
-    top_ref, top_vllm = top(reference_probs), top(vllm_probs)
-    overlap = len({t["token_id"] for t in top_ref} & {t["token_id"] for t in top_vllm})
+    top_ref, top_vllm = top_tokens(reference_probs, tokenizer, k), top_tokens(vllm_probs, tokenizer, k)
+    overlap = len({t.token_id for t in top_ref} & {t.token_id for t in top_vllm})
     first = next((i for i, (a, b) in enumerate(zip(reference_ids, vllm_ids)) if a != b), None)
     if first is None and len(reference_ids) != len(vllm_ids):
         first = min(len(reference_ids), len(vllm_ids))
-    return {
-        "kl_divergence": float(kl_divergence(reference_probs.float().log(), torch.log_softmax(logp, dim=-1))),
-        "kl_over": "full vocabulary" if covered == vocab else f"{covered} of {vocab} tokens",
-        "top5_transformers": top_ref, "top5_vllm": top_vllm, "top5_overlap": overlap,
-        "argmax_agrees": top_ref[0]["token_id"] == top_vllm[0]["token_id"],
-        "continuation_transformers": tokenizer.decode(reference_ids, skip_special_tokens=True),
-        "continuation_vllm": tokenizer.decode(vllm_ids, skip_special_tokens=True),
-        "continuation_ids_transformers": reference_ids, "continuation_ids_vllm": vllm_ids,
-        "first_divergence": first,
-    }
+    return NextTokenDiff(
+        kl_divergence=float(kl_divergence(reference_probs.float().log(), torch.log_softmax(logp, dim=-1))),
+        kl_over="full vocabulary" if covered == vocab else f"{covered} of {vocab} tokens",
+        top5_transformers=top_ref, top5_vllm=top_vllm, top5_overlap=overlap,
+        argmax_agrees=top_ref[0].token_id == top_vllm[0].token_id,
+        continuation_transformers=tokenizer.decode(reference_ids, skip_special_tokens=True),
+        continuation_vllm=tokenizer.decode(vllm_ids, skip_special_tokens=True),
+        continuation_ids_transformers=reference_ids, continuation_ids_vllm=vllm_ids, first_divergence=first)

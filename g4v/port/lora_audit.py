@@ -22,10 +22,12 @@ every refusal beside every finding of the rest, not the first refusal alone.
 """
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 from g4v.engines.vision_lora import VisionLora, lora_rank_slot
 from g4v.errors import G4VError
+from g4v.model.records import Record
 
 #: The LoRA engine arguments a user may hand the vLLM side (vLLM's own names).
 SERVING_KEYS = {"enable_lora": bool, "max_lora_rank": int, "max_loras": int, "default_mm_loras": dict,
@@ -195,10 +197,33 @@ def _native_flags(lora: VisionLora) -> str:
             f"--default-mm-loras '{{\"image\": \"{lora.folder}\"}}'")
 
 
-def summary(lora: VisionLora | None, transformers_mode: str, vllm_mode: str, serving: dict) -> dict:
+@dataclass
+class LoraCheckpoint(Record):
+    """The checkpoint's vision LoRA, as the summary names it."""
+
+    rank: int
+    alpha: float
+    modules: int  # how many modules it adapts
+
+
+@dataclass(kw_only=True)
+class VisionLoraSummary(Record):
+    """The ``vision_lora`` block of the port-diff summary: both sides' settings, and the findings
+    under which they are not the same model."""
+
+    checkpoint: LoraCheckpoint | None  # None: the checkpoint has no vision LoRA
+    transformers: str  # each side's mode
+    vllm: str
+    vllm_serving: dict | None  # vLLM's LoRA arguments
+    vllm_applies: bool
+    findings: list[str]
+    ok: bool
+
+
+def summary(lora: VisionLora | None, transformers_mode: str, vllm_mode: str, serving: dict) -> VisionLoraSummary:
     """The ``vision_lora`` block of the port-diff summary."""
     found = findings(lora, transformers_mode, vllm_mode, serving)
-    return {"checkpoint": None if lora is None else {"rank": lora.rank, "alpha": lora.alpha,
-                                                      "modules": len(lora.modules)},
-            "transformers": transformers_mode, "vllm": vllm_mode, "vllm_serving": serving,
-            "vllm_applies": vllm_applies(lora, vllm_mode, serving)[0], "findings": found, "ok": not found}
+    return VisionLoraSummary(
+        checkpoint=None if lora is None else LoraCheckpoint(lora.rank, lora.alpha, len(lora.modules)),
+        transformers=transformers_mode, vllm=vllm_mode, vllm_serving=serving,
+        vllm_applies=vllm_applies(lora, vllm_mode, serving)[0], findings=found, ok=not found)

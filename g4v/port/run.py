@@ -2,8 +2,9 @@
 
 The transformers side (:func:`reference_run`) and the vLLM side (a :class:`~g4v.port.probe.VLLMProbe`)
 see the same image, prompt and pixel values; :mod:`g4v.port.compare` compares what they computed
-and :mod:`g4v.port.audit` checks the config. The result is one JSON summary (what ``port-diff
---json`` prints) and, when asked, one picture (:func:`draw_port_diff`).
+and :mod:`g4v.port.audit` checks the config. The result is one typed summary
+(:class:`~g4v.port.summary.PortDiffSummary`, whose ``to_dict`` is what ``port-diff --json`` prints)
+and, when asked, one picture (:func:`draw_port_diff`).
 """
 
 from __future__ import annotations
@@ -23,14 +24,27 @@ from g4v.model.levels import describe_levels
 from g4v.model.scoring import greedy_continuation, next_token_probs
 from g4v.port import COMPARED_TOKENS
 from g4v.port.audit import audit_checkpoint, audit_config, audit_without_engine
-from g4v.port.compare import (DEFAULT_TRAJECTORY_RTOL, LevelDiff, compare_levels, compare_next_token,
-                              compare_trajectories, default_tolerance, split_levels)
+from g4v.port.compare import (DEFAULT_TRAJECTORY_RTOL, LevelDiff, NextTokenDiff, TrajectoryDiff, compare_levels,
+                              compare_next_token, compare_trajectories, default_tolerance, split_levels)
 from g4v.port.probe import VLLMProbe
+from g4v.port.summary import PortDiffSummary
+
+
+#: The stages of a comparison: where each starts on a progress bar (0-1) and what it is called. The
+#: shares follow what each took on the demo checkpoint on 2 CPU cores (a 58 s run of ``port-diff
+#: --png``, whose imports took its first 7 s): vLLM's engine start-up is most of it, then drawing.
+STAGES = {"loading": (0.12, "loading the checkpoint in transformers"),
+          "transformers": (0.14, "transformers' run (features, residual stream, greedy answer)"),
+          "vllm": (0.16, "starting vLLM (its engine and worker)"),
+          "levels": (0.74, "comparing each level's features"),
+          "prefill": (0.75, "comparing the residual stream and the answers"),
+          "closing": (0.79, "stopping vLLM"),
+          "drawing": (0.87, "drawing the picture")}
 
 
 @dataclass
 class PortDiffResult:
-    summary: dict  # what --json prints
+    summary: PortDiffSummary  # what --json prints (its to_dict)
     levels: list[LevelDiff]
     picture: Image.Image | None
     tokens: list[tuple[str, tuple]]  # (kind, box) per image token, for heatmaps
@@ -58,18 +72,19 @@ def run_port_diff(image, prompt: str, model: str | None = None, max_new_tokens: 
                   atol: float | None = None, rtol: float | None = None, trajectory_rtol: float | None = None,
                   hf_engine=None, probe: VLLMProbe | None = None, draw: bool = False,
                   vision_lora: str | None = None, vllm_vision_lora: str | None = None,
-                  vllm_serving: dict | None = None) -> PortDiffResult:
+                  vllm_serving: dict | None = None, progress=None) -> PortDiffResult:
     """Compare vLLM's port with transformers on one image and prompt (the CLI and an app tab call this).
 
     ``hf_engine`` (a transformers engine, float32 on the CPU by default) and ``probe`` (a
     :class:`VLLMProbe`) are reused when given, else started here (and the probe closed again).
     When vLLM cannot start on this checkpoint, the result still carries the config audit and says
-    why (``summary["vllm_error"]``); only bad input raises :class:`G4VError`. ``atol`` and ``rtol``
+    why (``summary.vllm_error``); only bad input raises :class:`G4VError`. ``atol`` and ``rtol``
     override the per-level tolerance's defaults for the model's dtype (:func:`default_tolerance`).
     A checkpoint with a vision LoRA runs it in mode ``vision_lora`` on the transformers side and
     ``vllm_vision_lora`` with vLLM's LoRA arguments ``vllm_serving`` on the vLLM side (defaults:
-    native, g4v's recipe; a given engine or probe keeps its own); ``summary["vision_lora"]`` lists
+    native, g4v's recipe; a given engine or probe keeps its own); ``summary.vision_lora`` lists
     the settings under which the two sides are not the same model (:mod:`g4v.port.lora_audit`).
+    ``progress(fraction, text)`` is called as each stage (:data:`STAGES`) starts, when given.
     """
     from g4v.engines.vision_lora import check_mode, find_vision_lora
     from g4v.port import lora_audit
@@ -79,11 +94,13 @@ def run_port_diff(image, prompt: str, model: str | None = None, max_new_tokens: 
     from g4v.paths import default_model
     from g4v.tiling import plan_tiling
 
+    tell = progress or (lambda fraction, text: None)
     _check_request(image, prompt, max_new_tokens, atol, rtol)
     picture = open_image(image)
     source = resolve_source(model or (hf_engine.info.model if hf_engine is not None else default_model()))
     raw = read_raw_config(source) if Path(source).is_dir() else None
     if hf_engine is None:
+        tell(*STAGES["loading"])
         try:
             hf_engine = TransformersEngine(source, device="cpu", dtype="float32", vision_lora=check_mode(vision_lora))
         except G4VError as err:
@@ -98,45 +115,49 @@ def run_port_diff(image, prompt: str, model: str | None = None, max_new_tokens: 
     tolerance = default_tolerance(dtype, atol, rtol)
     trajectory_rtol = DEFAULT_TRAJECTORY_RTOL.get(dtype, 2e-2) if trajectory_rtol is None else float(trajectory_rtol)
 
+    tell(*STAGES["transformers"])
     ref = reference_run(hf_engine, picture, prompt, max_new_tokens)
     plan = plan_tiling((picture.height, picture.width), config)
     tokens = [(token.kind, token.box) for token in plan.tokens]
-    summary = {"model": source, "prompt": prompt, **_image_size(picture),
-               "dtype": str(dtype).removeprefix("torch."), "tolerance": tolerance.to_dict(),
-               "num_image_tokens": ref["capture"].num_image_tokens, "num_text_tokens": ref["capture"].num_text_tokens,
-               "vllm_error": None}
+    summary = PortDiffSummary(model=source, prompt=prompt, image_size=named_size(*picture.size),
+                              dtype=str(dtype).removeprefix("torch."), tolerance=tolerance,
+                              num_image_tokens=ref["capture"].num_image_tokens,
+                              num_text_tokens=ref["capture"].num_text_tokens)
 
     lora = find_vision_lora(source)
     vllm_mode = probe.vision_mode if probe is not None else (check_mode(vllm_vision_lora) if lora else "off")
     serving = probe.serving if probe is not None else (
         lora_audit.recipe(lora, vllm_mode) if vllm_serving is None else vllm_serving)
-    summary["vision_lora"] = lora_audit.summary(lora, hf_engine.loaded.vision_mode, vllm_mode, serving)
+    summary.vision_lora = lora_audit.summary(lora, hf_engine.loaded.vision_mode, vllm_mode, serving)
     own_probe = probe is None
     try:
         if own_probe:
+            tell(*STAGES["vllm"])
             try:
                 probe = VLLMProbe(source, dtype=str(dtype).removeprefix("torch."), vision_lora=vllm_mode,
                                   serving=serving)
             except G4VError as err:
                 audit = audit_without_engine(raw, config)
-                summary.update(vllm_error=str(err), levels=[], trajectory=None, next_token=None,
-                               config_audit=audit.to_dict(), ok=False)
-                summary["message"] = f"{err}. Config audit: {audit.message}"
+                summary.vllm_error, summary.config_audit = str(err), audit
+                summary.message = f"{err}. Config audit: {audit.message}"
                 return _finish(PortDiffResult(summary, [], picture, tokens), draw)
+        tell(*STAGES["levels"])
         audit = audit_config(raw, config, probe.module_facts(), "vLLM's built modules (inside its worker)")
         level_rows = _compare_features(probe, ref, tolerance)
+        tell(*STAGES["prefill"])
         trajectory, next_token = _compare_prefill(probe, hf_engine, ref, picture, prompt, max_new_tokens,
                                                   trajectory_rtol)
+        tell(*STAGES["closing"])
     finally:
         if own_probe and probe is not None:
             probe.close()
 
-    summary.update(levels=[row.to_dict() for row in level_rows], trajectory=trajectory, next_token=next_token,
-                   config_audit=audit.to_dict())
-    summary["ok"] = (all(row.ok for row in level_rows) and bool(trajectory.get("ok")) and audit.ok
-                     and summary["vision_lora"]["ok"])
-    summary["message"] = "; ".join([*summary["vision_lora"]["findings"],
-                                    _verdict(level_rows, trajectory, next_token, audit)])
+    summary.levels, summary.trajectory, summary.next_token, summary.config_audit = (level_rows, trajectory,
+                                                                                     next_token, audit)
+    summary.ok = all(row.ok for row in level_rows) and trajectory.ok and audit.ok and summary.vision_lora.ok
+    summary.message = "; ".join([*summary.vision_lora.findings, _verdict(level_rows, trajectory, next_token, audit)])
+    if draw:
+        tell(*STAGES["drawing"])
     return _finish(PortDiffResult(summary, level_rows, picture, tokens), draw)
 
 
@@ -159,7 +180,7 @@ def _compare_features(probe: VLLMProbe, ref: dict, tolerance) -> list[LevelDiff]
 
 
 def _compare_prefill(probe: VLLMProbe, hf_engine, ref: dict, picture: Image.Image, prompt: str,
-                     max_new_tokens: int, trajectory_rtol: float) -> tuple[dict, dict]:
+                     max_new_tokens: int, trajectory_rtol: float) -> tuple[TrajectoryDiff, NextTokenDiff]:
     """The same prompt through vLLM: residual trajectories, next token and greedy continuations."""
     inputs = ref["inputs"]
     prompt_dict = {"prompt": hf_engine.render_prompt([Message("user", prompt, [picture])]),
@@ -170,36 +191,30 @@ def _compare_prefill(probe: VLLMProbe, hf_engine, ref: dict, picture: Image.Imag
     trajectory = compare_trajectories(ref["norms"], norms if same_prompt else None, ref["capture"].image_mask,
                                       ref["capture"].trajectory.injection_layers, trajectory_rtol)
     if not same_prompt:
-        trajectory["problem"] = (f"vLLM's prompt has {len(vllm_prompt_ids)} tokens, transformers' {expected} "
+        trajectory.problem = (f"vLLM's prompt has {len(vllm_prompt_ids)} tokens, transformers' {expected} "
                                  "(or different ids): image placeholders were expanded differently")
     vllm_ids = probe.greedy(prompt_dict, max_new_tokens, hf_engine.tokenizer.eos_token_id)
     next_token = compare_next_token(ref["probs"], logprobs, hf_engine.tokenizer, ref["continuation"], vllm_ids)
-    next_token["prompt_token_ids_equal"] = same_prompt
+    next_token.prompt_token_ids_equal = same_prompt
     return trajectory, next_token
 
 
-def _verdict(level_rows: list[LevelDiff], trajectory: dict, next_token: dict, audit) -> str:
+def _verdict(level_rows: list[LevelDiff], trajectory: TrajectoryDiff, next_token: NextTokenDiff, audit) -> str:
     """The summary's one-line message: every kind of departure found, or "all levels agree"."""
     failing = [row.name for row in level_rows if not row.ok]
     return "; ".join(filter(None, [
         f"levels that differ: {', '.join(failing)}" if failing else "all levels agree",
-        trajectory.get("problem"), None if audit.ok else audit.message,
-        None if next_token["first_divergence"] is None else f"greedy continuations differ from token {next_token['first_divergence']}",
+        trajectory.problem, None if audit.ok else audit.message,
+        None if next_token.first_divergence is None else f"greedy continuations differ from token {next_token.first_divergence}",
     ]))
 
 
 def _unloadable(source: str, prompt: str, picture: Image.Image, error: str) -> PortDiffResult:
     audit = audit_checkpoint(source)
-    summary = {"model": source, "prompt": prompt, **_image_size(picture), "tolerance": None,
-               "vllm_error": None, "load_error": error, "levels": [], "trajectory": None, "next_token": None,
-               "config_audit": audit.to_dict(), "ok": False,
-               "message": f"could not load the checkpoint ({error}). Config audit: {audit.message}"}
+    summary = PortDiffSummary(model=source, prompt=prompt, image_size=named_size(*picture.size), load_error=error,
+                              config_audit=audit,
+                              message=f"could not load the checkpoint ({error}). Config audit: {audit.message}")
     return PortDiffResult(summary, [], picture, [])
-
-
-def _image_size(picture: Image.Image) -> dict:
-    """``image_size`` names its sides (:func:`~g4v.images.named_size`)."""
-    return {"image_size": named_size(picture.width, picture.height)}
 
 
 def _finish(result: PortDiffResult, draw: bool) -> PortDiffResult:

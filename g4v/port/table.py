@@ -1,8 +1,8 @@
 """The per-level table of a ``port-diff`` summary, written once for both of its readers: the CLI's
-report and the app's vLLM port tab show the same numbers in the same form (issue 31: the tab
-printed 18-digit floats where the CLI printed ``6.38e-06``).
+report and the app's vLLM port tab show the same numbers in the same form (the tab once printed
+18-digit floats where the CLI printed ``6.38e-06``).
 
-Plain dicts in (the JSON summary), strings out; no torch, so the app imports it cheaply.
+The summary's typed levels in (:class:`~g4v.port.compare.LevelDiff`), strings out.
 """
 
 import math
@@ -26,10 +26,10 @@ def number(value) -> str:
     return f"{value:.{DIGITS}g}"
 
 
-def level_rows(levels: list[dict]) -> list[list[str]]:
+def level_rows(levels: list) -> list[list[str]]:
     """One row of :data:`LEVEL_COLUMNS` per level of the summary, every cell a string."""
-    return [[row["name"], str(row["llm_layer"]), number(row.get("max_abs_diff")), number(row.get("max_rel_diff")),
-             number(row.get("share_of_tolerance_used")), "ok" if row["ok"] else row.get("problem") or "differs"]
+    return [[row.name, str(row.llm_layer), number(row.max_abs_diff), number(row.max_rel_diff),
+             number(row.share_of_tolerance_used), "ok" if row.ok else row.problem or "differs"]
             for row in levels]
 
 
@@ -40,21 +40,27 @@ def model_label(model: str) -> str:
     return path.name if path.is_absolute() or path.is_dir() else model
 
 
-def without_model_path(summary: dict) -> dict:
-    """The summary with the model's path replaced by :func:`model_label` wherever it occurs (the
-    ``model`` field, and messages that quote it, such as a load error)."""
-    source = str(summary.get("model") or "")
+def without_model_path(summary):
+    """The summary (a :class:`~g4v.port.summary.PortDiffSummary`) with the model's path replaced by
+    :func:`model_label` wherever it occurs (the ``model`` field, and messages that quote it, such as
+    a load error); the caller's is left as it was."""
+    source = str(summary.model or "")
     if not source or model_label(source) == source:
         return summary
     label = model_label(source)
+    return with_texts(summary, lambda text: text.replace(source, label))
 
-    def clean(value):
+
+def with_texts(summary, change):
+    """A copy of ``summary`` (a record) with ``change`` applied to every string in it."""
+
+    def changed(value):
         if isinstance(value, str):
-            return value.replace(source, label)
+            return change(value)
         if isinstance(value, dict):
-            return {key: clean(item) for key, item in value.items()}
+            return {key: changed(item) for key, item in value.items()}
         if isinstance(value, list):
-            return [clean(item) for item in value]
+            return [changed(item) for item in value]
         return value
 
-    return clean(summary)
+    return type(summary).from_dict(changed(summary.to_dict()))

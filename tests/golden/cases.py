@@ -36,6 +36,12 @@ CASES = [
          result="summary.json"),
     Case("lora-diff", ("lora-diff", "--adapter", "tiny-trained-french", "--image", str(EXAMPLE_WIDE), "--prompt", QUESTION,
                        "--max-new-tokens", "8", "--json")),
+    Case("attribute-lens", ("attribute", "--image", str(EXAMPLE_SQUARE), "--prompt", QUESTION, "--out", "{out}",
+                            "--seeds", "2", "--max-new-tokens", "4"), result="summary.json"),
+    Case("attribute-contrast", ("attribute", "--image", str(EXAMPLE_WIDE), "--prompt", QUESTION, "--out", "{out}",
+                                "--against", "green", "blue", "--method", "ig", "--steps", "4", "--seeds", "2",
+                                "--no-lens", "--deletion-level", "deepstack1", "--target", "red"),
+         result="summary.json"),
 ]
 
 

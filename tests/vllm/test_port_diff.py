@@ -65,8 +65,8 @@ def sides(hf_engine, probe, image):
 def test_every_level_agrees_within_1e_5(result):
     from g4v.port.compare import default_tolerance
 
-    assert result.summary["tolerance"] == default_tolerance(torch.float32).to_dict()
-    levels = result.summary["levels"]
+    assert result.summary.tolerance == default_tolerance(torch.float32)
+    levels = result.summary.to_dict()["levels"]
     assert [row["name"] for row in levels] == ["deepstack0", "deepstack1", "deepstack2", "deepstack3",
                                                "spatial_TL", "spatial_TR", "spatial_BL", "spatial_BR"]
     for row in levels:
@@ -75,13 +75,13 @@ def test_every_level_agrees_within_1e_5(result):
         assert row["max_rel_diff"] <= 1e-4, row
         assert 0 <= row["share_of_tolerance_used"] < 0.5, row  # well inside the tolerance, not at its edge
         assert row["reference_max_abs"] > 1e-3, "the features compared must not be trivially zero"
-    num_image_tokens = result.summary["num_image_tokens"]
+    num_image_tokens = result.summary.num_image_tokens
     assert all(len(level.token_diff) == num_image_tokens for level in result.levels)
     assert len(result.tokens) == num_image_tokens  # the tiling map covers every compared token
 
 
 def test_trajectory_next_token_and_continuation_agree(result, hf_engine):
-    trajectory = result.summary["trajectory"]
+    trajectory = result.summary.to_dict()["trajectory"]
     layers = hf_engine.model.config.text_config.num_hidden_layers
     assert trajectory["layers"] == list(range(layers + 1))
     assert trajectory["ok"], trajectory["problem"]
@@ -89,27 +89,27 @@ def test_trajectory_next_token_and_continuation_agree(result, hf_engine):
     # the image tokens' norm really changes across the injections, so agreement is not trivial
     image = trajectory["transformers"]["image_norm"]
     assert max(image) > 1.5 * min(image)
-    nt = result.summary["next_token"]
+    nt = result.summary.to_dict()["next_token"]
     assert nt["prompt_token_ids_equal"]
     assert nt["kl_over"] == "full vocabulary"
     assert nt["kl_divergence"] < 1e-5
     assert nt["top5_overlap"] == 5 and nt["argmax_agrees"]
     assert nt["first_divergence"] is None
     assert len(nt["continuation_ids_vllm"]) > 0
-    assert result.summary["config_audit"]["ok"], result.summary["config_audit"]["message"]
-    assert result.summary["ok"]
+    assert result.summary.config_audit.ok, result.summary.config_audit.message
+    assert result.summary.ok
     assert result.figure is not None and result.figure.width > 300
 
 
 def test_config_audit_reads_vllm_modules(result, hf_engine):
-    audit = result.summary["config_audit"]
+    audit = result.summary.to_dict()["config_audit"]
     rows = {row["field"]: row for row in audit["fields"]}
     assert "worker" in audit["vllm_source"]
     config = hf_engine.model.config
     assert rows["qformer_config.num_attention_heads"]["vllm"] == config.vision_config.hidden_size // 64
     assert rows["qformer_config.intermediate_size"]["vllm"] == 3072
     assert rows["deepstack_layer_map"]["vllm"] == [list(p) for p in config.deepstack_layer_map]
-    assert rows["injection layers (derived)"]["vllm"] == [r["llm_layer"] for r in result.summary["levels"]]
+    assert rows["injection layers (derived)"]["vllm"] == [row.llm_layer for row in result.summary.levels]
     assert all(row["ok"] for row in audit["fields"])
 
 
@@ -175,17 +175,18 @@ def test_fault_planted_in_vllm_is_caught_end_to_end(hf_engine, probe):
     index = 5  # spatial_TR
     probe.apply(plant_scaled_level, index=index, factor=1.001)
     try:
-        summary = run_port_diff(picture(200, 140, seed=11), PROMPT, hf_engine=hf_engine, probe=probe,
-                                max_new_tokens=2).summary
+        typed = run_port_diff(picture(200, 140, seed=11), PROMPT, hf_engine=hf_engine, probe=probe,
+                              max_new_tokens=2).summary
     finally:
         probe.apply(remove_planted_fault)
+    summary = typed.to_dict()
     levels = {row["name"]: row for row in summary["levels"]}
     faulty = summary["levels"][index]["name"]
     assert faulty == "spatial_TR"
     assert [name for name, row in levels.items() if not row["ok"]] == [faulty]
     assert "scaled" in levels[faulty]["problem"] and "1.001" in levels[faulty]["problem"]
     assert not summary["ok"] and faulty in summary["message"]
-    assert exit_status(summary, fail_on_diff=True) == EXIT_DIFFERS
+    assert exit_status(typed, fail_on_diff=True) == EXIT_DIFFERS
 
 
 def test_trajectory_departure_is_located(sides):
@@ -196,9 +197,9 @@ def test_trajectory_departure_is_located(sides):
     vllm_like = norms.clone()
     vllm_like[6:, ref["capture"].image_mask] *= 1.01  # vLLM "departs" at layer 6, image tokens only
     out = compare_trajectories(norms, vllm_like, ref["capture"].image_mask, {}, rtol=1e-4)
-    assert not out["ok"] and out["first_departure"] == 6
-    assert out["rel_diff_text"][6] < 1e-9 < out["rel_diff_image"][6]
-    assert compare_trajectories(norms, norms[:-1], ref["capture"].image_mask, {}, rtol=1e-4)["ok"] is False
+    assert not out.ok and out.first_departure == 6
+    assert out.rel_diff_text[6] < 1e-9 < out.rel_diff_image[6]
+    assert compare_trajectories(norms, norms[:-1], ref["capture"].image_mask, {}, rtol=1e-4).ok is False
 
 
 def _checkpoint_with_qformer(tmp_path, **qformer) -> str:
@@ -221,12 +222,12 @@ def test_qformer_vllm_cannot_build_is_reported_field_by_field(tmp_path):
 
     folder = _checkpoint_with_qformer(tmp_path, intermediate_size=128, num_hidden_layers=2)
     audit = audit_checkpoint(folder)
-    rows = {row["field"]: row for row in audit.rows}
+    rows = {row.field: row for row in audit.fields}
     assert not audit.ok
-    assert rows["qformer_config.intermediate_size"]["ok"] is False
-    assert (rows["qformer_config.intermediate_size"]["checkpoint"], rows["qformer_config.intermediate_size"]["vllm"]) == (128, 3072)
-    assert (rows["qformer_config.num_hidden_layers"]["checkpoint"], rows["qformer_config.num_hidden_layers"]["vllm"]) == (2, 1)
-    assert rows["qformer_config.num_attention_heads"]["ok"] is True
+    assert rows["qformer_config.intermediate_size"].ok is False
+    assert (rows["qformer_config.intermediate_size"].checkpoint, rows["qformer_config.intermediate_size"].vllm) == (128, 3072)
+    assert (rows["qformer_config.num_hidden_layers"].checkpoint, rows["qformer_config.num_hidden_layers"].vllm) == (2, 1)
+    assert rows["qformer_config.num_attention_heads"].ok is True
     assert "qformer_config.intermediate_size" in audit.message and "qformer_config.num_hidden_layers" in audit.message
     assert sorted(audit.to_dict()["mismatches"]) == ["qformer_config.intermediate_size", "qformer_config.num_hidden_layers"]
 
@@ -238,7 +239,7 @@ def test_checkpoint_that_does_not_load_still_gets_its_audit(tmp_path, image):
 
     folder = _checkpoint_with_qformer(tmp_path, intermediate_size=128)
     result = run_port_diff(image, PROMPT, model=folder, max_new_tokens=2, draw=True)
-    summary = result.summary
+    summary = result.summary.to_dict()
     assert summary["load_error"] and not summary["ok"] and summary["levels"] == []
     assert summary["config_audit"]["mismatches"] == ["qformer_config.intermediate_size"]
     assert "qformer_config.intermediate_size: checkpoint 128, vLLM built 3072" in summary["message"]

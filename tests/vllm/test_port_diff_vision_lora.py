@@ -54,7 +54,7 @@ def probe():
 def diff(**options):
     from g4v.port.run import run_port_diff
 
-    return run_port_diff(PICTURE.image, QUESTION, max_new_tokens=TOKENS, **options).summary
+    return run_port_diff(PICTURE.image, QUESTION, max_new_tokens=TOKENS, **options).summary.to_dict()
 
 
 @pytest.mark.parametrize("mode", ["native", "merged"])
