@@ -65,6 +65,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                         default=[d for d in env("G4V_DATA_DIRS", "").split(os.pathsep) if d],
                         help="folder the Evaluate tab lists datasets from, repeatable ($G4V_DATA_DIRS, "
                              "separated by ':'); the bundled dataset and uploads are always offered")
+    parser.add_argument("--runs-dir", default=env("G4V_RUNS_DIR"),
+                        help="folder(s) the Training tab reads training runs from (default: assets)")
     parser.add_argument("--eval-server", action="append", dest="eval_servers",
                         default=env("G4V_EVAL_SERVERS", "").split(),
                         help="an OpenAI-compatible server the Evaluate tab offers as an arm, as URL[,model=NAME], "
@@ -81,7 +83,8 @@ def main(argv=None) -> None:
         # whose GPU calls run in processes forked from this one: none may fork mid-load.
         engine = create_engine(args.backend, args.model, defer=not zero_gpu, **engine_options(args))
         demo = build_app(engine, args.model, args.concurrency, adapters_dir=args.adapters_dir, gpu_task=gpu_task,
-                         data_dirs=args.data_dirs, eval_servers=args.eval_servers)  # a bad --eval-server: one line
+                         data_dirs=args.data_dirs, eval_servers=args.eval_servers,  # a bad --eval-server: one line
+                         runs_dir=args.runs_dir)
     except G4VError as err:
         raise SystemExit(f"error: {err}") from None
     # SIGTERM (a supervisor's stop) is handled like Ctrl-C: Gradio then closes its server, which
