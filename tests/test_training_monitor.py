@@ -281,3 +281,46 @@ def test_a_probe_batch_is_measured_after_the_update(items):
     capture, _ = capture_forward(model, probe)
     for cap, level in zip(capture.levels, monitor.history[0].levels):
         assert level.injected_norm == pytest.approx(cap.injected_norm_mean, **FLOAT32)
+
+
+def test_measured_checkpoints_read_what_the_inspector_and_the_log_read(trained, items, tmp_path):
+    """Without the log (``--measure``), each checkpoint is measured on the probe set: checkpoint 4's
+    numbers are the inspector's on it, and its update norm the one logged at step 4 (checkpoint 3
+    to 4: both are measured, so "since the last record" is the same span)."""
+    from g4v.training.report import open_run
+
+    run, history, _, _ = trained
+    picture, prompt, _ = items[2]
+    seen = []
+    curves = open_run(run.folder.name, [run.folder.parent], measure=True, probe=[(picture, prompt)],
+                      progress=lambda done, total, elapsed: seen.append((done, total)))
+    assert [record.step for record in curves.records] == list(range(STEPS + 1))
+    assert seen == [(done, STEPS + 1) for done in range(STEPS + 2)]
+    expected = inspector_numbers(run.folder / f"checkpoint-{STEPS}", picture, prompt, tmp_path)
+    for level, logged in zip(curves.records[-1].levels, history[-1].levels):
+        assert level.injected_norm == pytest.approx(expected[level.name]["injected_norm"], **FLOAT32)
+        assert level.ratio == pytest.approx(expected[level.name]["ratio"], **FLOAT32)
+        assert level.update_norm == pytest.approx(logged.update_norm, rel=1e-5)
+        assert level.grad_norm is None  # a checkpoint keeps no gradient
+
+
+def test_the_command_and_the_tab_show_the_same_run(trained, capsys):
+    import json
+
+    import gradio as gr
+
+    from g4v.cli import main as cli_main
+    from g4v.training.report import summary_rows, open_run
+    from webapp.training import RunBoxes, StepBoxes, make_handlers
+
+    run, _, _, _ = trained
+    assert cli_main(["training", run.folder.name, "--runs-dir", str(run.folder.parent), "--json"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    with gr.Blocks():
+        boxes = RunBoxes(gr.Markdown(), gr.Dataframe(), gr.Image(), gr.Dropdown(), gr.Dropdown(), gr.State(), gr.JSON())
+        steps = StepBoxes(gr.Dataframe(), gr.Image(), gr.Textbox(), gr.Textbox())
+    open_run_view, _ = make_handlers(str(run.folder.parent), lambda fn: fn, boxes, steps)
+    shown = open_run_view(run.folder.name)
+    assert json.loads(json.dumps(shown[boxes.data])) == printed
+    assert shown[boxes.table] == summary_rows(open_run(run.folder.name, [run.folder.parent]))
+    assert f"{STEPS} records from the Trainer's trainer_state.json" in shown[boxes.status]

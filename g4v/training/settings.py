@@ -7,7 +7,7 @@ Training tab and command all read their thresholds from here. No torch here.
 
 from dataclasses import dataclass, field
 
-from g4v.errors import check_fields, whole_number
+from g4v.errors import G4VError, check_fields, whole_number
 
 
 def _positive(value) -> None:
@@ -50,7 +50,7 @@ class MonitorSettings:
     def __post_init__(self):
         check_fields(self)
         if self.collapse_ratio >= self.explosion_ratio:
-            raise ValueError(f"collapse_ratio ({self.collapse_ratio:g}) must be under explosion_ratio "
+            raise G4VError(f"collapse_ratio ({self.collapse_ratio:g}) must be under explosion_ratio "
                              f"({self.explosion_ratio:g})")
 
     def due(self, step: int) -> bool:
