@@ -15,7 +15,6 @@ from dataclasses import dataclass
 
 import torch
 
-from g4v.errors import G4VError
 from g4v.model.bench import add_model_flags, build_model, fastest_seconds, run_benchmarks, synthetic_inputs
 from g4v.training.settings import MonitorSettings
 
@@ -111,23 +110,7 @@ def format_result(result: BenchResult) -> str:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_model_flags(parser, models=("bundled", "larger"), repeats=3)
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
 
 
 def run(args) -> int:
     return run_benchmarks(args, bench, format_result)
-
-
-def main(argv=None) -> int:
-    """Standalone entry (``python -m g4v.training.bench``)."""
-    parser = argparse.ArgumentParser(prog="python -m g4v.training.bench", description=__doc__.splitlines()[0])
-    add_arguments(parser)
-    try:
-        return run(parser.parse_args(argv))
-    except G4VError as err:
-        print(f"error: {err}")
-        return 1
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
