@@ -15,6 +15,7 @@ from g4v.training.records import COLLAPSE, LevelRecord, Record, check_levels
 from g4v.training.report import open_run, summary_rows
 from g4v.training.runs import list_runs, resolve_run
 from g4v.training.settings import MonitorSettings
+from tests.test_figure_text import drawn  # noqa: F401 (the fixture: what matplotlib draws)
 
 LEVELS = ["deepstack0", "deepstack1", "deepstack2", "deepstack3", "spatial_TL", "spatial_TR", "spatial_BL", "spatial_BR"]
 
@@ -151,3 +152,26 @@ def test_the_command_prints_the_table_json_and_the_picture(roots, tmp_path, caps
     assert data == json.loads(json.dumps(open_run("state", [roots]).to_dict()))
     assert cli_main(["training", "state", "--runs-dir", str(roots), "--png", str(tmp_path / "no" / "x.png")]) == 1
     assert "--png must name a file in an existing folder" in capsys.readouterr().err
+
+
+def test_the_pictures_text_is_readable_and_their_legends_clear(roots, drawn):
+    """Every text at least MIN_TEXT_PX once the page shows the picture, no legend over the data;
+    a warning is marked where it was raised."""
+    from tests.test_figure_text import legends_clear_of_the_data, smallest_shown_text
+    from viz.figures import MIN_TEXT_PX
+    from viz.training import curves_figure, steps_figure
+
+    write_state(roots / "state", records())
+    data = open_run("state", [roots]).to_dict()
+    curves_figure(data)
+    smallest, text = smallest_shown_text(drawn)
+    assert smallest >= MIN_TEXT_PX, text
+    figure = drawn["figures"][-1]
+    legends_clear_of_the_data(figure)
+    ratio_axes = figure.axes[0]
+    marked = [line for line in ratio_axes.get_lines() if line.get_marker() == "v" and list(line.get_xdata()) == [20]]
+    assert marked and marked[0].get_ydata()[0] == pytest.approx(data["records"][2]["levels"][1]["ratio"])
+    views = [{"step": r["step"], "levels": r["levels"]} for r in data["records"][:2]]
+    steps_figure(views, "state")
+    assert smallest_shown_text(drawn)[0] >= MIN_TEXT_PX
+    legends_clear_of_the_data(drawn["figures"][-1])

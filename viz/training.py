@@ -36,7 +36,8 @@ def _series(records: list[dict], level: str, metric: str) -> tuple[list[int], li
     for record in records:
         row = next((lv for lv in record["levels"] if lv["name"] == level), None)
         value = row.get(metric) if row else None
-        if value is not None and math.isfinite(value) and value > 0 or (value == 0 and metric == "dominant_share"):
+        drawable = value is not None and math.isfinite(value) and (value > 0 or metric == "dominant_share")
+        if drawable:  # a log scale has no place for 0; a share of 0 is drawn
             steps.append(record["step"])
             values.append(value)
     return steps, values

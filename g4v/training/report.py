@@ -5,6 +5,7 @@ import math
 from collections.abc import Callable
 from pathlib import Path
 
+from g4v.errors import G4VError
 from g4v.training.records import ALERT_NAMES
 from g4v.training.runs import RunCurves, read_run, resolve_run
 
@@ -22,8 +23,6 @@ def open_run(choice: str, dirs: list[Path] | None = None, measure: bool = False,
     if curves.records and not measure:
         return curves
     if not curves.checkpoints:
-        from g4v.errors import G4VError
-
         raise G4VError(f"run {name!r} keeps no checkpoints to measure")
     from g4v.training.measure import measure_checkpoints
 
