@@ -17,8 +17,8 @@ from g4v.training.measure import ANSWER_TOKENS, default_probe, open_steps
 from g4v.training.report import COLUMNS, alert_lines, headline, open_run, summary_rows
 from g4v.training.runs import folder_label, list_runs, read_run, resolve_run, runs_dirs
 from viz.training import curves_figure, steps_figure
-from webapp.common import (OutputBoxes, image_input, last_chat_image_button, refuse_non_pictures, shows_errors,
-                           time_left, use_last_chat_image, without_error_badges)
+from webapp.common import (OutputBoxes, image_input, last_chat_image_button, optional_whole, refuse_non_pictures,
+                           shows_errors, time_left, use_last_chat_image, without_error_badges)
 
 #: One run loaded or measured at a time, whoever asks: each measured checkpoint is a model in memory.
 TRAINING_QUEUE = "training"
@@ -95,12 +95,13 @@ def make_handlers(runs_dir, gpu_task, run_boxes: RunBoxes, step_boxes: StepBoxes
         """Two steps' checkpoints on one picture: their levels and their greedy answers."""
         if not opened:
             raise G4VError("open a run first")
-        if step_a in (None, "") or step_b in (None, ""):
+        steps = (optional_whole(step_a, "step A"), optional_whole(step_b, "step B"))
+        if None in steps:
             raise G4VError("choose two steps that have checkpoints")
         if not image_path:
             raise G4VError("the side-by-side view needs a picture: upload one first")
         name, folder = resolve_run(opened, dirs)
-        views = open_steps(read_run(folder, name), (int(step_a), int(step_b)), image_path, prompt or "")
+        views = open_steps(read_run(folder, name), steps, image_path, prompt or "")
         return {step_boxes.table: step_rows(views), step_boxes.figure: steps_figure([v.to_dict() for v in views], name),
                 step_boxes.answer_a: views[0].answer, step_boxes.answer_b: views[1].answer}
 

@@ -136,7 +136,7 @@ def open_steps(curves: RunCurves, steps: tuple[int, int], picture, prompt: str, 
     levels (the probe pass) and its greedy answer."""
     from g4v.model.scoring import greedy_continuation
 
-    if not prompt.strip():
+    if not isinstance(prompt, str) or not prompt.strip():
         raise G4VError("the prompt is empty")
     picture = open_image(picture)
     missing = [step for step in steps if step not in curves.checkpoints]
