@@ -65,6 +65,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                         default=[d for d in env("G4V_DATA_DIRS", "").split(os.pathsep) if d],
                         help="folder the Evaluate tab lists datasets from, repeatable ($G4V_DATA_DIRS, "
                              "separated by ':'); the bundled dataset and uploads are always offered")
+    parser.add_argument("--runs-dir", default=env("G4V_RUNS_DIR"),
+                        help="folder(s) the Training tab reads training runs from (default: assets)")
     parser.add_argument("--eval-server", action="append", dest="eval_servers",
                         default=env("G4V_EVAL_SERVERS", "").split(),
                         help="an OpenAI-compatible server the Evaluate tab offers as an arm, as URL[,model=NAME], "
@@ -82,7 +84,8 @@ def main(argv=None) -> None:
         # On ZeroGPU each request's decode runs inside its own GPU call (inline), one at a time.
         engine = create_engine(args.backend, args.model, defer=not zero_gpu, inline=zero_gpu, **engine_options(args))
         demo = build_app(engine, args.model, args.concurrency, adapters_dir=args.adapters_dir, gpu_task=gpu_task,
-                         data_dirs=args.data_dirs, eval_servers=args.eval_servers)  # a bad --eval-server: one line
+                         data_dirs=args.data_dirs, eval_servers=args.eval_servers,  # a bad --eval-server: one line
+                         runs_dir=args.runs_dir)
     except G4VError as err:
         raise SystemExit(f"error: {err}") from None
     if zero_gpu and args.backend != "openai":  # the decode step compiled ahead of time (g4v.engines.aot)

@@ -18,7 +18,7 @@ from g4v.errors import G4VError
 
 #: Command modules, in the order ``--help`` lists them.
 COMMANDS = ["chat", "tiling", "inspect", "merge_lora", "lora_diff", "port_diff", "precision", "eval", "attribute", "circuits",
-            "bench"]
+            "training", "bench"]
 #: Arguments that are text, not file names (which may hold any bytes), by argparse ``dest``.
 TEXT_ARGUMENTS = {"prompt": "the prompt", "adapter": "--adapter"}
 

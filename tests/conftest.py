@@ -55,6 +55,7 @@ MODULE_TIERS = {
     "test_spaces": "server",
     "test_demo_training": "training", "test_demo_documents": "training", "test_documents_checkpoint": "training",
     "test_checkpoint": "training", "test_attribution_pointing": "training", "test_adapter_init": "training",
+    "test_training_monitor": "training", "test_training_browser": "browser",
     "test_evaluate_vllm": "vllm", "test_port_diff_cli": "vllm", "test_browser_documents_ux": "browser",
     "test_evaluate_equivalence_browser": "browser", "test_browser_markup": "browser", "test_browser_walk": "browser",
 }

@@ -16,7 +16,7 @@ MAX_LINES = 450
 BASE = ("g4v.errors", "g4v.paths", "g4v.conversation", "g4v.images", "g4v.loading", "g4v.tiling",
         "g4v.tiling_view", "g4v.engines", "g4v.model")
 PANELS = ("g4v.inspect", "g4v.lora", "g4v.port", "g4v.evaluate", "g4v.documents", "g4v.attribution",
-          "g4v.circuits")
+          "g4v.circuits", "g4v.training")
 FRONTS = ("g4v.commands", "g4v.cli", "g4v.__main__", "g4v.demo", "webapp", "app")
 #: What more than one panel needs, which panels import instead of each other: the shared layer
 #: (``g4v.model``: levels, hooks, capture, scoring and KL, bench helpers, the export store) and the
@@ -36,6 +36,7 @@ PANEL_FRONTS = {
                      "webapp.evaluate_tables", "g4v.commands.eval"),
     "g4v.attribution": ("webapp.attribution", "g4v.commands.attribute"),
     "g4v.circuits": ("webapp.circuits", "g4v.commands.circuits"),
+    "g4v.training": ("webapp.training", "g4v.commands.training"),
     "g4v.tiling_view": ("webapp.tiling", "g4v.commands.tiling"),
 }
 

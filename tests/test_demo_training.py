@@ -270,6 +270,10 @@ def test_train_script_runs_a_few_steps(tmp_path):
     for name in ("config.json", "tokenizer.json", "tokenizer_config.json", "processor_config.json"):
         assert (out / name).read_bytes() == (BUNDLED_MODEL_DIR / name).read_bytes(), name
     assert provenance["final_loss"] == provenance["final_loss"]  # not NaN
+    log = [json.loads(line) for line in (out / "training_log.jsonl").read_text().splitlines()]
+    assert log[0]["weights_sha256"] == provenance["weights_sha256"] and log[0]["command"] == provenance["builder"]
+    assert [entry["step"] for entry in log[1:]] == [1]  # the monitor measures the first step, then every 10th
+    assert len([key for key in log[1] if key.startswith("deepstack/")]) == 8 * 7
 
     again = tmp_path / "again"
     assert main(["train", "--steps", "2", "--batch-size", "2", "--out", str(again), "--no-progress",
@@ -406,6 +410,23 @@ def test_stored_weights_match_provenance():
     for name in ("config.json", "processor_config.json", "tokenizer.json", "tokenizer_config.json",
                  "chat_template.jinja"):
         assert (TRAINED_MODEL_DIR / name).read_bytes() == (BUNDLED_MODEL_DIR / name).read_bytes(), name
+
+
+@needs_trained
+def test_the_trained_checkpoint_ships_the_training_log_of_its_weights():
+    """The log the demo trainer wrote while training these very weights (its header names their
+    SHA-256): the Training tab's offline run, small enough to ship."""
+    from g4v.training.report import open_run
+
+    log = TRAINED_MODEL_DIR / "training_log.jsonl"
+    header = json.loads(log.read_text().splitlines()[0])
+    assert header["weights_sha256"] == sha256_file(TRAINED_MODEL_DIR / "model.safetensors")
+    assert log.stat().st_size < 300_000
+    curves = open_run(TRAINED_MODEL_DIR.name)  # the default run folders hold the bundled checkpoints
+    steps = [record.step for record in curves.records]
+    assert steps[0] == 1 and steps[-1] == 1050 and all(b - a == 10 for a, b in zip(steps[1:], steps[2:]))
+    assert all(level.injected_norm > 0 and level.grad_norm > 0 for r in curves.records for level in r.levels)
+    assert sorted(curves.checkpoints) == [1050] and curves.checkpoints[1050] == TRAINED_MODEL_DIR.resolve()
 
 
 @needs_trained

@@ -20,6 +20,7 @@ from webapp.lora import lora_tab
 from webapp.port import port_tab
 from webapp.sessions import SessionStores, session_key
 from webapp.tiling import tiling_tab
+from webapp.training import training_tab
 
 #: Gradio deletes the files it cached for this app (uploads, returned pictures, exports) once they
 #: are this old, checking this often; and all of them when the server stops.
@@ -82,9 +83,10 @@ def local_config(engine: Engine):
 
 
 def build_app(engine: Engine, model: str, concurrency: int = 1, adapters_dir=None, gpu_task=lambda fn: fn,
-              data_dirs=(), eval_servers=()) -> gr.Blocks:
+              data_dirs=(), eval_servers=(), runs_dir=None) -> gr.Blocks:
     """The workbench page. ``data_dirs``: folders the Evaluate tab lists datasets from (besides the
-    bundled one); ``eval_servers``: OpenAI-compatible servers it offers as arms (``URL[,model=NAME]``)."""
+    bundled one); ``eval_servers``: OpenAI-compatible servers it offers as arms (``URL[,model=NAME]``);
+    ``runs_dir``: the Training tab's run folders."""
     config = local_config(engine)
     gpu_task = model_task(engine, gpu_task)  # a request sent while the model loads is told so
     with WorkbenchBlocks(title="Granite 4 Vision workbench", analytics_enabled=False, delete_cache=CACHE_CLEANUP) as demo:
@@ -129,4 +131,6 @@ def build_app(engine: Engine, model: str, concurrency: int = 1, adapters_dir=Non
                                       OpenInLora(lora_image, lora_prompt, lora_adapter, tabs))
                 evaluate_tab(engine, model, adapters_dir, EvalWorkspace(sessions, data_dirs), targets,
                              eval_servers, concurrency, gpu_task)
+            with gr.Tab("Training", id="training"):
+                training_tab(last_chat_image, runs_dir, gpu_task)
     return demo

@@ -180,6 +180,18 @@ def run_token_budget(args) -> int:
     return token_budget_bench.run(args)
 
 
+def add_training_arguments(parser) -> None:
+    from g4v.training import bench as training_bench
+
+    training_bench.add_arguments(parser)
+
+
+def run_training(args) -> int:
+    from g4v.training import bench as training_bench
+
+    return training_bench.run(args)
+
+
 #: name -> (help, add_arguments, run)
 TARGETS = {
     "engines": ("time the same chats through each backend (hf, vllm, openai)", add_engines_arguments, run_engines),
@@ -193,6 +205,8 @@ TARGETS = {
                   add_attribute_arguments, run_attribute),
     "token-budget": ("prefill time against the kept fraction of image tokens, and each policy's ranking cost",
                      add_token_budget_arguments, run_token_budget),
+    "training": ("training-step time with the training monitor at its default interval against none",
+                 add_training_arguments, run_training),
 }
 
 

@@ -39,6 +39,9 @@ from g4v.demo.answering import accuracy, batched_answers, items
 from g4v.demo.data import conversation_plan, data_settings, encode
 from g4v.demo.progress import no_dropout, progress_bar, tick
 from g4v.demo.recipe import TrainSettings, lr_at
+from g4v.model.levels import describe_levels
+from g4v.training.log_file import LOG_FILE, write_log
+from g4v.training.settings import MonitorSettings
 
 
 def make_pointers(model, settings: TrainSettings) -> list[AttentionPointer]:
@@ -57,14 +60,17 @@ def make_pointers(model, settings: TrainSettings) -> list[AttentionPointer]:
     return pointers
 
 
-def update(optimizer, loss: torch.Tensor, step: int, settings) -> None:
+def update(optimizer, loss: torch.Tensor, step: int, settings, monitor=None) -> None:
     """One AdamW step on ``loss`` at :func:`lr_at`'s rate for ``step`` (times each group's
-    ``lr_scale``), gradients clipped to ``settings.grad_clip``."""
+    ``lr_scale``), gradients clipped to ``settings.grad_clip``; ``monitor`` (a
+    :class:`g4v.training.monitor.DeepstackMonitor`) reads the clipped gradients before the step."""
     for group in optimizer.param_groups:
         group["lr"] = lr_at(step, settings) * group.get("lr_scale", 1.0)
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     torch.nn.utils.clip_grad_norm_([p for group in optimizer.param_groups for p in group["params"]], settings.grad_clip)
+    if monitor is not None:
+        monitor.gradients_ready()
     optimizer.step()
 
 
@@ -125,8 +131,12 @@ def validation_accuracy(model, processor, n: int) -> dict[str, float]:
         model.train()
 
 
-def train_model(settings: TrainSettings, progress: bool = True, log_every: int = 25):
-    """Train from the seeded random initialisation; returns (model, processor, stats)."""
+def train_model(settings: TrainSettings, progress: bool = True, log_every: int = 25, trail: list | None = None):
+    """Train from the seeded random initialisation; returns (model, processor, stats). ``trail``
+    gets one log entry per step the training monitor measured (:mod:`g4v.training`: the 8 levels,
+    read on the step's own forward and backward, which it leaves unchanged), with the step's loss."""
+    from g4v.training.monitor import DeepstackMonitor
+
     from g4v.demo.build import build_processor
 
     torch.set_num_threads(settings.threads)
@@ -152,13 +162,17 @@ def train_model(settings: TrainSettings, progress: bool = True, log_every: int =
     bar = progress_bar(settings.steps, "train") if progress else None
     started = time.time()
     history, curve, index = {"loss": [], "aux": [], "pointer": [], "readout": []}, [], 0
+    record = (lambda r: trail.append({"step": r.step, "loss": history["loss"][-1], **r.to_logs()})) if trail is not None \
+        else None
+    monitor = DeepstackMonitor(model, on_record=record)
     for step in range(settings.steps):
         pictures, index = step_pictures(settings, rng, step, index)
         plans = [conversation_plan(p, rng, settings.max_turns, settings.shape_share) for p in pictures]
         turns = [[(qa.question, qa.answer) for qa, _ in plan] for plan in plans]
         batch = {k: v.to(settings.device) for k, v in encode(processor, pictures, turns).items()}
-        loss = joint_loss(model, batch, pictures, plans, probe, pointers, settings, history)
-        update(optimizer, loss, step, settings)
+        with monitor.step(step + 1):
+            loss = joint_loss(model, batch, pictures, plans, probe, pointers, settings, history)
+            update(optimizer, loss, step, settings, monitor)
         if bar is not None:
             bar.update(1)
             if step % 5 == 0:
@@ -173,6 +187,7 @@ def train_model(settings: TrainSettings, progress: bool = True, log_every: int =
                                                              if k != "step"), flush=True)
     if bar is not None:
         bar.close()
+    monitor.close()
     for aid in ([probe] if probe is not None else []) + pointers:
         aid.remove()
     model.eval()
@@ -267,7 +282,8 @@ def train(out: Path, settings: TrainSettings, command: str, progress: bool = Tru
     init = None
     if settings.init:  # read before training: ``out`` may replace it
         init = json.loads((Path(settings.init) / "g4v_build.json").read_text())
-    model, processor, stats = train_model(settings, progress=progress)
+    trail: list[dict] = []
+    model, processor, stats = train_model(settings, progress=progress, trail=trail)
     provenance = {
         "builder": command,
         "weights": "trained on synthetic shapes (g4v.demo.shapes), from the seeded random init of `python -m g4v.demo build`",
@@ -285,6 +301,8 @@ def train(out: Path, settings: TrainSettings, command: str, progress: bool = Tru
     # in the fast tokenizer's backend, and save_pretrained would write that into tokenizer.json.
     sha = save_checkpoint(model, build_processor(), Path(out), provenance)
     drop_subconfig_dtypes(Path(out) / "config.json")
+    write_log(Path(out) / LOG_FILE, model.config.model_type, [level.name for level in describe_levels(model.config)],
+              MonitorSettings(), trail, command=command, weights_sha256=sha, wall_time_s=stats["wall_time_s"])
     return sha
 
 

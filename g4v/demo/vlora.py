@@ -34,7 +34,7 @@ from g4v.loading import save_weights
 from g4v.paths import TRAINED_MODEL_DIR, VLORA_MODEL_DIR
 
 _TENSOR_PREFIX = "base_model.model."
-_NOT_COPIED = ("model.safetensors", "g4v_build.json")
+_NOT_COPIED = ("model.safetensors", "g4v_build.json", "training_log.jsonl")
 #: The answers of each question kind, for the blind answers.
 ANSWERS = {"colour": tuple(S.COLOURS), "shape": S.SHAPES, "position": tuple(S.PLACES),
            "count": tuple(S.NUMBERS.values())}

@@ -27,7 +27,7 @@ import torch
 
 from g4v.errors import G4VError
 from g4v.model.hooks import Hooks
-from g4v.model.levels import Level, describe_levels
+from g4v.model.levels import SPATIAL_OFFSETS, Level, describe_levels
 
 @dataclass
 class LevelCapture:
@@ -146,7 +146,7 @@ class _Recorder:
         features = kwargs.get("deepstack_features") or {}  # llm layer -> (num_image_tokens, hidden)
         self.has_image = bool(features)
         for layer in self.level_at_layer if self.has_image else []:
-            self.injected_norms[layer] = _token_norms(features[layer])
+            self.injected_norms[layer] = token_norms(features[layer])
             if self.full:
                 self.injected[layer] = features[layer].detach()
         if 0 in self.level_at_layer and self.has_image:
@@ -185,7 +185,7 @@ class _Recorder:
 
     def _group_means(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(seq, hidden) -> mean L2 norm over the image tokens and over the text tokens (0-d each)."""
-        norms = _token_norms(hidden)  # (seq,)
+        norms = token_norms(hidden)  # (seq,)
         return (norms * self.image_weights).sum(), (norms * self.text_weights).sum()
 
     # results
@@ -228,7 +228,7 @@ class _Recorder:
         return Capture(levels, trajectory, num_image, int(image_mask.numel()) - num_image, image_mask, stream)
 
 
-def _token_norms(hidden: torch.Tensor) -> torch.Tensor:
+def token_norms(hidden: torch.Tensor) -> torch.Tensor:
     """(tokens, hidden) -> (tokens,) float32 L2 norms, accumulated in float32 (float64 for a float64
     model: torch refuses to accumulate in a narrower dtype than the input's)."""
     accumulate = torch.promote_types(hidden.dtype, torch.float32)
@@ -245,13 +245,30 @@ def _averaging_weights(mask: torch.Tensor) -> torch.Tensor:
 # ── hooks ───────────────────────────────────────────────────────────────────────────────────────
 
 
+def base_model_of(model):
+    """The Granite 4 Vision model itself, also when PEFT wraps it (a LoRA being trained)."""
+    unwrap = getattr(model, "get_base_model", None)
+    return unwrap() if callable(unwrap) else model
+
+
 def language_model_of(model):
     """The Granite4VisionTextModel inside a ``Granite4VisionForConditionalGeneration``."""
-    inner = getattr(model, "model", model)
+    base = base_model_of(model)
+    inner = getattr(base, "model", base)
     language_model = getattr(inner, "language_model", None)
     if language_model is None or not hasattr(language_model, "layers"):
         raise G4VError(f"{type(model).__name__} is not a Granite 4 Vision model")
     return language_model
+
+
+def projector_of(model, level: Level):
+    """The window Q-Former that makes ``level``'s features: ``layerwise_projectors[i]`` for deepstack
+    level i, ``spatial_projectors[offset]`` for a spatial level (the order of :data:`SPATIAL_OFFSETS`)."""
+    base = base_model_of(model)
+    inner = getattr(base, "model", base)
+    if level.kind == "deepstack":
+        return inner.layerwise_projectors[level.index]
+    return inner.spatial_projectors[SPATIAL_OFFSETS.index(level.offset)]
 
 
 def _scaling_hook(layer_scales: dict[int, float]):
