@@ -27,7 +27,7 @@ else:  # a cache folder the caller chose: what this run adds to it still goes at
 
 from g4v.commands.engine_flags import add_engine_flags, engine_options  # noqa: E402
 from g4v.engines import BACKENDS, create_engine  # noqa: E402
-from g4v.engines.deferred import DeferredEngine  # noqa: E402
+from g4v.engines.capabilities import Instrumentable  # noqa: E402
 from g4v.errors import G4VError  # noqa: E402
 from g4v.paths import EXAMPLES_DIR, default_model  # noqa: E402
 from webapp.common import MAX_UPLOAD_SIZE  # noqa: E402
@@ -88,12 +88,10 @@ def main(argv=None) -> None:
                          runs_dir=args.runs_dir)
     except G4VError as err:
         raise SystemExit(f"error: {err}") from None
-    if zero_gpu and args.backend != "openai":  # the decode step compiled ahead of time (g4v.engines.aot)
+    if zero_gpu and engine.supports(Instrumentable):  # the decode step compiled ahead of time (g4v.engines.aot)
         from g4v.engines.aot import compile_on_zero_gpu
-        from g4v.engines.capabilities import Instrumentable
 
-        if engine.supports(Instrumentable):
-            print(f"* {compile_on_zero_gpu(engine.capable(Instrumentable), spaces)}", flush=True)
+        print(f"* {compile_on_zero_gpu(engine.capable(Instrumentable), spaces)}", flush=True)
     # SIGTERM (a supervisor's stop) is handled like Ctrl-C: Gradio then closes its server, which
     # deletes its cached files (delete_cache), and normal exit deletes the Deepstack exports.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
@@ -109,7 +107,7 @@ def main(argv=None) -> None:
         quiet=True,  # Gradio's own lines suggest share=True: this app never makes a share link
         prevent_thread_lock=True,
     )
-    deferred = isinstance(engine, DeferredEngine)
+    deferred = not engine.is_loaded
     # One write for both lines, so whoever reads the address knows whether a load follows.
     print(f"* Running on local URL: {demo.local_url} (never a share link; see the README, App settings)"
           + ("\n* Loading the model; the page is up, and a request sent meanwhile waits for it" if deferred else ""),

@@ -245,18 +245,6 @@ def read_raw_config(source: str | Path) -> dict:
     return data
 
 
-def engine_config(engine):
-    """The transformers config of an engine's model: the loaded model's own, else the config file
-    of the model it serves (vLLM in process; a remote server's model when it is a local folder)."""
-    known = getattr(engine, "known_config", None)  # a DeferredEngine's, without loading it
-    if known is not None:
-        return known
-    loaded = getattr(engine, "loaded", None)
-    if loaded is not None:
-        return loaded.model.config
-    return load_config(resolve_source(engine.info.model))
-
-
 def _hub_config(model_id: str):
     from transformers import AutoConfig, PretrainedConfig
 

@@ -299,3 +299,38 @@ def test_tab_handlers_return_by_box():
         for handler in _handlers(ast.parse(path.read_text())):
             offenders += [f"{path.name}:{line} {getattr(handler, 'name', 'lambda')}" for line in _tuple_results(handler)]
     assert sorted(set(offenders)) == []
+
+
+#: The engine classes a caller outside ``g4v/engines`` must not test for (its abilities are interfaces).
+ENGINE_CLASSES = {"TransformersEngine", "VLLMEngine", "RemoteEngine", "DeferredEngine"}
+
+
+def _is_engine_name(node) -> bool:
+    name = node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else ""
+    return name == "engine" or name.startswith("engine_")
+
+
+def test_callers_ask_engines_by_interface_not_by_backend_class_or_getattr():
+    """Outside ``g4v/engines`` no code asks an engine what it can do by its backend's name
+    (``engine.info.backend == ...``), its class (``isinstance(engine, TransformersEngine)``) or an
+    attribute probe (``getattr(engine, "encoded", None)``, ``hasattr``): it asks
+    ``engine.supports(Instrumentable)`` or takes ``require(engine, Instrumentable, purpose)``
+    (g4v/engines/capabilities.py). docs/architecture.md, the layer rules."""
+    offenders = []
+    files = [path for path in source_files() if not module_name(path).startswith("g4v.engines")]
+    for path in files + [REPO_ROOT / "app.py"]:
+        for node in ast.walk(ast.parse(path.read_text())):
+            where = f"{path.relative_to(REPO_ROOT)}:{getattr(node, 'lineno', 0)}"
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+                if node.func.id in ("getattr", "hasattr") and node.args and _is_engine_name(node.args[0]):
+                    offenders.append(f"{where} {node.func.id}(engine, ...)")
+                if node.func.id == "isinstance" and len(node.args) == 2:
+                    classes = node.args[1].elts if isinstance(node.args[1], ast.Tuple) else [node.args[1]]
+                    named = {c.id if isinstance(c, ast.Name) else getattr(c, "attr", "") for c in classes}
+                    offenders += [f"{where} isinstance(..., {name})" for name in named & ENGINE_CLASSES]
+            if isinstance(node, ast.Compare):
+                for side in [node.left, *node.comparators]:
+                    if (isinstance(side, ast.Attribute) and side.attr == "backend"
+                            and isinstance(side.value, ast.Attribute) and side.value.attr == "info"):
+                        offenders.append(f"{where} compares engine.info.backend")
+    assert offenders == []

@@ -13,7 +13,6 @@ from g4v.engines import create_engine
 from g4v.engines.capabilities import Instrumentable, require
 from g4v.engines.deferred import DeferredEngine
 from g4v.errors import G4VError
-from g4v.loading import engine_config
 from g4v.paths import BUNDLED_MODEL_DIR, VLORA_MODEL_DIR
 from tests.conftest import make_image
 
@@ -39,11 +38,11 @@ def test_what_it_says_before_loading_is_what_the_loaded_engine_says(model, mode)
     deferred = create_engine("auto", str(model), defer=True, vision_lora=mode, **CPU)
     assert isinstance(deferred, DeferredEngine)
     before = (deferred.info, engine_line(deferred), engine_line(deferred, inspector=True), deferred.vision_mode,
-              deferred.vision_lora is None, geometry(engine_config(deferred)), deferred.context_window())
+              deferred.vision_lora is None, geometry(deferred.model_config()), deferred.context_window())
     assert not deferred.is_loaded
     loaded = create_engine("auto", str(model), vision_lora=mode, **CPU)
     assert before == (loaded.info, engine_line(loaded), engine_line(loaded, inspector=True), loaded.vision_mode,
-                      loaded.vision_lora is None, geometry(engine_config(loaded)), loaded.context_window())
+                      loaded.vision_lora is None, geometry(loaded.model_config()), loaded.context_window())
     deferred.load()
     assert deferred.info == loaded.info and deferred.vision_mode == loaded.vision_mode
 

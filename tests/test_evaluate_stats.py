@@ -118,7 +118,6 @@ def test_arm_display():
     assert ArmSpec("hf", adapter="demo-french").display == "hf+demo-french"
     assert ArmSpec.parse("openai:http://host:8000/v1").display == "openai@host:8000"
     assert ArmSpec("vllm", label="mine").display == "mine"
-    assert ArmSpec("hf").can_score() and not ArmSpec("vllm").can_score()
 
 
 @pytest.mark.parametrize("text", ["", "torch", "hf:adapter", "hf:colour=red", "openai", "openai:model=x",

@@ -117,9 +117,7 @@ def model_task(engine, gpu_task):
     """``gpu_task`` (the decorator every model-bound handler gets: ``spaces.GPU`` on ZeroGPU) that
     also tells a visitor, in one toast, when their request waits for the model's first load, so a
     request sent in the first seconds is not met by a silent spinner. Any other engine: ``gpu_task``."""
-    from g4v.engines.deferred import DeferredEngine
-
-    if not isinstance(engine, DeferredEngine):  # loaded before the page was built
+    if engine.is_loaded:  # loaded before the page was built
         return gpu_task
 
     def note() -> None:
@@ -432,7 +430,7 @@ def engine_line(engine, inspector: bool = False) -> str:
     from g4v.loading import model_name
 
     head = f"Model: {markdown_code(model_name(engine.info.model))} ({engine.info.backend})"
-    lora, mode = getattr(engine, "vision_lora", None), getattr(engine, "vision_mode", "off")
+    lora, mode = engine.vision_lora, engine.vision_mode
     if lora is None:
         return head + ", no vision LoRA (its weights are the vision model)"
     runs = {"native": "the vision model" if inspector else

@@ -7,6 +7,7 @@ the list the server offers, so a visitor can never name a file or an address of 
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from g4v.engines.capabilities import Instrumentable
 from g4v.engines.vision_lora import DEFAULT_MODE
 from g4v.errors import G4VError, quoted
 from g4v.evaluate import BUNDLED_DATASET, ArmSpec
@@ -44,7 +45,7 @@ def arm_choices(engine, model: str, adapters_dir=None, servers=()) -> list[ArmCh
                           ArmSpec(backend, model, label=f"{backend} vision-lora={mode}", vision_lora=mode))
                 for mode in modes if not own_line.startswith(f"vision LoRA: {mode},")]  # the app's arm has its own
     choices += _budget_choices(backend, model)
-    if backend == "hf" and Path(model).is_dir() and vllm_python() is not None:
+    if engine.supports(Instrumentable) and Path(model).is_dir() and vllm_python() is not None:
         choices.append(ArmChoice("vllm", "vLLM (local server)", ArmSpec("vllm", model, label="vllm")))
         choices += [ArmChoice(f"vllm:vision-lora={mode}", f"vLLM (local server), vision LoRA {mode}",
                               ArmSpec("vllm", model, label=f"vllm vision-lora={mode}", vision_lora=mode))

@@ -6,7 +6,7 @@ import gradio as gr
 
 from g4v.engines import Engine
 from g4v.errors import G4VError
-from g4v.loading import engine_config, model_name
+from g4v.loading import model_name
 from g4v.paths import (ASSETS_DIR, DOCUMENTS_MODEL_DIR, EXAMPLES_DIR, REAL_MODEL_ID, TRAINED_MODEL_DIR, is_bundled,
                        names_folder)
 from webapp.attribution import attribution_tab
@@ -77,7 +77,7 @@ def local_config(engine: Engine):
     """The model's transformers config, or None when it cannot be read here (a remote server's
     served model name); the Tiling and Deepstack tabs need it."""
     try:
-        return engine_config(engine)
+        return engine.model_config()
     except (G4VError, OSError, ValueError):
         return None
 

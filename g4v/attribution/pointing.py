@@ -17,7 +17,7 @@ from g4v.attribution.gradients import attribute
 from g4v.attribution.regions import region_scores
 from g4v.attribution.run import top_token
 from g4v.conversation import Message
-from g4v.engines import transformers_engine
+from g4v.engines.capabilities import Instrumentable, require
 from g4v.model.levels import describe_levels
 from g4v.tiling import plan_tiling
 
@@ -87,7 +87,7 @@ def pointing_game(engine, cases: list[PointingCase], method: str = POINTING_METH
                   seeds: int = POINTING_SEEDS, target: str = POINTING_TARGET, progress=None) -> PointingResult:
     """Play every case; the pictures come from the caller (the demo's shapes, in the front doors).
     ``progress(done, total)`` is called after each picture when given."""
-    engine = transformers_engine(engine, "the pointing game")
+    engine = require(engine, Instrumentable, "the pointing game")
     levels = describe_levels(engine.model.config)
     rows = []
     for number, case in enumerate(cases):

@@ -19,7 +19,7 @@ from g4v.attribution.lens import LensView, LogitLens, logit_lens
 from g4v.attribution.regions import region_scores
 from g4v.attribution.settings import MAX_ANSWER_TOKENS, AttributionSettings
 from g4v.conversation import Message
-from g4v.engines import transformers_engine
+from g4v.engines.capabilities import Instrumentable, require
 from g4v.errors import G4VError, quoted
 from g4v.images import named_size, open_image
 from g4v.loading import model_name
@@ -106,7 +106,7 @@ def run_attribution(engine, image, prompt: str, settings: AttributionSettings | 
     ``progress(fraction, text)`` is called between stages when given. The export goes to ``out_dir``
     (never deleted) or to a new folder of ``exports``. Bad input raises :class:`G4VError`."""
     settings = (settings or AttributionSettings()).checked()
-    engine = transformers_engine(engine, "attribution")
+    engine = require(engine, Instrumentable, "attribution")
     tell = progress or (lambda fraction, text: None)
     if image is None:
         raise G4VError("attribution needs an image")
@@ -140,8 +140,7 @@ def run_attribution(engine, image, prompt: str, settings: AttributionSettings | 
         if settings.lens:
             tell(STAGES["logit lens"], "logit lens")
             lens = logit_lens(model, inputs, tokenizer, levels)
-    info = getattr(engine, "info", None)
-    report = AttributionReport(model_name(getattr(info, "model", None)) or None, prompt, picture.size,
+    report = AttributionReport(model_name(engine.info.model) or None, prompt, picture.size,
                                settings.target is not None, answer, attribution, deletion, lens, plan,
                                top_token(plan, attribution.combined, "tile"),
                                top_token(plan, region_scores(plan, attribution.combined), "tile"))

@@ -18,7 +18,7 @@ from PIL import Image
 
 from g4v.circuits.common import CircuitSettings, image_positions, parse_layers, query_position
 from g4v.conversation import Message
-from g4v.engines import transformers_engine
+from g4v.engines.capabilities import Instrumentable, require
 from g4v.errors import G4VError
 from g4v.images import open_image
 from g4v.model.attention import Progress, attention_rows, eager_pass
@@ -81,7 +81,7 @@ def image_attention(engine, image, prompt: str, settings: CircuitSettings | None
     ``image`` (a PIL image or a path) at ``settings.layers``; ``progress`` is told each layer read.
     Bad input raises :class:`G4VError`."""
     settings = settings or CircuitSettings()
-    engine = transformers_engine(engine, "the circuits views")
+    engine = require(engine, Instrumentable, "the circuits views")
     config = engine.model.config
     layers = parse_layers(settings.layers, config.text_config.num_hidden_layers)
     if image is None:

@@ -20,7 +20,7 @@ import torch
 from g4v.circuits.common import CircuitSettings, check_new_tokens, image_positions, parse_layers, window_layers
 from g4v.model.attention import Progress, eager_attention
 from g4v.conversation import Message
-from g4v.engines import transformers_engine
+from g4v.engines.capabilities import Instrumentable, require
 from g4v.errors import G4VError
 from g4v.images import open_image
 from g4v.model.capture import language_model_of
@@ -95,7 +95,7 @@ def attention_knockout(engine, image, prompt: str, settings: CircuitSettings | N
     starts. Bad input raises :class:`G4VError`."""
     progress = progress or (lambda fraction, text: None)
     settings = settings or CircuitSettings()
-    engine = transformers_engine(engine, "the circuits views")
+    engine = require(engine, Instrumentable, "the circuits views")
     config, tokenizer = engine.model.config, engine.tokenizer
     layers = knockout_layers(config, settings)
     tokens = check_new_tokens(settings.max_new_tokens)

@@ -30,7 +30,7 @@ import torch
 
 from g4v.circuits.common import CircuitSettings, check_new_tokens, image_positions
 from g4v.conversation import Message
-from g4v.engines import transformers_engine
+from g4v.engines.capabilities import Instrumentable, require
 from g4v.errors import G4VError
 from g4v.images import open_image
 from g4v.model.capture import injected_features, patched_features
@@ -206,7 +206,7 @@ def patch_levels(engine, image_a, image_b, prompt: str, settings: CircuitSetting
     :class:`G4VError`."""
     settings = settings or CircuitSettings()
     tell = progress or (lambda fraction, text: None)
-    engine = transformers_engine(engine, "the circuits views")
+    engine = require(engine, Instrumentable, "the circuits views")
     config, tokenizer = engine.model.config, engine.tokenizer
     levels, directions = check_patch_settings(config, settings)
     if image_a is None or image_b is None:

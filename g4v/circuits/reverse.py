@@ -21,7 +21,7 @@ import torch
 from g4v.circuits.common import CircuitSettings, check_new_tokens, image_positions, parse_layers
 from g4v.model.attention import Progress, eager_pass
 from g4v.conversation import Message
-from g4v.engines import transformers_engine
+from g4v.engines.capabilities import Instrumentable, require
 from g4v.errors import G4VError
 from g4v.images import open_image
 from g4v.model.levels import describe_levels
@@ -121,7 +121,7 @@ def region_attention(engine, image, prompt: str, settings: CircuitSettings | Non
     ``settings.layers``, for the prompt and ``settings.max_new_tokens`` greedy answer tokens.
     Bad input raises :class:`G4VError`."""
     settings = settings or CircuitSettings()
-    engine = transformers_engine(engine, "the circuits views")
+    engine = require(engine, Instrumentable, "the circuits views")
     config, tokenizer = engine.model.config, engine.tokenizer
     layers = parse_layers(settings.layers, config.text_config.num_hidden_layers)
     tokens = check_new_tokens(settings.max_new_tokens)

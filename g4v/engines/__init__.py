@@ -48,14 +48,6 @@ def vllm_python() -> Path | None:
     return VLLM_ENV_PYTHON if VLLM_ENV_PYTHON.is_file() else None
 
 
-def transformers_engine(engine, purpose: str):
-    """``engine`` as an :class:`~g4v.engines.capabilities.Instrumentable` (loaded, where its load is
-    deferred), else a G4VError saying that ``purpose`` needs one."""
-    from g4v.engines.capabilities import Instrumentable, require
-
-    return require(engine, Instrumentable, purpose)
-
-
 def choose_backend(backend: str) -> str:
     """Resolve ``auto`` to a concrete backend name."""
     if backend not in BACKENDS:
@@ -124,4 +116,4 @@ def create_engine(backend: str = "auto", model: str | None = None, defer: bool =
 
 
 __all__ = ["BACKENDS", "Engine", "EngineInfo", "Generation", "choose_backend", "create_engine", "describe_choice",
-           "transformers_engine", "vllm_python"]
+           "vllm_python"]

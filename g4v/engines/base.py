@@ -179,6 +179,14 @@ class Engine(ABC):
     #: Requests :meth:`generate_batch` runs at once by default: a batch's size, the requests kept
     #: in flight, or a pool's connections.
     in_flight: int = 8
+    #: Whether the model is in memory, and why its load failed (None: it has not): an engine loaded
+    #: on first use (:class:`~g4v.engines.deferred.DeferredEngine`) says False until :meth:`load`.
+    is_loaded: bool = True
+    error = None
+
+    def load(self) -> "Engine":
+        """The engine, its model in memory (this one loaded it when it was made)."""
+        return self
 
     @property
     def concurrent_streams(self) -> int:
@@ -275,6 +283,14 @@ class Engine(ABC):
     def context_window(self) -> int | None:
         """The model's maximum sequence length in tokens, when the backend knows it."""
         return None
+
+    def model_config(self):
+        """The transformers config of the model this engine answers with, without loading it: here
+        the config file of the model it serves (vLLM in process; a remote server's model when it
+        is a local folder); the transformers engine gives its loaded model's."""
+        from g4v.loading import load_config, resolve_source
+
+        return load_config(resolve_source(self.info.model))
 
     def close(self) -> None:
         """Release the model (and any worker processes)."""

@@ -26,7 +26,7 @@ def _transformers() -> type:
 
 class DeferredEngine(Engine):
     """An :class:`Engine` that stands for the one ``load()`` returns. ``info``, ``vision_lora``,
-    ``vision_mode``, ``known_config``, ``context_window()`` and the abilities it has
+    ``vision_mode``, ``model_config()``, ``context_window()`` and the abilities it has
     (:meth:`supports`) are known from ``outline`` before it loads; a request loads it."""
 
     def __init__(self, load: Callable[[], Engine], info: EngineInfo, outline: ModelOutline,
@@ -78,15 +78,14 @@ class DeferredEngine(Engine):
     def vision_mode(self) -> str:
         return self._engine.vision_mode if self._engine is not None else self.outline.vision_mode
 
-    @property
-    def known_config(self):
+    def model_config(self):
         """The model's transformers config: the loaded model's, or its folder's until then."""
-        return self._engine.loaded.model.config if self._engine is not None else self.outline.config
+        return self._engine.model_config() if self._engine is not None else self.outline.config
 
     def context_window(self) -> int:
         """The model's context length, from its config (what the loaded engine answers too): Chat
         checks a message against it before the model is in memory, so a refusal shows at once."""
-        return int(self.known_config.text_config.max_position_embeddings)
+        return int(self.model_config().text_config.max_position_embeddings)
 
     @property
     def in_flight(self) -> int:

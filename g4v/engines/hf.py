@@ -92,6 +92,9 @@ class TransformersEngine(AdapterSwitch, Engine, Instrumentable, Scorable):
     def context_window(self) -> int:
         return int(self.model.config.text_config.max_position_embeddings)
 
+    def model_config(self):
+        return self.model.config
+
     def render_prompt(self, messages: list[Message]) -> str:
         """The prompt text, with one ``<image>`` placeholder per image (before expansion)."""
         return self._template(to_template_messages(messages)[0])

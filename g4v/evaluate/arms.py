@@ -22,13 +22,13 @@ loads; an ``openai`` arm's adapter is a name the server serves.
 """
 
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from urllib.parse import urlparse
 
 from g4v.conversation import Message, SamplingSettings
 from g4v.engines.base import BATCH_SIZE, Engine, Generation, GenerationRequest
+from g4v.engines.capabilities import Instrumentable, Scorable
 from g4v.engines.vision_lora import check_mode
 from g4v.evaluate.arm_settings import checked_budget, checked_precision
 from g4v.evaluate.requests import Requests, cuts_tokens
@@ -134,22 +134,11 @@ class ArmSpec:
         name += f"[keep {self.keep}% {self.policy or 'norm'}]" if self.keep is not None else ""
         return name + (f"+{self.adapter}" if self.adapter else "")
 
-    def can_score(self) -> bool:
-        """Whether this arm can teacher-force tokens (its logits are in this process)."""
-        return self.backend == "hf"
-
     def engine_key(self) -> "ArmSpec":
         """What identifies the engine behind this arm (the ``reuse`` key): backend, model and the
         vision LoRA mode (each mode is an engine of its own: merged changes the weights)."""
         return ArmSpec(self.backend, self.model, base_url=self.base_url, vision_lora=self.vision_lora,
                        dtype=self.dtype, quant=self.quant, quant_vision=self.quant_vision)
-
-
-@dataclass
-class Failed(Generation):
-    """A request that failed for this sample only (the prompt too long, the server refused...)."""
-
-    error: str = ""
 
 
 @dataclass
@@ -160,65 +149,61 @@ class Arm:
     engine: Engine
     adapter: str | None = None  # registered name, passed as ``adapter=``
     model_path: str | None = None  # local checkpoint folder (hf, vllm): its config gives image tokens
-    concurrency: int = 8
-    batch_size: int = BATCH_SIZE  # hf: samples answered as one batch
+    #: Requests in flight on an engine that schedules them itself (vLLM, a server); None: the
+    #: engine's own count (:attr:`~g4v.engines.base.Engine.in_flight`).
+    concurrency: int | None = None
+    batch_size: int = BATCH_SIZE  # an engine in this process: samples answered as one padded batch
     _closers: list = field(default_factory=list, repr=False)
+
+    @property
+    def local(self) -> bool:
+        """Whether the arm's model runs in this process (:class:`Instrumentable`): its samples are
+        prepared once and reused, its levels can be measured."""
+        return self.engine.supports(Instrumentable)
+
+    @property
+    def can_score(self) -> bool:
+        """Whether the arm can teacher-force tokens (:class:`Scorable`: its logits are in this process)."""
+        return self.engine.supports(Scorable)
 
     def answer(self, samples: list, settings: SamplingSettings, cancel: threading.Event | None = None,
                on_done=None, requests: Requests | None = None) -> list[Generation | None]:
         """Greedy (or ``settings``) answers to ``samples`` (each with images and prompt), in their
-        order: hf ``batch_size`` at a time, vllm all in flight, openai ``concurrency`` at a time. A
-        request that fails gives a :class:`Failed`; one not started because of ``cancel`` gives
-        None. ``on_done(position, generation)`` is called as each finishes. ``requests``: where
-        an hf arm finds (and leaves) the samples it prepared."""
+        order, through the engine's ``generate_batch``: an engine whose model runs here gets each
+        sample prepared once (``requests``: where it finds and leaves them, their pictures encoded a
+        batch at a time) and answers ``batch_size`` at a time; the others get the conversations,
+        ``concurrency`` in flight. A request refused on its own gives
+        :meth:`~g4v.engines.base.Generation.failed`; one not started because of ``cancel`` gives None.
+        ``on_done(position, generation)`` is called as each finishes."""
         cancel = cancel or threading.Event()
-        results: list[Generation | None] = [None] * len(samples)
-        if self.spec.backend == "hf":
-            self._answer_batches(samples, settings, cancel, on_done, requests or Requests(), results)
-            return results
-
-        def one(position: int) -> None:
-            if cancel.is_set():
-                return
-            sample = samples[position]
-            try:
-                results[position] = self.engine.generate(
-                    [Message("user", sample.prompt, list(sample.images))], settings, adapter=self.adapter)
-            except G4VError as err:
-                results[position] = Failed(text="", token_ids=[], finish_reason="error", error=str(err))
-            if on_done is not None:
-                on_done(position, results[position])
-
-        workers = {"vllm": VLLM_IN_FLIGHT, "openai": self.concurrency}[self.spec.backend]
-        with ThreadPoolExecutor(max(1, min(workers, len(samples)))) as pool:
-            list(pool.map(one, range(len(samples))))
-        return results
-
-    def _answer_batches(self, samples, settings, cancel, on_done, requests: Requests, results) -> None:
-        """The hf way: each sample prepared once, refused ones answered with a :class:`Failed`,
-        the rest through ``generate_batch`` one batch at a time (a cancel stops between batches)."""
         settings = settings.validated()
-        if not cuts_tokens(self.spec.budget):
-            requests.encode(self.engine, samples, self.batch_size)  # their pictures a batch at a time
-        ready = []
+        results: list[Generation | None] = [None] * len(samples)
+        local = self.local
+        if local:
+            requests = requests or Requests()
+            if not cuts_tokens(self.spec.budget):
+                requests.encode(self.engine, samples, self.batch_size)  # their pictures a batch at a time
+        asked, positions = [], []
         for position, sample in enumerate(samples):
             try:
-                ready.append((position, requests.get(self.engine, sample, settings.max_new_tokens,
-                                                     self.spec.budget, self.adapter)))
+                request = (requests.get(self.engine, sample, settings.max_new_tokens, self.spec.budget, self.adapter)
+                           if local else [Message("user", sample.prompt, list(sample.images))])
             except G4VError as err:
-                results[position] = Failed(text="", token_ids=[], finish_reason="error", error=str(err))
+                results[position] = Generation.failed(str(err))
                 if on_done is not None:
                     on_done(position, results[position])
-        for start in range(0, len(ready), self.batch_size):
-            if cancel.is_set():
-                return
-            batch = ready[start:start + self.batch_size]
-            answers = self.engine.generate_batch([GenerationRequest(request, settings, self.adapter) for _, request in batch],
-                                                 in_flight=self.batch_size)
-            for (position, _), answer in zip(batch, answers):
-                results[position] = answer
-                if on_done is not None:
-                    on_done(position, answer)
+                continue
+            asked.append(GenerationRequest(request, settings, self.adapter))
+            positions.append(position)
+
+        def done(index: int, answer: Generation | None) -> None:
+            results[positions[index]] = answer
+            if on_done is not None:
+                on_done(positions[index], answer)
+
+        in_flight = self.batch_size if local else (self.concurrency or self.engine.in_flight)
+        self.engine.generate_batch(asked, in_flight=in_flight, cancel=cancel, on_done=done)
+        return results
 
     def close(self) -> None:
         """Stop what this arm started (an engine, a server); never a reused engine."""
@@ -250,7 +235,7 @@ def open_arms(a: ArmSpec, b: ArmSpec, *, adapters_dir=None, reuse: dict | None =
                 engines[key] = _start_engine(spec, adapters, adapters_dir, reuse or {})
             engine, model_path, closers = engines[key]
             adapter = _activate(engine, spec, adapters_dir) if spec.adapter else None
-            arms.append(Arm(spec, engine, adapter, model_path, concurrency, batch_size))
+            arms.append(Arm(spec, engine, adapter, model_path, _pool(spec, concurrency), batch_size))
         for engine, _, closers in engines.values():  # the last arm on an engine owns its shutdown
             [arm for arm in arms if arm.engine is engine][-1]._closers.extend(closers)
     except BaseException:
@@ -298,9 +283,15 @@ def open_arm(spec: ArmSpec, *, adapters_dir=None, reuse: dict | None = None, con
         for close in reversed(closers):
             close()
         raise
-    arm = Arm(spec, engine, adapter, model_path, concurrency, batch_size)
+    arm = Arm(spec, engine, adapter, model_path, _pool(spec, concurrency), batch_size)
     arm._closers.extend(closers)
     return arm
+
+
+def _pool(spec: ArmSpec, concurrency: int) -> int | None:
+    """An openai arm's requests in flight: the run's ``concurrency`` (a server someone else runs);
+    None for the others (the engine's own count)."""
+    return concurrency if spec.backend == "openai" else None
 
 
 def _resolve_adapter_folder(name: str, adapters_dir) -> Path:
@@ -370,6 +361,7 @@ def _served_vllm(model: str, adapters: list[str], adapters_dir, vision_lora: str
                         lora_modules=lora or None, python=str(python), vision_lora=vision_lora).start()
     try:
         engine = create_engine("openai", SERVED_NAME, base_url=server.base_url)
+        engine.in_flight = VLLM_IN_FLIGHT  # our own vLLM server schedules as many as vLLM in process
     except BaseException:
         server.stop()
         raise
@@ -379,13 +371,13 @@ def _served_vllm(model: str, adapters: list[str], adapters_dir, vision_lora: str
 def _activate(engine: Engine, spec: ArmSpec, adapters_dir) -> str:
     """The adapter name ``engine`` answers to: checked and registered (local engines), or served
     (a server)."""
-    from g4v.engines.remote import RemoteEngine
+    from g4v.engines import vllm_installed
     from g4v.lora.activation import activate_adapter
 
-    if isinstance(engine, RemoteEngine):
-        if spec.backend == "openai":
-            engine.register_adapter(spec.adapter, spec.adapter)  # checks the server serves it
-            return spec.adapter
+    if spec.backend == "openai":
+        engine.register_adapter(spec.adapter, spec.adapter)  # checks the server serves it
+        return spec.adapter
+    if spec.backend == "vllm" and not vllm_installed():  # our own server (_served_vllm) serves it by its name
         from g4v.lora.folders import adapter_dirs, resolve_adapter
 
         return resolve_adapter(spec.adapter, adapter_dirs(adapters_dir))[0]

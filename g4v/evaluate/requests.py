@@ -5,6 +5,7 @@ validated, processed and, on the transformers engine, encoded once; see :mod:`g4
 
 from g4v.conversation import Message
 from g4v.engines.base import Engine, PreparedRequest
+from g4v.engines.capabilities import Instrumentable
 from g4v.errors import G4VError
 
 
@@ -43,7 +44,7 @@ class Requests:
         return engine.prepare(made, max_new_tokens)  # a prepared request: only the room is checked
 
     def encode(self, engine: Engine, samples: list, batch_size: int = 1) -> None:
-        """Prepare ``samples`` and, on an engine that can (transformers), encode their pictures,
+        """Prepare ``samples`` and, on an engine that can (:class:`Instrumentable`), encode their pictures,
         ``batch_size`` requests together (:meth:`~g4v.engines.hf.TransformersEngine.encoded`); each once."""
         ready = []
         for sample in samples:
@@ -53,8 +54,8 @@ class Requests:
                 ready.append((sample, self._prepared(engine, sample)))
             except G4VError as err:
                 self._made[self._encoded_key(engine, sample)] = (sample, err)
-        encode = getattr(engine, "encoded", None)
-        made = encode([request for _, request in ready], batch_size) if encode and ready else [r for _, r in ready]
+        local = engine.capable(Instrumentable)  # its model runs here: the pictures can go through it once
+        made = local.encoded([request for _, request in ready], batch_size) if local and ready else [r for _, r in ready]
         for (sample, _), request in zip(ready, made):
             self._made[self._encoded_key(engine, sample)] = (sample, request)
 

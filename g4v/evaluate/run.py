@@ -335,8 +335,8 @@ def compare_sample(arm_a, arm_b, sample, gen_a, gen_b, blank_a, blank_b, config,
         agree=agree, first_divergence=divergence, **asdict(scores),
         image_tokens=image_tokens(model_config, sample.images) if model_config is not None else None,
         blank_same_a=_same(gen_a, blank_a), blank_same_b=_same(gen_b, blank_b),
-        level_norms_a=level_norms(arm_a, sample, requests) if config.levels and arm_a.spec.backend == "hf" else None,
-        level_norms_b=level_norms(arm_b, sample, requests) if config.levels and arm_b.spec.backend == "hf" else None,
+        level_norms_a=level_norms(arm_a, sample, requests) if config.levels and arm_a.local else None,
+        level_norms_b=level_norms(arm_b, sample, requests) if config.levels and arm_b.local else None,
         error=None, level_drift=level_drift(arm_a, arm_b, sample, requests) if precision_pair(arm_a, arm_b) else None,
     )
 
@@ -359,16 +359,16 @@ def _same(answer, blank_answer) -> bool | None:
 
 def _arm_config(arm: Arm):
     """The transformers config of the model ``arm`` answers with, or None (a remote server's)."""
-    from g4v.loading import engine_config, load_config
+    from g4v.loading import load_config
 
-    if arm.spec.backend == "hf":
-        return engine_config(arm.engine)
+    if arm.local:
+        return arm.engine.model_config()
     return load_config(arm.model_path) if arm.model_path else None
 
 
 def _model_config(arm_a: Arm, arm_b: Arm):
-    """The transformers config of a local arm's model (for image-token counts), or None: an hf
-    arm's first, else that of an arm with a model folder."""
-    local = [arm for arm in (arm_a, arm_b) if arm.spec.backend == "hf"] or [arm for arm in (arm_a, arm_b)
+    """The transformers config of a local arm's model (for image-token counts), or None: that of
+    an arm whose model runs here first, else that of an arm with a model folder."""
+    local = [arm for arm in (arm_a, arm_b) if arm.local] or [arm for arm in (arm_a, arm_b)
                                                                              if arm.model_path]
     return _arm_config(local[0]) if local else None

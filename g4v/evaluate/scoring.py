@@ -77,12 +77,12 @@ def score_pairs(arm_a, arm_b, samples, gens_a: list[Generation], gens_b: list[Ge
     per arm, else a's answer goes through a too (for the KL)."""
     scores = [PairScores() for _ in samples]
     tokens_a = logits_b = [None] * len(samples)
-    if arm_b.spec.can_score():
+    if arm_b.can_score:
         tokens_a = [scoring_tokens(arm_b.engine, gen) for gen in gens_a]
         logits_b = _teacher_forced(arm_b, samples, tokens_a, requests, batch_size)
         for score, logits, tokens in zip(scores, logits_b, tokens_a):
             score.logprob_a_under_b = sum_logprob(logits, tokens)
-    if not arm_a.spec.can_score():
+    if not arm_a.can_score:
         return scores
     tokens_b = [scoring_tokens(arm_a.engine, gen) for gen in gens_b]
     on_b = _teacher_forced(arm_a, samples, tokens_b, requests, batch_size)
@@ -136,11 +136,11 @@ def level_norms(arm, sample, requests) -> str:
     """JSON ``{level name: mean injected norm}`` from one instrumented forward pass of the arm's
     model (adapter as the arm runs it): what each injection carries on this sample, from the
     request its answers came from (``requests``)."""
-    from g4v.engines import transformers_engine
+    from g4v.engines.capabilities import Instrumentable, require
     from g4v.model.capture import capture_forward
     from g4v.model.levels import describe_levels
 
-    engine = transformers_engine(arm.engine, "per-level norms")
+    engine = require(arm.engine, Instrumentable, "per-level norms")
     inputs = requests.get(engine, sample).inputs
     with engine.adapter_scope(arm.adapter) as model:
         capture, _ = capture_forward(model, inputs, levels=describe_levels(model.config), logits_to_keep=1)
@@ -148,10 +148,10 @@ def level_norms(arm, sample, requests) -> str:
 
 
 def precision_pair(arm_a, arm_b) -> bool:
-    """Whether two arms are one checkpoint in two precisions (both hf, same model, same adapter and
+    """Whether two arms are one checkpoint in two precisions (both in this process, same model, same adapter and
     vision LoRA mode): then each row records b's per-level drift against a (:func:`level_drift`)."""
     a, b = arm_a.spec, arm_b.spec
-    return (a.backend == b.backend == "hf" and a.precision() != b.precision()
+    return (arm_a.local and arm_b.local and a.precision() != b.precision()
             and (a.model, a.adapter, a.vision_lora) == (b.model, b.adapter, b.vision_lora))
 
 
@@ -159,11 +159,11 @@ def level_drift(arm_a, arm_b, sample, requests) -> str:
     """JSON ``{"levels": {name: {"rel_error", "cosine"}}, "next_token_kl"}``: what b injects at each
     level against what a injects on this sample, and KL(a || b) of the next token, each arm on the
     request its answers came from (:func:`g4v.model.precision.engine_drift`)."""
-    from g4v.engines import transformers_engine
+    from g4v.engines.capabilities import Instrumentable, require
     from g4v.model.precision import engine_drift, row_drift
 
-    engine_a = transformers_engine(arm_a.engine, "per-level drift")
-    engine_b = transformers_engine(arm_b.engine, "per-level drift")
+    engine_a = require(arm_a.engine, Instrumentable, "per-level drift")
+    engine_b = require(arm_b.engine, Instrumentable, "per-level drift")
     levels, kl, _, _ = engine_drift(engine_a, requests.get(engine_a, sample), engine_b, requests.get(engine_b, sample),
                                     arm_a.adapter, arm_b.adapter)
     return json.dumps(row_drift(levels, kl))

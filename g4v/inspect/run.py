@@ -15,7 +15,7 @@ from pathlib import Path
 from PIL import Image
 
 from g4v.conversation import Message, check_continuation_length
-from g4v.engines import transformers_engine
+from g4v.engines.capabilities import Instrumentable, require
 from g4v.errors import G4VError, check_value
 from g4v.images import named_size, open_image
 from g4v.loading import model_name
@@ -92,7 +92,7 @@ def run_inspection(engine, image, prompt: str, ablate=(), scale: dict | None = N
     caller's folder, never deleted) or else to a new folder of ``exports`` (the process's
     :func:`default_export_store` when None). Bad input raises :class:`G4VError`.
     """
-    engine = transformers_engine(engine, "the deepstack inspector")
+    engine = require(engine, Instrumentable, "the deepstack inspector")
     config, tokenizer = engine.model.config, engine.tokenizer
     levels = describe_levels(config)
     scales = level_scales(levels, ablate, scale)  # checks level names and factors before any compute
@@ -115,8 +115,7 @@ def run_inspection(engine, image, prompt: str, ablate=(), scale: dict | None = N
         raise RuntimeError(f"tiling plan has {plan.num_image_tokens} image tokens, the model saw "
                            f"{capture.num_image_tokens}")
 
-    info = getattr(engine, "info", None)
-    result = InspectionResult(model_name(getattr(info, "model", None)) or None, prompt, picture.size, plan, full,
+    result = InspectionResult(model_name(engine.info.model) or None, prompt, picture.size, plan, full,
                               levels, capture, outcome, ablation, unchanged)
     result.figures = draw_figures(picture, result)
     result.export_dir = Path(out_dir) if out_dir is not None else (exports or default_export_store()).new_folder()

@@ -30,7 +30,6 @@ import json
 from dataclasses import replace
 
 from g4v.errors import G4VError
-from g4v.loading import engine_config
 from g4v.lora.checks import AdapterSpec, load_adapter_spec
 from g4v.lora.folders import adapter_dirs, local_base_folder, read_adapter_config, same_base
 from g4v.lora.merge import MERGED_VISION_LORA, PROVENANCE_FILE
@@ -47,7 +46,7 @@ def activate_adapter(engine, choice: str, adapters_dir=None) -> AdapterSpec:
     """Resolve and check ``choice`` against the engine's model, tell its kind, refuse a combination
     the engine would run wrongly, and register it with the engine if it is new. Returns the checked
     adapter; ``spec.name`` is what to pass as ``adapter=``."""
-    spec = load_adapter_spec(choice, engine_config(engine), adapter_dirs(adapters_dir))
+    spec = load_adapter_spec(choice, engine.model_config(), adapter_dirs(adapters_dir))
     spec = replace(spec, kind=adapter_kind(spec, engine))
     check_combination(spec, engine)
     if spec.name not in engine.adapters():

@@ -101,7 +101,6 @@ def resolve_sides(engine, left: str, right: str, adapter: str | None, adapters_d
 def model_choices(engine, adapter: str | None, adapters_dir=None) -> list[tuple[str, str]]:
     """``(label, which)`` for the tab's two model pickers, the adapter's entry named as its kind
     runs it (an adapter that fails its checks keeps a plain name: running it says why)."""
-    from g4v.loading import engine_config
     from g4v.lora.activation import adapter_kind
     from g4v.lora.checks import load_adapter_spec
     from g4v.lora.folders import adapter_dirs
@@ -110,7 +109,7 @@ def model_choices(engine, adapter: str | None, adapters_dir=None) -> list[tuple[
     if (adapter or "").strip() and engine.vision_lora is not None:  # without one every adapter's kind is None
         # (checking the adapter builds the model's module tree: the app's page is built before the model loads)
         try:
-            kind = adapter_kind(load_adapter_spec(adapter, engine_config(engine), adapter_dirs(adapters_dir)), engine)
+            kind = adapter_kind(load_adapter_spec(adapter, engine.model_config(), adapter_dirs(adapters_dir)), engine)
         except G4VError:
             pass
     return [(model_label(which, engine, adapter, kind), which) for which in available_models(engine)]

@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from g4v.conversation import Message, SamplingSettings
-from g4v.engines import transformers_engine
+from g4v.engines.capabilities import Instrumentable, require
 from g4v.lora.models import ADAPTER, VISION, model_label, resolve_sides
 from g4v.lora.settings import LoraDiffSettings
 from g4v.lora.side_by_side import chat_input
@@ -91,7 +91,7 @@ def lora_diff(engine, messages: list[Message], adapter: str | None, settings: Sa
     conversation prepared once, both answers teacher-forced together (one batch per model).
     ``labels`` name the two models (:func:`~g4v.lora.models.resolve_sides` gives them; the default
     names the model Chat runs and that model + the adapter)."""
-    transformers_engine(engine, "the token-level LoRA comparison")
+    engine = require(engine, Instrumentable, "the token-level LoRA comparison")
     labels = labels or (model_label(VISION, engine), model_label(ADAPTER, engine, adapter))
     settings = (settings or LoraDiffSettings().sampling()).validated()
     request = engine.prepare(messages)

@@ -144,9 +144,9 @@ class VLLMProbe:
         llm, self.llm = getattr(self, "llm", None), None
         try:
             if llm is not None:
-                engine = getattr(llm, "llm_engine", None)
-                shutdown = getattr(engine, "shutdown", None) or getattr(getattr(engine, "engine_core", None),
-                                                                        "shutdown", None)
+                core = getattr(llm, "llm_engine", None)  # vLLM's own engine object (its versions differ)
+                shutdown = getattr(core, "shutdown", None) or getattr(getattr(core, "engine_core", None),
+                                                                      "shutdown", None)
                 if shutdown is not None:
                     shutdown()
                 del llm
