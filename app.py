@@ -109,7 +109,7 @@ def main(argv=None) -> None:
     )
     deferred = not engine.is_loaded
     # One write for both lines, so whoever reads the address knows whether a load follows.
-    print(f"* Running on local URL: {demo.local_url} (never a share link; see the README, App settings)"
+    print(f"* Running on local URL: {demo.local_url} (never a share link; see docs/app.md, App settings)"
           + ("\n* Loading the model; the page is up, and a request sent meanwhile waits for it" if deferred else ""),
           flush=True)
     if deferred:  # a request sent meanwhile waits for this one load

@@ -1,4 +1,4 @@
-"""Take the README's picture of the Circuits tab: the app on the trained demo checkpoint, the
+"""Take the picture of the Circuits tab (README.md, docs/circuits.md): the app on the trained demo checkpoint, the
 attention view for "What shape is green?" on the bundled shapes-wide example, in headless Chromium.
 
     .venv/bin/python scripts/circuits_screenshot.py [--out docs/images/circuits_tab.png]

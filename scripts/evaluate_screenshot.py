@@ -1,4 +1,4 @@
-"""Take the README's picture of the Evaluate tab: the app on the trained demo checkpoint, base vs
+"""Take docs/evaluate.md's picture of the Evaluate tab: the app on the trained demo checkpoint, base vs
 the French adapter on the bundled dataset, in headless Chromium (the browser test's own steps).
 
     .venv/bin/python scripts/evaluate_screenshot.py [--rows 24] [--out docs/images/evaluate_tab.png]

@@ -1,7 +1,6 @@
 """The documents checkpoint once on a fresh held-out set whose answers never occur in training
 (:mod:`g4v.demo.unseen`), batched greedy as ``python -m g4v.demo eval`` decodes (its batched answers
-equal the engine's on all 600 old held-out documents); the numbers in docs/demo-model.md and the
-README.
+equal the engine's on all 600 old held-out documents); the numbers in docs/demo-model.md.
 
     OMP_NUM_THREADS=1 .venv/bin/python scripts/score_unseen_documents.py [--n 300]
 

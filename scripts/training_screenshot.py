@@ -1,4 +1,4 @@
-"""Take the README's picture of the Training tab: the app's default run folders, the trained demo
+"""Take docs/training.md's picture of the Training tab: the app's default run folders, the trained demo
 checkpoint's own training log opened, in headless Chromium.
 
     .venv/bin/python scripts/training_screenshot.py [--out docs/images/training_tab.png]

@@ -40,7 +40,7 @@ def pick_pdf_pages(page, prefix: str, pdf, thumbnails: int, pages: str | None = 
 
 
 def save_section(page, out: str, top: str, bottom: str, width: int, above: int = 20) -> None:
-    """A README picture: the page from ``above`` px over the element ``top`` to 10 px under the
+    """A docs picture: the page from ``above`` px over the element ``top`` to 10 px under the
     element ``bottom``, ``width`` wide, saved as a 256-colour PNG (a page shot needs few colours)."""
     from PIL import Image
 

@@ -84,7 +84,7 @@ def test_app_serves_its_example_images(app_url):
 
 
 def test_one_client_is_one_conversation_and_a_new_client_starts_afresh(app_url, hf_engine):
-    """As the README's API section says: ``/chat`` keeps the conversation per client session, so a
+    """As docs/app.md's API section says: ``/chat`` keeps the conversation per client session, so a
     second call on the same Client is answered after the first turn, and a new Client starts anew."""
     from g4v.conversation import Message, SamplingSettings
     from g4v.images import open_image

@@ -326,7 +326,7 @@ def finished(page, word: str = "Finished") -> None:
 def run_in_browser(page, url: str, limit: int, stop_once: bool = False,
                    arm_b: str = "hf + adapter tiny-trained-french") -> None:
     """Open the Evaluate tab, pick base vs the French adapter (or the ``arm_b`` option) on the
-    bundled dataset, run, and wait for the aggregate table (also the README screenshot's steps).
+    bundled dataset, run, and wait for the aggregate table (also the steps of docs/evaluate.md's screenshot).
     ``stop_once``: press Stop as soon as the run works, see the partial result, then Run again."""
     page.goto(url)
     page.get_by_role("tab", name="Evaluate").click()

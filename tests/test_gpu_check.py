@@ -189,7 +189,7 @@ def test_the_batching_step_answers_every_row_both_ways(report):
 def test_the_vision_lora_runs_native_and_merged_at_real_geometry(report):
     """A random rank-256 LoRA (alpha 256) on all 7 projections of the 40 layers, applied as the
     engines apply it: it changes the logits, and merged equals native within float32 rounding (the
-    smoke run's dtype; bf16 on the GPU, where this is the number the README's row reports)."""
+    smoke run's dtype; bf16 on the GPU, where this is the number docs/benchmarks.md's row reports)."""
     lora = steps(report)["vision_lora"]["metrics"]
     assert (lora["rank"], lora["alpha"], lora["modules"]) == (256, 256.0, 7 * 40)
     assert lora["native_vs_base_max_rel"] > 1e-3, "the random vision LoRA must change the logits"

@@ -108,7 +108,7 @@ def test_requirements_file_resolves(resolved, name):
 
 
 def test_gpu_recipe_resolves_without_gradio(resolved):
-    """The README's GPU recipe is its own environment: vLLM, no Gradio (the pillow clash of issue 23)."""
+    """The GPU recipe of docs/deploying.md is its own environment: vLLM, no Gradio (the pillow clash of issue 23)."""
     chosen = versions(resolved["requirements-vllm.txt"][2])
     assert "vllm" in chosen and "gradio" not in chosen
     assert chosen["transformers"].startswith("5.")

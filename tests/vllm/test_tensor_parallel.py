@@ -1,6 +1,6 @@
 """Tensor parallelism (TP=2) on vLLM's CPU build agrees with transformers, base and adapter.
 
-The README tells users to scale out with ``--tensor-parallel-size``; vLLM's port then shards the
+docs/engines.md tells users to scale out with ``--tensor-parallel-size``; vLLM's port then shards the
 SigLIP tower, every window Q-Former, the projectors and the language model across ranks. The
 bundled checkpoint cannot be split (its SigLIP and Q-Formers have one head), so this module builds
 the same architecture with every head count even (``g4v.demo.build.build(out, shardable=True)``,

@@ -1,5 +1,5 @@
 """The layout checkpoint (base + vision LoRA in one folder) served by vLLM in process, by the
-vLLM server g4v starts and by a server started with README's recipe (g4v's openai engine): text-only
+vLLM server g4v starts and by a server started with docs/real-model.md's recipe (g4v's openai engine): text-only
 prompts get the base language model's tokens, image prompts the vision model's, token for token
 against transformers (the weights merged by hand from the files and a plain copy of the base,
 independent of the vision LoRA code); merged mode gives native's tokens and logprobs. A start that
@@ -120,19 +120,19 @@ def test_the_server_applies_the_vision_lora_to_image_requests_only(server, refer
     assert server["text"] == references["base_text"]
 
 
-def readme_recipe() -> list[str]:
-    """The README's command for a vLLM server of your own that applies the vision LoRA (the block
-    with ``--default-mm-loras`` that serves ``BASE_FOLDER``), as arguments."""
-    text = (REPO_ROOT / "README.md").read_text()
+def documented_recipe() -> list[str]:
+    """docs/real-model.md's command for a vLLM server of your own that applies the vision LoRA (the
+    block with ``--default-mm-loras`` that serves ``BASE_FOLDER``), as arguments."""
+    text = (REPO_ROOT / "docs" / "real-model.md").read_text()
     block = re.search(r"^ +(python -m vllm\.entrypoints\.openai\.api_server --model BASE_FOLDER[^\n]*\\\n[^\n]*)$",
                       text, re.MULTILINE)
-    assert block, "README no longer has the server recipe for the layout"
+    assert block, "docs/real-model.md no longer has the server recipe for the layout"
     return shlex.split(block.group(1).replace("\\\n", " "))
 
 
 @pytest.fixture(scope="module")
 def recipe_server(tmp_path_factory):
-    """README's recipe, run as written: BASE_FOLDER a folder of the base files alone, MODEL_FOLDER
+    """docs/real-model.md's recipe, run as written: BASE_FOLDER a folder of the base files alone, MODEL_FOLDER
     the layout checkpoint, the port a free one; plus what the CPU build needs (float32, eager, a
     small context), which the recipe leaves to the user. g4v's openai engine asks it."""
     import sys
@@ -142,7 +142,7 @@ def recipe_server(tmp_path_factory):
 
     folder = tmp_path_factory.mktemp("recipe")
     base = base_copy(VLORA_MODEL_DIR, folder / "base")
-    command = [part.replace("BASE_FOLDER", str(base)).replace("MODEL_FOLDER", LAYOUT) for part in readme_recipe()]
+    command = [part.replace("BASE_FOLDER", str(base)).replace("MODEL_FOLDER", LAYOUT) for part in documented_recipe()]
     assert command[:3] == ["python", "-m", "vllm.entrypoints.openai.api_server"]
     server = VLLMServer(str(base), log_path=str(folder / "vllm-server.log"))
     command[0] = sys.executable
@@ -156,7 +156,7 @@ def recipe_server(tmp_path_factory):
             engine.close()
 
 
-def test_openai_against_the_readme_recipe_gets_the_vision_model_and_the_base(recipe_server, references):
+def test_openai_against_the_documented_recipe_gets_the_vision_model_and_the_base(recipe_server, references):
     assert "--default-mm-loras" in recipe_server["command"] and "--enable-lora" in recipe_server["command"]
     assert recipe_server["image"] == references["vision"]
     assert recipe_server["text"] == references["base_text"]
