@@ -68,6 +68,14 @@ class StepCache(Cache):
         super().__init__(layers=[_StepLayer(batch, window) for _ in range(layers)])
         self.batch, self.window = batch, window
 
+    def sized(self, window: int) -> "StepCache":
+        """The same cache reading ``window`` positions (one cache per batch size: an eager step's
+        window grows by one each step, and a new cache of 40 layers a step was pure overhead)."""
+        self.window = window
+        for layer in self.layers:
+            layer.window = window
+        return self
+
     def bind(self, keys: list[torch.Tensor], values: list[torch.Tensor], positions: torch.Tensor) -> "StepCache":
         """Point every layer at its slot buffers (whole: ``(rows, heads, capacity, dim)``) and the
         rows' positions ``(batch,)``, for one call."""
@@ -157,10 +165,10 @@ class Slots:
         self.positions[:batch].copy_(torch.tensor(lengths, dtype=torch.long), non_blocking=True)
         positions = self.positions[:batch]
         mask = (torch.arange(window, device=self.device)[None, :] <= positions[:, None])[:, None, None, :]
-        key = (batch, window)
-        if key not in self._steps:
-            self._steps[key] = StepCache(self.layers, batch, window)
-        return self._steps[key], positions, mask
+        cache = self._steps.get(batch)
+        if cache is None:
+            cache = self._steps[batch] = StepCache(self.layers, batch, window)
+        return cache.sized(window), positions, mask
 
     def release(self) -> None:
         """Let go of the buffers (the loop is closed)."""
