@@ -286,8 +286,10 @@ class DecodeLoop:
         try:
             self.slots.reserve(max(self.slots.lengths) + 1)
             window = self.slots.capacity if fixed else max(self.slots.lengths) + 1
-            cache, positions, mask = self.slots.step(batch, window)
-            mask = _mask_for(model, mask)
+            # no mask where none is needed: SDPA only (the eager attention builds one regardless)
+            sdpa = model.config.text_config._attn_implementation == "sdpa"
+            cache, positions, mask = self.slots.step(batch, window, fixed or not sdpa)
+            mask = _mask_for(model, mask) if mask is not None else None
             ids = torch.tensor([ask.last for ask in running] + [0] * (batch - used), device=self.slots.device)[:, None]
             with self.host.holding(variant), torch.inference_mode():
                 logits = self._run(model, jit, (variant, batch, window), ids, positions, mask, cache)

@@ -36,16 +36,15 @@ class _StepLayer(CacheLayerMixin):
     def __init__(self, batch: int, window: int):
         super().__init__()
         self.batch, self.window = batch, window
-        self.keys = self.values = self.positions = None
+        self.keys = self.values = self.positions = self.rows = None
         self.is_initialized = True
 
     def lazy_initialization(self, key_states, value_states) -> None:  # allocated by Slots
         pass
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        rows = torch.arange(self.batch, device=key_states.device)
-        self.keys[rows, :, self.positions] = key_states[:, :, 0]
-        self.values[rows, :, self.positions] = value_states[:, :, 0]
+        self.keys[self.rows, :, self.positions] = key_states[:, :, 0]
+        self.values[self.rows, :, self.positions] = value_states[:, :, 0]
         return self.keys[:self.batch, :, :self.window], self.values[:self.batch, :, :self.window]
 
     def get_seq_length(self) -> int:
@@ -68,19 +67,24 @@ class StepCache(Cache):
         super().__init__(layers=[_StepLayer(batch, window) for _ in range(layers)])
         self.batch, self.window = batch, window
 
-    def sized(self, window: int) -> "StepCache":
+    def sized(self, window: int, whole: bool = False) -> "StepCache":
         """The same cache reading ``window`` positions (one cache per batch size: an eager step's
-        window grows by one each step, and a new cache of 40 layers a step was pure overhead)."""
+        window grows by one each step, and a new cache of 40 layers a step was pure overhead).
+        ``whole``: every row reads all ``window`` positions (all rows hold ``window - 1`` tokens), so
+        the step passes no mask; the cache then says it is no compileable one, which is what lets
+        transformers skip building a causal mask from a shared cache position it does not have
+        (its SDPA path without a mask, as a batch-of-one ``generate`` runs)."""
         self.window = window
         for layer in self.layers:
-            layer.window = window
+            layer.window, layer.is_compileable = window, not whole
         return self
 
     def bind(self, keys: list[torch.Tensor], values: list[torch.Tensor], positions: torch.Tensor) -> "StepCache":
         """Point every layer at its slot buffers (whole: ``(rows, heads, capacity, dim)``) and the
         rows' positions ``(batch,)``, for one call."""
+        rows = torch.arange(self.batch, device=positions.device)  # once a step, not once a layer
         for layer, layer_keys, layer_values in zip(self.layers, keys, values):
-            layer.keys, layer.values, layer.positions = layer_keys, layer_values, positions
+            layer.keys, layer.values, layer.positions, layer.rows = layer_keys, layer_values, positions, rows
         return self
 
 
@@ -157,17 +161,20 @@ class Slots:
             for tensor in [*self.keys, *self.values, self.positions]:
                 torch._dynamo.mark_static_address(tensor)
 
-    def step(self, batch: int, window: int) -> tuple[StepCache, torch.Tensor, torch.Tensor]:
+    def step(self, batch: int, window: int, fixed: bool = True) -> tuple[StepCache, torch.Tensor, torch.Tensor | None]:
         """``(cache, positions, mask)`` for a decode step over the first ``batch`` rows reading
         ``window`` positions: each row in use writes at its length, rows past them (a bucket's
-        padding) at position 0; the mask lets each row read up to its own position."""
+        padding) at position 0; the mask lets each row read up to its own position. Not ``fixed``
+        (an eager step) with every row of one length and the window just past it: no mask."""
         lengths = self.lengths + [0] * (batch - self.used)
         self.positions[:batch].copy_(torch.tensor(lengths, dtype=torch.long), non_blocking=True)
         positions = self.positions[:batch]
-        mask = (torch.arange(window, device=self.device)[None, :] <= positions[:, None])[:, None, None, :]
         cache = self._steps.get(batch)
         if cache is None:
             cache = self._steps[batch] = StepCache(self.layers, batch, window)
+        if not fixed and batch == self.used and len(set(self.lengths)) == 1 and window == self.lengths[0] + 1:
+            return cache.sized(window, whole=True), positions, None
+        mask = (torch.arange(window, device=self.device)[None, :] <= positions[:, None])[:, None, None, :]
         return cache.sized(window), positions, mask
 
     def release(self) -> None:
