@@ -1,6 +1,6 @@
 """g4v: the Granite 4 Vision workbench in the browser (also the Hugging Face Spaces entry point).
 
-    python app.py [--model M] [--backend auto|hf|vllm|openai] [--host 127.0.0.1] [--port 7860]
+    python app.py [--model M] [--backend auto|hf|vllm|openai] [--host 127.0.0.1] [--port 7860] [--mcp]
 
 Arguments, engine, page, launch. The page is built tab by tab in :mod:`webapp`; the work happens
 in plain functions of the :mod:`g4v` package.
@@ -32,6 +32,7 @@ from g4v.errors import G4VError  # noqa: E402
 from g4v.paths import EXAMPLES_DIR, default_model  # noqa: E402
 from webapp.common import MAX_UPLOAD_SIZE  # noqa: E402
 from webapp.layout import build_app, workbench_theme  # noqa: E402
+from webapp.mcp import use_workbench_mcp_server  # noqa: E402
 
 try:  # Hugging Face ZeroGPU: GPU work must run inside functions decorated with spaces.GPU.
     import spaces
@@ -43,6 +44,11 @@ except ImportError:  # anywhere else the decorator is a no-op
 
     def gpu_task(fn=None, **_):
         return fn if fn is not None else (lambda f: f)
+
+
+#: How ``G4V_MCP`` (or Gradio's own ``GRADIO_MCP_SERVER``) turns the MCP server on or leaves it off.
+SWITCH_WORDS = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False, "off": False,
+                "": False}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -71,6 +77,13 @@ def parse_args(argv=None) -> argparse.Namespace:
                         default=env("G4V_EVAL_SERVERS", "").split(),
                         help="an OpenAI-compatible server the Evaluate tab offers as an arm, as URL[,model=NAME], "
                              "repeatable ($G4V_EVAL_SERVERS, separated by spaces); visitors cannot type URLs")
+    # Off unless asked for: the MCP server offers the page's API endpoints (webapp.mcp) to agents.
+    mcp = env("G4V_MCP", env("GRADIO_MCP_SERVER", "")).strip().lower()
+    if mcp not in SWITCH_WORDS:
+        parser.error(f"G4V_MCP must be 1 or 0 (true or false), not {mcp[:40]!r}")
+    parser.add_argument("--mcp", action=argparse.BooleanOptionalAction, default=SWITCH_WORDS[mcp],
+                        help="also serve the API endpoints as an MCP server for agents, at /gradio_api/mcp/ "
+                             "($G4V_MCP=1; default off)")
     add_engine_flags(parser)  # --base-url/--api-key (openai) and vLLM's own settings (vllm)
     return parser.parse_args(argv)
 
@@ -86,6 +99,8 @@ def main(argv=None) -> None:
         demo = build_app(engine, args.model, args.concurrency, adapters_dir=args.adapters_dir, gpu_task=gpu_task,
                          data_dirs=args.data_dirs, eval_servers=args.eval_servers,  # a bad --eval-server: one line
                          runs_dir=args.runs_dir)
+        if args.mcp:
+            use_workbench_mcp_server()  # Gradio prints the MCP server's address at launch
     except G4VError as err:
         raise SystemExit(f"error: {err}") from None
     if zero_gpu and engine.supports(Instrumentable):  # the decode step compiled ahead of time (g4v.engines.aot)
@@ -106,7 +121,11 @@ def main(argv=None) -> None:
         show_error=True,
         quiet=True,  # Gradio's own lines suggest share=True: this app never makes a share link
         prevent_thread_lock=True,
+        mcp_server=args.mcp,  # never Gradio's GRADIO_MCP_SERVER behind the flag's back (parse_args reads it)
     )
+    if args.mcp and not demo.mcp_server:  # Gradio keeps serving the page without it; asked for, it is missing
+        demo.close()
+        raise SystemExit(f"error: {demo.mcp_error}")
     deferred = not engine.is_loaded
     # One write for both lines, so whoever reads the address knows whether a load follows.
     print(f"* Running on local URL: {demo.local_url} (never a share link; see docs/app.md, App settings)"

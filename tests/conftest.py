@@ -52,7 +52,7 @@ MODULE_TIERS = {
     "test_circuits_browser": "browser",
     "test_app": "server", "test_app_bad_input": "server", "test_app_exports": "server",
     "test_app_load": "server", "test_app_tabs": "server", "test_attribution_app": "server",
-    "test_spaces": "server",
+    "test_spaces": "server", "test_mcp": "server",
     "test_demo_training": "training", "test_demo_documents": "training", "test_documents_checkpoint": "training",
     "test_checkpoint": "training", "test_attribution_pointing": "training", "test_adapter_init": "training",
     "test_training_monitor": "training", "test_training_browser": "browser",

@@ -30,6 +30,7 @@ from g4v.images import open_image
 from webapp.common import (CHAT_QUEUE, MODEL_QUEUE, RANDOM_SEED, OutputBoxes, escape_markdown, sampling_settings,
                            seed_box_value, shows_errors, unescape_markdown, without_error_badges)
 from webapp.documents import chat_documents, chat_examples, left_out_line
+from webapp.mcp import from_mcp
 
 
 # ── Gradio messages -> g4v conversation ────────────────────────────────────────────────────────
@@ -289,8 +290,23 @@ def chat_tab(engine, last_chat_image: gr.State, examples: list[list], concurrenc
 
     @gpu_task
     @shows_errors
-    def api_chat(message, history, max_new_tokens, temperature, top_p, seed):
-        """The ``/chat`` endpoint: the answer as it streams; the session keeps the conversation."""
+    def api_chat(message, history, max_new_tokens, temperature, top_p, seed, request: gr.Request):
+        """Ask the model a question, with up to 4 pictures; streams the answer. Through the API a
+        session keeps the conversation (older turns are dropped when it outgrows the context);
+        through MCP each call is a conversation of its own (the MCP server's calls share one session).
+
+        Args:
+            message: the question: {"text": the prompt, "files": pictures (URLs, or data: URLs for uploads)}.
+            max_new_tokens: most tokens the answer may have, a whole number from 1 to 1024.
+            temperature: 0 for greedy decoding (the same answer every time), up to 2.
+            top_p: nucleus sampling's probability mass, from 0.05 to 1.
+            seed: the sampling seed, a whole number; -1 for a fresh random one.
+
+        Returns:
+            the model's answer, as text
+        """
+        if from_mcp(request):
+            history = []
         settings = sampling_settings(max_new_tokens, temperature, top_p, seed)
         user = read_message(message, engine.context_window())
         text = ""

@@ -61,8 +61,26 @@ def make_inspect(engine, sessions: SessionStores, gpu_task, boxes: InspectBoxes)
     @gpu_task
     @shows_errors
     def inspect(image_path, prompt, ablate, scales_text, full, request: gr.Request):
-        """Capture the 8 injections for one image and prompt; ablate or scale levels if asked. The
-        export goes to the visitor's own store."""
+        """Deepstack: capture the 8 injections (4 deepstack, 4 spatial levels) of the vision features
+        into the language model for one picture and prompt; zero (ablate) or scale levels if asked.
+        The export goes to the visitor's own store (through MCP, one store for every agent).
+
+        Args:
+            image_path: the picture: a URL, or a data: URL for an upload.
+            prompt: the question asked about the picture.
+            ablate: the levels to zero, by name (deepstack0-3, spatial_TL, spatial_TR, spatial_BL, spatial_BR).
+            scales_text: levels to scale, as "level=factor" separated by commas (deepstack0=0.5, spatial_TL=2).
+            full: keep the full tensors in the export (larger).
+
+        Returns:
+            table: one row per level: level, kind, vision layer, LLM layer, injected norm, residual norms before and after
+            picture: injected against residual norms per level
+            picture: the residual norm through the layers
+            picture: the injected norm over the picture's tiles
+            picture: the injected norm over the base view
+            report: the next token's top 5 and the greedy continuation (Markdown), with what ablation changed
+            export: a zip (summary.json, the pictures, capture.safetensors)
+        """
         settings = InspectSettings(ablate=list(ablate or ()), full=bool(full),
                                    scale=[part.strip() for part in (scales_text or "").split(",") if part.strip()])
         scales = settings.scales()

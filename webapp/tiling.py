@@ -70,8 +70,19 @@ def make_handlers(config, boxes: TilingBoxes) -> tuple:
 
     @shows_errors
     def analyse(image_path):
-        """Overlay, token-budget table and plan for one image; the token at its centre selected (and
-        the overlay without its mark, kept for the next pick)."""
+        """Tiling: how the model cuts one picture into tiles (which anyres grid, how it is resized
+        and padded) and what its image tokens cost; the token at the picture's centre is selected.
+
+        Args:
+            image_path: the picture: a URL, or a data: URL for an upload.
+
+        Returns:
+            picture: the grid, tiles, padding and unpadded region drawn over the picture
+            table: the token budget: part, layout and tokens for the base view, tiles, newlines and total
+            token: the index of the selected token
+            picture: the pixels the selected token covers
+            text: the selected token's description (kind, tile, row, column, pixels covered)
+        """
         if config is None:
             raise G4VError("the tiling inspector needs the model's config.json, which this backend does not expose")
         if not image_path:
@@ -84,6 +95,18 @@ def make_handlers(config, boxes: TilingBoxes) -> tuple:
 
     @shows_errors
     def select_index(image_path, plan, analysed, regions, overlay, index):
+        """Tiling: select another image token of the picture the tiling tool (in the same session)
+        analysed last, by its index.
+
+        Args:
+            image_path: the same picture as that tiling call.
+            index: the token's index, a whole number from 0 to the total the budget table gives, less 1.
+
+        Returns:
+            picture: the pixels the token covers
+            text: the token's description (kind, tile, row, column, pixels covered)
+            picture: the grid overlay with the token framed
+        """
         check_same_image(image_path, plan, analysed)
         return picked(image_path, plan, regions, overlay, index)
 
