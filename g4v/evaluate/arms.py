@@ -308,8 +308,8 @@ def _start_engine(spec: ArmSpec, adapters: list[str], adapters_dir, reuse: dict)
     model = spec.model or (None if spec.backend == "openai" else default_model())
     reused = reuse.get(spec.engine_key()) or (reuse.get(replace(spec.engine_key(), model=None))
                                               if model == default_model() else None)
-    if reused is not None:
-        return reused, model, []
+    if reused is not None:  # the app's engine, loaded (where its load waits for first use): arms use it whole
+        return reused.load(), model, []
     if spec.backend == "openai":
         engine = create_engine("openai", spec.model, base_url=spec.base_url)
         return engine, None, [engine.close]
