@@ -12,7 +12,6 @@ answering the same chat in this process (the same default settings). Token count
 import argparse
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -26,6 +25,7 @@ def main(argv=None) -> int:
     from g4v.conversation import SamplingSettings
     from g4v.engines import create_engine
     from g4v.engines.bench import PROMPT, workload_images
+    from g4v.engines.decode_bench import at_once
     from g4v.paths import BUNDLED_MODEL_DIR
     from tests.conftest import running_app
 
@@ -61,13 +61,7 @@ def main(argv=None) -> int:
             for index in range(args.chats):
                 chat(index)
             one_at_a_time = time.perf_counter() - began
-            threads = [threading.Thread(target=chat, args=(index,)) for index in range(args.chats)]
-            began = time.perf_counter()
-            for thread in threads:
-                thread.start()
-            for thread in threads:
-                thread.join()
-            together = time.perf_counter() - began
+            together = at_once(chat, args.chats)
     print(f"{args.chats} chats, {tokens} tokens, {args.max_new_tokens} new tokens each")
     print(f"engine in this process, one at a time: {engine_s:.2f} s ({tokens / engine_s:.1f} tokens/s)")
     print(f"app, one at a time: {one_at_a_time:.2f} s ({tokens / one_at_a_time:.1f} tokens/s); "

@@ -11,10 +11,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from g4v.paths import EXAMPLES_DIR, TRAINED_MODEL_DIR  # noqa: E402
-from tests.browser import browser_page, save_section  # noqa: E402
+from tests.browser import PICTURE_LOADED as LOADED, browser_page, save_section  # noqa: E402
 from tests.conftest import running_app  # noqa: E402
-
-LOADED = "(s) => { const i = document.querySelector(s + ' img'); return !!i && i.complete && i.naturalWidth > 0 }"
 
 
 def main() -> None:

@@ -39,6 +39,10 @@ def pick_pdf_pages(page, prefix: str, pdf, thumbnails: int, pages: str | None = 
         page.locator(f"#{prefix}-doc-use").click()
 
 
+#: A page function: whether the picture inside the element its selector names has loaded.
+PICTURE_LOADED = "(s) => { const i = document.querySelector(s + ' img'); return !!i && i.complete && i.naturalWidth > 0 }"
+
+
 def save_section(page, out: str, top: str, bottom: str, width: int, above: int = 20) -> None:
     """A docs picture: the page from ``above`` px over the element ``top`` to 10 px under the
     element ``bottom``, ``width`` wide, saved as a 256-colour PNG (a page shot needs few colours)."""

@@ -33,10 +33,13 @@ def test_visitors_at_once_each_get_their_answer_alone(app_url, hf_engine):
 
 
 def test_a_short_answer_is_not_kept_waiting_for_a_long_one(app_url, hf_engine):
-    """The random-weight checkpoint answers the whole ``max_new_tokens``: a 900-token answer is
+    """The random-weight checkpoint answers "Write a long story." with the whole ``max_new_tokens``
+    (checked first, on the engine: "Tell me everything." ends after 23): a 900-token answer is
     streaming when a 4-token one is asked for; the short one ends first."""
+    long_prompt = "Write a long story."
+    assert len(hf_engine.generate([Message("user", long_prompt)], SamplingSettings(max_new_tokens=900)).token_ids) == 900
     long_client, short_client = Client(app_url, verbose=False), Client(app_url, verbose=False)
-    long_job = long_client.submit({"text": "Tell me everything.", "files": []}, 900, 0.0, 1.0, 0, api_name="/chat")
+    long_job = long_client.submit({"text": long_prompt, "files": []}, 900, 0.0, 1.0, 0, api_name="/chat")
     while not long_job.outputs():  # the long answer has started streaming
         time.sleep(0.05)
     short = short_client.predict({"text": "Hi.", "files": []}, 4, 0.0, 1.0, 0, api_name="/chat")

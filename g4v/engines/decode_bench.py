@@ -128,6 +128,17 @@ def first_piece_s(engine, request, repeats: int, device: torch.device) -> float:
     return statistics.median(seconds)
 
 
+def at_once(chat, count: int) -> float:
+    """Seconds for ``chat(0) .. chat(count - 1)`` run all at once, one thread each."""
+    threads = [threading.Thread(target=chat, args=(index,)) for index in range(count)]
+    began = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return time.perf_counter() - began
+
+
 def chats_at_once(engine, conversations: list[list[Message]], settings: SamplingSettings) -> tuple[float, float, int, int]:
     """``(one at a time s, together s, tokens, answers equal to their alone answer)``: the same chats
     answered one after another, then all submitted at once (one thread each)."""
@@ -139,13 +150,7 @@ def chats_at_once(engine, conversations: list[list[Message]], settings: Sampling
     def chat(index: int) -> None:
         together[index] = engine.generate(conversations[index], settings)
 
-    threads = [threading.Thread(target=chat, args=(index,)) for index in range(len(conversations))]
-    began = time.perf_counter()
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    together_s = time.perf_counter() - began
+    together_s = at_once(chat, len(conversations))
     same = sum(a.token_ids == b.token_ids for a, b in zip(alone, together))
     return one_at_a_time, together_s, sum(len(a.token_ids) for a in alone), same
 
