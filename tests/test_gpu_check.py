@@ -70,7 +70,7 @@ def test_the_smoke_run_lacks_what_the_gpu_machine_lacks():
     """The smoke run hides the packages the machine lacks, so a step that imports one fails here
     too (a copy of .venv without them showed that the documents and dataset steps import
     nh3, apted and three more, which the machine lacks; they are carried since)."""
-    assert machine.lacks() == ["captum", "gradio", "torchao"]
+    assert machine.lacks() == ["captum", "gradio", "mcp", "torchao"]
     probe = ("import importlib.util, sys; assert importlib.util.find_spec('gradio') is None; "
              "import transformers; from transformers.utils import is_torchao_available; "
              "assert not is_torchao_available(); print('ok')")

@@ -47,8 +47,8 @@ def test_attribution_runs_the_vision_model(engines, tmp_path):
     native = run_attribution(engines["native"], PROMPT[0].images[0], PROMPT[0].text, settings, out_dir=tmp_path / "n")
     vision = run_attribution(engines["vision"], PROMPT[0].images[0], PROMPT[0].text, settings, out_dir=tmp_path / "v")
     base = run_attribution(engines["base"], PROMPT[0].images[0], PROMPT[0].text, settings, out_dir=tmp_path / "b")
-    assert native.summary["answer"]["ids"] == vision.summary["answer"]["ids"] != base.summary["answer"]["ids"]
-    assert native.summary["answer"] == vision.summary["answer"]
+    assert native.to_dict()["answer"]["ids"] == vision.to_dict()["answer"]["ids"] != base.to_dict()["answer"]["ids"]
+    assert native.to_dict()["answer"] == vision.to_dict()["answer"]
 
 
 def test_teacher_forced_scoring_runs_the_model_the_prompt_gets(engines):

@@ -157,7 +157,7 @@ class AdapterSwitch:
         if active:
             self.model.enable_adapters()
             self.model.set_adapter(list(active) if len(active) > 1 else active[0])
-        elif getattr(self.model, "peft_config", None):
+        elif getattr(self.model, "_hf_peft_config_loaded", False):  # transformers' own "an adapter is loaded"
             self.model.disable_adapters()
         self._guard.enabled = active
 

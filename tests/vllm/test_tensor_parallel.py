@@ -47,20 +47,21 @@ def checkpoint(tmp_path_factory) -> str:
 def references(checkpoint, tmp_path_factory) -> dict:
     """Everything transformers computes, before vLLM starts (its CPU workers keep both cores busy):
     per picture the reference run (inputs and per-level features) and the greedy tokens without
-    and with a random LoRA (PEFT, attached to a second engine); and the adapter's folder."""
+    and with a random LoRA (saved by PEFT, registered on a second engine); and the adapter's folder."""
     from g4v.engines.hf import TransformersEngine
     from g4v.port.run import reference_run
 
     base = TransformersEngine(checkpoint, device="cpu", dtype="float32")
-    adapted = TransformersEngine(checkpoint, device="cpu", dtype="float32")
     folder = tmp_path_factory.mktemp("tp-lora") / ADAPTER
-    make_lm_lora(adapted, folder, seed=2)
+    make_lm_lora(TransformersEngine(checkpoint, device="cpu", dtype="float32"), folder, seed=2)  # wraps that model
+    adapted = TransformersEngine(checkpoint, device="cpu", dtype="float32")
+    adapted.register_adapter(ADAPTER, str(folder))  # the adapter as the engines take one, per request
     out = {"engine": base, "lora_folder": str(folder)}
     for name, image in PICTURES.items():
         messages = [Message("user", PROMPT, [image])]
         out[name] = {"run": reference_run(base, image, PROMPT, max_new_tokens=0), "messages": messages,
                      "base": base.generate(messages, GREEDY).token_ids,
-                     "adapted": adapted.generate(messages, GREEDY).token_ids}
+                     "adapted": adapted.generate(messages, GREEDY, adapter=ADAPTER).token_ids}
     return out
 
 
