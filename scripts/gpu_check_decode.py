@@ -98,10 +98,10 @@ def step_zero_gpu_aot(check) -> dict:
 
         line = compile_on_zero_gpu(aot, spaces)
     else:
-        folder = tempfile.mkdtemp(prefix="g4v-aot-")
-        for variant in variants(aot):
+        folder, made = tempfile.mkdtemp(prefix="g4v-aot-"), variants(aot)
+        for variant in made:
             compile_here(aot, folder, variant)
-        line = f"decode step: compiled ahead of time with AOTInductor for {len(variants(aot))} variant(s)"
+        line = f"decode step: compiled ahead of time with AOTInductor for {len(made)} variant(s)"
     compile_s = time.perf_counter() - began
     if not installed(aot):
         raise RuntimeError(line)

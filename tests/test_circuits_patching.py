@@ -229,7 +229,6 @@ def files(tmp_path_factory, pair):
     pair.a.save(folder / "a.png")
     pair.b.save(folder / "b.png")
     pair.b.resize((pair.b.width * 2 + 40, pair.b.height)).save(folder / "wide.png")
-    (folder / "not-a-folder").write_text("x")
     return folder
 
 

@@ -30,6 +30,7 @@ from g4v.conversation import Message, SamplingSettings
 from g4v.engines.base import BATCH_SIZE, Engine, Generation, GenerationRequest
 from g4v.engines.capabilities import Instrumentable, Scorable
 from g4v.engines.vision_lora import check_mode
+from g4v.engines.vllm_engine import VLLMEngine
 from g4v.evaluate.arm_settings import checked_budget, checked_precision
 from g4v.evaluate.requests import Requests, cuts_tokens
 from g4v.errors import G4VError, quoted
@@ -40,9 +41,9 @@ ARM_KEYS = {"model": "model", "adapter": "adapter", "label": "label", "vision-lo
             "keep": "keep", "policy": "policy"}
 #: An hf arm's precision keys (:mod:`g4v.model.precision`): ``dtype=bfloat16``, ``quant=int8[,quant-vision=no]``.
 PRECISION_KEYS = {"dtype": "dtype", "quant": "quant", "quant-vision": "quant_vision"}
-#: Requests a vLLM arm keeps in flight (the batch continuous batching draws from); bounded below
-#: the HTTP client's connection pool when the arm runs through a server.
-VLLM_IN_FLIGHT = 64
+#: Requests a vLLM arm keeps in flight: the vLLM engine's own count, also given to the local
+#: server an arm starts where vLLM does not import here.
+VLLM_IN_FLIGHT = VLLMEngine.in_flight
 #: Name a local vLLM server serves the base model under.
 SERVED_NAME = "granite4-vision"
 

@@ -315,14 +315,14 @@ def compare_chunk(arm_a: Arm, arm_b: Arm, samples: list[EvalSample], config: Eva
 
 
 def _failed(*answers) -> bool:
-    return any(getattr(answer, "error", None) for answer in answers)
+    return any(answer.error for answer in answers)
 
 
 def compare_sample(arm_a, arm_b, sample, gen_a, gen_b, blank_a, blank_b, config, model_config,
                    scores: PairScores, requests: Requests) -> SampleResult:
     """Every per-sample number for one row (see :class:`SampleResult`); ``scores`` as
     :func:`~g4v.evaluate.scoring.score_pairs` gave them for this row."""
-    failed = [f"{side}: {gen.error}" for side, gen in (("a", gen_a), ("b", gen_b)) if getattr(gen, "error", None)]
+    failed = [f"{side}: {gen.error}" for side, gen in (("a", gen_a), ("b", gen_b)) if gen.error]
     if failed:
         return error_row(sample, "; ".join(failed))
     correct_a, exact_a = matches(gen_a.text, sample.reference)
@@ -352,7 +352,7 @@ def error_row(sample: EvalSample, error: str) -> SampleResult:
 
 
 def _same(answer, blank_answer) -> bool | None:
-    if blank_answer is None or getattr(blank_answer, "error", None):
+    if blank_answer is None or blank_answer.error:
         return None
     return answer.text == blank_answer.text
 
