@@ -113,12 +113,15 @@ def close_after_group(group: str, close):
 
 @pytest.fixture(scope="session")
 def lora_engine(tmp_path_factory):
-    """A transformers engine with the test LoRA attached (PEFT): the adapter's reference."""
+    """A transformers engine with the test LoRA registered as ``ADAPTER`` (PEFT, per request):
+    the adapter's reference. The LoRA is made on a throwaway engine (``make_lm_lora`` wraps its
+    model in place, which no engine counts as an adapter)."""
     from g4v.engines.hf import TransformersEngine
 
-    engine = TransformersEngine(str(BUNDLED_MODEL_DIR), device="cpu", dtype="float32")
     folder = tmp_path_factory.mktemp("lora") / ADAPTER
-    make_lm_lora(engine, folder)
+    make_lm_lora(TransformersEngine(str(BUNDLED_MODEL_DIR), device="cpu", dtype="float32"), folder)
+    engine = TransformersEngine(str(BUNDLED_MODEL_DIR), device="cpu", dtype="float32")
+    engine.register_adapter(ADAPTER, str(folder))
     engine.adapter_folder = str(folder)
     return engine
 

@@ -13,7 +13,7 @@ CASE = CASES["grid_wide"]
 
 @pytest.fixture(scope="session")
 def lora_reference(lora_engine, hf_engine):
-    adapter = lora_engine.generate(CASE, GREEDY)
+    adapter = lora_engine.generate(CASE, GREEDY, adapter=ADAPTER)
     base = hf_engine.generate(CASE, GREEDY)
     assert adapter.token_ids != base.token_ids, "the test adapter must change the answer"
     return {"adapter": adapter, "base": base}
