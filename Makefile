@@ -30,7 +30,7 @@ run: app-setup
 browser:
 	scripts/setup_browser.sh
 
-# How `make test` shares the cores (docs/benchmarks.md, "make test on two cores"):
+# How `make test` shares the cores (docs/tests.md, "How `make test` uses two cores"):
 # - the in-process tier (fast, slow and training tests) runs on every core (pytest-xdist, at most 4
 #   workers, each with its share of the cores), while Chromium and the vLLM environment are built;
 # - the serial tier (app servers, Chromium) and the vLLM suite spend most of their time in
