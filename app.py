@@ -10,6 +10,7 @@ import argparse
 import os
 import signal
 import time
+from dataclasses import dataclass, field
 
 # Before Gradio is imported: no telemetry, and a cache folder of this app's own. Gradio serves any
 # file inside its cache folder, so a shared one (/tmp/gradio) would serve other programs' files.
@@ -30,7 +31,8 @@ from g4v.engines import BACKENDS, create_engine  # noqa: E402
 from g4v.engines.capabilities import Instrumentable  # noqa: E402
 from g4v.errors import G4VError  # noqa: E402
 from g4v.paths import EXAMPLES_DIR, default_model  # noqa: E402
-from webapp.common import MAX_UPLOAD_SIZE  # noqa: E402
+from g4v.settings.flags import add_settings_flags, environment_values, settings_from_args  # noqa: E402
+from g4v.settings.limits import limits  # noqa: E402
 from webapp.layout import build_app, workbench_theme  # noqa: E402
 from webapp.mcp import use_workbench_mcp_server  # noqa: E402
 
@@ -51,55 +53,78 @@ SWITCH_WORDS = {"1": True, "true": True, "yes": True, "on": True, "0": False, "f
                 "": False}
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    env = os.environ.get
-    parser = argparse.ArgumentParser(description="Granite 4 Vision workbench")
-    parser.add_argument("--model", default=default_model(), help="model folder or hub id ($G4V_MODEL)")
-    parser.add_argument("--backend", default=env("G4V_BACKEND", "auto"), choices=BACKENDS)
-    parser.add_argument("--device", default=env("G4V_DEVICE", "auto"))
-    parser.add_argument("--dtype", default=env("G4V_DTYPE", "auto"))
-    # Loopback unless told otherwise; Spaces tells us through GRADIO_SERVER_NAME.
-    parser.add_argument("--host", default=env("G4V_HOST", env("GRADIO_SERVER_NAME", "127.0.0.1")),
-                        help="bind address (default 127.0.0.1)")
-    parser.add_argument("--port", type=int, default=int(env("G4V_PORT", env("GRADIO_SERVER_PORT", "7860"))))
-    parser.add_argument("--concurrency", type=int, default=int(env("G4V_CONCURRENCY", "1")),
-                        help="requests run on the model at once; the rest wait in the queue")
-    parser.add_argument("--max-queue", type=int, default=int(env("G4V_MAX_QUEUE", "32")))
-    parser.add_argument("--adapters-dir", default=env("G4V_ADAPTERS_DIR"),
-                        help="folder(s) LoRA adapters may be loaded from (default: assets/adapters)")
-    parser.add_argument("--data-dir", action="append", dest="data_dirs",
-                        default=[d for d in env("G4V_DATA_DIRS", "").split(os.pathsep) if d],
-                        help="folder the Evaluate tab lists datasets from, repeatable ($G4V_DATA_DIRS, "
-                             "separated by ':'); the bundled dataset and uploads are always offered")
-    parser.add_argument("--runs-dir", default=env("G4V_RUNS_DIR"),
-                        help="folder(s) the Training tab reads training runs from (default: assets)")
-    parser.add_argument("--eval-server", action="append", dest="eval_servers",
-                        default=env("G4V_EVAL_SERVERS", "").split(),
-                        help="an OpenAI-compatible server the Evaluate tab offers as an arm, as URL[,model=NAME], "
-                             "repeatable ($G4V_EVAL_SERVERS, separated by spaces); visitors cannot type URLs")
+def read_switch(text: str) -> bool:
+    """``G4V_MCP``'s value as a switch (:data:`SWITCH_WORDS`), or the line that says it is none."""
+    word = text.strip().lower()
+    if word not in SWITCH_WORDS:
+        raise ValueError(f"must be 1 or 0 (true or false), not {word[:40]!r}")
+    return SWITCH_WORDS[word]
+
+
+@dataclass(frozen=True)
+class AppSettings:
+    """The app's settings, each default written once: its flags and the environment variables that
+    change their defaults derive from these fields (:mod:`g4v.settings.flags`). The environment is
+    read when the arguments are (:func:`parse_args`), never at import; a bad value is one line."""
+
+    model: str = field(default_factory=default_model, metadata={"help": "model folder or hub id ($G4V_MODEL)"})
+    backend: str = field(default="auto", metadata={"env": "G4V_BACKEND", "choices": BACKENDS})
+    device: str = field(default="auto", metadata={"env": "G4V_DEVICE"})
+    dtype: str = field(default="auto", metadata={"env": "G4V_DTYPE"})
+    # Loopback unless told otherwise; Spaces tells us through GRADIO_SERVER_NAME (and its port).
+    host: str = field(default="127.0.0.1", metadata={"env": ("G4V_HOST", "GRADIO_SERVER_NAME"),
+                                                     "help": "bind address (default 127.0.0.1)"})
+    port: int = field(default=7860, metadata={"env": ("G4V_PORT", "GRADIO_SERVER_PORT")})
+    concurrency: int = field(default=1, metadata={
+        "env": "G4V_CONCURRENCY", "help": "requests run on the model at once; the rest wait in the queue"})
+    max_queue: int = field(default=32, metadata={"env": "G4V_MAX_QUEUE"})
+    adapters_dir: str | None = field(default=None, metadata={
+        "env": "G4V_ADAPTERS_DIR", "help": "folder(s) LoRA adapters may be loaded from (default: assets/adapters)"})
+    data_dirs: list[str] = field(default_factory=list, metadata={
+        "flag": "--data-dir", "repeat": True, "env": "G4V_DATA_DIRS",
+        "from_env": lambda text: [folder for folder in text.split(os.pathsep) if folder],
+        "help": "folder the Evaluate tab lists datasets from, repeatable (the variable's separated by ':'); "
+                "the bundled dataset and uploads are always offered"})
+    runs_dir: str | None = field(default=None, metadata={
+        "env": "G4V_RUNS_DIR", "help": "folder(s) the Training tab reads training runs from (default: assets)"})
+    eval_servers: list[str] = field(default_factory=list, metadata={
+        "flag": "--eval-server", "repeat": True, "env": "G4V_EVAL_SERVERS", "from_env": str.split,
+        "help": "an OpenAI-compatible server the Evaluate tab offers as an arm, as URL[,model=NAME], repeatable "
+                "(the variable's separated by spaces); visitors cannot type URLs"})
     # Off unless asked for: the MCP server offers the page's API endpoints (webapp.mcp) to agents.
-    mcp = env("G4V_MCP", env("GRADIO_MCP_SERVER", "")).strip().lower()
-    if mcp not in SWITCH_WORDS:
-        parser.error(f"G4V_MCP must be 1 or 0 (true or false), not {mcp[:40]!r}")
-    parser.add_argument("--mcp", action=argparse.BooleanOptionalAction, default=SWITCH_WORDS[mcp],
-                        help="also serve the API endpoints as an MCP server for agents, at /gradio_api/mcp/ "
-                             "($G4V_MCP=1; default off)")
+    mcp: bool = field(default=False, metadata={
+        "env": ("G4V_MCP", "GRADIO_MCP_SERVER"), "from_env": read_switch,
+        "help": "also serve the API endpoints as an MCP server for agents, at /gradio_api/mcp/ (1 or 0; default off)"})
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    """The app's flags (:class:`AppSettings`' fields, starting at the environment's values) and the
+    engines' (:func:`~g4v.commands.engine_flags.add_engine_flags`)."""
+    parser = argparse.ArgumentParser(description="Granite 4 Vision workbench")
+    try:
+        from_environment = environment_values(AppSettings)
+    except G4VError as err:  # G4V_PORT=abc, G4V_MCP=maybe: one line, as a bad flag's
+        parser.error(str(err))
+    add_settings_flags(parser, AppSettings, defaults=from_environment)
     add_engine_flags(parser)  # --base-url/--api-key (openai) and vLLM's own settings (vllm)
     return parser.parse_args(argv)
 
 
 def main(argv=None) -> None:
     args = parse_args(argv)
+    settings = settings_from_args(AppSettings, args)
     try:
+        limits()  # read now, so a bad G4V_MAX_* is one line at start, not a failed request later
         # The transformers engine is checked and described now and loaded once the page is served
         # (g4v.engines.deferred): start-up is then the page's, not the model's. Not on ZeroGPU,
         # whose GPU calls run in processes forked from this one: none may fork mid-load.
         # On ZeroGPU each request's decode runs inside its own GPU call (inline), one at a time.
-        engine = create_engine(args.backend, args.model, defer=not zero_gpu, inline=zero_gpu, **engine_options(args))
-        demo = build_app(engine, args.model, args.concurrency, adapters_dir=args.adapters_dir, gpu_task=gpu_task,
-                         data_dirs=args.data_dirs, eval_servers=args.eval_servers,  # a bad --eval-server: one line
-                         runs_dir=args.runs_dir)
-        if args.mcp:
+        engine = create_engine(settings.backend, settings.model, defer=not zero_gpu, inline=zero_gpu, **engine_options(args))
+        demo = build_app(engine, settings.model, settings.concurrency, adapters_dir=settings.adapters_dir,
+                         gpu_task=gpu_task, data_dirs=settings.data_dirs,
+                         eval_servers=settings.eval_servers,  # a bad --eval-server: one line
+                         runs_dir=settings.runs_dir)
+        if settings.mcp:
             use_workbench_mcp_server()  # Gradio prints the MCP server's address at launch
     except G4VError as err:
         raise SystemExit(f"error: {err}") from None
@@ -110,20 +135,20 @@ def main(argv=None) -> None:
     # SIGTERM (a supervisor's stop) is handled like Ctrl-C: Gradio then closes its server, which
     # deletes its cached files (delete_cache), and normal exit deletes the Deepstack exports.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
-    demo.queue(max_size=args.max_queue, default_concurrency_limit=args.concurrency)
+    demo.queue(max_size=settings.max_queue, default_concurrency_limit=settings.concurrency)
     demo.launch(
-        server_name=args.host,
-        server_port=args.port,
+        server_name=settings.host,
+        server_port=settings.port,
         share=False,
         theme=workbench_theme(),
         allowed_paths=[str(EXAMPLES_DIR)],  # the example pictures; never the weights or the code
-        max_file_size=MAX_UPLOAD_SIZE,
+        max_file_size=limits().max_upload_size,
         show_error=True,
         quiet=True,  # Gradio's own lines suggest share=True: this app never makes a share link
         prevent_thread_lock=True,
-        mcp_server=args.mcp,  # never Gradio's GRADIO_MCP_SERVER behind the flag's back (parse_args reads it)
+        mcp_server=settings.mcp,  # never Gradio's GRADIO_MCP_SERVER behind the flag's back (parse_args reads it)
     )
-    if args.mcp and not demo.mcp_server:  # Gradio keeps serving the page without it; asked for, it is missing
+    if settings.mcp and not demo.mcp_server:  # Gradio keeps serving the page without it; asked for, it is missing
         demo.close()
         raise SystemExit(f"error: {demo.mcp_error}")
     deferred = not engine.is_loaded

@@ -59,7 +59,7 @@ class SamplingSettings:
     """Decoding settings shared by all backends. ``temperature == 0`` means greedy decoding.
 
     The one place for their defaults and checks: ``chat``'s flags derive from these fields
-    (:mod:`g4v.commands.settings_flags`, which runs each field's check on the value typed) and the
+    (:mod:`g4v.settings.flags`, which runs each field's check on the value typed) and the
     Chat tab's sliders start at them."""
 
     max_new_tokens: int = field(default=256, metadata={

@@ -38,7 +38,7 @@ def check_fields(settings) -> None:
     """Run each field's own check (``metadata["check"]``: a function of the value that raises
     ``ValueError`` with what is wrong) on a settings dataclass; the first failure is one line that
     names the field (``max_new_tokens must be ...``). The command line runs the same functions on
-    the values typed, naming the flag (:mod:`g4v.commands.settings_flags`)."""
+    the values typed, naming the flag (:mod:`g4v.settings.flags`)."""
     import dataclasses
 
     for field in dataclasses.fields(settings):

@@ -5,28 +5,26 @@ refuse the same things with the same words.
 """
 
 import io
-import os
 from pathlib import Path
 
 import numpy as np
 from PIL import ExifTags, Image, ImageOps, UnidentifiedImageError
 
 from g4v.errors import G4VError, first_line
-
-#: Larger pictures are refused before their pixels are decoded (decompression bombs).
-MAX_IMAGE_PIXELS = int(os.environ.get("G4V_MAX_IMAGE_PIXELS", 40_000_000))
+from g4v.settings.limits import limits
 
 
 def open_image(source, name: str | None = None, max_pixels: int | None = None, fit=None) -> Image.Image:
     """Open a path, bytes or PIL image and return it as an upright 8-bit RGB picture.
 
     Raises :class:`G4VError` naming the problem: missing file, not an image, corrupt or truncated
-    data, or more pixels than ``max_pixels`` (checked from the header, before decoding).
+    data, or more pixels than ``max_pixels`` (default ``limits().max_image_pixels``: decompression
+    bombs; checked from the header, before decoding).
     ``fit(width, height) -> (width, height)``: the size to keep, when smaller the picture is reduced
     to it (bicubic) as soon as it is decoded, so only one full-size copy is ever held (a JPEG is
     decoded at a fraction of its size already, from its header's scale).
     """
-    max_pixels = MAX_IMAGE_PIXELS if max_pixels is None else max_pixels
+    max_pixels = limits().max_image_pixels if max_pixels is None else max_pixels
     if isinstance(source, Image.Image):
         label = name or "image"
         image = source

@@ -6,7 +6,7 @@ classes are transformers' own. The way back out is here too: :func:`save_weights
 weights in the hub layout that transformers and vLLM both load (the demo builder and the LoRA merge
 write their checkpoints with it).
 
-A folder that also holds a vision LoRA (the real model's layout, :mod:`g4v.engines.vision_lora`)
+A folder that also holds a vision LoRA (the real model's layout, :mod:`g4v.checkpoint.vision_lora`)
 is loaded as its base through a view without the adapter files, so transformers never attaches
 it behind g4v's back; the LoRA is then applied in the mode asked for.
 """
@@ -135,7 +135,7 @@ def outline_model(model: str, device: str | None = None, dtype: str | None = Non
                   vision_lora: str | None = None) -> ModelOutline:
     """The checks :func:`load_model` makes before it reads weights (the folder, the vision LoRA
     mode, device and dtype, the config, the vision LoRA's files), and what they find."""
-    from g4v.engines.vision_lora import check_mode, find_vision_lora
+    from g4v.checkpoint.vision_lora import check_mode, find_vision_lora
 
     source = resolve_source(model)
     mode = check_mode(vision_lora)
@@ -152,7 +152,7 @@ def load_model(model: str, device: str | None = None, dtype: str | None = None,
     """Load model and processor; dtype and device are chosen automatically unless given.
     ``vision_lora``: the mode for a checkpoint that carries one (default native). ``outline``:
     :func:`outline_model`'s, when it was made already (the other arguments are then its own)."""
-    from g4v.engines.vision_lora import BaseView, merge_into
+    from g4v.checkpoint.vision_lora import BaseView, merge_into
 
     outline = outline or outline_model(model, device, dtype, vision_lora)
     source, lora, mode = outline.source, outline.vision_lora, outline.vision_mode

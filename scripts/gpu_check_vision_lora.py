@@ -17,7 +17,7 @@ VISION_LORA_RANK = 256
 
 def step_vision_lora(check) -> dict:
     """The real model's layout at real size: a random rank-256 vision LoRA on every attention and
-    MLP projection, applied as the engines apply it (:mod:`g4v.engines.vision_lora`): native (image
+    MLP projection, applied as the engines apply it (:mod:`g4v.checkpoint.vision_lora`): native (image
     requests get it; the decode loop runs them on a merged copy of the LoRA'd layers, or through
     PEFT's layers with ``vision_copy=off``) against merged (``W += s * B @ A`` in the model's dtype).
     For each: the time to apply it, the first token's time through the engine, batch-1 decode
@@ -28,7 +28,7 @@ def step_vision_lora(check) -> dict:
     step measures its own)."""
     from g4v.engines.decode_bench import bare_generate, decode_rates, first_piece_s, through
     from g4v.engines.hf import TransformersEngine
-    from g4v.engines.vision_lora import find_vision_lora, merge_into
+    from g4v.checkpoint.vision_lora import find_vision_lora, merge_into
     from g4v.loading import VISION_ADAPTER
 
     engine = check.engine

@@ -171,10 +171,10 @@ def test_an_adapter_name_of_5000_characters_is_refused_in_one_line(client, files
 
 
 def test_uploads_over_the_size_limit_are_refused(client, tmp_path):
-    from webapp.common import MAX_UPLOAD_SIZE
+    from g4v.settings.limits import limits
 
     big = tmp_path / "big.png"
-    big.write_bytes(b"\0" * (int(MAX_UPLOAD_SIZE.removesuffix("mb")) * 1024 * 1024 + 1))
+    big.write_bytes(b"\0" * (int(limits().max_upload_size.removesuffix("mb")) * 1024 * 1024 + 1))
     with pytest.raises(Exception) as err:
         client.predict(handle_file(str(big)), api_name="/tiling")
     assert "size" in str(err.value).lower() or "413" in str(err.value), str(err.value)

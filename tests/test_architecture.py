@@ -13,7 +13,7 @@ SOURCE_ROOTS = ("g4v", "webapp", "viz")
 MAX_LINES = 450
 
 #: The layers, lowest first: a module may import its own layer and the ones below, never above.
-BASE = ("g4v.errors", "g4v.paths", "g4v.conversation", "g4v.images", "g4v.loading", "g4v.tiling",
+BASE = ("g4v.errors", "g4v.paths", "g4v.settings", "g4v.checkpoint", "g4v.conversation", "g4v.images", "g4v.loading", "g4v.tiling",
         "g4v.tiling_view", "g4v.engines", "g4v.model")
 PANELS = ("g4v.inspect", "g4v.lora", "g4v.port", "g4v.evaluate", "g4v.documents", "g4v.attribution",
           "g4v.circuits", "g4v.training")
@@ -151,13 +151,13 @@ def test_nothing_imports_an_entry_point():
     assert offenders == []
 
 
-def test_the_demo_imports_no_other_front_but_from_its_entry_point():
+def test_the_demo_imports_no_other_front():
     """The demo (the bundled checkpoints' builder and trainer, and their pictures) is the lowest
     front: the commands may draw its pictures (the pointing game), so it uses no command, app or
-    CLI, except its own command line (``g4v/demo/__main__.py``, which reads its flags with
-    ``g4v.commands.settings_flags``). That keeps the fronts free of circles between packages."""
+    CLI, its own command line included (which reads its flags with ``g4v.settings.flags``, in the
+    library). That keeps the fronts free of circles and of imports that run back up."""
     offenders = [(m, t) for _, m, t, _ in own_imports()
-                 if group(m, FRONTS) == "g4v.demo" and m != "g4v.demo.__main__" and group(t, FRONTS) not in (None, "g4v.demo")]
+                 if group(m, FRONTS) == "g4v.demo" and group(t, FRONTS) not in (None, "g4v.demo")]
     assert offenders == []
 
 
@@ -333,4 +333,46 @@ def test_callers_ask_engines_by_interface_not_by_backend_class_or_getattr():
                     if (isinstance(side, ast.Attribute) and side.attr == "backend"
                             and isinstance(side.value, ast.Attribute) and side.value.attr == "info"):
                         offenders.append(f"{where} compares engine.info.backend")
+    assert offenders == []
+
+
+def _environment_reads(node: ast.AST) -> list[ast.AST]:
+    """The ``G4V_*`` variables read in ``node``'s own code, functions' and lambdas' bodies left
+    out (they run when called): ``os.environ.get("G4V_X")``, ``os.environ["G4V_X"]``,
+    ``os.getenv("G4V_X")``, ``"G4V_X" in os.environ``."""
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+        return []
+
+    def names_environ(expr) -> bool:
+        return (isinstance(expr, ast.Attribute) and expr.attr == "environ") or (isinstance(expr, ast.Name)
+                                                                               and expr.id == "environ")
+
+    def g4v_names(*exprs) -> bool:
+        return any(isinstance(e, ast.Constant) and isinstance(e.value, str) and e.value.startswith("G4V_")
+                   for expr in exprs for e in ast.walk(expr))
+
+    found = []
+    if isinstance(node, ast.Call):
+        func = node.func
+        reads = (isinstance(func, ast.Attribute) and (func.attr == "getenv" or names_environ(func.value))) or (
+            isinstance(func, ast.Name) and func.id == "getenv")
+        if reads and g4v_names(*node.args):
+            found.append(node)
+    if isinstance(node, ast.Subscript) and names_environ(node.value) and g4v_names(node.slice):
+        found.append(node)
+    if isinstance(node, ast.Compare) and any(names_environ(c) for c in node.comparators) and g4v_names(node.left):
+        found.append(node)
+    for child in ast.iter_child_nodes(node):
+        found += _environment_reads(child)
+    return found
+
+
+def test_no_module_reads_g4v_variables_at_import():
+    """The environment is read at start, not at import: a ``G4V_*`` variable is read inside a
+    function (a setting's ``from_environment``, :func:`g4v.settings.limits.limits` the first time
+    it is asked, ``app.parse_args``), never by a module's own code, so what is set before the
+    first use is heard and a bad value is one line at start rather than a traceback at import."""
+    files = source_files() + sorted((REPO_ROOT / "scripts").glob("*.py"))
+    offenders = [f"{path.relative_to(REPO_ROOT)}:{node.lineno}" for path in files
+                 for node in _environment_reads(ast.parse(path.read_text()))]
     assert offenders == []

@@ -108,7 +108,7 @@ def test_cpu_vllm_keeps_the_last_lora_slot_empty():
     assert command[command.index("--max-loras") + 1] == "3"
 
 
-# ── vLLM flags: one per VLLMSettings field (g4v.commands.settings_flags) ─────────────────────────
+# ── vLLM flags: one per VLLMSettings field (g4v.settings.flags) ─────────────────────────
 
 #: The flags ``python -m g4v chat --help`` listed when the vLLM flags were written out by hand
 #: (before they were derived from VLLMSettings): all must stay.

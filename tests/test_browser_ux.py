@@ -428,13 +428,13 @@ def test_a_refused_picture_leaves_the_chat_box_with_one_toast_and_the_text_kept(
     import struct
     import zlib
 
-    from g4v.images import MAX_IMAGE_PIXELS
+    from g4v.settings.limits import limits
     from webapp.documents import BOX_TAKES
 
     def chunk(kind: bytes, data: bytes) -> bytes:
         return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
 
-    side = int(MAX_IMAGE_PIXELS ** 0.5) + 1  # a header that says more pixels than the limit
+    side = int(limits().max_image_pixels ** 0.5) + 1  # a header that says more pixels than the limit
     good = (EXAMPLES_DIR / "shapes-tall.png").read_bytes()
     bad = {"fake.png": b"not a picture at all", "drawing.svg": b'<svg xmlns="http://www.w3.org/2000/svg"/>',
            "cut.png": good[:len(good) // 2],

@@ -6,8 +6,8 @@ import json
 import pytest
 
 from g4v.demo import shapes as S
-from g4v.paths import FRENCH_ADAPTER_DIR
 from g4v.loading import sha256_file
+from g4v.paths import FRENCH_ADAPTER_DIR
 from g4v.paths import BUNDLED_MODEL_DIR, TRAINED_MODEL_DIR
 
 #: Held-out pictures for the accuracy tests (4 questions each); the 300-picture numbers are in
@@ -340,7 +340,7 @@ def test_training_flags_are_the_settings_fields(command, settings_class):
 def test_training_settings_come_from_the_flags_given():
     from dataclasses import replace
 
-    from g4v.commands.settings_flags import settings_from_args
+    from g4v.settings.flags import settings_from_args
     from g4v.demo.recipe import AdapterSettings, TrainSettings
 
     parser = _demo_subparser("train")

@@ -12,8 +12,8 @@ import pytest
 from g4v.demo import documents_data as D
 from g4v.demo import documents_eval as E
 from g4v.demo import shapes as S
-from g4v.paths import FRENCH_ADAPTER_DIR
 from g4v.loading import sha256_file
+from g4v.paths import FRENCH_ADAPTER_DIR
 from g4v.paths import DOCUMENTS_MODEL_DIR, TRAINED_MODEL_DIR
 
 #: Held-out charts and key-value pictures here (the 300-item numbers are in docs/demo-model.md).
@@ -68,7 +68,7 @@ def test_each_documents_stage_recorded_the_command_that_rebuilds_its_recipe(prov
     import argparse
     import shlex
 
-    from g4v.commands.settings_flags import settings_from_args
+    from g4v.settings.flags import settings_from_args
     from g4v.demo.__main__ import _add_training_commands
     from g4v.demo.documents_training import stages
     from g4v.demo.recipe import DocumentsSettings

@@ -5,12 +5,14 @@ The bad PDFs are written by hand here (a PDF is text with byte offsets), so each
 case it names."""
 
 import math
+from dataclasses import replace
 
 import pytest
 
 from g4v.documents import pdf
 from g4v.documents.examples import PAGE_INCHES, REPORT_PDF
 from g4v.errors import G4VError
+from g4v.settings.limits import limits
 
 
 def minimal_pdf(page_objects: list[str], extra_objects: dict[int, str] | None = None,
@@ -51,6 +53,11 @@ def write(tmp_path, name: str, data: bytes):
     path = tmp_path / name
     path.write_bytes(data)
     return path
+
+
+def use_limits(monkeypatch, **changed) -> None:
+    """This process's limits with ``changed`` for the test, as G4V_* variables would set them."""
+    monkeypatch.setattr("g4v.settings.limits._current", replace(limits(), **changed))
 
 
 def refusal(call) -> str:
@@ -167,13 +174,13 @@ def test_a_file_over_the_size_limit_is_refused_before_it_is_read(tmp_path):
     path = tmp_path / "huge.pdf"
     with open(path, "wb") as handle:  # sparse: the limit is checked from the size, never read
         handle.write(b"%PDF-1.7\n")
-        handle.truncate(pdf.MAX_PDF_BYTES + 1)
+        handle.truncate(limits().max_pdf_bytes + 1)
     assert "huge.pdf is too large" in refusal(lambda: pdf.render_pages(path))
 
 
 def test_too_many_pages_in_the_document(tmp_path, monkeypatch):
     path = write(tmp_path, "long.pdf", minimal_pdf([page()] * 3))
-    monkeypatch.setattr(pdf, "MAX_PDF_PAGES", 2)
+    use_limits(monkeypatch, max_pdf_pages=2)
     assert "long.pdf has too many pages: 3 (the limit is 2)" in refusal(lambda: pdf.render_pages(path))
 
 
@@ -185,7 +192,7 @@ def test_a_page_too_large_at_the_chosen_resolution_names_one_that_fits(tmp_path)
     assert "page 1 of poster.pdf is too large at 300 dpi: 434,055,556 pixels" in message  # 20834 ** 2
     fitting = int(message.split("try ")[1].split(" dpi")[0])
     side = math.ceil(5000 * fitting / 72)
-    assert side * side <= pdf.MAX_IMAGE_PIXELS < math.ceil(5000 * (fitting + 2) / 72) ** 2
+    assert side * side <= limits().max_image_pixels < math.ceil(5000 * (fitting + 2) / 72) ** 2
     assert pdf.render_pages(path, "1", dpi=fitting)[0].size == (side, side)
 
 
@@ -247,9 +254,9 @@ def test_a_form_that_draws_itself_is_one_line_and_this_process_stays_small(tmp_p
     """In process this PDF took the server from 1.3 to 6 GB and ended in SIGABRT; now the child
     hits its address-space limit (or is killed at the time limit) and the caller reads one line."""
     if limit == "memory":
-        monkeypatch.setattr(pdf, "RENDER_MEMORY", 512 * 1024 ** 2)
+        use_limits(monkeypatch, pdf_render_memory=512 * 1024 ** 2)
     else:
-        monkeypatch.setattr(pdf, "PAGE_SECONDS", 1.0)
+        use_limits(monkeypatch, pdf_page_seconds=1.0)
     path = write(tmp_path, "loop.pdf", self_drawing_pdf())
     before = own_peak_memory()
     for call in (lambda: pdf.render_thumbnails(path), lambda: pdf.render_pages(path, "1", dpi=72)):
@@ -303,9 +310,9 @@ def test_renderers_are_capped_and_a_request_past_the_cap_is_one_line(tmp_path, m
     import threading
 
     slots = threading.BoundedSemaphore(1)
-    monkeypatch.setattr(pdf, "_RENDER_SLOTS", slots)
+    monkeypatch.setattr(pdf, "_render_slots", slots)
     monkeypatch.setattr(pdf, "WAIT_SECONDS", 0.5)
-    monkeypatch.setattr(pdf, "RENDER_MEMORY", 512 * 1024 ** 2)
+    use_limits(monkeypatch, pdf_render_memory=512 * 1024 ** 2)
     path = write(tmp_path, "loop.pdf", self_drawing_pdf())
     slow = threading.Thread(target=lambda: pytest.raises(G4VError, pdf.render_pages, path, "1"))
     slow.start()
@@ -358,5 +365,5 @@ def test_no_child_process_or_pipe_is_left_behind(tmp_path, monkeypatch):
 def test_an_answer_larger_than_any_page_is_not_read(monkeypatch):
     """A child that PDFium's bugs took over could claim a frame of any size: the parent refuses to
     allocate past the largest page (here the bound is lowered below a real page's bitmap)."""
-    monkeypatch.setattr(pdf, "MAX_FRAME_BYTES", 1000)
+    monkeypatch.setattr(pdf, "max_frame_bytes", lambda: 1000)
     assert "needs more memory or time" in refusal(lambda: pdf.render_pages(REPORT_PDF, "1", dpi=72))

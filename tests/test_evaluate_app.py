@@ -11,6 +11,7 @@ import json
 import re
 import stat
 import zipfile
+from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
@@ -20,6 +21,7 @@ from gradio_client import Client, handle_file
 from g4v.errors import G4VError
 from g4v.evaluate import BUNDLED_DATASET, SampleResult, open_dataset, summarise
 from g4v.evaluate import uploads
+from g4v.settings.limits import limits
 from tests.browser import browser_page
 from tests.conftest import running_app
 from webapp.evaluate_equivalence import NO_FIELDS
@@ -116,8 +118,7 @@ def test_a_dangerous_zip_is_refused_in_one_line_and_writes_nothing_outside(tmp_p
 
 
 def test_a_zip_bomb_too_many_files_and_a_fake_zip_are_refused(tmp_path, monkeypatch):
-    monkeypatch.setattr(uploads, "MAX_TOTAL_BYTES", 1_000_000)
-    monkeypatch.setattr(uploads, "MAX_FILES", 10)
+    monkeypatch.setattr("g4v.settings.limits._current", replace(limits(), max_dataset_bytes=1_000_000, max_dataset_files=10))
     into = tmp_path / "into"
     into.mkdir()
     bomb = make_zip(tmp_path / "bomb.zip", {"data/metadata.jsonl": b"{}\n", "data/big.png": bytes(5_000_000)})

@@ -11,7 +11,6 @@ import pytest
 from g4v.attribution.settings import AttributionSettings
 from g4v.circuits.common import CircuitSettings
 from g4v.cli import build_parser
-from g4v.commands.settings_flags import flag_of
 from g4v.conversation import SamplingSettings
 from g4v.engines.vllm_engine import VLLMSettings
 from g4v.errors import G4VError, check_fields
@@ -19,6 +18,7 @@ from g4v.evaluate.run import EvalConfig
 from g4v.inspect.settings import InspectSettings
 from g4v.lora.settings import LoraDiffSettings
 from g4v.port.settings import PortDiffSettings
+from g4v.settings.flags import flag_of
 from tests.cli import run_cli
 
 

@@ -5,7 +5,7 @@ float64 at full resolution). Each check runs under an address-space limit."""
 import pytest
 from PIL import Image, ImageDraw
 
-from g4v.images import MAX_IMAGE_PIXELS
+from g4v.settings.limits import limits
 from g4v.tiling import plan_tiling
 from tests.memory import address_space_limit
 from viz.figures import MAX_PICTURE_SIDE
@@ -17,7 +17,7 @@ RUN_MB = 1500  # headroom for a whole attribution request on the bundled checkpo
 
 @pytest.fixture(scope="module")
 def photo():
-    assert SIZE[0] * SIZE[1] <= MAX_IMAGE_PIXELS
+    assert SIZE[0] * SIZE[1] <= limits().max_image_pixels
     picture = Image.new("RGB", SIZE, (40, 90, 200))
     ImageDraw.Draw(picture).rectangle((1000, 800, 4000, 3000), fill=(220, 30, 30))
     return picture

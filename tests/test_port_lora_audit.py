@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from g4v.engines.vision_lora import find_vision_lora
+from g4v.checkpoint.vision_lora import find_vision_lora
 from g4v.errors import G4VError
 from g4v.paths import TRAINED_MODEL_DIR, VLORA_MODEL_DIR
 from g4v.port import lora_audit
@@ -171,7 +171,7 @@ def test_the_port_tab_runs_port_diff_with_its_options(checkpoint, tmp_path):
     from dataclasses import replace
 
     from g4v.commands.port_diff import add_parser
-    from g4v.commands.settings_flags import settings_from_args
+    from g4v.settings.flags import settings_from_args
     from g4v.port.in_vllm_env import port_diff_command
     from g4v.port.settings import PortDiffSettings
     from webapp.port import lora_settings, port_tab

@@ -10,11 +10,11 @@ import pytest
 
 from g4v.attribution.settings import AttributionSettings
 from g4v.cli import build_parser
-from g4v.commands.settings_flags import flag_of, settings_from_args
 from g4v.conversation import SamplingSettings
 from g4v.inspect.settings import InspectSettings
 from g4v.lora.settings import LoraDiffSettings
 from g4v.port.settings import PortDiffSettings
+from g4v.settings.flags import flag_of, settings_from_args
 from tests.cli import run_cli
 
 

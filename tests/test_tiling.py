@@ -21,9 +21,9 @@ from transformers.models.llava_next.modeling_llava_next import get_anyres_image_
 from tests.cli import run_cli
 from tests.conftest import make_image
 from g4v.errors import G4VError
-from g4v.paths import BUNDLED_MODEL_DIR, REAL_CONFIG_DIR
-from g4v.images import MAX_IMAGE_PIXELS
 from g4v.loading import load_config
+from g4v.paths import BUNDLED_MODEL_DIR, REAL_CONFIG_DIR
+from g4v.settings.limits import limits
 from g4v.tiling import first_token_to_show, plan_tiling, token_at
 from g4v.tiling_view import highlight_token, tiling_report
 from viz.figures import display_size
@@ -302,6 +302,7 @@ def test_bad_input_is_one_line_g4v_error(configs, tmp_path):
 EXTREME_SIZES = [(1, 1), (1, 600), (3, 600), (600, 3), (1, 8000), (8000, 1), (2, 8000), (8000, 2),
                  (1, 20000), (20000, 1), (64, 20000), (20000, 64)]
 #: The pixel limit the app accepts, as a line each way round and as a square.
+MAX_IMAGE_PIXELS = limits().max_image_pixels
 LIMIT_SIZES = [(1, MAX_IMAGE_PIXELS), (MAX_IMAGE_PIXELS, 1), (int(MAX_IMAGE_PIXELS ** 0.5),) * 2]
 
 

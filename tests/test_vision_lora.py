@@ -12,10 +12,10 @@ import torch
 from safetensors.torch import load_file
 from tests.vision_lora_cases import GREEDY, IMAGE_PROMPTS, TEXT_PROMPTS, base_copy, hand_merged, tokens
 
+from g4v.checkpoint.vision_lora import ADAPTER_WEIGHTS, BaseView, describe, find_vision_lora
 from g4v.demo import shapes as S
 from g4v.demo.answering import accuracy, batched_answers, items
 from g4v.engines.hf import TransformersEngine
-from g4v.engines.vision_lora import ADAPTER_WEIGHTS, BaseView, describe, find_vision_lora
 from g4v.errors import G4VError
 from g4v.loading import VISION_ADAPTER, load_model
 from g4v.paths import ASSETS_DIR, TRAINED_MODEL_DIR, VLORA_MODEL_DIR

@@ -4,9 +4,9 @@ vLLM in tests/vllm): held-out shape pictures with their questions, and a text-on
 import shutil
 from pathlib import Path
 
+from g4v.checkpoint.vision_lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS
 from g4v.conversation import Message, SamplingSettings
 from g4v.demo import shapes as S
-from g4v.engines.vision_lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS
 
 GREEDY = SamplingSettings(max_new_tokens=8, temperature=0)
 PICTURES = S.eval_set(3)

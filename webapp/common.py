@@ -19,8 +19,6 @@ from g4v.errors import G4VError, parse_whole, quoted
 
 log = logging.getLogger("g4v.webapp")
 
-#: The largest file an upload may be (Gradio refuses bigger ones before they reach a handler).
-MAX_UPLOAD_SIZE = os.environ.get("G4V_MAX_UPLOAD_SIZE", "25mb")
 #: Every model-bound event shares this concurrency group, across tabs, so that at most
 #: ``--concurrency`` of them run on the model at once and the rest wait in the bounded queue.
 MODEL_QUEUE = "model"
@@ -426,7 +424,7 @@ def engine_line(engine, inspector: bool = False) -> str:
     """One line for Chat and each inspector: which model runs, and the vision LoRA's mode (in
     native mode Chat runs the vision model on image prompts and the base language model on
     text-only ones; an inspector always has an image)."""
-    from g4v.engines.vision_lora import describe
+    from g4v.checkpoint.vision_lora import describe
     from g4v.loading import model_name
 
     head = f"Model: {markdown_code(model_name(engine.info.model))} ({engine.info.backend})"

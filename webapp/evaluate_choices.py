@@ -7,8 +7,8 @@ the list the server offers, so a visitor can never name a file or an address of 
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from g4v.checkpoint.vision_lora import DEFAULT_MODE
 from g4v.engines.capabilities import Instrumentable
-from g4v.engines.vision_lora import DEFAULT_MODE
 from g4v.errors import G4VError, quoted
 from g4v.evaluate import BUNDLED_DATASET, ArmSpec
 
@@ -39,7 +39,7 @@ def arm_choices(engine, model: str, adapters_dir=None, servers=()) -> list[ArmCh
     choices += [ArmChoice(f"app+{name}", f"{backend} + adapter {name}{note}",
                           ArmSpec(backend, model, adapter=name, base_url=base_url, label=f"{backend}+{name}"))
                 for name, note in notes.items()]
-    own_line = engine.info.details.get("vision_lora", "")  # "vision LoRA: native, rank ..." (engines.vision_lora)
+    own_line = engine.info.details.get("vision_lora", "")  # "vision LoRA: native, rank ..." (g4v.checkpoint.vision_lora)
     modes = _vision_lora_modes(model) if backend != "openai" else []
     choices += [ArmChoice(f"app:vision-lora={mode}", f"{backend}, vision LoRA {mode}",
                           ArmSpec(backend, model, label=f"{backend} vision-lora={mode}", vision_lora=mode))
@@ -93,7 +93,7 @@ def _budget_choices(backend: str, model: str) -> list[ArmChoice]:
 def _vision_lora_modes(model: str) -> list[str]:
     """The vision LoRA modes worth an arm of their own: all three when the model has a vision LoRA
     beside its base (the app's own arm runs its default), none for a merged checkpoint."""
-    from g4v.engines.vision_lora import MODES, find_vision_lora
+    from g4v.checkpoint.vision_lora import MODES, find_vision_lora
 
     try:
         return list(MODES) if find_vision_lora(model) is not None else []

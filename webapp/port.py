@@ -8,8 +8,8 @@ from pathlib import Path
 
 import gradio as gr
 
+from g4v.checkpoint.vision_lora import MODES, VisionLora, check_mode, find_vision_lora
 from g4v.engines import vllm_python
-from g4v.engines.vision_lora import MODES, VisionLora, check_mode, find_vision_lora
 from g4v.errors import G4VError
 from g4v.port import lora_audit
 from g4v.port.in_vllm_env import SETUP_COMMAND, run_port_diff_in_vllm_env

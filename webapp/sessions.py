@@ -7,11 +7,10 @@ gets its own folder with a random name, and in it one :class:`~g4v.model.exports
 per kind of file (Deepstack and Attribution exports, uploaded datasets, run folders, export zips
 and opened samples), each keeping its own newest few. A session's folder goes when its page is
 closed (``demo.unload``), after :data:`IDLE_SECONDS` without a request, or, oldest first, when
-more than :data:`MAX_SESSIONS` sessions or :data:`MAX_BYTES` bytes are kept; never while one of its
+more than ``max_sessions`` sessions or ``max_session_bytes`` bytes (:mod:`g4v.settings.limits`) are kept; never while one of its
 requests runs (:meth:`SessionStores.using`).
 """
 
-import os
 import secrets
 import shutil
 import threading
@@ -21,12 +20,10 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from g4v.model.exports import ExportStore, unguessable_name
+from g4v.settings.limits import limits
 
-#: Sessions whose files are kept at most (the least recently used goes first) ...
-MAX_SESSIONS = int(os.environ.get("G4V_MAX_SESSIONS", 64))
-#: ... and bytes of all of them together ...
-MAX_BYTES = int(os.environ.get("G4V_MAX_SESSION_BYTES", 8 * 1024**3))
-#: ... and seconds a session's files outlive its last request (Gradio's cache age, see webapp.layout).
+#: Seconds a session's files outlive its last request (Gradio's cache age, see webapp.layout); how
+#: many sessions are kept, and how many bytes of them, are limits (the least recently used goes first).
 IDLE_SECONDS = 3600
 #: Seconds between two measurements of the bytes kept (a walk over every session's files).
 MEASURE_SECONDS = 5.0
@@ -62,10 +59,12 @@ class Session:
 class SessionStores:
     """The sessions' stores under ``parent``; ``keeps`` gives each kind of store its bound."""
 
-    def __init__(self, parent, keeps: dict[str, int], max_sessions: int = MAX_SESSIONS,
-                 max_bytes: int = MAX_BYTES, idle_seconds: float = IDLE_SECONDS):
+    def __init__(self, parent, keeps: dict[str, int], max_sessions: int | None = None,
+                 max_bytes: int | None = None, idle_seconds: float = IDLE_SECONDS):
         self.parent, self.keeps = Path(parent), dict(keeps)
-        self.max_sessions, self.max_bytes, self.idle_seconds = max_sessions, max_bytes, idle_seconds
+        self.max_sessions = limits().max_sessions if max_sessions is None else max_sessions
+        self.max_bytes = limits().max_session_bytes if max_bytes is None else max_bytes
+        self.idle_seconds = idle_seconds
         self._sessions: dict[str, Session] = {}
         self._lock = threading.Lock()
         self._measured = 0.0

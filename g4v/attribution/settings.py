@@ -1,6 +1,6 @@
 """What an attribution request is asked: :class:`AttributionSettings`, the one place for its defaults.
 
-``python -m g4v attribute`` derives its flags from the fields (:mod:`g4v.commands.settings_flags`:
+``python -m g4v attribute`` derives its flags from the fields (:mod:`g4v.settings.flags`:
 help, choices, metavar, nargs, parse and check in each field's metadata), the Attribution tab
 builds the object, and :func:`g4v.attribution.run.run_attribution` takes it. No torch here, so the
 command's flags cost no import; the gradient and deletion modules take their defaults from here.

@@ -5,11 +5,11 @@ import sys
 from g4v.commands.common import add_adapters_dir_flag, add_backend_flag, add_model_flags
 from g4v.commands.engine_flags import add_engine_flags, engine_options
 from g4v.commands.inputs import add_page_flags, open_inputs
-from g4v.commands.settings_flags import add_settings_flags, settings_from_args
 from g4v.commands.tasks import add_task_flags, report, task_prompt
-from g4v.documents.pdf import DEFAULT_DPI
 from g4v.conversation import MAX_IMAGES_PER_MESSAGE, MAX_NEW_TOKENS, Message, SamplingSettings, validate_conversation
+from g4v.documents.pdf import DEFAULT_DPI
 from g4v.errors import G4VError
+from g4v.settings.flags import add_settings_flags, settings_from_args
 
 
 def add_parser(subparsers):

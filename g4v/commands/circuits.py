@@ -24,8 +24,8 @@ from pathlib import Path
 from g4v.circuits.exports import FILES
 from g4v.commands.common import add_model_flags, output_folder
 from g4v.commands.inputs import add_page_flags, open_single
-from g4v.commands.settings_flags import add_settings_flags, settings_from_args
 from g4v.errors import G4VError
+from g4v.settings.flags import add_settings_flags, settings_from_args
 
 #: Settings fields each verb leaves out (the others become its flags).
 PATCH_FIELDS = ("levels", "direction", "complement", "region")

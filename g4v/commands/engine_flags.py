@@ -7,10 +7,10 @@ and vLLM's own settings under vLLM's own names (so its documentation applies), o
 import argparse
 import os
 
-from g4v.commands.settings_flags import add_settings_flags, settings_from_args
+from g4v.checkpoint.vision_lora import DEFAULT_MODE, MODES
 from g4v.engines.decode_settings import DecodeSettings
-from g4v.engines.vision_lora import DEFAULT_MODE, MODES
 from g4v.engines.vllm_engine import VLLMSettings
+from g4v.settings.flags import add_settings_flags, settings_from_args
 
 #: VLLMSettings fields without a flag of their own: the dtype comes from the shared ``--dtype``,
 #: and the image limit is the workbench's (``max_images``).

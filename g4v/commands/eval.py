@@ -20,9 +20,9 @@ from dataclasses import replace
 from pathlib import Path
 
 from g4v.commands.common import add_adapters_dir_flag, output_folder
-from g4v.commands.settings_flags import add_settings_flags, settings_from_args
 from g4v.evaluate.equivalence import plan_line, summary_lines
 from g4v.evaluate.fields import field_rows
+from g4v.settings.flags import add_settings_flags, settings_from_args
 
 #: The Evaluate tab's pictures (:func:`viz.evaluate.run_figures`, by name) and the PNG each becomes.
 PLOT_FILES = {"accuracy": "accuracy.png", "paired": "paired.png", "kl": "kl.png", "divergence": "divergence.png"}

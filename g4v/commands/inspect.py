@@ -8,9 +8,9 @@ from pathlib import Path
 
 from g4v.commands.common import add_model_flags, output_folder
 from g4v.commands.inputs import add_picture_flags, open_single
-from g4v.commands.settings_flags import add_settings_flags, settings_from_args
 from g4v.errors import G4VError
 from g4v.inspect.settings import InspectSettings
+from g4v.settings.flags import add_settings_flags, settings_from_args
 
 
 def add_parser(subparsers):

@@ -8,11 +8,11 @@ from g4v.commands.chat import open_images, warn_about_base
 from g4v.commands.common import add_adapters_dir_flag, add_model_flags, output_file
 from g4v.commands.engine_flags import add_vision_lora_flag
 from g4v.commands.inputs import add_page_flags
-from g4v.commands.settings_flags import add_settings_flags, settings_from_args
 from g4v.conversation import Message, validate_conversation
 from g4v.errors import G4VError
 from g4v.lora.models import ADAPTER
 from g4v.lora.settings import LoraDiffSettings
+from g4v.settings.flags import add_settings_flags, settings_from_args
 
 #: Width of the token column of the report: a token's quoted text, shortened to fit, quotes kept.
 TOKEN_WIDTH = 16

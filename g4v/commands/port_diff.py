@@ -14,9 +14,9 @@ import os
 
 from g4v.commands.common import output_file
 from g4v.commands.inputs import add_picture_flags
-from g4v.commands.settings_flags import add_settings_flags, settings_from_args
 from g4v.errors import G4VError
 from g4v.port.settings import PortDiffSettings
+from g4v.settings.flags import add_settings_flags, settings_from_args
 
 #: ``--fail-on-diff``'s exit status when the verdict is DIFFERS (1 and 2 are taken by errors).
 EXIT_DIFFERS = 3

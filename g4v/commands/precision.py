@@ -12,8 +12,8 @@ numbers come from ``python -m g4v eval --a hf --b hf:dtype=bfloat16`` (``docs/pr
 import json
 
 from g4v.commands.inputs import add_picture_flags
-from g4v.commands.settings_flags import add_settings_flags, settings_from_args
 from g4v.errors import G4VError
+from g4v.settings.flags import add_settings_flags, settings_from_args
 
 COLUMNS = ("level", "LLM", "rel error", "max token rel", "cosine", "min cosine", "max |diff|")
 WIDTHS = (12, 4, 11, 15, 11, 11, 11)

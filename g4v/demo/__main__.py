@@ -92,8 +92,8 @@ def _loading_bars(shown: bool):
 
 
 def _add_training_commands(sub) -> None:
-    """The training commands' flags: one per settings field (:mod:`g4v.commands.settings_flags`)."""
-    from g4v.commands.settings_flags import add_settings_flags
+    """The training commands' flags: one per settings field (:mod:`g4v.settings.flags`)."""
+    from g4v.settings.flags import add_settings_flags
     from g4v.demo.recipe import AdapterSettings, DocumentsSettings, TrainSettings, VisionLoraSettings
 
     train_cmd = sub.add_parser("train", help="train the tiny checkpoint from scratch on synthetic shapes (CPU)")
@@ -128,7 +128,7 @@ def _add_training_commands(sub) -> None:
                                "checkpoint it was trained on, else none)")
     eval_cmd.add_argument("--n", type=int, default=300, help="held-out pictures")
     eval_cmd.add_argument("--backend", choices=("hf", "vllm"), default="hf")
-    from g4v.engines.vision_lora import DEFAULT_MODE, MODES
+    from g4v.checkpoint.vision_lora import DEFAULT_MODE, MODES
 
     eval_cmd.add_argument("--vision-lora", choices=MODES, default=DEFAULT_MODE,
                           help="a layout checkpoint's vision LoRA: native (image requests), merged or off")
@@ -149,14 +149,14 @@ def _run_training_command(args, argv) -> int:
 
     command = "python -m g4v.demo " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
     if args.command == "train":
-        from g4v.commands.settings_flags import settings_from_args
+        from g4v.settings.flags import settings_from_args
         from g4v.demo.loop import train
         from g4v.demo.recipe import TrainSettings
 
         sha = train(args.out, settings_from_args(TrainSettings, args), command, progress=not args.no_progress)
         print(f"wrote {args.out} (weights sha256 {sha})")
     elif args.command == "train-adapter":
-        from g4v.commands.settings_flags import settings_from_args
+        from g4v.settings.flags import settings_from_args
         from g4v.demo.adapter_training import train_adapter
         from g4v.demo.recipe import AdapterSettings
 
@@ -164,7 +164,7 @@ def _run_training_command(args, argv) -> int:
         info = train_adapter(args.base, args.out, settings, command, progress=not args.no_progress)
         print(f"wrote {args.out} (adapter sha256 {info['weights_sha256']})")
     elif args.command == "build-vlora":
-        from g4v.commands.settings_flags import settings_from_args
+        from g4v.settings.flags import settings_from_args
         from g4v.demo.recipe import VisionLoraSettings
         from g4v.demo.vlora import build_vlora
 
@@ -173,7 +173,7 @@ def _run_training_command(args, argv) -> int:
         print(f"wrote {args.out} (base weights sha256 {info['weights_sha256']}, "
               f"vision LoRA sha256 {info['adapter_sha256']})")
     elif args.command == "train-documents":
-        from g4v.commands.settings_flags import settings_from_args
+        from g4v.settings.flags import settings_from_args
         from g4v.demo.documents_training import train_documents
         from g4v.demo.recipe import DocumentsSettings
 

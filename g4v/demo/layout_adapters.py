@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from g4v.engines.vision_lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS, find_vision_lora
+from g4v.checkpoint.vision_lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS, find_vision_lora
 from g4v.paths import FRENCH_ADAPTER_DIR, VLORA_MODEL_DIR
 
 ON_VISION_MODEL_NAME = "french-on-vision-model"

@@ -5,7 +5,7 @@ is ``python -m g4v.demo train-adapter`` (:mod:`g4v.demo.adapter_training`), :cla
 is ``python -m g4v.demo train-documents`` (:mod:`g4v.demo.documents_training`), :class:`VisionLoraSettings`
 is ``python -m g4v.demo build-vlora`` (:mod:`g4v.demo.vlora`). Each field is one
 command-line flag (``--kebab-case``, help from the field's metadata: see
-:mod:`g4v.commands.settings_flags`), so a setting's name, type, default and help are written here
+:mod:`g4v.settings.flags`), so a setting's name, type, default and help are written here
 only. The defaults are the recipe of the bundled checkpoint and adapter: ``train`` with no options
 rebuilds the bundled weights (a test checks the defaults against the settings stored beside them),
 and every run records ``asdict(settings)`` in its provenance.

@@ -104,7 +104,7 @@ def _save_adapter(out: Path, tensors: dict[str, torch.Tensor], settings: VisionL
     from peft import LoraConfig
     from safetensors.torch import save_file
 
-    from g4v.engines.vision_lora import ADAPTER_WEIGHTS
+    from g4v.checkpoint.vision_lora import ADAPTER_WEIGHTS
     from g4v.loading import sha256_file
 
     config = LoraConfig(r=settings.rank, lora_alpha=settings.alpha, lora_dropout=0.0,

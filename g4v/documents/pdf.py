@@ -9,7 +9,7 @@ reading, the page count before rendering, each page's pixel count before its bit
 PDFium itself runs in a child process (:mod:`g4v.documents.pdf_worker`), one per document opened,
 under an address-space and CPU limit: a page that would take without end (a form that draws
 itself) or crash PDFium kills only that child, and the user reads one line. At most
-:data:`MAX_RENDERERS` children run at once, each with its own PDFium, so one heavy document no longer
+``limits().pdf_renderers`` children run at once, each with its own PDFium, so one heavy document no longer
 holds a lock every other user waits behind.
 """
 
@@ -29,12 +29,10 @@ from PIL import Image
 
 from g4v.conversation import MAX_IMAGES_PER_MESSAGE
 from g4v.errors import G4VError, quoted, read_decimal
-from g4v.images import MAX_IMAGE_PIXELS, to_rgb
+from g4v.images import to_rgb
+from g4v.settings.limits import limits
 
-#: Larger files are refused before they are read.
-MAX_PDF_BYTES = int(os.environ.get("G4V_MAX_PDF_BYTES", 50 * 1024 * 1024))
-#: Documents with more pages are refused (the page picker draws a thumbnail of each page).
-MAX_PDF_PAGES = int(os.environ.get("G4V_MAX_PDF_PAGES", 300))
+# The sizes, pages, renderers, memory and seconds a PDF is allowed are limits (g4v.settings.limits).
 #: Render resolution in dots per inch: the default, and the range a user may choose.
 DEFAULT_DPI = 144
 MIN_DPI, MAX_DPI = 36, 300
@@ -45,21 +43,31 @@ MAX_THUMBNAILS = 60
 HEADER_WINDOW = 1024
 POINTS_PER_INCH = 72
 
-#: One child process renders one document; at most this many run at once (the rest wait their turn).
-MAX_RENDERERS = int(os.environ.get("G4V_PDF_RENDERERS", 2))
-#: A child's address space, and how long PDFium may take to open the document or draw one page.
-RENDER_MEMORY = int(os.environ.get("G4V_PDF_RENDER_MEMORY", 1024 ** 3))
-PAGE_SECONDS = float(os.environ.get("G4V_PDF_PAGE_SECONDS", 30))
 #: The child's own start (a fresh interpreter and PDFium), allowed on top of opening the document:
 #: on a busy machine it can take seconds, and it is not the document's doing.
 START_SECONDS = 20
 #: How long a request waits for a free renderer before it is refused.
 WAIT_SECONDS = 120
 WORKER = Path(__file__).with_name("pdf_worker.py")
-#: The most one answer from the child may hold: the largest page allowed, at 4 bytes a pixel.
-MAX_FRAME_BYTES = 4 * MAX_IMAGE_PIXELS + 2 ** 20
 
-_RENDER_SLOTS = threading.BoundedSemaphore(MAX_RENDERERS)
+
+def max_frame_bytes() -> int:
+    """The most one answer from the child may hold: the largest page allowed, at 4 bytes a pixel."""
+    return 4 * limits().max_image_pixels + 2 ** 20
+
+
+_slots_made = threading.Lock()
+_render_slots: threading.BoundedSemaphore | None = None
+
+
+def render_slots() -> threading.BoundedSemaphore:
+    """One slot per child process that may render at once (``limits().pdf_renderers``); the rest
+    wait their turn. Made the first time a document is opened, from the limits then."""
+    global _render_slots
+    with _slots_made:
+        if _render_slots is None:
+            _render_slots = threading.BoundedSemaphore(limits().pdf_renderers)
+        return _render_slots
 EMPTY_PAGE_TREE = re.compile(rb"/Count\s*0\b")
 PAGE_OBJECT = re.compile(rb"/Type\s*/Page(?![a-zA-Z])")
 
@@ -74,13 +82,13 @@ def looks_like_pdf(source) -> bool:
 def read_pdf(source, name: str | None = None) -> tuple[bytes, str]:
     """The file's bytes and the name errors use (the base name only: server paths stay private).
 
-    Refuses a missing file, a directory, a file over :data:`MAX_PDF_BYTES` (from its size, before
+    Refuses a missing file, a directory, a file over ``limits().max_pdf_bytes`` (from its size, before
     reading) and bytes without a ``%PDF-`` header.
     """
     if isinstance(source, (bytes, bytearray)):
         data, label = bytes(source), name or "document.pdf"
-        if len(data) > MAX_PDF_BYTES:
-            raise G4VError(f"{label} is too large: {len(data):,} bytes (the limit is {MAX_PDF_BYTES:,})")
+        if len(data) > limits().max_pdf_bytes:
+            raise G4VError(f"{label} is too large: {len(data):,} bytes (the limit is {limits().max_pdf_bytes:,})")
     else:
         path = Path(source)
         label = name or path.name
@@ -89,8 +97,8 @@ def read_pdf(source, name: str | None = None) -> tuple[bytes, str]:
         if not path.is_file():
             raise G4VError(f"not a file: {label}")
         size = path.stat().st_size
-        if size > MAX_PDF_BYTES:
-            raise G4VError(f"{label} is too large: {size:,} bytes (the limit is {MAX_PDF_BYTES:,})")
+        if size > limits().max_pdf_bytes:
+            raise G4VError(f"{label} is too large: {size:,} bytes (the limit is {limits().max_pdf_bytes:,})")
         data = path.read_bytes()
     if not data:
         raise G4VError(f"{label} is empty")
@@ -102,7 +110,7 @@ def read_pdf(source, name: str | None = None) -> tuple[bytes, str]:
 class RenderedDocument:
     """One document open in its child process: ``len()`` pages, each page's size and its picture.
 
-    Every answer is awaited at most :data:`PAGE_SECONDS`; a child that runs past it is killed, and a
+    Every answer is awaited at most ``limits().pdf_page_seconds``; a child that runs past it is killed, and a
     child that dies (its memory limit, a PDFium crash) is reported, both in one line naming the page."""
 
     def __init__(self, data: bytes, label: str):
@@ -111,8 +119,8 @@ class RenderedDocument:
         self.label, self._read_frame, self._write_frame = label, read_frame, write_frame
         # -P: the worker's folder is not put on sys.path; a fresh interpreter, never a fork of this
         # threaded one. Its stderr (PDFium's warnings, a crash's report) is not the user's business.
-        self._child = subprocess.Popen([sys.executable, "-P", str(WORKER), str(RENDER_MEMORY),
-                                        str(math.ceil(PAGE_SECONDS * (MAX_THUMBNAILS + 2)))],
+        self._child = subprocess.Popen([sys.executable, "-P", str(WORKER), str(limits().pdf_render_memory),
+                                        str(math.ceil(limits().pdf_page_seconds * (MAX_THUMBNAILS + 2)))],
                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
         self._out = _TimedReader(self._child.stdout)
         try:
@@ -146,15 +154,16 @@ class RenderedDocument:
         return reply
 
     def _ask(self, request: dict, payload: bytes, too_much: str, allowance: float = 0.0):
-        limits = f" (the limits are {RENDER_MEMORY / 1024 ** 3:g} GiB and {PAGE_SECONDS:g} s)"
+        bounds = limits()
+        said = f" (the limits are {bounds.pdf_render_memory / 1024 ** 3:g} GiB and {bounds.pdf_page_seconds:g} s)"
         try:
             self._write_frame(self._child.stdin, request, payload)
-            reply = self._read_frame(self._out.until(time.monotonic() + PAGE_SECONDS + allowance))
+            reply = self._read_frame(self._out.until(time.monotonic() + bounds.pdf_page_seconds + allowance))
         except (OSError, ValueError, TimeoutError):  # a closed pipe, a cut frame, no answer in time
             reply = None
         if reply is None:
             self.close()
-            raise G4VError(too_much + limits)
+            raise G4VError(too_much + said)
         return reply
 
     def close(self) -> None:
@@ -179,7 +188,7 @@ class _TimedReader:
         return self
 
     def read(self, count: int) -> bytearray:
-        if count > MAX_FRAME_BYTES:  # only a child gone wrong asks for more than a page's bitmap
+        if count > max_frame_bytes():  # only a child gone wrong asks for more than a page's bitmap
             raise ValueError("the PDF renderer sent more than a page")
         buffer, done = bytearray(count), 0
         view = memoryview(buffer)  # filled in place: a page's bitmap is not held twice
@@ -198,25 +207,26 @@ class _TimedReader:
 def open_pdf(data: bytes, label: str):
     """The document for checked bytes, in a child process of its own, closed afterwards.
 
-    Waits for one of the :data:`MAX_RENDERERS` slots. Refuses encrypted (password-protected),
+    Waits for one of the :func:`render_slots`. Refuses encrypted (password-protected),
     corrupt, zero-page and too-long documents in one line.
     """
     if importlib.util.find_spec("pypdfium2") is None:
         raise G4VError("PDF input needs pypdfium2 in this environment (pip install pypdfium2)")
-    if not _RENDER_SLOTS.acquire(timeout=WAIT_SECONDS):
+    slots = render_slots()
+    if not slots.acquire(timeout=WAIT_SECONDS):
         raise G4VError("every PDF renderer is busy right now; try again in a minute")
     document = None
     try:
         document = RenderedDocument(data, label)
         if document.pages < 1:
             raise G4VError(f"{label} has no pages")
-        if document.pages > MAX_PDF_PAGES:
-            raise G4VError(f"{label} has too many pages: {document.pages:,} (the limit is {MAX_PDF_PAGES:,})")
+        if document.pages > limits().max_pdf_pages:
+            raise G4VError(f"{label} has too many pages: {document.pages:,} (the limit is {limits().max_pdf_pages:,})")
         yield document
     finally:
         if document is not None:
             document.close()
-        _RENDER_SLOTS.release()
+        slots.release()
 
 
 def _load_problem(label: str, code, data: bytes) -> str:
@@ -308,11 +318,12 @@ def _render_page(document: RenderedDocument, number: int, dpi: float, label: str
     width, height = document.page_size(number)
     scale = dpi / POINTS_PER_INCH
     pixels = math.ceil(width * scale) * math.ceil(height * scale)  # PDFium rounds sizes up
-    if pixels > MAX_IMAGE_PIXELS:
-        fitting = int(POINTS_PER_INCH * (MAX_IMAGE_PIXELS / max(width * height, 1)) ** 0.5) - 1
+    most = limits().max_image_pixels
+    if pixels > most:
+        fitting = int(POINTS_PER_INCH * (most / max(width * height, 1)) ** 0.5) - 1
         advice = f"try {fitting} dpi or less" if fitting >= MIN_DPI else f"too large even at {MIN_DPI} dpi"
         raise G4VError(f"page {number} of {label} is too large at {dpi:g} dpi: {pixels:,} pixels "
-                       f"(the limit is {MAX_IMAGE_PIXELS:,}; {advice})")
+                       f"(the limit is {most:,}; {advice})")
     if pixels < 1:
         raise G4VError(f"page {number} of {label} has no area ({width:g} x {height:g} points)")
     return to_rgb(document.render(number, scale))

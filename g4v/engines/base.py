@@ -28,14 +28,9 @@ from dataclasses import dataclass, field
 from g4v.conversation import Message, SamplingSettings
 
 #: The ``adapter=`` value that asks for the base language model of a checkpoint with a vision LoRA
-#: (:mod:`g4v.engines.vision_lora`): the request runs without any LoRA, image or not. Only native
+#: (:mod:`g4v.checkpoint.vision_lora`): the request runs without any LoRA, image or not. Only native
 #: and off modes have that model; with the LoRA merged (or none in the checkpoint) it is refused.
 WITHOUT_VISION_LORA = "<base language model>"
-
-#: Requests the transformers engine runs as one padded batch (``generate_batch``, batched
-#: scoring): where a 2-core CPU stops gaining from larger batches on the bundled checkpoints.
-BATCH_SIZE = 8
-
 
 def gpu_present() -> bool:
     """Whether torch sees a CUDA GPU (``auto``'s choice, vLLM's settings). Here, below the engines,
@@ -137,7 +132,7 @@ def messages_of(request: "list[Message] | PreparedRequest") -> list[Message]:
 class GenerationRequest:
     """One request of a batch (:meth:`Engine.generate_batch`): a conversation (or a request the
     same engine prepared), how to decode it, and the adapter it runs with (None: the model an
-    image request gets, see :mod:`g4v.engines.vision_lora`)."""
+    image request gets, see :mod:`g4v.checkpoint.vision_lora`)."""
 
     messages: "list[Message] | PreparedRequest"
     settings: SamplingSettings = SamplingSettings()
@@ -156,7 +151,7 @@ class EngineInfo:
 def transformers_info(model: str, held) -> EngineInfo:
     """The transformers engine's info for ``model`` as ``held`` (a :class:`~g4v.loading.LoadedModel`,
     or the :class:`~g4v.loading.ModelOutline` it is loaded from) says it: device, dtype, vision LoRA."""
-    from g4v.engines.vision_lora import describe
+    from g4v.checkpoint.vision_lora import describe
 
     info = EngineInfo(backend="hf", model=model, device=str(held.device), dtype=str(held.dtype).removeprefix("torch."))
     if held.vision_lora is not None:  # said at start by the commands; absent for merged checkpoints
@@ -172,7 +167,7 @@ class Engine(ABC):
     """One loaded model behind one backend."""
 
     info: EngineInfo
-    #: The checkpoint's vision LoRA (a :class:`~g4v.engines.vision_lora.VisionLora`; None: its
+    #: The checkpoint's vision LoRA (a :class:`~g4v.checkpoint.vision_lora.VisionLora`; None: its
     #: weights are the vision model, or the backend cannot tell) and its mode.
     vision_lora = None
     vision_mode = "off"

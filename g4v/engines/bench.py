@@ -198,7 +198,7 @@ def runs(backends: list[str], modes: str | None, model: str | None, serve: bool 
     """``(shown name, backend, vision LoRA mode)`` per timed run: each backend once, or once per mode
     in ``modes`` (comma-separated), which needs a checkpoint that carries a vision LoRA (and, for
     openai, a server started here: another server's mode is its own)."""
-    from g4v.engines.vision_lora import check_mode, find_vision_lora
+    from g4v.checkpoint.vision_lora import check_mode, find_vision_lora
     from g4v.loading import resolve_source
     from g4v.paths import default_model
 

@@ -1,7 +1,7 @@
 """How the transformers engine decodes chats: the one place these settings and their defaults live.
 
 The app's and every command's flags derive from :class:`DecodeSettings`
-(``g4v.commands.settings_flags``); no torch here, so ``--help`` builds without it.
+(``g4v.settings.flags``); no torch here, so ``--help`` builds without it.
 """
 
 from dataclasses import dataclass, field

@@ -26,7 +26,7 @@ from transformers import StoppingCriteria, StoppingCriteriaList, set_seed
 from transformers.generation.streamers import BaseStreamer
 
 from g4v.conversation import Message, SamplingSettings, to_template_messages, validate_conversation
-from g4v.engines.base import (BATCH_SIZE, Engine, Generation, GenerationRequest, OnDone, Piece, PreparedRequest,
+from g4v.engines.base import (Engine, Generation, GenerationRequest, OnDone, Piece, PreparedRequest,
                               fold, transformers_info)
 from g4v.engines.capabilities import Instrumentable, Scorable
 from g4v.engines.decode_loop import DecodeLoop, supported
@@ -35,6 +35,7 @@ from g4v.engines.detokenize import DECODE, IncrementalText
 from g4v.engines.hf_adapters import AdapterSwitch
 from g4v.errors import G4VError, PromptTooLong, check_value, whole_number
 from g4v.loading import LoadedModel, load_model
+from g4v.model import BATCH_SIZE
 from g4v.model.encoding import encoded_inputs, features_shared
 from g4v.model.precision import quantize_model
 

@@ -24,10 +24,10 @@ import logging
 import threading
 from contextlib import contextmanager
 
+from g4v.checkpoint.vision_lora import check_base_available
 from g4v.engines.base import WITHOUT_VISION_LORA
 from g4v.engines.decode_loop import Variant
 from g4v.engines.twins import free_bytes, mergeable, merged_bytes, with_merged, without_lora
-from g4v.engines.vision_lora import check_base_available
 from g4v.errors import G4VError
 from g4v.loading import VISION_ADAPTER
 

@@ -8,7 +8,7 @@ around each matrix product, on every layer of every decode step. The decode loop
 * :func:`without_lora`: the base model, each LoRA layer replaced by the linear layer it wraps (the
   same weights: no memory);
 * :func:`with_merged`: the model with one adapter merged in, ``W + scaling * B @ A`` in float32 as
-  :func:`g4v.engines.vision_lora.merge_into` merges at load (memory: the adapted layers' weights
+  :func:`g4v.checkpoint.vision_lora.merge_into` merges at load (memory: the adapted layers' weights
   once more; :func:`merged_bytes`).
 
 A twin is the model's own classes and forward: a shallow copy of each module on the way down to a

@@ -9,7 +9,7 @@ one, a failed start is one line (:mod:`g4v.engines.vllm_start`). Facts (``../sha
 * vLLM starts its processes with ``spawn``: a script building a :class:`VLLMEngine` needs the
   ``if __name__ == "__main__":`` guard (``python -m g4v`` has it).
 * ``AsyncLLM`` ignores ``default_mm_loras`` (only ``LLM.generate`` and the OpenAI server apply it),
-  so this engine passes the checkpoint's vision LoRA (:mod:`g4v.engines.vision_lora`) as every image
+  so this engine passes the checkpoint's vision LoRA (:mod:`g4v.checkpoint.vision_lora`) as every image
   request's ``lora_request``, and gives vLLM the folder without the adapter files (it would load
   ``adapter_model.safetensors`` as a weight shard).
 * On the CPU, vLLM reserves its KV cache from RAM (``VLLM_CPU_KVCACHE_SPACE``, GiB, read at
@@ -26,10 +26,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from g4v.checkpoint.vision_lora import check_base_available, lora_rank_slot, served_view
 from g4v.conversation import Message, SamplingSettings, to_template_messages, validate_conversation
 from g4v.engines.base import WITHOUT_VISION_LORA, Engine, EngineInfo, Piece, gpu_present, messages_of, without_end_token
 from g4v.engines.event_loop import LoopThread
-from g4v.engines.vision_lora import check_base_available, lora_rank_slot, served_view
 from g4v.engines.vllm_start import OutputTail, start_error
 from g4v.errors import G4VError, PromptTooLong, check_fields, first_line, share, whole_number
 
@@ -176,7 +176,7 @@ class VLLMEngine(Engine):
     in_flight = 64
 
     def __init__(self, model: str, settings: VLLMSettings | None = None, vision_lora: str | None = None):
-        from g4v.engines.vision_lora import check_mode, describe, find_vision_lora
+        from g4v.checkpoint.vision_lora import check_mode, describe, find_vision_lora
         from g4v.loading import load_processor, resolve_source
 
         self.settings = settings or VLLMSettings()

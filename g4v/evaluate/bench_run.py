@@ -10,7 +10,7 @@ Two numbers, measured in one command:
   ``git worktree add DIR COMMIT``), and the two rows/s are printed side by side. The engine loads
   and answers one warm-up request before the clock starts.
 * **batched vs one by one**: one ``hf`` arm answers every row with ``batch_size`` 1 and with
-  :data:`~g4v.engines.base.BATCH_SIZE`, on one engine, taking turns twice (the fastest of each
+  :data:`~g4v.model.BATCH_SIZE`, on one engine, taking turns twice (the fastest of each
   kept), and the greedy tokens are compared.
 """
 
@@ -78,7 +78,7 @@ def time_batching(spec, samples: list, config, rounds: int = 2,
     The two take turns ``rounds`` times and each keeps its fastest time, so a burst of load on a
     shared machine slows one round, not one side of the ratio. ``reuse`` is ``open_arm``'s (the GPU
     check times the engine it built)."""
-    from g4v.engines.base import BATCH_SIZE
+    from g4v.model import BATCH_SIZE
     from g4v.evaluate.arms import open_arm
     from g4v.evaluate.requests import Requests
 

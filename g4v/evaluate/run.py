@@ -25,14 +25,14 @@ from pathlib import Path
 from g4v.conversation import MAX_NEW_TOKENS, SamplingSettings, check_answer_length
 from g4v.errors import G4VError, check_fields, share, whole_number
 import g4v.evaluate.store as store
-from g4v.engines.base import BATCH_SIZE
 from g4v.evaluate.arms import VLLM_IN_FLIGHT, Arm, ArmSpec, check_arms, open_arms
-from g4v.evaluate.requests import Requests
 from g4v.evaluate.data import Columns, EvalSample, PictureFit, open_dataset
+from g4v.evaluate.equivalence import DISCORDANCE, MARGIN
+from g4v.evaluate.requests import Requests
 from g4v.evaluate.scoring import (PairScores, agreement, blanked, image_tokens, level_drift, level_norms,
                                   precision_pair, score_pairs)
-from g4v.evaluate.equivalence import DISCORDANCE, MARGIN
 from g4v.evaluate.stats import detectable, matches, summarise
+from g4v.model import BATCH_SIZE
 
 #: Fewest rows per chunk when both arms are local transformers (a chunk holds at least one batch);
 #: a batching arm gets chunks as large as the requests it keeps in flight.

@@ -17,8 +17,9 @@ from typing import TYPE_CHECKING
 
 from PIL import Image
 
-from g4v.engines.base import BATCH_SIZE, Generation
+from g4v.engines.base import Generation
 from g4v.evaluate.stats import kl_stats
+from g4v.model import BATCH_SIZE
 
 if TYPE_CHECKING:
     import torch

@@ -4,7 +4,7 @@ An upload is unpacked into an empty folder the app gives (one per upload, inside
 store), and only there. A zip is a list of names and sizes written by whoever made it, so every
 entry is checked before anything is written: names that climb out (``../``) or start at the root,
 links, encrypted entries, names that appear twice, files that are neither pictures nor tables, too
-many files, or more bytes than :data:`MAX_TOTAL_BYTES` once unpacked (a zip bomb declares small
+many files, or more bytes than the limits allow once unpacked (:mod:`g4v.settings.limits`) (a zip bomb declares small
 compressed sizes; the uncompressed sizes are what count, and no entry is read past the size it
 declared). Each refusal is one line naming the entry as the zip names it, never a server path.
 Junk that archivers add (``__MACOSX/``, ``.DS_Store``) is skipped silently.
@@ -14,7 +14,6 @@ of a ``metadata.*`` table (Hugging Face's ``imagefolder`` layout), a saved datas
 the one table file.
 """
 
-import os
 import shutil
 import stat
 import zipfile
@@ -22,6 +21,7 @@ import zlib
 from pathlib import Path, PurePosixPath
 
 from g4v.errors import G4VError, quoted
+from g4v.settings.limits import limits
 
 #: Picture files a dataset may hold (what ``g4v.images.open_image`` reads).
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".gif", ".bmp", ".tif", ".tiff")
@@ -29,10 +29,6 @@ IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".gif", ".bmp", ".tif", ".ti
 TABLE_SUFFIXES = (".jsonl", ".csv", ".parquet", ".json", ".arrow")
 #: What the app's upload box accepts.
 UPLOAD_SUFFIXES = (".zip",) + TABLE_SUFFIXES + IMAGE_SUFFIXES
-#: An upload may hold at most this many files ...
-MAX_FILES = int(os.environ.get("G4V_MAX_DATASET_FILES", 5000))
-#: ... and this many bytes once unpacked.
-MAX_TOTAL_BYTES = int(os.environ.get("G4V_MAX_DATASET_BYTES", 512 * 1024 * 1024))
 #: Longest file or folder name Linux takes (NAME_MAX, bytes).
 MAX_NAME_BYTES = 255
 #: A folder holding these two files is a dataset saved with ``datasets``' ``save_to_disk``.
@@ -131,16 +127,16 @@ def _check_file_name(path: PurePosixPath, shown: str) -> None:
 
 def check_totals(names: list[str], sizes: list[int]) -> None:
     """Refuse an upload with too many files, a name twice, or too many bytes in all."""
-    if len(names) > MAX_FILES:
-        raise G4VError(f"the upload holds {len(names):,} files, the limit is {MAX_FILES:,}")
+    if len(names) > limits().max_dataset_files:
+        raise G4VError(f"the upload holds {len(names):,} files, the limit is {limits().max_dataset_files:,}")
     seen = set()
     for name in names:
         if name.lower() in seen:  # also refuses names that clash on a case-insensitive disk
             raise G4VError(f"the upload holds {quoted(name, 80)} twice")
         seen.add(name.lower())
     total = sum(sizes)
-    if total > MAX_TOTAL_BYTES:
-        raise G4VError(f"the upload unpacks to {total / 2**20:,.0f} MiB, the limit is {MAX_TOTAL_BYTES / 2**20:,.0f} MiB")
+    if total > limits().max_dataset_bytes:
+        raise G4VError(f"the upload unpacks to {total / 2**20:,.0f} MiB, the limit is {limits().max_dataset_bytes / 2**20:,.0f} MiB")
 
 
 def _copy_at_most(source, sink, size: int, name: str) -> None:

@@ -1,7 +1,7 @@
 """What a deepstack inspection is asked: :class:`InspectSettings`, the one place for its defaults.
 
 ``python -m g4v inspect`` derives its ``--ablate``, ``--scale``, ``--full`` and ``--max-new-tokens``
-flags from the fields (:mod:`g4v.commands.settings_flags`), the Deepstack tab starts its widgets at
+flags from the fields (:mod:`g4v.settings.flags`), the Deepstack tab starts its widgets at
 them, and :func:`g4v.inspect.run.run_inspection`'s defaults are theirs: a default changed here
 changes all three. No torch here, so the command's flags cost no import.
 """

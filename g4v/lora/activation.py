@@ -2,7 +2,7 @@
 register it with the engine. Every engine user of an adapter comes through here (the LoRA tab,
 ``chat --adapter``, ``lora-diff``, Evaluate's arms), so the refusals below hold everywhere.
 
-On a checkpoint with a vision LoRA (:mod:`g4v.engines.vision_lora`) people fine-tune in two ways,
+On a checkpoint with a vision LoRA (:mod:`g4v.checkpoint.vision_lora`) people fine-tune in two ways,
 and the two must run differently:
 
 * a **replacement** (:data:`REPLACES`): trained from the vision LoRA, so it holds the vision LoRA's

@@ -1,6 +1,6 @@
 """The models a LoRA comparison can put side by side, by name.
 
-On a checkpoint with a vision LoRA in native mode (:mod:`g4v.engines.vision_lora`) there are three:
+On a checkpoint with a vision LoRA in native mode (:mod:`g4v.checkpoint.vision_lora`) there are three:
 
 * ``base``: the **base language model** (no LoRA at all, image or not);
 * ``vision``: the **vision model**, what Chat answers (the vision LoRA on image requests);

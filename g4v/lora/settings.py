@@ -1,7 +1,7 @@
 """What a token-level LoRA comparison is asked: :class:`LoraDiffSettings`, the one place for its defaults.
 
 ``python -m g4v lora-diff`` derives its ``--adapter``, ``--left``, ``--right`` and ``--max-new-tokens``
-flags from the fields (:mod:`g4v.commands.settings_flags`), the LoRA tab starts its pickers and
+flags from the fields (:mod:`g4v.settings.flags`), the LoRA tab starts its pickers and
 its slider at them, and :func:`g4v.lora.token_diff.lora_token_diff` takes the object itself: a
 default changed here changes all three. No torch here, so the command's flags cost no import.
 """

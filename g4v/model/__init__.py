@@ -14,3 +14,8 @@ package reads from the bottom up; each module imports only those above it in thi
 * :mod:`g4v.model.exports`: the bounded, self-cleaning folder the app's exports go to (every panel
   that exports files, and the visitors' stores in ``webapp.sessions``).
 """
+
+#: Requests the transformers engine runs as one padded batch (``generate_batch``, batched
+#: scoring): where a 2-core CPU stops gaining from larger batches on the bundled checkpoints.
+#: Here, in the shared layer, because the engines and the scoring below them both batch by it.
+BATCH_SIZE = 8

@@ -12,7 +12,7 @@ import torch
 from transformers import DynamicCache
 
 from g4v.conversation import Message
-from g4v.engines.base import BATCH_SIZE
+from g4v.model import BATCH_SIZE
 from g4v.model.capture import instrument
 from g4v.model.levels import Level
 from g4v.model.records import TokenProb

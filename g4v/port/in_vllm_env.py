@@ -37,7 +37,7 @@ def port_diff_command(python, image_path: str, prompt: str, model: str, png: Pat
                       settings: PortDiffSettings | None = None) -> list[str]:
     """The ``port-diff`` command line: the CLI twin's flags, one per field of ``settings`` that is
     set (None: the CLI's defaults), each named as ``port-diff`` derives it from the field
-    (``--`` + the name in kebab case: :func:`g4v.commands.settings_flags.flag_of`, which the
+    (``--`` + the name in kebab case: :func:`g4v.settings.flags.flag_of`, which the
     library may not import; tests/test_port_lora_audit.py parses the line back)."""
     command = [str(python), "-m", "g4v", "port-diff", "--model", model, "--image", str(image_path),
                "--prompt", prompt, "--json", "--png", str(png), "--progress"]

@@ -1,6 +1,6 @@
 """The port inspector's vision LoRA audit: does each side run the model the checkpoint describes?
 
-A checkpoint in the real layout (:mod:`g4v.engines.vision_lora`) is the vision model only with its
+A checkpoint in the real layout (:mod:`g4v.checkpoint.vision_lora`) is the vision model only with its
 LoRA applied. The comparison runs transformers in one mode and vLLM with the LoRA arguments a user
 serves it with (``serving``: ``enable_lora``, ``max_lora_rank``, ``default_mm_loras``,
 ``hf_overrides``...; by default g4v's own recipe for the mode). vLLM is given exactly those
@@ -25,7 +25,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from g4v.engines.vision_lora import VisionLora, lora_rank_slot
+from g4v.checkpoint.vision_lora import VisionLora, lora_rank_slot
 from g4v.errors import G4VError
 from g4v.model.records import Record
 

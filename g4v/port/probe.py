@@ -59,7 +59,7 @@ class VLLMProbe:
         from g4v.engines.vllm_engine import VLLMSettings, engine_arguments
         from g4v.loading import resolve_source
 
-        from g4v.engines.vision_lora import check_mode, find_vision_lora, served_view
+        from g4v.checkpoint.vision_lora import check_mode, find_vision_lora, served_view
         from g4v.port import lora_audit
 
         source = resolve_source(model)

@@ -86,7 +86,7 @@ def run_port_diff(image, prompt: str, model: str | None = None, max_new_tokens: 
     the settings under which the two sides are not the same model (:mod:`g4v.port.lora_audit`).
     ``progress(fraction, text)`` is called as each stage (:data:`STAGES`) starts, when given.
     """
-    from g4v.engines.vision_lora import check_mode, find_vision_lora
+    from g4v.checkpoint.vision_lora import check_mode, find_vision_lora
     from g4v.port import lora_audit
 
     from g4v.engines.hf import TransformersEngine

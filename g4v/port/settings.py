@@ -1,15 +1,15 @@
 """What a port comparison is asked: :class:`PortDiffSettings`, the one place for its defaults.
 
 ``python -m g4v port-diff`` derives its comparison flags from the fields
-(:mod:`g4v.commands.settings_flags`); the vLLM port tab starts its dropdowns at them and hands the
+(:mod:`g4v.settings.flags`); the vLLM port tab starts its dropdowns at them and hands the
 object to :func:`g4v.port.in_vllm_env.run_port_diff_in_vllm_env`, which turns it back into that
 command line. A default changed here changes the command, the tab and the command line the tab runs.
 """
 
 from dataclasses import dataclass, field
 
+from g4v.checkpoint.vision_lora import DEFAULT_MODE, MODES
 from g4v.conversation import check_continuation_length
-from g4v.engines.vision_lora import DEFAULT_MODE, MODES
 from g4v.errors import NumberError, quoted, read_decimal
 from g4v.port import COMPARED_TOKENS
 

@@ -14,6 +14,8 @@ For each field (``dataclasses.fields`` order):
 * a ``bool`` field takes ``--name/--no-name`` (``BooleanOptionalAction``); with its own
   ``metadata["flag"]`` it is a plain switch instead: ``store_false`` when the default is True
   (``--no-lora`` for ``enable_lora``), ``store_true`` otherwise;
+* a ``list`` or ``tuple`` field with ``metadata["repeat"]`` takes one value a flag, repeatable
+  (``--data-dir a --data-dir b``: ``action="append"``, after the values it starts with);
 * a ``list`` or ``tuple`` field with ``metadata["nargs"]`` takes one or more values, repeatable
   (``--ablate deepstack0 spatial_TL --ablate 3``: ``action="extend"``, each value of the
   element type; a tuple field gets a tuple back);
@@ -28,16 +30,25 @@ For each field (``dataclasses.fields`` order):
   help does not state the default: ``python -m g4v``'s help formatter appends every flag's
   (:class:`g4v.cli.DefaultsShown`).
 
-Pure ``argparse`` and ``dataclasses``: no g4v import, so every command can use it.
+A field may also name its environment variable, ``metadata["env"]`` (a name, or several: the
+first that is set wins, as ``G4V_HOST`` before Spaces' ``GRADIO_SERVER_NAME``).
+:func:`environment_values` reads them, when called (at start, never at import), each as its flag
+reads its text, or through ``metadata["from_env"]`` (a function of the text, such as a list
+separated by ``:``); a bad value is one :class:`~g4v.errors.G4VError` line that names the
+variable. The app's flags start at these values (``add_settings_flags(..., defaults=...)``), and
+:mod:`g4v.settings.limits` is read from them alone.
+
+Pure ``argparse`` and ``dataclasses`` (and :mod:`g4v.errors`), so every command can use it.
 """
 
 import argparse
 import dataclasses
 import json
+import os
 import types
 import typing
 
-from g4v.errors import read_decimal, read_whole
+from g4v.errors import G4VError, read_decimal, read_whole
 
 
 def flag_of(field: dataclasses.Field) -> str:
@@ -56,16 +67,18 @@ def default_of(field: dataclasses.Field):
     return field.default
 
 
-def add_settings_flags(parser, cls, exclude: tuple[str, ...] = ()) -> None:
+def add_settings_flags(parser, cls, exclude: tuple[str, ...] = (), defaults: dict | None = None) -> None:
     """Add one flag per field of the dataclass ``cls`` (but those in ``exclude``) to ``parser``
-    (a parser or an argument group). Each flag's ``dest`` is the field's name."""
+    (a parser or an argument group). Each flag's ``dest`` is the field's name; its default is the
+    field's, or ``defaults[name]`` where given (the values :func:`environment_values` read)."""
     hints = typing.get_type_hints(cls)
+    defaults = defaults or {}
     for field in flagged_fields(cls, exclude):
-        default = default_of(field)
+        default = defaults[field.name] if field.name in defaults else default_of(field)
         if isinstance(default, tuple):
             default = list(default)  # argparse's "extend" appends to it; settings_from_args makes it a tuple again
-        parser.add_argument(flag_of(field), dest=field.name, default=default,
-                            help=field.metadata.get("help"), **_parsing(field, hints[field.name]))
+        parser.add_argument(flag_of(field), dest=field.name, default=default, help=_help(field),
+                            **_parsing(field, hints[field.name]))
 
 
 def settings_from_args(cls, args: argparse.Namespace, exclude: tuple[str, ...] = (), **given):
@@ -80,6 +93,54 @@ def settings_from_args(cls, args: argparse.Namespace, exclude: tuple[str, ...] =
     return cls(**values, **given)
 
 
+def env_names(field: dataclasses.Field) -> tuple[str, ...]:
+    """The environment variables a field is read from, first to last (none: the field has none)."""
+    names = field.metadata.get("env", ())
+    return (names,) if isinstance(names, str) else tuple(names)
+
+
+def environment_values(cls, environ=None) -> dict:
+    """``{field name: value}`` for each field of ``cls`` whose environment variable is set in
+    ``environ`` (default ``os.environ``, read now). Read as the field's flag reads its text (its
+    type, ``metadata["check"]``), or by ``metadata["from_env"]``; a bad value raises
+    :class:`~g4v.errors.G4VError` with one line that names the variable."""
+    environ = os.environ if environ is None else environ
+    hints = typing.get_type_hints(cls)
+    values = {}
+    for field in dataclasses.fields(cls):
+        name = next((name for name in env_names(field) if name in environ), None)
+        if name is not None:
+            values[field.name] = _environment_value(field, hints[field.name], name, environ[name])
+    return values
+
+
+def _environment_value(field: dataclasses.Field, hint, name: str, text: str):
+    kind = _plain_type(hint)
+    read = field.metadata.get("from_env") or field.metadata.get("parse") or NUMBER_READERS.get(kind, kind)
+    try:
+        value = read(text)
+    except ValueError as err:  # a reader's line says what is wrong: "must be a whole number ..., got 'abc'"
+        raise G4VError(f"{name} {err}") from None
+    choices = field.metadata.get("choices")
+    if choices is not None and value not in choices:
+        raise G4VError(f"{name} must be one of {', '.join(map(str, choices))}, not {text[:40]!r}")
+    try:
+        if "check" in field.metadata:
+            field.metadata["check"](value)
+    except ValueError as err:
+        raise G4VError(f"{name}: {err}") from None
+    return value
+
+
+def _help(field: dataclasses.Field) -> str | None:
+    """The field's help, with the environment variables it is read from."""
+    helped, names = field.metadata.get("help"), env_names(field)
+    if not names:
+        return helped
+    read_from = "$" + " or $".join(names)
+    return f"{helped} ({read_from})" if helped else read_from
+
+
 def _parsing(field: dataclasses.Field, hint) -> dict:
     """``add_argument`` keywords that read the field's type."""
     given = {key: field.metadata[key] for key in ("choices", "metavar") if key in field.metadata}
@@ -88,6 +149,9 @@ def _parsing(field: dataclasses.Field, hint) -> dict:
         if "flag" in field.metadata:
             return {"action": "store_false" if field.default is True else "store_true"}
         return {"action": argparse.BooleanOptionalAction}
+    if kind in (list, tuple) and field.metadata.get("repeat"):
+        element = (typing.get_args(_unwrapped(hint)) or (str,))[0]
+        return {"action": "append", "type": NUMBER_READERS.get(element, element), **given}
     if kind in (list, tuple) and "nargs" in field.metadata:
         element = (typing.get_args(_unwrapped(hint)) or (str,))[0]
         return {"nargs": field.metadata["nargs"], "action": "extend", "type": NUMBER_READERS.get(element, element), **given}
