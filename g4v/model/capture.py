@@ -6,10 +6,10 @@ transformers' ``Granite4VisionModel.forward`` hands the language model a dict
 before decoder layer ``i`` (the levels: :mod:`g4v.model.levels`). Nothing here copies that code.
 :func:`instrument` attaches hooks, at capture points named as :mod:`g4v.model.sites` declares them:
 
-* a forward pre-hook on the language model (``language_model``) reads (and, to ablate or scale a level, replaces) the
-  ``deepstack_features`` argument: the exact tensors the model injects;
-* a forward pre-hook on every decoder layer (``layers.{i}``) reads the residual stream entering it, which is the
-  stream *after* that layer's injection;
+* a forward pre-hook on the language model (``language_model``) reads (and, to ablate or scale a
+  level, replaces) the ``deepstack_features`` argument: the exact tensors the model injects;
+* a forward pre-hook on every decoder layer (``layers.{i}``) reads the residual stream entering it,
+  which is the stream *after* that layer's injection;
 * a forward hook on the decoder layer before each target layer reads the stream *before* the
   injection (for layer 0: the language model's input embeddings times Granite's
   ``embedding_multiplier``, which is what the text model starts its residual stream with).
