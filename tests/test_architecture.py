@@ -376,3 +376,27 @@ def test_no_module_reads_g4v_variables_at_import():
     offenders = [f"{path.relative_to(REPO_ROOT)}:{node.lineno}" for path in files
                  for node in _environment_reads(ast.parse(path.read_text()))]
     assert offenders == []
+
+
+#: The model's own module names that only ``g4v/model/sites.py`` writes: a decoder layer's attention,
+#: the projectors, and the decoder layers read off the language model (``language_model.layers``,
+#: vLLM's ``language_model.model.layers``).
+MODULE_NAMES = {"self_attn", "layerwise_projectors", "spatial_projectors"}
+
+
+def test_capture_points_are_found_by_name_through_one_resolver():
+    """Outside ``g4v/model/sites.py`` no code walks the model to a module to hook it (or to touch
+    it): ``language_model.layers[i].self_attn``, ``model.model.layerwise_projectors``; it names the
+    capture point, ``site(model, "layers.3.self_attn")``, and the one resolver finds it in
+    transformers' model or in vLLM's. docs/architecture.md, "Where a shared capability goes"."""
+    offenders = []
+    for path in source_files():
+        if module_name(path) == "g4v.model.sites":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.Attribute):
+                continue
+            owner = node.value.id if isinstance(node.value, ast.Name) else getattr(node.value, "attr", "")
+            if node.attr in MODULE_NAMES or node.attr == "layers" and owner in ("language_model", "model"):
+                offenders.append(f"{path.relative_to(REPO_ROOT)}:{node.lineno} {owner}.{node.attr}")
+    assert offenders == []

@@ -12,8 +12,9 @@ from g4v.attribution.gradients import gradient_x_input, integrated_gradients
 from g4v.attribution.lens import logit_lens
 from g4v.conversation import Message, SamplingSettings
 from g4v.errors import G4VError
-from g4v.model.capture import capture_forward, language_model_of
+from g4v.model.capture import capture_forward
 from g4v.model.levels import describe_levels
+from g4v.model.sites import site
 from tests.conftest import make_image
 
 PROMPT = "What is in the picture?"
@@ -50,7 +51,7 @@ def _model_own_target(model, inputs, answer, target, edit=None):
         return args, {**kwargs, "deepstack_features": features}
 
     ids = torch.cat([inputs["input_ids"], torch.tensor([answer])], dim=1)
-    handle = language_model_of(model).register_forward_pre_hook(make_leaves, with_kwargs=True)
+    handle = site(model, "language_model").register_forward_pre_hook(make_leaves, with_kwargs=True)
     try:
         with torch.enable_grad():
             logits = model(input_ids=ids, attention_mask=torch.ones_like(ids), pixel_values=inputs["pixel_values"],

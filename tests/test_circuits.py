@@ -13,8 +13,8 @@ from g4v.circuits.knockout import attention_knockout, knockout_layers
 from g4v.images import open_image
 from g4v.paths import EXAMPLES_DIR, TRAINED_MODEL_DIR
 from g4v.conversation import Message
-from g4v.model.capture import language_model_of
 from g4v.model.levels import describe_levels
+from g4v.model.sites import site
 from g4v.tiling import plan_tiling
 from tests.conftest import make_image
 
@@ -54,7 +54,7 @@ def test_attention_equals_output_attentions(hf_engine, width, height):
     picture = make_image(width, height, seed=width)
     inputs = hf_engine.prepare_inputs([Message("user", PROMPT, [picture])])
     reference = _reference_attentions(model, inputs)  # installs transformers' own capture hooks first
-    implementation = language_model_of(model).config._attn_implementation
+    implementation = site(model, "language_model").config._attn_implementation
     hooks = _hook_count(model)
     result = image_attention(hf_engine, picture, PROMPT)
     ids = inputs["input_ids"][0]
@@ -77,7 +77,7 @@ def test_attention_equals_output_attentions(hf_engine, width, height):
     assert len(tokens) == plan.num_image_tokens == positions.numel()
     assert [(t["kind"], tuple(t["box"])) for t in tokens] == [(t.kind, tuple(t.box)) for t in plan.tokens]
     # Eager was for that pass only; no hook stays behind.
-    assert language_model_of(model).config._attn_implementation == implementation
+    assert site(model, "language_model").config._attn_implementation == implementation
     assert _hook_count(model) == hooks
 
 
@@ -188,7 +188,7 @@ def test_knockout_at_some_layers_equals_an_attention_function_that_masks_them(tr
 
     AttentionInterface.register("g4v_test_knockout", masked_attention)
     AttentionMaskInterface.register("g4v_test_knockout", eager_mask)
-    language_model = language_model_of(model)
+    language_model = site(model, "language_model")
     previous = language_model.config._attn_implementation
     language_model.set_attn_implementation("g4v_test_knockout")
     try:
@@ -222,7 +222,7 @@ def test_a_failed_pass_leaves_no_eager_attention_and_no_hook(hf_engine):
     from g4v.model.hooks import Hooks
 
     model = hf_engine.model
-    language_model = language_model_of(model)
+    language_model = site(model, "language_model")
     inputs = hf_engine.prepare_inputs([Message("user", PROMPT, [make_image(100, 100)])])
     _reference_attentions(model, inputs)  # transformers' own capture hooks, installed once
     implementation, hooks = language_model.config._attn_implementation, _hook_count(model)

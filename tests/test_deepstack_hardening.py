@@ -15,8 +15,9 @@ from g4v.cli import main as cli_main
 from g4v.conversation import Message
 from g4v.errors import G4VError
 from g4v.inspect.ablation import compare_scaled, run_outcome
-from g4v.model.capture import LevelCapture, Trajectory, capture_forward, instrument, language_model_of
+from g4v.model.capture import LevelCapture, Trajectory, capture_forward, instrument
 from g4v.model.levels import MAX_SCALE, Level, describe_levels, level_scales
+from g4v.model.sites import site
 from g4v.paths import BUNDLED_MODEL_DIR, REAL_CONFIG_DIR, REPO_ROOT
 from g4v.loading import load_config
 from g4v.tiling import plan_tiling
@@ -220,7 +221,7 @@ def test_overflow_in_a_scaled_run_is_an_error_not_nan(hf_engine):
 def _language_model_calls(model):
     """Count the language model's forward calls with a real forward pre-hook (removed by the caller)."""
     calls = []
-    handle = language_model_of(model).register_forward_pre_hook(lambda module, args: calls.append(1))
+    handle = site(model, "language_model").register_forward_pre_hook(lambda module, args: calls.append(1))
     return calls, handle
 
 

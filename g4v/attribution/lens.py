@@ -12,8 +12,9 @@ from dataclasses import dataclass
 
 import torch
 
-from g4v.model.capture import Capture, capture_forward, language_model_of
+from g4v.model.capture import Capture, capture_forward
 from g4v.model.levels import Level
+from g4v.model.sites import site
 
 CHUNK = 256  # image tokens decoded at a time: (CHUNK, vocab) logits, whatever the image size
 
@@ -41,7 +42,7 @@ class LogitLens:
 
 def lens_logits(model, hidden: torch.Tensor) -> torch.Tensor:
     """(tokens, hidden) residual stream -> (tokens, vocab) logits, as the model's head computes them."""
-    language_model = language_model_of(model)
+    language_model = site(model, "language_model")
     scaling = float(getattr(model.config.text_config, "logits_scaling", 1.0) or 1.0)
     return model.get_output_embeddings()(language_model.norm(hidden)) / scaling
 

@@ -23,10 +23,10 @@ from g4v.conversation import Message
 from g4v.engines.capabilities import Instrumentable, require
 from g4v.errors import G4VError
 from g4v.images import open_image
-from g4v.model.capture import language_model_of
 from g4v.model.hooks import Hooks
 from g4v.model.levels import describe_levels
 from g4v.model.scoring import greedy_continuation, next_token_logprobs
+from g4v.model.sites import site
 from g4v.tiling import plan_tiling
 
 
@@ -144,7 +144,6 @@ def _answer(model, inputs: dict, tokenizer, tokens: int) -> tuple[torch.Tensor, 
 def knocked_out(model, layers: list[int], image_mask: torch.Tensor, answer: int) -> Hooks:
     """Hooks (a ``with`` block) that, at ``layers``, mask the entries from every query at or after
     sequence position ``answer`` to the positions where ``image_mask`` (prompt length) is True."""
-    language_model = language_model_of(model)
 
     def block(module, args, kwargs):
         mask = kwargs.get("attention_mask")
@@ -160,5 +159,5 @@ def knocked_out(model, layers: list[int], image_mask: torch.Tensor, answer: int)
 
     hooks = Hooks()
     for layer in layers:
-        hooks.before(language_model.layers[layer].self_attn, block, with_kwargs=True)
+        hooks.before(site(model, f"layers.{layer}.self_attn"), block, with_kwargs=True)
     return hooks

@@ -28,6 +28,7 @@ import torch
 from g4v.demo import shapes as S
 from g4v.demo.data import answer_spans
 from g4v.model.hooks import Hooks
+from g4v.model.sites import site, site_names
 
 
 class FeatureProbe(torch.nn.Module):
@@ -37,8 +38,8 @@ class FeatureProbe(torch.nn.Module):
     def __init__(self, model, place: bool = False):
         super().__init__()
         self.place = place
-        inner = model.model
-        self.projectors = list(inner.layerwise_projectors) + list(inner.spatial_projectors)
+        names = site_names(model, "layerwise_projectors.{i}") + site_names(model, "spatial_projectors.{i}")
+        self.projectors = [site(model, name) for name in names]
         hidden = model.config.text_config.hidden_size
         self.heads = torch.nn.ModuleList(
             [torch.nn.Linear(hidden, 1 + len(S.COLOURS) + 1 + len(S.SHAPES) + (1 + len(S.PLACES)) * place)
@@ -111,7 +112,7 @@ class AttentionPointer:
 
     def __init__(self, model, layer: int, head: int = 0, min_cover: float = 0.3, readout: bool = False,
                  kinds: frozenset[str] | None = None):
-        self.attention = model.model.language_model.layers[layer].self_attn
+        self.attention = site(model, f"layers.{layer}.self_attn")
         self.head = head
         #: With ``readout``, a throw-away linear head on what the pointer head gathers (its attention
         #: output, before ``o_proj``) names the colour, shape and place of the shape pointed at. Finding

@@ -40,6 +40,7 @@ from g4v.demo.data import conversation_plan, data_settings, encode
 from g4v.demo.progress import no_dropout, progress_bar, tick
 from g4v.demo.recipe import TrainSettings, lr_at
 from g4v.model.levels import describe_levels
+from g4v.model.sites import site, site_names
 from g4v.training.log_file import LOG_FILE, write_log
 from g4v.training.settings import MonitorSettings
 
@@ -221,9 +222,9 @@ def initial_model(settings: TrainSettings, processor):
         model = build_random_model(processor)  # the same init as the random bundled checkpoint
     if settings.qk_scale != 1.0:
         with torch.no_grad():
-            for layer in model.model.language_model.layers:
-                layer.self_attn.q_proj.weight.mul_(settings.qk_scale)
-                layer.self_attn.k_proj.weight.mul_(settings.qk_scale)
+            for name in site_names(model, "layers.{i}.self_attn"):
+                site(model, name).q_proj.weight.mul_(settings.qk_scale)
+                site(model, name).k_proj.weight.mul_(settings.qk_scale)
     return model
 
 

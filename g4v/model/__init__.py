@@ -6,6 +6,9 @@ package reads from the bottom up; each module imports only those above it in thi
 * :mod:`g4v.model.levels`: the 8 injection levels read from the config, and checked
   ``{level: factor}`` requests (no torch, so requests are checked before any model runs);
 * :mod:`g4v.model.hooks`: the one place forward hooks are added to a model and removed again;
+* :mod:`g4v.model.sites`: the capture points declared once by name (``language_model``,
+  ``layers.{i}``, ``layers.{i}.self_attn``, the projectors), and the one resolver of a name to its
+  module, in transformers' model and in vLLM's;
 * :mod:`g4v.model.capture`: hooks that record (and scale) what one forward pass injects;
 * :mod:`g4v.model.scoring`: next-token distributions, greedy continuations, teacher-forced answer
   logits, and the one KL divergence every panel compares distributions with;

@@ -14,14 +14,14 @@ from contextlib import contextmanager
 
 import torch
 
-from g4v.model.capture import language_model_of
 from g4v.model.hooks import Hooks
+from g4v.model.sites import site
 
 
 @contextmanager
 def eager_attention(model) -> Iterator[None]:
     """The language model on eager attention for the ``with`` block, its own implementation after."""
-    language_model = language_model_of(model)
+    language_model = site(model, "language_model")
     previous = language_model.config._attn_implementation
     language_model.set_attn_implementation("eager")
     try:
@@ -40,7 +40,6 @@ def eager_pass(model, inputs: dict, layers: list[int], keep: Callable[[int, torc
     ``layers``' attention weights, ``(heads, query, key)`` of the batch's one row, as the model
     computed them, and keeps what it needs: the layer's matrix is freed when the layer is done, so
     at most one layer's weights exist at a time."""
-    language_model = language_model_of(model)
     done: set[int] = set()
 
     def hook_for(layer: int):
@@ -55,7 +54,7 @@ def eager_pass(model, inputs: dict, layers: list[int], keep: Callable[[int, torc
 
     with Hooks() as hooks, eager_attention(model), torch.inference_mode():
         for layer in layers:
-            hooks.after(language_model.layers[layer].self_attn, hook_for(layer))
+            hooks.after(site(model, f"layers.{layer}.self_attn"), hook_for(layer))
         model(**inputs, use_cache=False, logits_to_keep=1)
 
 

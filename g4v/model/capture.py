@@ -4,12 +4,12 @@ transformers' ``Granite4VisionModel.forward`` hands the language model a dict
 ``deepstack_features = {llm_layer: features (num_image_tokens, hidden)}`` and a ``vision_mask``;
 ``Granite4VisionTextModel.forward`` adds ``deepstack_features[i]`` at the image positions right
 before decoder layer ``i`` (the levels: :mod:`g4v.model.levels`). Nothing here copies that code.
-:func:`instrument` attaches hooks:
+:func:`instrument` attaches hooks, at capture points named as :mod:`g4v.model.sites` declares them:
 
-* a forward pre-hook on the language model reads (and, to ablate or scale a level, replaces) the
-  ``deepstack_features`` argument: the exact tensors the model injects;
-* a forward pre-hook on every decoder layer reads the residual stream entering it, which is the
-  stream *after* that layer's injection;
+* a forward pre-hook on the language model (``language_model``) reads (and, to ablate or scale a
+  level, replaces) the ``deepstack_features`` argument: the exact tensors the model injects;
+* a forward pre-hook on every decoder layer (``layers.{i}``) reads the residual stream entering it,
+  which is the stream *after* that layer's injection;
 * a forward hook on the decoder layer before each target layer reads the stream *before* the
   injection (for layer 0: the language model's input embeddings times Granite's
   ``embedding_multiplier``, which is what the text model starts its residual stream with).
@@ -27,7 +27,8 @@ import torch
 
 from g4v.errors import G4VError
 from g4v.model.hooks import Hooks
-from g4v.model.levels import SPATIAL_OFFSETS, Level, describe_levels
+from g4v.model.levels import Level, describe_levels
+from g4v.model.sites import site, site_names
 
 @dataclass
 class LevelCapture:
@@ -108,11 +109,10 @@ def _json_float(x: float):
 class _Recorder:
     """The read-only hooks of one forward pass; norms stay 0-d device tensors until :meth:`finish`."""
 
-    def __init__(self, language_model, levels: list[Level], full: bool):
-        self.language_model = language_model
+    def __init__(self, num_layers: int, levels: list[Level], full: bool):
         self.levels = levels
         self.full = full
-        self.num_layers = len(language_model.layers)
+        self.num_layers = num_layers
         self.level_at_layer = {level.llm_layer: level for level in levels}
         self.seen_input = False
         self.has_image = False
@@ -245,32 +245,6 @@ def _averaging_weights(mask: torch.Tensor) -> torch.Tensor:
 # ── hooks ───────────────────────────────────────────────────────────────────────────────────────
 
 
-def base_model_of(model):
-    """The Granite 4 Vision model itself, also when PEFT wraps it (a LoRA being trained)."""
-    unwrap = getattr(model, "get_base_model", None)
-    return unwrap() if callable(unwrap) else model
-
-
-def language_model_of(model):
-    """The Granite4VisionTextModel inside a ``Granite4VisionForConditionalGeneration``."""
-    base = base_model_of(model)
-    inner = getattr(base, "model", base)
-    language_model = getattr(inner, "language_model", None)
-    if language_model is None or not hasattr(language_model, "layers"):
-        raise G4VError(f"{type(model).__name__} is not a Granite 4 Vision model")
-    return language_model
-
-
-def projector_of(model, level: Level):
-    """The window Q-Former that makes ``level``'s features: ``layerwise_projectors[i]`` for deepstack
-    level i, ``spatial_projectors[offset]`` for a spatial level (the order of :data:`SPATIAL_OFFSETS`)."""
-    base = base_model_of(model)
-    inner = getattr(base, "model", base)
-    if level.kind == "deepstack":
-        return inner.layerwise_projectors[level.index]
-    return inner.spatial_projectors[SPATIAL_OFFSETS.index(level.offset)]
-
-
 def _scaling_hook(layer_scales: dict[int, float]):
     """A language-model pre-hook that multiplies the features of the given LLM layers."""
 
@@ -291,7 +265,8 @@ def instrument(model, levels: list[Level] | None = None, scales: dict[str, float
     """Hooks for the duration of a ``with`` block: scale levels (``{name: factor}``, 0 ablates) and,
     when ``record``, record the next forward pass (read the result with ``recorder.finish``)."""
     levels = levels if levels is not None else describe_levels(model.config)
-    language_model = language_model_of(model)
+    language_model = site(model, "language_model")
+    layers = [site(model, name) for name in site_names(model, "layers.{i}")]
     by_name = {level.name: level for level in levels}
     layer_scales = {by_name[name].llm_layer: float(f) for name, f in (scales or {}).items() if float(f) != 1.0}
     # Registration order is call order: scaling first, so the recorder sees what is injected.
@@ -300,9 +275,9 @@ def instrument(model, levels: list[Level] | None = None, scales: dict[str, float
             hooks.before(language_model, _scaling_hook(layer_scales), with_kwargs=True)
         recorder = None
         if record:
-            recorder = _Recorder(language_model, levels, full)
+            recorder = _Recorder(len(layers), levels, full)
             hooks.before(language_model, recorder.on_language_model_input, with_kwargs=True)
-            for idx, layer in enumerate(language_model.layers):
+            for idx, layer in enumerate(layers):
                 hooks.before(layer, lambda m, a, k, idx=idx: recorder.on_layer_input(idx, a, k), with_kwargs=True)
                 hooks.after(layer, lambda m, a, o, idx=idx: recorder.on_layer_output(idx, o))
         yield recorder
@@ -363,7 +338,7 @@ def injected_features(model, inputs: dict, **forward_kwargs) -> tuple[dict[int, 
     without an image) and its logits (batch, seq, vocab)."""
     store: dict[int, torch.Tensor] = {}
     with torch.inference_mode(), Hooks() as hooks:
-        hooks.before(language_model_of(model), recording_hook(store), with_kwargs=True)
+        hooks.before(site(model, "language_model"), recording_hook(store), with_kwargs=True)
         logits = model(**inputs, **forward_kwargs).logits
     return store, logits
 
@@ -373,5 +348,5 @@ def patched_features(model, donor: dict[int, torch.Tensor], rows: torch.Tensor |
     """For the ``with`` block, every forward that injects features injects the ``donor``'s at its
     layers instead (see :func:`replacing_hook`); the hook is removed when the block ends."""
     with Hooks() as hooks:
-        hooks.before(language_model_of(model), replacing_hook(donor, rows), with_kwargs=True)
+        hooks.before(site(model, "language_model"), replacing_hook(donor, rows), with_kwargs=True)
         yield

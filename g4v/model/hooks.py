@@ -6,7 +6,9 @@ in vLLM's workers or while training the demo, goes through a :class:`Hooks`: use
 block it removes them all when the block ends, whatever happens inside it; an owner that keeps its
 hooks across calls (a training aid, a probe in a vLLM worker) calls :meth:`Hooks.remove`.
 
-Only torch's own module API is used here, so vLLM's workers can import this module too.
+Which module a hook goes on is named, not walked to: :func:`g4v.model.sites.site` finds a capture
+point (``site(model, "layers.3.self_attn")``). Only torch's own module API is used here, so vLLM's
+workers can import this module too.
 """
 
 

@@ -9,7 +9,8 @@ CPU tensors and plain Python values, so the answers travel back cheaply.
 Why worker-side hooks instead of reading vLLM's outputs: vLLM's public outputs are tokens and
 logprobs. The per-level visual features and the residual stream never leave the worker, so the
 probes must run next to the model: :func:`embed_levels` calls the model's own multimodal embedding
-function, :func:`install_trajectory_hooks` / :func:`collect_trajectory` wrap a real prefill, and
+function, :func:`install_trajectory_hooks` / :func:`collect_trajectory` wrap a real prefill (on the
+capture points ``layers.{i}``, found by :func:`g4v.model.sites.site` as in transformers' model), and
 :func:`module_facts` reads the sizes of the modules vLLM actually built.
 
 State between calls (the hooks and what they record) lives on the model object as
@@ -21,6 +22,7 @@ from __future__ import annotations
 import torch
 
 from g4v.model.hooks import Hooks
+from g4v.model.sites import site, site_names
 
 
 def granite_model(model):
@@ -105,7 +107,7 @@ def install_trajectory_hooks(model, expected_tokens: int) -> int:
     """Hook every decoder layer of vLLM's language model; returns the number of layers."""
     model = granite_model(model)
     remove_trajectory_hooks(model)
-    layers = model.language_model.model.layers
+    layers = [site(model, name) for name in site_names(model, "layers.{i}")]
     model._g4v_probe = _TrajectoryProbe(layers, expected_tokens)
     return len(layers)
 
@@ -135,19 +137,19 @@ def module_facts(model) -> dict:
     model = granite_model(model)
     facts = {
         "deepstack_layer_map": [[int(v), int(l)] for v, l in model._deepstack_layer_map],
-        "num_layerwise_projectors": len(model.layerwise_projectors),
+        "num_layerwise_projectors": len(site_names(model, "layerwise_projectors.{i}")),
         "spatial_vision_layer": int(model._spatial_vision_layer),
         "spatial_target_layers": [int(x) for x in model._spatial_target_layers],
-        "num_spatial_projectors": len(model.spatial_projectors),
+        "num_spatial_projectors": len(site_names(model, "spatial_projectors.{i}")),
         "injection_layers": [int(x) for x in model._ds_layer_indices],
         "vision_feature_select_strategy": model._vision_feature_select_strategy,
         "downsample_rate": str(model._downsample_rate),
         "image_grid_pinpoints": [list(map(int, p)) for p in model.config.image_grid_pinpoints],
         "image_newline_size": int(model.image_newline.shape[0]),
         "vision_num_hidden_layers": len(_vision_model(model).encoder.layers),
-        "num_llm_layers": len(model.language_model.model.layers),
+        "num_llm_layers": len(site_names(model, "layers.{i}")),
     }
-    facts["projectors"] = projector_facts(model.layerwise_projectors[0])
+    facts["projectors"] = projector_facts(site(model, "layerwise_projectors.0"))
     return facts
 
 

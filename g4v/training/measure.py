@@ -81,7 +81,7 @@ class StepView:
 
 def _measured(engine, step: int, probe: list[tuple], settings: MonitorSettings) -> tuple[Record, dict]:
     """The probe pass's record on ``engine``'s model, and its projectors' weights (CPU copies)."""
-    from g4v.model.capture import projector_of
+    from g4v.model.sites import projector_site, site
     from g4v.training.monitor import DeepstackMonitor
 
     with engine.adapter_scope(None) as model:
@@ -91,7 +91,7 @@ def _measured(engine, step: int, probe: list[tuple], settings: MonitorSettings) 
             record = monitor.end()
         finally:
             monitor.close()
-        weights = {level.name: [p.detach().cpu().clone() for p in projector_of(model, level).parameters()]
+        weights = {level.name: [p.detach().cpu().clone() for p in site(model, projector_site(level)).parameters()]
                    for level in monitor.levels}
     return record, weights
 

@@ -29,9 +29,10 @@ from contextlib import contextmanager
 
 import torch
 
-from g4v.model.capture import base_model_of, language_model_of, projector_of, token_norms
+from g4v.model.capture import token_norms
 from g4v.model.hooks import Hooks
 from g4v.model.levels import describe_levels
+from g4v.model.sites import base_model_of, projector_site, site
 from g4v.training.records import LevelRecord, Record, check_levels
 from g4v.training.settings import MonitorSettings
 
@@ -54,8 +55,8 @@ class _Pass:
     """Hooks that read one forward pass: the injected features and the stream before each
     injection, reduced to per-level sums (0-d device tensors) as the pass runs."""
 
-    def __init__(self, language_model, levels):
-        self.language_model = language_model
+    def __init__(self, model, levels):
+        self.model = model
         self.level_at_layer = {level.llm_layer: level for level in levels}
         self.sums: dict[str, torch.Tensor] = {}  # level -> (4,) injected sum, residual sum, dominant, tokens
         self.injected: dict[int, torch.Tensor] = {}  # llm layer -> (tokens,) norms
@@ -64,11 +65,12 @@ class _Pass:
         self.hooks = Hooks()
 
     def attach(self) -> None:
-        self.hooks.before(self.language_model, self.on_input, with_kwargs=True)
-        self.hooks.after(self.language_model, self.on_output)
+        language_model = site(self.model, "language_model")
+        self.hooks.before(language_model, self.on_input, with_kwargs=True)
+        self.hooks.after(language_model, self.on_output)
         for layer in self.level_at_layer:
             if layer > 0:  # the stream before layer L's injection is layer L-1's output
-                self.hooks.after(self.language_model.layers[layer - 1],
+                self.hooks.after(site(self.model, f"layers.{layer - 1}"),
                                  lambda m, a, out, layer=layer: self.on_stream(layer, out))
 
     def on_input(self, module, args, kwargs):
@@ -137,8 +139,7 @@ class DeepstackMonitor:
         self.probe = probe
         self.on_record = on_record
         self.levels = describe_levels(base_model_of(model).config)
-        self.language_model = language_model_of(model)
-        self.projectors = {level.name: list(projector_of(model, level).parameters()) for level in self.levels}
+        self.projectors = {level.name: list(site(model, projector_site(level)).parameters()) for level in self.levels}
         self.lora = lora_groups(model)
         self.history: list[Record] = []
         self._step: int | None = None
@@ -155,7 +156,7 @@ class DeepstackMonitor:
         self._step = step if (self.settings.due(step) if measure is None else measure) else None
         self._grads = {}
         if self._step is not None and self.probe is None:
-            self._pass = _Pass(self.language_model, self.levels)
+            self._pass = _Pass(self.model, self.levels)
             self._pass.attach()
         return self._step is not None
 
@@ -237,7 +238,7 @@ class DeepstackMonitor:
         self.model.eval()
         try:
             for batch in [self.probe] if isinstance(self.probe, dict) else self.probe:
-                self._pass = _Pass(self.language_model, self.levels)
+                self._pass = _Pass(self.model, self.levels)
                 with torch.no_grad():
                     self._pass.attach()
                     self.model(**batch)

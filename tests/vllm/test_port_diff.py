@@ -13,6 +13,7 @@ Q-Former config vLLM ignores, which differs): ``--fail-on-diff``'s exit status f
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -111,6 +112,22 @@ def test_config_audit_reads_vllm_modules(result, hf_engine):
     assert rows["deepstack_layer_map"]["vllm"] == [list(p) for p in config.deepstack_layer_map]
     assert rows["injection layers (derived)"]["vllm"] == [row.llm_layer for row in result.summary.levels]
     assert all(row["ok"] for row in audit["fields"])
+
+
+def test_capture_points_resolve_in_vllms_worker(probe, hf_engine):
+    """Every capture point g4v hooks by name is, in vLLM's worker, the module vLLM loads transformers'
+    module of that name into (its own ``hf_to_vllm_mapper``), and as many as transformers has."""
+    from worker_sites import resolved_sites
+
+    from g4v.model.sites import site_names
+
+    found = probe.apply(resolved_sites)
+    assert list(found) == site_names(hf_engine.model)
+    assert all(same for _, same, _ in found.values()), found
+    kinds = {re.sub(r"\d+", "{i}", name): kind for name, (_, _, kind) in found.items()}
+    assert kinds == {"language_model": "Granite4VisionLLMModel", "layers.{i}": "GraniteDecoderLayer",
+                     "layers.{i}.self_attn": "GraniteAttention", "layerwise_projectors.{i}": "WindowQFormerDownsampler",
+                     "spatial_projectors.{i}": "WindowQFormerDownsampler"}
 
 
 def test_swapped_level_is_flagged(sides):
