@@ -2,6 +2,8 @@
 tokens against ``output_attentions=True`` on an eager forward, knockout against a forward whose
 attention mask the test builds itself."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -318,14 +320,14 @@ def test_the_tile_maps_mark_the_newline_tokens(hf_engine):
     from viz.circuits import attention_map_figure, newline_strip
 
     picture = make_image(300, 140, seed=2)
-    tokens = image_attention(hf_engine, picture, PROMPT, CircuitSettings(layers="0")).to_dict()["image_tokens"]
-    kinds = [t["kind"] for t in tokens]
+    result = image_attention(hf_engine, picture, PROMPT, CircuitSettings(layers="0"))
+    kinds = [t.kind for t in result.image_tokens]
     assert "newline" in kinds and newline_strip((0, 0, 100, 10)) == (96.0, 0, 100, 10)
 
     def drawn(kind: str) -> np.ndarray:
-        values = [1.0 if k == kind else 0.0 for k in kinds]
-        summary = {"image_tokens": tokens, "layers": [0], "injection_layers": {}, "mean_attention": [values]}
-        return np.asarray(attention_map_figure(picture, summary, "tile"), dtype=float)
+        values = torch.tensor([[[1.0 if k == kind else 0.0 for k in kinds]]])  # (1 layer, 1 head, image tokens)
+        painted = replace(result, injection_layers={}, per_head=values)
+        return np.asarray(attention_map_figure(picture, painted, "tile"), dtype=float)
 
     newline, nothing = drawn("newline"), drawn("no token")
     assert newline.shape == nothing.shape

@@ -8,13 +8,16 @@ from types import SimpleNamespace
 
 import gradio as gr
 import pytest
+import torch
 
 from g4v.circuits.attention import image_attention
 from g4v.circuits.common import CircuitSettings
-from g4v.circuits.knockout import WHY_LITTLE_CHANGES, attention_knockout, barely_changed
+from g4v.circuits.knockout import WHY_LITTLE_CHANGES, KnockoutResult, attention_knockout
 from g4v.circuits.patching import patch_levels
-from g4v.circuits.reverse import region_attention
-from g4v.paths import EXAMPLES_DIR
+from g4v.circuits.reverse import RegionAttention, region_attention
+from g4v.loading import load_config
+from g4v.paths import BUNDLED_MODEL_DIR, EXAMPLES_DIR
+from g4v.tiling import plan_tiling
 from tests.conftest import make_image
 from webapp.circuits import circuits_tab, make_handlers, pick_corner, show_region
 from webapp.sessions import SessionStores
@@ -89,16 +92,19 @@ def test_reverse_view_exports_the_library_result(handlers, hf_engine):
 def test_knockout_exports_the_library_result(handlers, hf_engine):
     _, _, knockout, _ = handlers
     report, files = knockout(EXAMPLE, PROMPT, "all", "1", 4)
-    expected = attention_knockout(hf_engine, EXAMPLE, PROMPT, CircuitSettings(window=1, max_new_tokens=4)).to_dict()
-    same_numbers(exported(files, "knockout.json"), expected)
-    assert f"{expected['logprob_after']:.4f}" in report
-    assert (WHY_LITTLE_CHANGES in report) == barely_changed(expected)
+    expected = attention_knockout(hf_engine, EXAMPLE, PROMPT, CircuitSettings(window=1, max_new_tokens=4))
+    same_numbers(exported(files, "knockout.json"), expected.to_dict())
+    assert f"{expected.logprob_after:.4f}" in report
+    assert (WHY_LITTLE_CHANGES in report) == expected.barely_changed
 
 
-def knockout_summary(change: float, top_after: str) -> dict:
-    return {"answer_token": "re", "layers": list(range(9)), "answer_position": 155, "logprob_before": -0.0787,
-            "logprob_after": -0.0787 + change, "logprob_change": change, "top_token_after": top_after,
-            "continuation_before": "red", "continuation_after": "red" if top_after == "re" else "blue"}
+def knockout_result(change: float, top_after: str, answer: str = "re", continuation_before: str = "red",
+                    continuation_after: str | None = None, layers=tuple(range(9)), position: int = 155) -> KnockoutResult:
+    after = continuation_after if continuation_after is not None else "red" if top_after == "re" else "blue"
+    return KnockoutResult(layers=list(layers), injection_layers={}, answer_position=position, answer_token_id=0,
+                          answer_token=answer, logprob_before=-0.0787, logprob_after=-0.0787 + change,
+                          top_token_after=top_after, continuation_before=continuation_before, continuation_after=after,
+                          continuation_ids_before=[], continuation_ids_after=[])
 
 
 @pytest.mark.parametrize("change, top_after, said", [(0.0066, "re", True), (-0.0155, "re", True),
@@ -109,7 +115,7 @@ def test_knockout_report_says_why_a_small_change_can_be(change, top_after, said)
     it on); a knockout that moved the answer or its log-probability does not get it."""
     from webapp.circuits import knockout_report
 
-    report = knockout_report(knockout_summary(change, top_after))
+    report = knockout_report(knockout_result(change, top_after))
     assert (WHY_LITTLE_CHANGES in report.splitlines()) == said, report
 
 
@@ -284,11 +290,13 @@ def test_report_tables_keep_a_token_with_a_bar_in_its_cell():
     from webapp.circuits import knockout_report, reverse_report
 
     texts = ["<|end_of_text|>", "a|b", "`"]
-    reverse = {"region": [0, 0, 4, 4], "region_tokens": [{"kind": "tile"}], "layers": [0, 1], "answer_start": 2,
-               "top_text_tokens": [{"position": i, "text": t, "mean_attention": 0.5} for i, t in enumerate(texts)]}
-    knockout = {"answer_token": "<|x|>", "layers": [1], "answer_position": 3, "logprob_before": -1.0,
-                "logprob_after": -2.0, "logprob_change": -1.0, "top_token_after": "|", "continuation_before": "a|b",
-                "continuation_after": "<|end_of_text|>"}
+    plan = plan_tiling((140, 300), load_config(BUNDLED_MODEL_DIR))
+    tile = next(token.index for token in plan.tokens if token.kind == "tile")
+    reverse = RegionAttention(region=(0, 0, 4, 4), layers=[0, 1], injection_layers={}, region_token_indices=[tile],
+                              region_positions=[9], text_positions=[0, 1, 2], text_tokens=texts, answer_start=2,
+                              weights=torch.full((2, 3), 0.5), by_kind={}, plan=plan)
+    knockout = knockout_result(-1.0, "|", answer="<|x|>", continuation_before="a|b",
+                               continuation_after="<|end_of_text|>", layers=[1], position=3)
     for report in (reverse_report(reverse), knockout_report(knockout)):
         rows = [line for line in report.splitlines() if line.startswith("|")]
         assert rows and all(len(re.split(r"(?<!\\)\|", row)) == 6 for row in rows), report
@@ -362,15 +370,15 @@ def test_the_head_picker_redraws_the_maps_for_one_head(handlers):
 
     attention, _, _, _ = handlers
     _, _, tiles, base, _, kept = attention(EXAMPLE, PROMPT, "2-3", "")
-    summary = kept[1]
+    result = kept[1]
     choices = head_choices(kept)
-    assert choices["choices"] == [ALL_HEADS, *(f"head {h}" for h in range(summary["num_heads"]))]
+    assert choices["choices"] == [ALL_HEADS, *(f"head {h}" for h in range(result.num_heads))]
     picture = open_image(EXAMPLE)
     boxes = SimpleNamespace(tiles="tiles", base="base")  # the handler's results, by box
     redraw = head_maps(boxes)
     mean_tiles, mean_base = redraw(kept, ALL_HEADS)["tiles"], redraw(kept, ALL_HEADS)["base"]
     assert list(mean_tiles.getdata()) == list(tiles.getdata()) and list(mean_base.getdata()) == list(base.getdata())
-    one, other = redraw(kept, "head 0")["tiles"], redraw(kept, f"head {summary['num_heads'] - 1}")["tiles"]
-    assert list(one.getdata()) == list(attention_map_figure(picture, summary, "tile", 0).getdata())
+    one, other = redraw(kept, "head 0")["tiles"], redraw(kept, f"head {result.num_heads - 1}")["tiles"]
+    assert list(one.getdata()) == list(attention_map_figure(picture, result, "tile", 0).getdata())
     assert list(one.getdata()) != list(other.getdata()) != list(tiles.getdata())
-    assert summary["attention_per_head"][0][0] != summary["mean_attention"][0]  # a head is not the mean
+    assert result.maps(0)[0] != result.maps()[0]  # a head is not the mean

@@ -191,7 +191,7 @@ def test_a_picture_patched_with_itself_is_unchanged(engine, pair, drawn):
     for run in [*direction.levels, direction.all_levels]:
         torch.testing.assert_close(run.logprobs, direction.donor_logprobs, rtol=0, atol=1e-6)
         assert run.moved is None and run.logodds == pytest.approx(0.0, abs=1e-6)
-    patching_figure(result.to_dict())
+    patching_figure(result)
     size, text = smallest_shown_text(drawn)
     assert size >= MIN_TEXT_PX, f"{text!r} is {size:.1f} px at the page's width"
     legends_clear_of_the_data(drawn["figures"][-1])
@@ -203,7 +203,7 @@ def test_the_figure_of_both_directions_is_readable(patched, drawn):
     from viz.circuits import patching_figure
     from viz.figures import MIN_TEXT_PX
 
-    patching_figure(patched.to_dict())
+    patching_figure(patched)
     size, text = smallest_shown_text(drawn)
     assert size >= MIN_TEXT_PX, f"{text!r} is {size:.1f} px at the page's width"
     legends_clear_of_the_data(drawn["figures"][-1])

@@ -16,6 +16,8 @@ from matplotlib.figure import Figure
 from matplotlib.text import Text
 
 from g4v.attribution.deletion import DeletionCurve
+from g4v.circuits.attention import ImageAttention
+from g4v.circuits.reverse import RegionAttention
 from g4v.attribution.lens import LensView
 from g4v.evaluate import SampleResult
 from g4v.loading import load_config
@@ -132,8 +134,8 @@ def figures(image, tokens) -> dict:
         "trajectory": lambda: vd.trajectory_figure(trajectory, modified=trajectory),
         "heatmaps": lambda: vd.heatmaps_figure(image, tokens, scores, "base"),
         "port trajectory": lambda: vp.trajectory_compare_figure(port_trajectory(trajectory)),
-        "circuits share": lambda: vc.image_share_figure(circuits_summary(tokens)),
-        "circuits reverse": lambda: vc.region_attention_figure(image, circuits_summary(tokens)),
+        "circuits share": lambda: vc.image_share_figure(circuits_attention(image)),
+        "circuits reverse": lambda: vc.region_attention_figure(image, circuits_region(image)),
         "port levels": lambda: vp.level_bars_figure(
             [LevelDiff(name, n, "deepstack", True, 1e-3, 1e-4, 1e-4, 1.0, None, share_of_tolerance_used=0.1 * (n + 1))
              for n, name in enumerate(LEVELS)], Tolerance(1e-5, 5e-2, "bfloat16 defaults")),
@@ -146,15 +148,33 @@ def level_captures(names: list[str]) -> list[LevelCapture]:
                          1.0, torch.zeros(0), 2.0, 3.0, 3.5, 1.0, 1.0) for n, name in enumerate(names)]
 
 
-def circuits_summary(tokens) -> dict:
-    """What the circuits figures read (ImageAttention and RegionAttention ``to_dict`` keys), 40 layers
-    and a 60-token prompt with a 12-token answer, as on the real model."""
-    layers = list(range(40))
-    texts = [{"position": i, "text": f" word{i}", "part": "answer" if i >= 60 else "prompt"} for i in range(72)]
-    return {"layers": layers, "query_position": 71, "injection_layers": {str(n * 3): name for n, name in enumerate(LEVELS)},
-            "image_share": [0.5] * 40, "image_share_by_kind": {k: [0.2] * 40 for k in ("base", "tile", "newline")},
-            "region": [10, 10, 200, 150], "text_tokens": texts, "attention": [[0.1 * (i % 7) for i in range(72)]] * 40,
-            "region_tokens": [{"kind": kind, "box": list(box)} for kind, box in tokens[:30] if kind != "newline"]}
+#: The circuits figures' layers: 40 with the 8 levels injected every third, as on the real model.
+CIRCUIT_LAYERS = list(range(40))
+CIRCUIT_INJECTIONS = {n * 3: name for n, name in enumerate(LEVELS)}
+
+
+def circuits_attention(image) -> ImageAttention:
+    """What the circuits share figure reads: 40 layers, 32 heads over the picture's image tokens,
+    the query at position 71."""
+    plan = plan_tiling((image.height, image.width), load_config(BUNDLED_MODEL_DIR))
+    count = plan.num_image_tokens
+    return ImageAttention(query_position=71, query_token=" word", layers=CIRCUIT_LAYERS,
+                          injection_layers=CIRCUIT_INJECTIONS, image_positions=list(range(10, 10 + count)),
+                          per_head=torch.full((40, 32, count), 0.5 / count), text_per_head=torch.full((40, 32), 0.5),
+                          plan=plan)
+
+
+def circuits_region(image, texts=None) -> RegionAttention:
+    """What the reverse figure reads: a 60-token prompt with a 12-token answer (or ``texts``, all
+    prompt) reading a region's first base and tile tokens, 40 layers."""
+    plan = plan_tiling((image.height, image.width), load_config(BUNDLED_MODEL_DIR))
+    texts = texts or [f" word{i}" for i in range(72)]
+    chosen = [token.index for token in plan.tokens[:30] if token.kind != "newline"]
+    return RegionAttention(region=(10, 10, 200, 150), layers=CIRCUIT_LAYERS, injection_layers=CIRCUIT_INJECTIONS,
+                           region_token_indices=chosen, region_positions=chosen, text_positions=list(range(len(texts))),
+                           text_tokens=texts, answer_start=60 if len(texts) == 72 else len(texts),
+                           weights=torch.tensor([[0.1 * (i % 7) for i in range(len(texts))]] * 40),
+                           by_kind={}, plan=plan)
 
 
 def port_trajectory(trajectory: Trajectory) -> TrajectoryDiff:
@@ -300,11 +320,9 @@ def test_reverse_axis_shortens_long_tokens_with_an_ellipsis(picture_and_tokens, 
     """The walk of the Circuits tab: reverse.png's axis showed ``<|start_of_r`` for
     ``<|start_of_role|>``. A long token ends in "…" (as the LoRA plot's do), a short one is whole."""
     image, tokens = picture_and_tokens
-    summary = circuits_summary(tokens)
     texts = ["<|start_of_role|>", "user", "\n", " internationalisation", "twelve chars"]
-    summary["text_tokens"] = [{"position": i, "text": text, "part": "prompt"} for i, text in enumerate(texts)]
-    summary["attention"] = [[0.1 * i for i in range(len(texts))]] * len(summary["layers"])
-    vc.region_attention_figure(image, summary)
+    region = replace(circuits_region(image, texts), weights=torch.tensor([[0.1 * i for i in range(len(texts))]] * 40))
+    vc.region_attention_figure(image, region)
     heat_ax = drawn["figures"][-1].axes[1]
     labels = [label.get_text() for label in heat_ax.get_xticklabels()]
     assert labels == ["<|start_of_…", "user", "\\n", " internatio…", "twelve chars"]  # written out by hand

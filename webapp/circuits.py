@@ -14,7 +14,7 @@ from PIL import Image
 from g4v.circuits.attention import image_attention
 from g4v.circuits.common import CircuitSettings
 from g4v.circuits.exports import draw, write_view
-from g4v.circuits.knockout import WHY_LITTLE_CHANGES, attention_knockout, barely_changed
+from g4v.circuits.knockout import WHY_LITTLE_CHANGES, attention_knockout
 from g4v.circuits.patching import DIRECTION_CHOICES, patch_levels
 from g4v.circuits.reverse import parse_region, region_attention
 from g4v.errors import WHOLE_TEXT, G4VError, quoted
@@ -60,69 +60,72 @@ def code_cell(text: str) -> str:
     return markdown_code(repr(text), in_table=True)
 
 
-def attention_report(summary: dict) -> str:
-    """The per-layer share of the query's attention on the picture, as a Markdown table."""
-    kinds = summary["image_share_by_kind"]
-    rows = [f"**Query:** position {summary['query_position']} {markdown_code(repr(summary['query_token']))}; "
-            f"{summary['num_image_tokens']} image tokens, {summary['num_heads']} heads",
+def attention_report(attention) -> str:
+    """The per-layer share of the query's attention on the picture (an
+    :class:`~g4v.circuits.attention.ImageAttention`), as a Markdown table."""
+    kinds, shares = attention.share_by_kind(), attention.image_share.tolist()
+    rows = [f"**Query:** position {attention.query_position} {markdown_code(repr(attention.query_token))}; "
+            f"{attention.num_image_tokens} image tokens, {attention.num_heads} heads",
             "", "| layer | image share | base view | tiles | newlines | injected here |", "|---|---|---|---|---|---|"]
-    for i, layer in enumerate(summary["layers"]):
-        rows.append(f"| {layer} | {summary['image_share'][i]:.3f} | {kinds['base'][i]:.3f} | {kinds['tile'][i]:.3f} "
-                    f"| {kinds['newline'][i]:.3f} | {summary['injection_layers'].get(str(layer), '')} |")
+    for i, layer in enumerate(attention.layers):
+        rows.append(f"| {layer} | {shares[i]:.3f} | {kinds['base'][i]:.3f} | {kinds['tile'][i]:.3f} "
+                    f"| {kinds['newline'][i]:.3f} | {attention.injection_layers.get(layer, '')} |")
     return "\n".join(rows)
 
 
-def reverse_report(summary: dict) -> str:
-    kinds = [token["kind"] for token in summary["region_tokens"]]
-    rows = [f"**Region** {','.join(map(str, summary['region']))}: {kinds.count('tile')} tile and "
-            f"{kinds.count('base')} base-view tokens; layers {summary['layers'][0]}-{summary['layers'][-1]}. "
+def reverse_report(region) -> str:
+    """The text tokens that read the region most (a :class:`~g4v.circuits.reverse.RegionAttention`)."""
+    kinds = [token.kind for token in region.region_tokens]
+    rows = [f"**Region** {','.join(map(str, region.region))}: {kinds.count('tile')} tile and "
+            f"{kinds.count('base')} base-view tokens; layers {region.layers[0]}-{region.layers[-1]}. "
             "The text tokens that attend to it most (mean over those layers):",
             "", "| position | part | mean attention | token |", "|---|---|---|---|"]
-    for token in summary["top_text_tokens"]:
-        part = "answer" if token["position"] >= summary["answer_start"] else "prompt"
-        rows.append(f"| {token['position']} | {part} | {token['mean_attention']:.4f} | {code_cell(token['text'])} |")
+    for token in region.top_text_tokens:
+        rows.append(f"| {token.position} | {region.part(token.position)} | {token.mean_attention:.4f} "
+                    f"| {code_cell(token.text)} |")
     return "\n".join(rows)
 
 
-def knockout_report(summary: dict) -> str:
-    token = code_cell(summary["answer_token"])
+def knockout_report(knockout) -> str:
+    """Before and after a :class:`~g4v.circuits.knockout.KnockoutResult`, as a Markdown table."""
+    token = code_cell(knockout.answer_token)
     return "\n".join([
-        f"**Knocked out** at layers {', '.join(map(str, summary['layers']))}: the answer positions (from "
-        f"{summary['answer_position']} on) may not attend to the image there.",
+        f"**Knocked out** at layers {', '.join(map(str, knockout.layers))}: the answer positions (from "
+        f"{knockout.answer_position} on) may not attend to the image there.",
         "", f"| run | log-probability of {token} | top first token | greedy answer |", "|---|---|---|---|",
-        f"| unchanged | {summary['logprob_before']:.4f} | {token} | {code_cell(summary['continuation_before'])} |",
-        f"| knocked out | {summary['logprob_after']:.4f} ({summary['logprob_change']:+.4f}) | "
-        f"{code_cell(summary['top_token_after'])} | {code_cell(summary['continuation_after'])} |",
-        *(["", WHY_LITTLE_CHANGES] if barely_changed(summary) else [])])
+        f"| unchanged | {knockout.logprob_before:.4f} | {token} | {code_cell(knockout.continuation_before)} |",
+        f"| knocked out | {knockout.logprob_after:.4f} ({knockout.logprob_change:+.4f}) | "
+        f"{code_cell(knockout.top_token_after)} | {code_cell(knockout.continuation_after)} |",
+        *(["", WHY_LITTLE_CHANGES] if knockout.barely_changed else [])])
 
 
 PATCH_COLUMNS = ["run", "levels patched", "log-odds", "moved", "top first token", "greedy answer"]
 
 
-def patching_rows(summary: dict) -> list[list]:
+def patching_rows(patching) -> list[list]:
     """One row per patched run (each level alone, or every level but it, then every level: the
-    bound), per direction."""
+    bound), per direction of a :class:`~g4v.circuits.patching.PatchingResult`."""
     rows = []
-    for direction in summary["directions"]:
-        run = f"{direction['receiver']} with {direction['donor']}'s features"
-        for patched in [*direction["levels"], direction["all_levels"]]:
-            moved = "" if patched["moved"] is None else round(patched["moved"], 3)
-            rows.append([run, patched["label"], round(patched["logodds"], 3), moved,
-                         repr(patched["top_token"]), repr(patched["continuation"])])
+    for direction in patching.directions:
+        run = f"{direction.receiver} with {direction.donor}'s features"
+        for patched in direction.runs:
+            moved = "" if patched.moved is None else round(patched.moved, 3)
+            rows.append([run, patched.label, round(patched.logodds, 3), moved,
+                         repr(patched.top_token), repr(patched.continuation)])
     return rows
 
 
-def patching_report(summary: dict) -> str:
-    lines = [f"**{summary['num_patched_tokens']} of {summary['num_image_tokens']} image tokens patched** "
-             f"(region {markdown_code(summary['region'])}). Log-odds: log p(donor's first answer token) - log p(receiver's); "
+def patching_report(patching) -> str:
+    lines = [f"**{patching.num_patched_tokens} of {patching.num_image_tokens} image tokens patched** "
+             f"(region {markdown_code(patching.region)}). Log-odds: log p(donor's first answer token) - log p(receiver's); "
              "moved: the share of the way from the receiver's own log-odds (0) to the donor's (1)."]
-    for direction in summary["directions"]:
-        receiver, donor = direction["receiver"], direction["donor"]
-        note = " Both pictures give the same first token: nothing to move." if direction["same_first_token"] else ""
+    for direction in patching.directions:
+        receiver, donor = direction.receiver, direction.donor
+        note = " Both pictures give the same first token: nothing to move." if direction.same_first_token else ""
         lines.append(f"**{receiver} with {donor}'s features:** {receiver} answers "
-                     f"{markdown_code(repr(direction['receiver_continuation']))} "
-                     f"(log-odds {direction['logodds_receiver']:+.3f}), {donor} answers "
-                     f"{markdown_code(repr(direction['donor_continuation']))} ({direction['logodds_donor']:+.3f}).{note}")
+                     f"{markdown_code(repr(direction.receiver_continuation))} "
+                     f"(log-odds {direction.logodds_receiver:+.3f}), {donor} answers "
+                     f"{markdown_code(repr(direction.donor_continuation))} ({direction.logodds_donor:+.3f}).{note}")
     return "\n\n".join(lines)
 
 
@@ -135,7 +138,7 @@ class AttentionBoxes(OutputBoxes):
     tiles: gr.Image
     base: gr.Image
     export: gr.File
-    kept: gr.State  # (picture path, summary): the head picker redraws the maps from it (no API output)
+    kept: gr.State  # (picture path, ImageAttention): the head picker redraws the maps from it (no API output)
 
 
 #: The head picker's choice for the maps averaged over heads.
@@ -144,7 +147,7 @@ ALL_HEADS = "all heads (mean)"
 
 def head_choices(kept) -> dict:
     """The head picker after a run: every head of the model, the mean first and chosen."""
-    heads = kept[1]["num_heads"] if kept else 0
+    heads = kept[1].num_heads if kept else 0
     return gr.update(choices=[ALL_HEADS, *(f"head {h}" for h in range(heads))], value=ALL_HEADS)
 
 
@@ -158,11 +161,11 @@ def head_maps(view: AttentionBoxes):
             return {}
         from viz.circuits import attention_map_figure
 
-        image_path, summary = kept
+        image_path, result = kept
         head = None if choice in (None, ALL_HEADS) else int(str(choice).removeprefix("head "))
         picture = open_image(image_path)
-        return {view.tiles: attention_map_figure(picture, summary, "tile", head),
-                view.base: attention_map_figure(picture, summary, "base", head)}
+        return {view.tiles: attention_map_figure(picture, result, "tile", head),
+                view.base: attention_map_figure(picture, result, "base", head)}
 
     return redraw
 
@@ -224,23 +227,22 @@ def make_handlers(engine, sessions: SessionStores, gpu_task, boxes: CircuitBoxes
             result = work(engine, picture, open_image(other_path), prompt, settings, progress=tell)
         else:
             result = work(engine, picture, prompt, settings, progress=tell)
-        summary = result.to_dict()
-        pictures = draw(view, picture, summary)
+        pictures = draw(view, picture, result)
         with sessions.using(session_key(request)) as visitor:
-            paths = write_view(visitor.stores["inspect"].new_folder(), view, summary, pictures)
-        return summary, pictures, [str(path) for path in paths]
+            paths = write_view(visitor.stores["inspect"].new_folder(), view, result, pictures)
+        return result, pictures, [str(path) for path in paths]
 
     @gpu_task
     @shows_errors
     def attention(image_path, prompt, layers, token, request: gr.Request = None, progress=gr.Progress()):
         """Attention from one text token (empty: the last prompt token, which produces the first
         answer token) to every image token at the chosen layers."""
-        summary, pictures, files = run_view("attention", image_attention, image_path, prompt,
-                                            settings_from_inputs(layers, token=token), request, progress)
+        result, pictures, files = run_view("attention", image_attention, image_path, prompt,
+                                           settings_from_inputs(layers, token=token), request, progress)
         shown = boxes.attention
-        return {shown.report: attention_report(summary), shown.share: pictures["image_share.png"],
+        return {shown.report: attention_report(result), shown.share: pictures["image_share.png"],
                 shown.tiles: pictures["attention_tiles.png"], shown.base: pictures["attention_base.png"],
-                shown.export: files, shown.kept: (image_path, summary)}
+                shown.export: files, shown.kept: (image_path, result)}
 
     @gpu_task
     @shows_errors
@@ -248,9 +250,9 @@ def make_handlers(engine, sessions: SessionStores, gpu_task, boxes: CircuitBoxes
                 progress=gr.Progress()):
         """Which text tokens (prompt and first greedy answer tokens) attend to a region of the picture."""
         settings = settings_from_inputs(layers, max_new_tokens=max_new_tokens, box=region)
-        summary, pictures, files = run_view("reverse", region_attention, image_path, prompt, settings, request, progress)
+        result, pictures, files = run_view("reverse", region_attention, image_path, prompt, settings, request, progress)
         shown = boxes.reverse
-        return {shown.report: reverse_report(summary), shown.picture: pictures["reverse.png"], shown.export: files}
+        return {shown.report: reverse_report(result), shown.picture: pictures["reverse.png"], shown.export: files}
 
     @gpu_task
     @shows_errors
@@ -259,8 +261,8 @@ def make_handlers(engine, sessions: SessionStores, gpu_task, boxes: CircuitBoxes
         """The answer positions may not attend to the image at the chosen layers (or a window around
         every injection layer): the first answer token's log-probability and the answer, before and after."""
         settings = settings_from_inputs(layers, window=window, max_new_tokens=max_new_tokens)
-        summary, _, files = run_view("knockout", attention_knockout, image_path, prompt, settings, request, progress)
-        return {boxes.knockout.report: knockout_report(summary), boxes.knockout.export: files}
+        result, _, files = run_view("knockout", attention_knockout, image_path, prompt, settings, request, progress)
+        return {boxes.knockout.report: knockout_report(result), boxes.knockout.export: files}
 
     @gpu_task
     @shows_errors
@@ -270,10 +272,10 @@ def make_handlers(engine, sessions: SessionStores, gpu_task, boxes: CircuitBoxes
         reverse; every level at once as the bound."""
         settings = settings_from_inputs(max_new_tokens=max_new_tokens, levels=levels, direction=direction,
                                         region=region, complement=complement)
-        summary, pictures, files = run_view("patch", patch_levels, image_path, prompt, settings, request, progress,
-                                            other_path)
+        result, pictures, files = run_view("patch", patch_levels, image_path, prompt, settings, request, progress,
+                                           other_path)
         shown = boxes.patch
-        return {shown.report: patching_report(summary), shown.table: patching_rows(summary),
+        return {shown.report: patching_report(result), shown.table: patching_rows(result),
                 shown.picture: pictures["patching.png"], shown.export: files}
 
     return attention, reverse, knockout, patch

@@ -23,12 +23,26 @@ from g4v.errors import G4VError
 from g4v.images import open_image
 from g4v.model.attention import Progress, attention_rows, eager_pass
 from g4v.model.levels import describe_levels
+from g4v.model.records import plain
 from g4v.tiling import TOKEN_KINDS, TilingPlan, plan_tiling
 
 
-@dataclass
+@dataclass(frozen=True)
+class PlacedImageToken:
+    """One image token (:class:`g4v.tiling.ImageToken`) with its place in the prompt's sequence."""
+
+    position: int  # in the prompt's token sequence
+    kind: str  # base, tile or newline (g4v.tiling.TOKEN_KINDS)
+    row: int
+    col: int
+    tile: int | None  # the tile it belongs to (None: base view)
+    box: tuple  # (left, top, right, bottom) in picture pixels
+
+
+@dataclass(frozen=True)
 class ImageAttention:
-    """Attention from the query token to the image tokens, at each chosen layer."""
+    """Attention from the query token to the image tokens, at each chosen layer. The tab, the
+    command and the figures read it by attribute; :meth:`to_dict` is ``attention.json``."""
 
     query_position: int  # in the prompt's token sequence
     query_token: str
@@ -40,6 +54,20 @@ class ImageAttention:
     plan: TilingPlan  # token i of the plan is image_positions[i]; its box is where it sits
 
     @property
+    def num_heads(self) -> int:
+        return int(self.per_head.shape[1])
+
+    @property
+    def num_image_tokens(self) -> int:
+        return len(self.image_positions)
+
+    @property
+    def image_tokens(self) -> list[PlacedImageToken]:
+        """Every image token, in the tiling plan's order (the columns of :meth:`maps`)."""
+        return [PlacedImageToken(p, t.kind, t.row, t.col, t.tile, tuple(t.box))
+                for p, t in zip(self.image_positions, self.plan.tokens)]
+
+    @property
     def mean(self) -> torch.Tensor:
         """(layers, num_image_tokens): the weights averaged over heads."""
         return self.per_head.mean(dim=1)
@@ -48,6 +76,10 @@ class ImageAttention:
     def image_share(self) -> torch.Tensor:
         """(layers,): the share of the query's attention (averaged over heads) on all image tokens."""
         return self.mean.sum(dim=-1)
+
+    def maps(self, head: int | None = None) -> list[list[float]]:
+        """Per layer, one weight per image token: averaged over heads, or ``head``'s own."""
+        return (self.mean if head is None else self.per_head[:, head]).tolist()
 
     def share_by_kind(self) -> dict[str, list[float]]:
         """The head-averaged share on each kind of image token (base view, tiles, newlines), per layer."""
@@ -62,16 +94,15 @@ class ImageAttention:
             "query_token": self.query_token,
             "layers": self.layers,
             "injection_layers": {str(k): v for k, v in sorted(self.injection_layers.items())},
-            "num_heads": int(self.per_head.shape[1]),
-            "num_image_tokens": len(self.image_positions),
+            "num_heads": self.num_heads,
+            "num_image_tokens": self.num_image_tokens,
             "image_share": self.image_share.tolist(),
             "image_share_per_head": self.per_head.sum(dim=-1).tolist(),
             "text_share_per_head": self.text_per_head.tolist(),
             "image_share_by_kind": self.share_by_kind(),
-            "mean_attention": self.mean.tolist(),  # per layer, one weight per image token
+            "mean_attention": self.maps(),  # per layer, one weight per image token
             "attention_per_head": self.per_head.tolist(),  # per layer, per head, one weight per image token
-            "image_tokens": [{"position": p, "kind": t.kind, "row": t.row, "col": t.col, "tile": t.tile,
-                              "box": list(t.box)} for p, t in zip(self.image_positions, self.plan.tokens)],
+            "image_tokens": plain(self.image_tokens),
         }
 
 

@@ -40,27 +40,35 @@ WHY_LITTLE_CHANGES = ("Only the answer positions are blocked: the prompt's own t
                       "the chosen ones still reads it.")
 
 
-def barely_changed(summary: dict) -> bool:
-    """Whether a knockout (``KnockoutResult.to_dict()``) left the first answer token the top one
-    with its log-probability within ``SMALL_CHANGE``: the case a reader takes for "the image is not
-    used there", which the knockout alone cannot say."""
-    return summary["top_token_after"] == summary["answer_token"] and abs(summary["logprob_change"]) < SMALL_CHANGE
-
-
-@dataclass
+@dataclass(frozen=True)
 class KnockoutResult:
+    """One knockout: the first answer token and the greedy answer, before and after. The tab and
+    the command read it by attribute; :meth:`to_dict` is ``knockout.json``."""
+
     layers: list[int]  # the decoder layers where the answer positions could not read the image
     injection_layers: dict[int, str]  # llm layer -> the level injected in front of it
     answer_position: int  # the last prompt token
     answer_token_id: int  # the first answer token of the unchanged run (its greedy choice)
     answer_token: str
-    logprob_before: float  # that token's log-probability, unchanged run
+    logprob_before: float  # that token's log-probability (nats), unchanged run
     logprob_after: float  # the same token's log-probability with the knockout
     top_token_after: str  # the knocked-out run's own greedy first token
     continuation_before: str
     continuation_after: str
     continuation_ids_before: list[int]
     continuation_ids_after: list[int]
+
+    @property
+    def logprob_change(self) -> float:
+        """``logprob_after - logprob_before``, nats."""
+        return self.logprob_after - self.logprob_before
+
+    @property
+    def barely_changed(self) -> bool:
+        """Whether the knockout left the first answer token the top one with its log-probability
+        within ``SMALL_CHANGE``: the case a reader takes for "the image is not used there", which the
+        knockout alone cannot say."""
+        return self.top_token_after == self.answer_token and abs(self.logprob_change) < SMALL_CHANGE
 
     def to_dict(self) -> dict:
         return {
@@ -71,7 +79,7 @@ class KnockoutResult:
             "answer_token": self.answer_token,
             "logprob_before": self.logprob_before,
             "logprob_after": self.logprob_after,
-            "logprob_change": self.logprob_after - self.logprob_before,
+            "logprob_change": self.logprob_change,
             "top_token_after": self.top_token_after,
             "continuation_before": self.continuation_before,
             "continuation_after": self.continuation_after,

@@ -46,7 +46,7 @@ MAX_SPEC_CHARS = 200
 _NUMBER = r"[0-9]+"
 
 
-@dataclass
+@dataclass(frozen=True)
 class PatchedRun:
     """The receiver's prompt run with the donor's features at ``levels`` (one, all but one, or all)."""
 
@@ -65,7 +65,7 @@ class PatchedRun:
                 "top_token": self.top_token, "continuation": self.continuation}
 
 
-@dataclass
+@dataclass(frozen=True)
 class PatchDirection:
     """One direction: the ``receiver`` picture's prompt with the ``donor``'s features."""
 
@@ -88,6 +88,11 @@ class PatchDirection:
     def same_first_token(self) -> bool:
         return self.receiver_token_id == self.donor_token_id
 
+    @property
+    def runs(self) -> list[PatchedRun]:
+        """Every patched run of this direction: each level's, then the bound."""
+        return [*self.levels, self.all_levels]
+
     def to_dict(self) -> dict:
         return {
             "name": self.name, "receiver": self.receiver, "donor": self.donor,
@@ -100,8 +105,11 @@ class PatchDirection:
         }
 
 
-@dataclass
+@dataclass(frozen=True)
 class PatchingResult:
+    """Both directions of one patching request. The tab, the command and the figure read it by
+    attribute; :meth:`to_dict` is ``patching.json``."""
+
     prompt: str
     grid: tuple[int, int]  # (rows, cols) of tiles, the same for both pictures
     num_image_tokens: int
@@ -111,6 +119,10 @@ class PatchingResult:
     injection_layers: dict[int, str]  # llm layer -> level name
     directions: list[PatchDirection]
 
+    @property
+    def num_patched_tokens(self) -> int:
+        return len(self.patched_tokens)
+
     def to_dict(self) -> dict:
         return {
             "prompt": self.prompt,
@@ -118,7 +130,7 @@ class PatchingResult:
             "num_image_tokens": self.num_image_tokens,
             "region": self.region,
             "complement": self.complement,
-            "num_patched_tokens": len(self.patched_tokens),
+            "num_patched_tokens": self.num_patched_tokens,
             "patched_tokens": self.patched_tokens,
             "injection_layers": {str(k): v for k, v in sorted(self.injection_layers.items())},
             "directions": [direction.to_dict() for direction in self.directions],

@@ -25,6 +25,7 @@ from g4v.engines.capabilities import Instrumentable, require
 from g4v.errors import G4VError
 from g4v.images import open_image
 from g4v.model.levels import describe_levels
+from g4v.model.records import plain
 from g4v.model.scoring import greedy_continuation
 from g4v.tiling import TilingPlan, plan_tiling
 
@@ -77,9 +78,45 @@ def overlapping_tokens(plan: TilingPlan, box: Box) -> list[int]:
     return [i for i, token in enumerate(plan.tokens) if token.kind in REGION_KINDS and overlaps(token.box)]
 
 
-@dataclass
+@dataclass(frozen=True)
+class RegionToken:
+    """One image token of the region: its index in the tiling plan's order, its sequence position."""
+
+    index: int
+    position: int
+    kind: str  # base or tile (REGION_KINDS)
+    row: int
+    col: int
+    box: tuple  # (left, top, right, bottom) in picture pixels
+
+
+@dataclass(frozen=True)
+class TextToken:
+    """One text token that reads the region (a column of :attr:`RegionAttention.weights`)."""
+
+    position: int
+    text: str
+    part: str  # "prompt" or "answer"
+
+
+@dataclass(frozen=True)
+class TopReader:
+    """One of the text tokens that attend to the region most, mean over the layers."""
+
+    position: int
+    text: str
+    mean_attention: float
+
+
+#: The reverse view names this many text tokens that attend to the region most.
+TOP_READERS = 10
+
+
+@dataclass(frozen=True)
 class RegionAttention:
-    """Attention from every text token (prompt and first answer tokens) onto one region's image tokens."""
+    """Attention from every text token (prompt and first answer tokens) onto one region's image
+    tokens. The tab, the command and the figure read it by attribute; :meth:`to_dict` is
+    ``reverse.json``."""
 
     region: Box  # x0, y0, x1, y1 in picture pixels
     layers: list[int]
@@ -93,25 +130,45 @@ class RegionAttention:
     by_kind: dict[str, torch.Tensor]  # REGION_KINDS -> (layers, text tokens): the same, from that kind only
     plan: TilingPlan
 
-    def to_dict(self) -> dict:
-        mean = self.weights.mean(dim=0)
+    def part(self, position: int) -> str:
+        """``"answer"`` or ``"prompt"``: which part of the sequence ``position`` is in."""
+        return "answer" if position >= self.answer_start else "prompt"
+
+    @property
+    def region_tokens(self) -> list[RegionToken]:
+        tokens = self.plan.tokens
+        return [RegionToken(i, p, tokens[i].kind, tokens[i].row, tokens[i].col, tuple(tokens[i].box))
+                for i, p in zip(self.region_token_indices, self.region_positions)]
+
+    @property
+    def readers(self) -> list[TextToken]:
+        """Every text token, in sequence order (the columns of ``weights``)."""
+        return [TextToken(p, t, self.part(p)) for p, t in zip(self.text_positions, self.text_tokens)]
+
+    @property
+    def mean_over_layers(self) -> torch.Tensor:
+        """(text tokens,): ``weights`` averaged over the layers."""
+        return self.weights.mean(dim=0)
+
+    @property
+    def top_text_tokens(self) -> list[TopReader]:
+        """The :data:`TOP_READERS` text tokens that attend to the region most, most first."""
+        mean = self.mean_over_layers
         order = sorted(range(len(self.text_positions)), key=lambda i: -float(mean[i]))
+        return [TopReader(self.text_positions[i], self.text_tokens[i], float(mean[i])) for i in order[:TOP_READERS]]
+
+    def to_dict(self) -> dict:
         return {
             "region": list(self.region),
             "layers": self.layers,
             "injection_layers": {str(k): v for k, v in sorted(self.injection_layers.items())},
-            "region_tokens": [{"index": i, "position": p, "kind": self.plan.tokens[i].kind,
-                               "row": self.plan.tokens[i].row, "col": self.plan.tokens[i].col,
-                               "box": list(self.plan.tokens[i].box)}
-                              for i, p in zip(self.region_token_indices, self.region_positions)],
-            "text_tokens": [{"position": p, "text": t, "part": "answer" if p >= self.answer_start else "prompt"}
-                            for p, t in zip(self.text_positions, self.text_tokens)],
+            "region_tokens": plain(self.region_tokens),
+            "text_tokens": plain(self.readers),
             "answer_start": self.answer_start,
             "attention": self.weights.tolist(),  # per layer, one number per text token
             "attention_by_kind": {kind: value.tolist() for kind, value in self.by_kind.items()},
-            "mean_over_layers": mean.tolist(),
-            "top_text_tokens": [{"position": self.text_positions[i], "text": self.text_tokens[i],
-                                 "mean_attention": float(mean[i])} for i in order[:10]],
+            "mean_over_layers": self.mean_over_layers.tolist(),
+            "top_text_tokens": plain(self.top_text_tokens),
         }
 
 

@@ -94,17 +94,16 @@ def run(args) -> int:
             result = work(engine, image, args.prompt, settings)
     finally:
         engine.close()
-    summary = result.to_dict()
     if out is not None:
         from g4v.circuits.exports import draw, write_view
 
-        write_view(out, args.verb, summary, draw(args.verb, image, summary))
+        write_view(out, args.verb, result, draw(args.verb, image, result))
     if args.json:
-        print(json.dumps(summary))
+        print(json.dumps(result.to_dict()))
     else:
         printers = {"attention": _print_attention, "reverse": _print_reverse, "knockout": _print_knockout,
                     "patch": _print_patching}
-        printers[args.verb](summary)
+        printers[args.verb](result)
     return 0
 
 
@@ -135,50 +134,49 @@ def _check_layers_early(model: str | None, verb: str, settings) -> None:
             check_new_tokens(settings.max_new_tokens)
 
 
-def _print_attention(summary: dict) -> None:
-    print(f"query: position {summary['query_position']} {summary['query_token']!r}; "
-          f"{summary['num_image_tokens']} image tokens, {summary['num_heads']} heads")
+def _print_attention(attention) -> None:
+    print(f"query: position {attention.query_position} {attention.query_token!r}; "
+          f"{attention.num_image_tokens} image tokens, {attention.num_heads} heads")
     print(f"{'layer':>5} {'image share':>11} {'base':>6} {'tiles':>6} {'newline':>7}  injected here")
-    kinds = summary["image_share_by_kind"]
-    for i, layer in enumerate(summary["layers"]):
-        level = summary["injection_layers"].get(str(layer), "")
-        print(f"{layer:>5} {summary['image_share'][i]:>11.3f} {kinds['base'][i]:>6.3f} {kinds['tile'][i]:>6.3f} "
+    kinds, shares = attention.share_by_kind(), attention.image_share.tolist()
+    for i, layer in enumerate(attention.layers):
+        level = attention.injection_layers.get(layer, "")
+        print(f"{layer:>5} {shares[i]:>11.3f} {kinds['base'][i]:>6.3f} {kinds['tile'][i]:>6.3f} "
               f"{kinds['newline'][i]:>7.3f}  {level}")
 
 
-def _print_reverse(summary: dict) -> None:
-    kinds = [token["kind"] for token in summary["region_tokens"]]
-    print(f"region {','.join(map(str, summary['region']))}: {kinds.count('tile')} tile and {kinds.count('base')} "
-          f"base-view tokens; layers {summary['layers'][0]}-{summary['layers'][-1]}")
+def _print_reverse(region) -> None:
+    kinds = [token.kind for token in region.region_tokens]
+    print(f"region {','.join(map(str, region.region))}: {kinds.count('tile')} tile and {kinds.count('base')} "
+          f"base-view tokens; layers {region.layers[0]}-{region.layers[-1]}")
     print(f"{'position':>8} {'part':>6} {'mean attention':>14}  token")
-    for token in summary["top_text_tokens"]:
-        part = "answer" if token["position"] >= summary["answer_start"] else "prompt"
-        print(f"{token['position']:>8} {part:>6} {token['mean_attention']:>14.4f}  {token['text']!r}")
+    for token in region.top_text_tokens:
+        print(f"{token.position:>8} {region.part(token.position):>6} {token.mean_attention:>14.4f}  {token.text!r}")
 
 
-def _print_knockout(summary: dict) -> None:
-    from g4v.circuits.knockout import WHY_LITTLE_CHANGES, barely_changed
+def _print_knockout(knockout) -> None:
+    from g4v.circuits.knockout import WHY_LITTLE_CHANGES
 
-    print(f"knocked out at layers {summary['layers']} (from position {summary['answer_position']} on)")
-    print(f"first answer token {summary['answer_token']!r}: log-probability {summary['logprob_before']:.4f} -> "
-          f"{summary['logprob_after']:.4f} ({summary['logprob_change']:+.4f}); "
-          f"top token after: {summary['top_token_after']!r}")
-    print(f"  before: {summary['continuation_before']!r}")
-    print(f"  after:  {summary['continuation_after']!r}")
-    if barely_changed(summary):
+    print(f"knocked out at layers {knockout.layers} (from position {knockout.answer_position} on)")
+    print(f"first answer token {knockout.answer_token!r}: log-probability {knockout.logprob_before:.4f} -> "
+          f"{knockout.logprob_after:.4f} ({knockout.logprob_change:+.4f}); "
+          f"top token after: {knockout.top_token_after!r}")
+    print(f"  before: {knockout.continuation_before!r}")
+    print(f"  after:  {knockout.continuation_after!r}")
+    if knockout.barely_changed:
         print(WHY_LITTLE_CHANGES)
 
 
-def _print_patching(summary: dict) -> None:
-    print(f"{summary['num_patched_tokens']} of {summary['num_image_tokens']} image tokens patched "
-          f"(region {summary['region']}); log-odds of the donor's first answer token against the receiver's")
-    for direction in summary["directions"]:
-        receiver, donor = direction["receiver"], direction["donor"]
-        print(f"{receiver} with {donor}'s features: {receiver} answers {direction['receiver_continuation']!r} "
-              f"(log-odds {direction['logodds_receiver']:+.3f}), {donor} answers {direction['donor_continuation']!r} "
-              f"(log-odds {direction['logodds_donor']:+.3f})" + ("; same first token, nothing to move"
-                                                                 if direction["same_first_token"] else ""))
+def _print_patching(patching) -> None:
+    print(f"{patching.num_patched_tokens} of {patching.num_image_tokens} image tokens patched "
+          f"(region {patching.region}); log-odds of the donor's first answer token against the receiver's")
+    for direction in patching.directions:
+        receiver, donor = direction.receiver, direction.donor
+        print(f"{receiver} with {donor}'s features: {receiver} answers {direction.receiver_continuation!r} "
+              f"(log-odds {direction.logodds_receiver:+.3f}), {donor} answers {direction.donor_continuation!r} "
+              f"(log-odds {direction.logodds_donor:+.3f})" + ("; same first token, nothing to move"
+                                                             if direction.same_first_token else ""))
         print(f"  {'levels patched':<18} {'log-odds':>9} {'moved':>7}  continuation")
-        for run in [*direction["levels"], direction["all_levels"]]:
-            moved = "" if run["moved"] is None else f"{run['moved']:.3f}"
-            print(f"  {run['label']:<18} {run['logodds']:>+9.3f} {moved:>7}  {run['continuation']!r}")
+        for run in direction.runs:
+            moved = "" if run.moved is None else f"{run.moved:.3f}"
+            print(f"  {run.label:<18} {run.logodds:>+9.3f} {moved:>7}  {run.continuation!r}")
