@@ -139,3 +139,29 @@ def test_columns_parse():
         with pytest.raises(G4VError):
             Columns.parse(bad)
 
+
+
+def test_summary_json_round_trips_through_the_types():
+    """``summary.json`` (``to_dict``) read back (``from_dict``) is the same summary, every part
+    present: per-field scores, the noise floor and a precision pair's per-level drift."""
+    import json
+
+    from g4v.evaluate.summary import LevelDrift, RunSummary
+    from g4v.model.precision import drift_summary
+
+    truth = json.dumps({"total": "5", "date": "d1"})
+    rows = [row(0, "kvp", True, False, agree=False, kl=1.0), row(1, "colour", True, True, kl=0.5, blank_a=True),
+            row(2, None, None, None, error="image not found: 'x.png'")]
+    rows[0].reference, rows[0].answer_a, rows[0].answer_b = truth, truth, '{"total": "6"}'
+    summary = summarise(rows, "a", "a again", same_arm=True)
+    drift = drift_summary([{"levels": {"deepstack0": {"rel_error": 0.01, "cosine": 0.999}}, "next_token_kl": 0.002}])
+    summary.level_drift = LevelDrift(**vars(drift), of="hf[bfloat16]", against="hf")
+    values = json.loads(json.dumps(summary.to_dict()))
+    assert list(values) == ["n", "n_errors", "arms", "paired", "equivalence", "agreement", "kl", "blank_same",
+                            "complete", "by_category", "worst", "detectable", "noise_floor", "fields", "level_drift"]
+    assert list(values["level_drift"]) == ["of", "against", "n", "levels", "next_token_kl_mean"]
+    assert values["fields"]["fields"]["$.total"]["b"]["wrong"] == 1 and values["noise_floor"]["discordant"] == 1
+    again = RunSummary.from_dict(values)
+    assert again == summary and again.to_dict() == values
+    without = {key: value for key, value in values.items() if key != "level_drift"}
+    assert RunSummary.from_dict(without).level_drift is None and "level_drift" not in RunSummary.from_dict(without).to_dict()

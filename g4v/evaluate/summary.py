@@ -10,17 +10,20 @@ Shares (accuracy, agreement, rates, margins, discordance) are fractions in [0, 1
 KL values are in nats; intervals are ``[low, high]`` lists. The functions that compute the parts are
 :func:`g4v.evaluate.stats.summarise` and the modules it calls; this module only holds the types.
 
-``summary.json`` is derived in one place, :meth:`RunSummary.to_dict` (the dataclasses' fields are
-named and ordered as its keys), and read back in one place, :meth:`RunSummary.from_dict`.
+Every part is a :class:`~g4v.model.records.Record`: its fields are ``summary.json``'s keys, in its
+order, so ``summary.json`` is derived in one place, :meth:`RunSummary.to_dict`, and read back in one
+place, :meth:`RunSummary.from_dict` (a part missing from an older run's file is a ``TypeError``: the
+run's rows are summed up again, :func:`g4v.evaluate.run.stored_summary`).
 """
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 from g4v.model.precision import DriftSummary
+from g4v.model.records import Record, optional
 
 
 @dataclass
-class ArmScore:
+class ArmScore(Record):
     """One arm's accuracy over the rows with a reference it answered (``n_scored``)."""
 
     label: str  # the arm's name as the run shows it
@@ -30,7 +33,7 @@ class ArmScore:
 
 
 @dataclass
-class Arms:
+class Arms(Record):
     """Arm A's and arm B's scores (``summary.json``: ``"arms": {"a": ..., "b": ...}``)."""
 
     a: ArmScore
@@ -42,7 +45,7 @@ class Arms:
 
 
 @dataclass
-class Paired:
+class Paired(Record):
     """Rows both arms answered, with a reference, by outcome; ``mcnemar_p`` is the exact McNemar
     p-value of ``a_only`` against ``b_only`` (only discordant rows say which arm is better)."""
 
@@ -54,7 +57,7 @@ class Paired:
 
 
 @dataclass
-class KLStats:
+class KLStats(Record):
     """KL(A || B) of the next-token distributions, in nats. Over the rows of a group: ``mean``,
     ``q90``, ``q99`` of the per-row means and ``max`` the largest per-position KL of any row."""
 
@@ -65,7 +68,7 @@ class KLStats:
 
 
 @dataclass
-class BlankSame:
+class BlankSame(Record):
     """Per arm, the share of rows whose answer did not change with every picture blanked (the
     blank probe); None where the probe did not run."""
 
@@ -74,7 +77,7 @@ class BlankSame:
 
 
 @dataclass
-class Equivalence:
+class Equivalence(Record):
     """The paired TOST of ``|acc A - acc B| < margin`` (:func:`g4v.evaluate.equivalence.tost_paired`).
     ``difference`` is A minus B; ``ci`` its ``1 - 2 alpha`` score interval; ``p_value`` the larger
     of the two one-sided p-values."""
@@ -93,12 +96,9 @@ class Equivalence:
     verdict: str
     method: str = "TOST (Schuirmann 1987), Tango score statistic for paired proportions"
 
-    def to_dict(self) -> dict:
-        return asdict(self)
-
 
 @dataclass
-class Detectable:
+class Detectable(Record):
     """The smallest accuracy difference ``rows`` paired rows detect (McNemar, two-sided ``alpha``,
     ``power``), at the assumed share of discordant rows and, after a run, at the observed one
     (:func:`g4v.evaluate.stats.detectable`). Before a run it is the plan line; the summary keeps it."""
@@ -115,7 +115,7 @@ class Detectable:
 
 
 @dataclass
-class NoiseFloor:
+class NoiseFloor(Record):
     """An arm run twice over the same rows (B is A again): how often the two runs differ. A
     deterministic arm (greedy decoding, the same batches) must show 0 everywhere."""
 
@@ -125,12 +125,9 @@ class NoiseFloor:
     discordant: int  # right in one run, wrong in the other
     rate: float | None  # disagree / rows
 
-    def to_dict(self) -> dict:
-        return asdict(self)
-
 
 @dataclass
-class FieldScore:
+class FieldScore(Record):
     """One field of key-value or table answers over a run: each arm's outcome counts
     (``{"right", "wrong", "missing", "extra"}``), the rows where the two arms' outcomes for it
     differ (``moved``), and ``right_change`` = B's right count minus A's."""
@@ -142,23 +139,15 @@ class FieldScore:
     moved: int = 0
     right_change: int = 0
 
-    def to_dict(self) -> dict:
-        return asdict(self)
-
 
 @dataclass
-class FieldScores:
+class FieldScores(Record):
     """The per-field block (:func:`g4v.evaluate.fields.field_scores`): ``rows`` scored per field,
     ``fields`` by name (most moved first, then by name) and the names of the fields that moved."""
 
     rows: int
     fields: dict[str, FieldScore]
     moved: list[str]
-
-    @classmethod
-    def from_dict(cls, values: dict) -> "FieldScores":
-        return cls(values["rows"], {name: FieldScore(**score) for name, score in values["fields"].items()},
-                   list(values["moved"]))
 
 
 @dataclass
@@ -171,16 +160,13 @@ class LevelDrift(DriftSummary):
     against: str = ""
 
     def to_dict(self) -> dict:
-        values = asdict(self)
+        """``of`` and ``against`` first, then the drift's own keys (as ``summary.json`` has them)."""
+        values = super().to_dict()
         return {"of": values.pop("of"), "against": values.pop("against"), **values}
-
-    @classmethod
-    def from_dict(cls, values: dict) -> "LevelDrift":
-        return cls(**vars(DriftSummary.from_dict(values)), of=values["of"], against=values["against"])
 
 
 @dataclass
-class Block:
+class Block(Record):
     """Every number of one group of rows: the whole run, or one category."""
 
     n: int  # rows in the group, errors included
@@ -191,20 +177,6 @@ class Block:
     agreement: float | None  # share of rows whose greedy answers agree; None without an answered row
     kl: KLStats | None  # None unless both arms are local transformers (no full distributions otherwise)
     blank_same: BlankSame
-
-    @classmethod
-    def _parts(cls, values: dict) -> dict:
-        """The block's fields from its JSON object (the fields below it are the caller's)."""
-        arms = values["arms"]
-        return {"n": values["n"], "n_errors": values["n_errors"],
-                "arms": Arms(ArmScore(**arms["a"]), ArmScore(**arms["b"])), "paired": Paired(**values["paired"]),
-                "equivalence": Equivalence(**values["equivalence"]), "agreement": values["agreement"],
-                "kl": KLStats(**values["kl"]) if values["kl"] is not None else None,
-                "blank_same": BlankSame(**values["blank_same"])}
-
-    @classmethod
-    def from_dict(cls, values: dict) -> "Block":
-        return cls(**cls._parts(values))
 
 
 @dataclass
@@ -218,24 +190,4 @@ class RunSummary(Block):
     detectable: Detectable
     noise_floor: NoiseFloor | None  # only when B is A again
     fields: FieldScores | None  # None without a key-value or table reference
-    level_drift: LevelDrift | None = None  # only when the arms differ in precision alone
-
-    def to_dict(self) -> dict:
-        """``summary.json``: every field under its own name, nested parts as objects; ``level_drift``
-        is left out rather than written as null when the arms are no precision pair."""
-        values = asdict(self)
-        del values["level_drift"]
-        if self.level_drift is not None:
-            values["level_drift"] = self.level_drift.to_dict()
-        return values
-
-    @classmethod
-    def from_dict(cls, values: dict) -> "RunSummary":
-        """A summary from its JSON object (``summary.json`` as :meth:`to_dict` wrote it); a
-        ``KeyError`` or ``TypeError`` when it is no such object (the caller sums the rows up again)."""
-        return cls(**cls._parts(values), complete=values["complete"],
-                   by_category={name: Block.from_dict(block) for name, block in values["by_category"].items()},
-                   worst=list(values["worst"]), detectable=Detectable(**values["detectable"]),
-                   noise_floor=NoiseFloor(**values["noise_floor"]) if values["noise_floor"] is not None else None,
-                   fields=FieldScores.from_dict(values["fields"]) if values["fields"] is not None else None,
-                   level_drift=LevelDrift.from_dict(values["level_drift"]) if values.get("level_drift") else None)
+    level_drift: LevelDrift | None = optional()  # only when the arms differ in precision alone (absent otherwise)

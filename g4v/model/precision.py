@@ -19,11 +19,12 @@ from __future__ import annotations  # torch in annotations only: the precision f
 
 import importlib.util
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from g4v.errors import G4VError, quoted
 from g4v.model.levels import Level, describe_levels
+from g4v.model.records import Record
 
 if TYPE_CHECKING:
     import torch
@@ -271,7 +272,7 @@ def row_drift(levels: list[LevelDrift], kl: float) -> dict:
 
 
 @dataclass
-class LevelDriftStats:
+class LevelDriftStats(Record):
     """One level's drift over a dataset's rows: the mean and largest relative error
     ``||B - A|| / ||A||`` of its injected features, the mean and smallest cosine."""
 
@@ -282,21 +283,13 @@ class LevelDriftStats:
 
 
 @dataclass
-class DriftSummary:
+class DriftSummary(Record):
     """Per-level means over ``n`` rows of a precision pair (:func:`drift_summary`), levels in the
     order the rows name them, and the mean next-token KL(A || B) in nats."""
 
     n: int
     levels: dict[str, LevelDriftStats]
     next_token_kl_mean: float
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, values: dict) -> "DriftSummary":
-        return cls(values["n"], {name: LevelDriftStats(**level) for name, level in values["levels"].items()},
-                   values["next_token_kl_mean"])
 
 
 def drift_summary(per_row: list[dict]) -> DriftSummary | None:
