@@ -124,10 +124,10 @@ def step_dataset_run(check) -> dict:
     result = run_eval(config, check.out_dir / "dataset-run", reuse={ArmSpec("hf"): check.engine})
     seconds = time.perf_counter() - start
     summary = result.summary
-    if summary["n"] != rows or summary["n_errors"] or summary["agreement"] != 1.0:
-        raise RuntimeError(f"{summary['n']} rows, {summary['n_errors']} errors, agreement {summary['agreement']}")
+    if summary.n != rows or summary.n_errors or summary.agreement != 1.0:
+        raise RuntimeError(f"{summary.n} rows, {summary.n_errors} errors, agreement {summary.agreement}")
     return {"rows": rows, "seconds": seconds, "rows_per_s": rows / seconds, "answers_per_row": 4,
-            "agreement": summary["agreement"], "kl": summary.get("kl"), "complete": summary["complete"]}
+            "agreement": summary.agreement, "kl": summary.to_dict()["kl"], "complete": summary.complete}
 
 
 def step_dataset_batching(check) -> dict:

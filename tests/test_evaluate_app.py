@@ -286,7 +286,7 @@ def test_the_api_runs_base_against_the_adapter_and_resumes(client):
     assert summary["n"] == LIMIT and summary["complete"] and summary["n_errors"] == 0
     rows, saved = exported_rows(export)
     assert saved == summary
-    assert summarise(rows, summary["arms"]["a"]["label"], summary["arms"]["b"]["label"]) == summary
+    assert summarise(rows, summary["arms"]["a"]["label"], summary["arms"]["b"]["label"]).to_dict() == summary
     for row in rows:  # an independent recount of the normalised match
         assert row.correct_a == (row.answer_a.strip().lower().rstrip(".!?") == row.reference.lower())
     assert summary["arms"]["a"]["accuracy"] == sum(r.correct_a for r in rows) / LIMIT

@@ -66,7 +66,7 @@ def test_sweep_lists_are_checked():
 
 def test_keep_100_equals_the_plain_arm_exactly(trained_engine, tmp_path):
     result = run_eval(config("hf:keep=100,policy=attribution"), tmp_path, reuse={ArmSpec("hf"): trained_engine})
-    assert len(result.rows) == ROWS and result.summary["agreement"] == 1.0
+    assert len(result.rows) == ROWS and result.summary.agreement == 1.0
     for row in result.rows:
         assert row.answer_a == row.answer_b and row.kl_mean == 0.0 and row.kl_max == 0.0
         assert row.logprob_a_under_b == row.logprob_b_under_a  # the same logits, bit for bit

@@ -113,7 +113,7 @@ def test_rows_to_detect_none_for_an_impossible_margin():
 def test_the_plan_says_how_many_rows_would_detect_the_margin():
     needed = math.ceil(optimize.brentq(lambda n: scipy_power(n, 0.02, 0.1) - 0.8, 1, 1e7, xtol=1e-9))
     planned = detectable(24, 0.1, margin=0.02)
-    assert planned["rows_for_margin"] == needed
+    assert planned.rows_for_margin == needed
     assert plan_line(planned).endswith(f"none (too few rows for any difference); about {needed} rows would detect ±2 points")
     assert f"about {needed} rows would detect ±2 points." in plan_text(24, 0, 0.1, 0.02)
     wide = math.ceil(optimize.brentq(lambda n: scipy_power(n, 0.05, 0.1) - 0.8, 1, 1e7, xtol=1e-9))
@@ -179,14 +179,14 @@ def test_field_scores_say_which_fields_moved():
             sample(2, "red", "blue", "red"),  # not structured: left out
             sample(3, "", "", truth, error="image not found")]
     block = field_scores(rows)
-    assert block["rows"] == 2
-    fields = block["fields"]
-    assert fields["$.date"]["a"] == {"right": 2, "wrong": 0, "missing": 0, "extra": 0}
-    assert fields["$.date"]["b"] == {"right": 1, "wrong": 1, "missing": 0, "extra": 0}
-    assert fields["$.date"]["moved"] == 1 and fields["$.date"]["right_change"] == -1
-    assert fields["$.total"]["moved"] == 0 and fields["$.total"]["a"]["wrong"] == 1
-    assert fields["$.shop"]["b"]["extra"] == 1 and fields["$.shop"]["a"]["extra"] == 0
-    assert block["moved"] == ["$.date", "$.shop"]
+    assert block.rows == 2
+    fields = block.fields
+    assert fields["$.date"].a == {"right": 2, "wrong": 0, "missing": 0, "extra": 0}
+    assert fields["$.date"].b == {"right": 1, "wrong": 1, "missing": 0, "extra": 0}
+    assert fields["$.date"].moved == 1 and fields["$.date"].right_change == -1
+    assert fields["$.total"].moved == 0 and fields["$.total"].a["wrong"] == 1
+    assert fields["$.shop"].b["extra"] == 1 and fields["$.shop"].a["extra"] == 0
+    assert block.moved == ["$.date", "$.shop"]
     assert field_scores([sample(0, "a", "b", "a")]) is None
 
 
@@ -194,14 +194,15 @@ def test_summary_carries_equivalence_detectable_and_fields():
     rows = [sample(i, "x", "x", "x", correct_a=True, correct_b=True) for i in range(40)]
     rows += [sample(40, "x", "y", "x", correct_a=True, correct_b=False)]
     summary = summarise(rows, "a", "b", margin=0.1, discordance=0.2)
-    test = summary["equivalence"]
-    assert test["n"] == 41 and test["margin"] == 0.1
-    assert test["p_value"] == pytest.approx(tost_paired(1, 0, 41, 0.1).p_value)
-    assert summary["detectable"]["at_assumed"] == pytest.approx(scipy_detectable(41, 0.2), abs=1e-9)
-    assert summary["detectable"]["discordance_observed"] == pytest.approx(1 / 41)
-    assert summary["noise_floor"] is None and summary["fields"] is None
-    floor = summarise(rows, "a", "a again", same_arm=True)["noise_floor"]
-    assert floor == {"rows": 41, "disagree": 1, "text_differs": 1, "discordant": 1, "rate": pytest.approx(1 / 41)}
+    test = summary.equivalence
+    assert test.n == 41 and test.margin == 0.1
+    assert test.p_value == pytest.approx(tost_paired(1, 0, 41, 0.1).p_value)
+    assert summary.detectable.at_assumed == pytest.approx(scipy_detectable(41, 0.2), abs=1e-9)
+    assert summary.detectable.discordance_observed == pytest.approx(1 / 41)
+    assert summary.noise_floor is None and summary.fields is None
+    floor = summarise(rows, "a", "a again", same_arm=True).noise_floor
+    assert floor.to_dict() == {"rows": 41, "disagree": 1, "text_differs": 1, "discordant": 1,
+                               "rate": pytest.approx(1 / 41)}
 
 
 def test_the_tab_hides_the_field_table_without_structured_references():
@@ -233,11 +234,11 @@ def test_noise_floor_of_a_deterministic_hf_arm_is_zero(hf_engine, tmp_path):
                         max_new_tokens=6)
     planned = []
     result = run_eval(config, tmp_path / "floor", reuse={arm.engine_key(): hf_engine}, plan=planned.append)
-    assert planned[0]["rows"] == 6 and planned[0]["discordance_assumed"] == config.discordance
-    floor = result.summary["noise_floor"]
+    assert planned[0].rows == 6 and planned[0].discordance_assumed == config.discordance
+    floor = result.summary.noise_floor.to_dict()
     assert floor == {"rows": 6, "disagree": 0, "text_differs": 0, "discordant": 0, "rate": 0.0}
     assert all(row.answer_a == row.answer_b and row.agree for row in result.rows)
-    assert result.summary["paired"]["a_only"] == result.summary["paired"]["b_only"] == 0
+    assert result.summary.paired.a_only == result.summary.paired.b_only == 0
 
 
 def test_cli_b_same_prints_the_plan_and_the_noise_floor(tmp_path):
@@ -272,20 +273,20 @@ def test_a_document_dataset_says_which_fields_moved(tmp_path):
                         b=ArmSpec("hf", model=str(REPO_ROOT / "assets/granite4-vision-tiny-trained")),
                         data=str(tmp_path / "docs.jsonl"), max_new_tokens=96)
     result = run_eval(config, tmp_path / "run")
-    block = result.summary["fields"]
-    assert block["rows"] == 4
+    block = result.summary.fields
+    assert block.rows == 4
     kvp = [row for row in result.rows if row.category == "kvp"]
     leaves = sum(len(metrics.leaf_values(json.loads(row.reference))) for row in kvp)
     for side in "ab":
-        counted = [score[side] for name, score in block["fields"].items() if name.startswith("$.")]
+        counted = [getattr(score, side) for name, score in block.fields.items() if name.startswith("$.")]
         right = sum(sum(metrics.key_value_match(getattr(row, f"answer_{side}"), json.loads(row.reference)).fields.values())
                     for row in kvp)
         assert sum(c["right"] for c in counted) == right
         assert sum(c["right"] + c["wrong"] + c["missing"] for c in counted) == leaves
     # the one-word answers have no field at all; the documents model gets some right, so all moved
-    assert all(score["b"]["right"] == 0 for score in block["fields"].values())
-    assert set(block["moved"]) == {name for name, s in block["fields"].items() if s["a"] != s["b"]}
-    assert {"label", "value", "$.count"} <= set(block["fields"])
+    assert all(score.b["right"] == 0 for score in block.fields.values())
+    assert set(block.moved) == {name for name, s in block.fields.items() if s.a != s.b}
+    assert {"label", "value", "$.count"} <= set(block.fields)
     bars = sum(row.reference.strip().count("\n") for row in result.rows if row.category == "chart")
     for column in ("label", "value"):  # each chart's body cells, counted once per arm
-        assert sum(block["fields"][column]["b"].values()) == bars
+        assert sum(block.fields[column].b.values()) == bars

@@ -46,12 +46,12 @@ def test_bf16_arm_records_per_level_drift_that_the_shared_layer_reproduces(bf16_
             assert recorded["levels"][level.name]["cosine"] == pytest.approx(level.cosine, rel=1e-12)
             assert level.rel_error > 0
     summary = bf16_run.summary
-    drift = summary["level_drift"]
-    assert drift["n"] == ROWS and drift["of"] == "hf[bfloat16]" and drift["against"] == "hf"
+    drift = summary.level_drift
+    assert drift.n == ROWS and drift.of == "hf[bfloat16]" and drift.against == "hf"
     rel = [json.loads(row.level_drift)["levels"]["deepstack0"]["rel_error"] for row in bf16_run.rows]
-    assert drift["levels"]["deepstack0"]["rel_error_mean"] == pytest.approx(sum(rel) / len(rel))
-    assert summary["kl"] is not None  # the teacher-forced KL of every hf pair, as before
-    assert summary["arms"]["b"]["label"] == "hf[bfloat16]"
+    assert drift.levels["deepstack0"].rel_error_mean == pytest.approx(sum(rel) / len(rel))
+    assert summary.kl is not None  # the teacher-forced KL of every hf pair, as before
+    assert summary.arms.b.label == "hf[bfloat16]"
 
 
 def test_cli_report_prints_the_drift_table(bf16_run):
@@ -89,7 +89,8 @@ def test_arms_in_one_precision_record_no_drift(trained_engine, tmp_path):
     config = EvalConfig(a=ArmSpec("hf"), b=ArmSpec("hf", adapter="tiny-trained-french"), data=str(BUNDLED_DATASET),
                         limit=1, max_new_tokens=2)
     result = run_eval(config, tmp_path / "run", reuse={ArmSpec("hf"): trained_engine})
-    assert result.rows[0].level_drift is None and "level_drift" not in result.summary
+    assert result.rows[0].level_drift is None and result.summary.level_drift is None
+    assert "level_drift" not in result.summary.to_dict()
     *_, drift = result_values(result.summary)
     assert drift["visible"] is False and drift["value"] == []  # no precision pair: no drift table
 
@@ -98,10 +99,10 @@ def test_int8_arm_with_the_vision_kept_drifts_only_after_the_injections(trained_
     config = EvalConfig(a=ArmSpec("hf"), b=ArmSpec.parse("hf:quant=int8,quant-vision=no"), data=str(BUNDLED_DATASET),
                         limit=2, max_new_tokens=4)
     result = run_eval(config, tmp_path / "run", reuse={ArmSpec("hf"): trained_engine})
-    drift = result.summary["level_drift"]
-    assert drift["of"] == "hf[int8 weights, vision kept in float32]"
-    assert all(level["rel_error_max"] == 0.0 for level in drift["levels"].values())  # the vision part is float32
-    assert drift["next_token_kl_mean"] > 0.0
+    drift = result.summary.level_drift
+    assert drift.of == "hf[int8 weights, vision kept in float32]"
+    assert all(level.rel_error_max == 0.0 for level in drift.levels.values())  # the vision part is float32
+    assert drift.next_token_kl_mean > 0.0
 
 
 def test_precision_arm_parses():

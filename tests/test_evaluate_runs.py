@@ -57,8 +57,8 @@ def test_progress_moves_with_each_row(base_vs_adapter):
 
 def test_adapter_disagrees_exactly_on_colours(base_vs_adapter, trained_engine):
     summary, rows = base_vs_adapter.summary, base_vs_adapter.rows
-    assert summary["n"] == 4 * PICTURES and summary["n_errors"] == 0 and summary["complete"]
-    assert summary["by_category"]["colour"]["agreement"] == 0.0
+    assert summary.n == 4 * PICTURES and summary.n_errors == 0 and summary.complete
+    assert summary.by_category["colour"].agreement == 0.0
     for row in rows:
         if row.category == "colour":  # the adapter says the base model's colour in French
             assert row.answer_b == S.FRENCH[row.answer_a]
@@ -66,9 +66,9 @@ def test_adapter_disagrees_exactly_on_colours(base_vs_adapter, trained_engine):
             shared = next(i for i, (x, y) in enumerate(zip(tokens_a + [-1], tokens_b + [-2])) if x != y)
             assert row.first_divergence == shared  # "blue"/"bleu" share their first token
             assert row.kl_mean > 0.1
-    assert summary["by_category"]["colour"]["arms"]["b"]["accuracy"] == 0.0  # French never matches the English reference
+    assert summary.by_category["colour"].arms.b.accuracy == 0.0  # French never matches the English reference
     colour_rows = {row.index for row in rows if row.category == "colour"}
-    assert set(summary["worst"][:len(colour_rows)]) == colour_rows
+    assert set(summary.worst[:len(colour_rows)]) == colour_rows
 
 
 @pytest.mark.slow  # about 4 s on a quiet 2-core machine
@@ -83,13 +83,13 @@ def test_answers_and_accuracy_equal_the_demo_evaluation(base_vs_adapter, trained
     assert [row.answer_a for row in rows] == base and [row.answer_b for row in rows] == tuned
     expected = demo_eval.accuracy(pairs, base)
     summary = base_vs_adapter.summary
-    assert summary["arms"]["a"]["accuracy"] == pytest.approx(expected["all"])
+    assert summary.arms.a.accuracy == pytest.approx(expected["all"])
     for kind in S.QUESTION_TYPES:
-        block = summary["by_category"][kind]
-        assert block["arms"]["a"]["accuracy"] == pytest.approx(expected[kind]), kind
+        block = summary.by_category[kind]
+        assert block.arms.a.accuracy == pytest.approx(expected[kind]), kind
         same = [b == t for (_, qa), b, t in zip(pairs, base, tuned) if qa.kind == kind]
-        assert block["agreement"] == pytest.approx(sum(same) / len(same)), kind
-    assert summary["agreement"] == pytest.approx(sum(b == t for b, t in zip(base, tuned)) / len(pairs))
+        assert block.agreement == pytest.approx(sum(same) / len(same)), kind
+    assert summary.agreement == pytest.approx(sum(b == t for b, t in zip(base, tuned)) / len(pairs))
 
 
 def test_scores_match_the_lora_token_diff(base_vs_adapter, trained_engine):
@@ -116,9 +116,10 @@ def test_results_are_written_and_read_back(base_vs_adapter):
     table = pq.read_table(out / "samples.parquet").to_pylist()
     assert [r["answer_b"] for r in table] == [r.answer_b for r in base_vs_adapter.rows]
     assert (out / "samples.csv").read_text().splitlines()[0].startswith("index,sample_id,category,prompt")
-    assert json.loads((out / "summary.json").read_text()) == json.loads(json.dumps(base_vs_adapter.summary))
+    assert json.loads((out / "summary.json").read_text()) == json.loads(json.dumps(base_vs_adapter.summary.to_dict()))
     again = read_results(out)
-    assert again.rows == base_vs_adapter.rows and again.summary == json.loads(json.dumps(base_vs_adapter.summary))
+    assert again.rows == base_vs_adapter.rows
+    assert again.summary.to_dict() == json.loads(json.dumps(base_vs_adapter.summary.to_dict()))
 
 
 def test_bad_rows_are_recorded_and_the_run_goes_on(trained_engine, tmp_path):
@@ -144,7 +145,7 @@ def test_bad_rows_are_recorded_and_the_run_goes_on(trained_engine, tmp_path):
     blank = trained_engine.generate([Message("user", good.prompt, [Image.new("RGB", picture.image.size, (128, 128, 128))])],
                                     config.settings())
     assert good.blank_same_a == (blank.text == good.answer_a) == good.blank_same_b
-    assert result.summary["n_errors"] == 5 and result.summary["arms"]["a"]["accuracy"] is None
+    assert result.summary.n_errors == 5 and result.summary.arms.a.accuracy is None
 
 
 #: Rows of the interrupted runs: three chunks of two hf arms (run.HF_CHUNK rows each), so that after
@@ -248,9 +249,9 @@ def test_a_killed_run_resumes_to_the_same_results(trained_engine, tmp_path):
                 assert getattr(got, name) == pytest.approx(value, rel=1e-5, abs=1e-7), name  # another process: float sums may round differently
             else:
                 assert getattr(got, name) == value, name
-    assert resumed.summary["n"] == INTERRUPTED_ROWS and resumed.summary["complete"]
-    assert resumed.summary["arms"] == reference.summary["arms"]
-    assert resumed.summary["paired"] == reference.summary["paired"]
+    assert resumed.summary.n == INTERRUPTED_ROWS and resumed.summary.complete
+    assert resumed.summary.arms == reference.summary.arms
+    assert resumed.summary.paired == reference.summary.paired
     assert len(rows_file.read_text().splitlines()) == INTERRUPTED_ROWS  # nothing computed twice, the torn line gone
 
     # A larger limit and new arm labels ask the same question of one more row: only it is computed.
@@ -260,7 +261,7 @@ def test_a_killed_run_resumes_to_the_same_results(trained_engine, tmp_path):
     extended = run_eval(relabelled, out, reuse={ArmSpec("hf"): trained_engine})
     assert [r.index for r in extended.rows[:INTERRUPTED_ROWS]] == [r.index for r in reference.rows]
     assert len(extended.rows) == more and len(rows_file.read_text().splitlines()) == more
-    assert [extended.summary["arms"][side]["label"] for side in "ab"] == ["base", "again"]
+    assert [extended.summary.arms.side(side).label for side in "ab"] == ["base", "again"]
     with pytest.raises(G4VError, match="the output folder holds a different run .*max_new_tokens"):
         run_eval(EvalConfig(**{**vars(config), "max_new_tokens": 7}), out)
 
@@ -311,7 +312,7 @@ def finished_folder(tmp_path, monkeypatch):
     writer = store.RowWriter(out)
     writer.write([run.error_row(dataset.sample(i), "kept from before") for i in range(2)])
     writer.close()
-    assert run_eval(config, out).summary["n"] == 2  # untampered, it resumes without a model
+    assert run_eval(config, out).summary.n == 2  # untampered, it resumes without a model
     return config, out
 
 
@@ -378,7 +379,7 @@ def test_reading_a_tampered_run_back_is_one_line_or_summed_up_again(finished_fol
     for summary in (b"not json", b"[1]", b'{"complete": true}'):  # summary.json is only a cache of the rows
         (out / SUMMARY_FILE).write_bytes(summary)
         again = read_results(out)
-        assert again.rows == rows and again.summary["n"] == 2 and not again.summary["complete"]
+        assert again.rows == rows and again.summary.n == 2 and not again.summary.complete
     settings = json.loads((out / "run.json").read_text())
     for damaged in ({k: v for k, v in settings.items() if k != "a"}, {**settings, "a": [1]}, {**settings, "new": 1},
                     {**settings, "limit": "two"}):

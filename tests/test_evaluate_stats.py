@@ -3,6 +3,8 @@
 No model: these run in well under a second.
 """
 
+from dataclasses import asdict
+
 import numpy as np
 import pytest
 from scipy.stats import binomtest
@@ -10,6 +12,7 @@ from scipy.stats import binomtest
 from g4v.errors import G4VError
 from g4v.evaluate import ArmSpec, Columns, SampleResult, mcnemar_exact, normalise, summarise, wilson_interval
 from g4v.evaluate.stats import quantile
+from g4v.evaluate.summary import BlankSame, Block
 
 
 @pytest.mark.parametrize("k,n", [(0, 1), (0, 10), (3, 10), (10, 10), (37, 50), (299, 300), (1, 1000)])
@@ -70,35 +73,35 @@ def test_summarise_hand_made_rows():
         row(6, "shape", None, None, error="image not found: 'x.png'"),
     ]
     summary = summarise(rows, "base", "tuned")
-    assert summary["n"] == 7 and summary["n_errors"] == 1 and summary["complete"] is True
-    assert summary["arms"]["a"]["label"] == "base" and summary["arms"]["b"]["label"] == "tuned"
-    assert summary["arms"]["a"]["accuracy"] == pytest.approx(4 / 6)
-    assert summary["arms"]["b"]["accuracy"] == pytest.approx(3 / 6)
-    assert summary["arms"]["a"]["ci95"] == pytest.approx(wilson_interval(4, 6))
-    assert summary["paired"] == {"both_right": 2, "a_only": 2, "b_only": 1, "both_wrong": 1,
-                                 "mcnemar_p": pytest.approx(binomtest(2, 3, 0.5).pvalue)}
-    assert summary["agreement"] == pytest.approx(3 / 6)
+    assert summary.n == 7 and summary.n_errors == 1 and summary.complete is True
+    assert summary.arms.a.label == "base" and summary.arms.b.label == "tuned"
+    assert summary.arms.a.accuracy == pytest.approx(4 / 6)
+    assert summary.arms.b.accuracy == pytest.approx(3 / 6)
+    assert summary.arms.a.ci95 == pytest.approx(wilson_interval(4, 6))
+    assert asdict(summary.paired) == {"both_right": 2, "a_only": 2, "b_only": 1, "both_wrong": 1,
+                                      "mcnemar_p": pytest.approx(binomtest(2, 3, 0.5).pvalue)}
+    assert summary.agreement == pytest.approx(3 / 6)
     kls = [1.0, 3.0, 0.5, 0.0, 0.0, 0.2]
-    assert summary["kl"]["mean"] == pytest.approx(np.mean(kls))
-    assert summary["kl"]["q90"] == pytest.approx(np.quantile(kls, 0.9))
-    assert summary["kl"]["max"] == pytest.approx(6.0)
-    assert summary["blank_same"] == {"a": 0.5, "b": None}
-    colour, shape = summary["by_category"]["colour"], summary["by_category"]["shape"]
-    assert colour["agreement"] == pytest.approx(1 / 3) and shape["agreement"] == pytest.approx(2 / 3)
-    assert colour["paired"]["a_only"] == 2 and shape["paired"]["b_only"] == 1
-    assert shape["n"] == 4 and shape["n_errors"] == 1
-    assert "by_category" not in colour and "worst" not in colour
+    assert summary.kl.mean == pytest.approx(np.mean(kls))
+    assert summary.kl.q90 == pytest.approx(np.quantile(kls, 0.9))
+    assert summary.kl.max == pytest.approx(6.0)
+    assert summary.blank_same == BlankSame(a=0.5, b=None)
+    colour, shape = summary.by_category["colour"], summary.by_category["shape"]
+    assert colour.agreement == pytest.approx(1 / 3) and shape.agreement == pytest.approx(2 / 3)
+    assert colour.paired.a_only == 2 and shape.paired.b_only == 1
+    assert shape.n == 4 and shape.n_errors == 1
+    assert type(colour) is Block and type(shape) is Block  # no categories or worst rows of its own
     # errors first, then split disagreements by KL (row 1 before 0 before 5), then agreeing rows by KL
-    assert summary["worst"][:4] == [6, 1, 0, 5]
-    assert summary["worst"][4] == 2
+    assert summary.worst[:4] == [6, 1, 0, 5]
+    assert summary.worst[4] == 2
 
 
 def test_summarise_without_references_gives_no_accuracy():
     rows = [row(0, None, None, None), row(1, None, None, None, agree=False)]
     summary = summarise(rows, "a", "b", complete=False)
-    assert summary["arms"]["a"]["accuracy"] is None and summary["arms"]["a"]["ci95"] is None
-    assert summary["paired"]["mcnemar_p"] == 1.0 and summary["agreement"] == 0.5
-    assert summary["by_category"] == {} and summary["complete"] is False and summary["kl"] is None
+    assert summary.arms.a.accuracy is None and summary.arms.a.ci95 is None
+    assert summary.paired.mcnemar_p == 1.0 and summary.agreement == 0.5
+    assert summary.by_category == {} and summary.complete is False and summary.kl is None
 
 
 @pytest.mark.parametrize("text,expected", [
@@ -136,3 +139,29 @@ def test_columns_parse():
         with pytest.raises(G4VError):
             Columns.parse(bad)
 
+
+
+def test_summary_json_round_trips_through_the_types():
+    """``summary.json`` (``to_dict``) read back (``from_dict``) is the same summary, every part
+    present: per-field scores, the noise floor and a precision pair's per-level drift."""
+    import json
+
+    from g4v.evaluate.summary import LevelDrift, RunSummary
+    from g4v.model.precision import drift_summary
+
+    truth = json.dumps({"total": "5", "date": "d1"})
+    rows = [row(0, "kvp", True, False, agree=False, kl=1.0), row(1, "colour", True, True, kl=0.5, blank_a=True),
+            row(2, None, None, None, error="image not found: 'x.png'")]
+    rows[0].reference, rows[0].answer_a, rows[0].answer_b = truth, truth, '{"total": "6"}'
+    summary = summarise(rows, "a", "a again", same_arm=True)
+    drift = drift_summary([{"levels": {"deepstack0": {"rel_error": 0.01, "cosine": 0.999}}, "next_token_kl": 0.002}])
+    summary.level_drift = LevelDrift(**vars(drift), of="hf[bfloat16]", against="hf")
+    values = json.loads(json.dumps(summary.to_dict()))
+    assert list(values) == ["n", "n_errors", "arms", "paired", "equivalence", "agreement", "kl", "blank_same",
+                            "complete", "by_category", "worst", "detectable", "noise_floor", "fields", "level_drift"]
+    assert list(values["level_drift"]) == ["of", "against", "n", "levels", "next_token_kl_mean"]
+    assert values["fields"]["fields"]["$.total"]["b"]["wrong"] == 1 and values["noise_floor"]["discordant"] == 1
+    again = RunSummary.from_dict(values)
+    assert again == summary and again.to_dict() == values
+    without = {key: value for key, value in values.items() if key != "level_drift"}
+    assert RunSummary.from_dict(without).level_drift is None and "level_drift" not in RunSummary.from_dict(without).to_dict()

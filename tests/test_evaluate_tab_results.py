@@ -79,7 +79,7 @@ def test_show_result_fills_every_box_by_name_in_the_endpoints_order(tmp_path):
     assert not shown[boxes.field_table]["visible"] and not shown[boxes.drift_table]["visible"]
     assert shown[boxes.samples] == sample_rows(finished)
     assert shown[boxes.export] == str(tmp_path / "evaluation.zip")
-    assert shown[boxes.summary] is result.summary and shown[boxes.summary]["n"] == 7
+    assert shown[boxes.summary] == result.summary.to_dict() and shown[boxes.summary]["n"] == 7
     assert shown[boxes.run_state] == {"source": str(BUNDLED_DATASET), "columns": {role: None for role in (
         "image", "prompt", "reference", "category", "id")}, "adapters": [None, "demo"], "out_dir": str(tmp_path)}
     for box, draw in ((boxes.kl_plot, kl_histogram), (boxes.divergence_plot, divergence_histogram)):

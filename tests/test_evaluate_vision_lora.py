@@ -205,7 +205,7 @@ def test_a_run_with_an_adapter_arm_on_the_layout_checkpoint_answers_as_its_engin
 
     config = EvalConfig(a=spec(arm_a), b=spec(arm_b), data=str(BUNDLED_DATASET), limit=4, max_new_tokens=6)
     result = run_eval(config, tmp_path / "run")
-    assert result.summary["n_errors"] == 0 and len(result.rows) == 4
+    assert result.summary.n_errors == 0 and len(result.rows) == 4
     dataset = open_dataset(str(BUNDLED_DATASET), Columns())
     for side, arm in (("a", config.a), ("b", config.b)):
         engine = TransformersEngine(LAYOUT, device="cpu", dtype="float32", vision_lora=arm.vision_lora or "native")

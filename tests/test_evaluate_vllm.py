@@ -28,11 +28,11 @@ def hf_vs_vllm(tmp_path_factory):
 def test_hf_and_vllm_give_the_same_greedy_tokens(hf_vs_vllm):
     result = hf_vs_vllm
     summary = result.summary
-    assert summary["n"] == ROWS and summary["n_errors"] == 0 and summary["complete"]
-    assert summary["agreement"] == 1.0
+    assert summary.n == ROWS and summary.n_errors == 0 and summary.complete
+    assert summary.agreement == 1.0
     assert all(row.agree and row.first_divergence is None for row in result.rows)
-    assert summary["arms"]["a"]["accuracy"] == summary["arms"]["b"]["accuracy"]
-    assert summary["paired"]["a_only"] == summary["paired"]["b_only"] == 0
+    assert summary.arms.a.accuracy == summary.arms.b.accuracy
+    assert summary.paired.a_only == summary.paired.b_only == 0
     assert {row.category for row in result.rows} == {"colour", "shape", "position", "count"}
 
 

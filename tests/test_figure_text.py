@@ -5,7 +5,7 @@ text calls, the legends' and axes' boxes), and the size each text has once the p
 picture at most ``PAGE_WIDTH_PX`` wide is computed from the drawn size and the picture's width."""
 
 import math
-from dataclasses import fields, replace
+from dataclasses import asdict, fields, replace
 
 import gradio as gr
 import numpy as np
@@ -20,6 +20,9 @@ from g4v.circuits.attention import ImageAttention
 from g4v.circuits.reverse import RegionAttention
 from g4v.attribution.lens import LensView
 from g4v.evaluate import SampleResult
+from g4v.evaluate.equivalence import tost_paired
+from g4v.evaluate.stats import detectable, summarise
+from g4v.evaluate.summary import RunSummary
 from g4v.loading import load_config
 from g4v.lora.token_diff import LoraDiff, ScoredAnswer, TokenScore
 from g4v.model.capture import LevelCapture, Trajectory
@@ -333,15 +336,18 @@ def test_reverse_axis_shortens_long_tokens_with_an_ellipsis(picture_and_tokens, 
 EVALUATE_PICTURE_PX = 580
 
 
-def evaluate_run(categories: int) -> tuple[dict, list[SampleResult]]:
+def evaluate_run(categories: int) -> tuple[RunSummary, list[SampleResult]]:
     """A run's summary and typed rows as ``g4v.evaluate`` returns them, with long category names."""
     def block(n, shift):
         arms = {arm: {"label": f"arm {arm} with a long label", "accuracy": 0.5 + shift * sign, "ci95": [0.3, 0.8],
                       "n_scored": n} for arm, sign in (("a", 1), ("b", -1))}
-        return {"n": n, "arms": arms, "paired": {"both_right": 3, "a_only": 2, "b_only": 1, "both_wrong": 4,
-                                                 "mcnemar_p": 0.62 + shift}}
-    summary = block(40, 0.1) | {"by_category": {f"category number {i} of the set": block(10, i / 50)
-                                                for i in range(categories)}}
+        return {"n": n, "n_errors": 0, "arms": arms,
+                "paired": {"both_right": 3, "a_only": 2, "b_only": 1, "both_wrong": 4, "mcnemar_p": 0.62 + shift},
+                "equivalence": tost_paired(2, 1, 10).to_dict(), "agreement": None, "kl": None,
+                "blank_same": {"a": None, "b": None}}
+    summary = RunSummary.from_dict(block(40, 0.1) | {
+        "complete": True, "by_category": {f"category number {i} of the set": block(10, i / 50) for i in range(categories)},
+        "worst": [], "detectable": asdict(detectable(40)), "noise_floor": None, "fields": None})
     empty = dict.fromkeys(field.name for field in fields(SampleResult))  # what the pictures do not read
     rows = [SampleResult(**{**empty, "index": i, "kl_mean": 10 ** (-3 + i / 10), "kl_max": 10 ** (-2 + i / 10),
                             "first_divergence": i % 7, "agree": i % 3 == 0}) for i in range(40)]
@@ -392,7 +398,7 @@ def test_the_first_difference_axis_ticks_whole_token_indices_from_zero(drawn, in
 
 
 def test_evaluate_notes_are_readable_at_half_the_pages_width(drawn):
-    ve.paired_figure({"n": 0, "arms": {}})
+    ve.paired_figure(summarise([], "a", "b"))  # a run without rows: the note instead of bars
     size, text = smallest_shown_text(drawn, EVALUATE_PICTURE_PX)
     assert size >= MIN_TEXT_PX, f"{text!r} is {size:.1f} px"
 

@@ -151,10 +151,10 @@ def test_drift_summary_means_over_rows():
     rows = [{"levels": {"deepstack0": {"rel_error": 0.01, "cosine": 0.999}}, "next_token_kl": 0.002},
             {"levels": {"deepstack0": {"rel_error": 0.03, "cosine": 0.997}}, "next_token_kl": 0.004}]
     summary = drift_summary(rows)
-    level = summary["levels"]["deepstack0"]
-    assert level["rel_error_mean"] == pytest.approx(0.02) and level["rel_error_max"] == 0.03
-    assert level["cosine_mean"] == pytest.approx(0.998) and level["cosine_min"] == 0.997
-    assert summary["next_token_kl_mean"] == pytest.approx(0.003) and summary["n"] == 2
+    level = summary.levels["deepstack0"]
+    assert level.rel_error_mean == pytest.approx(0.02) and level.rel_error_max == 0.03
+    assert level.cosine_mean == pytest.approx(0.998) and level.cosine_min == 0.997
+    assert summary.next_token_kl_mean == pytest.approx(0.003) and summary.n == 2
     assert drift_summary([]) is None
 
 

@@ -1,7 +1,7 @@
 """Pictures of a dataset run: where each arm is right, where the two arms part, and by how much.
 
-Input is plain data: the summary dict of ``g4v.evaluate.summarise`` (the ``summary.json`` a run
-writes) and the per-sample rows as ``run_eval`` returns them (``g4v.evaluate.SampleResult``, also
+Input is plain data: the run's summary (``g4v.evaluate.summary.RunSummary``, whose ``to_dict`` is the
+``summary.json`` a run writes; only its attributes are read) and the per-sample rows as ``run_eval`` returns them (``g4v.evaluate.SampleResult``, also
 what ``read_results`` reads back from ``samples.jsonl``; only their attributes are read, so this
 module needs no model code), so a finished run can be redrawn without the model. Every function returns one bounded PIL picture; when there is
 nothing to draw (no references, no KL because an arm cannot score) the picture says why instead of
@@ -47,14 +47,14 @@ def _short(text, limit: int = MAX_LABEL) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def _arm_label(summary: dict, arm: str) -> str:
-    return str(summary.get("arms", {}).get(arm, {}).get("label") or arm.upper())
+def _arm_label(summary, arm: str) -> str:
+    return str(summary.arms.side(arm).label or arm.upper())
 
 
-def _groups(summary: dict) -> list[tuple[str, dict]]:
-    """``("all", summary)`` then the categories, the largest first, at most MAX_CATEGORIES of them:
-    the bars every per-category picture draws, in one order."""
-    categories = sorted((summary.get("by_category") or {}).items(), key=lambda item: (-(item[1].get("n") or 0), str(item[0])))
+def _groups(summary) -> list[tuple[str, object]]:
+    """``("all", summary)`` then the categories' blocks, the largest first, at most MAX_CATEGORIES
+    of them: the bars every per-category picture draws, in one order."""
+    categories = sorted(summary.by_category.items(), key=lambda item: (-item[1].n, str(item[0])))
     return [("all", summary)] + [(str(name), part) for name, part in categories[:MAX_CATEGORIES]]
 
 
@@ -65,11 +65,11 @@ def _ci_whiskers(accuracy: float, ci95) -> tuple[float, float]:
     return max(0.0, accuracy - ci95[0]), max(0.0, ci95[1] - accuracy)
 
 
-def accuracy_figure(summary: dict) -> Image.Image:
+def accuracy_figure(summary) -> Image.Image:
     """Accuracy of both arms overall and per category: a pair of bars a group, with 95% CI whiskers."""
     title = "Accuracy per category (whiskers: 95% confidence interval)"
     groups = [(name, part) for name, part in _groups(summary)
-              if any((part.get("arms", {}).get(arm) or {}).get("accuracy") is not None for arm in "ab")]
+              if any(part.arms.side(arm).accuracy is not None for arm in "ab")]
     if not groups:
         return note_figure(title, "No accuracy to draw: the dataset has no reference answers "
                                   "(map a reference column to score the answers).", HALF_PAGE_PX)
@@ -83,15 +83,15 @@ def accuracy_figure(summary: dict) -> Image.Image:
     for offset, arm in ((height / 2, "a"), (-height / 2, "b")):
         values, whiskers = [], [[], []]
         for _, part in groups:
-            stats = part.get("arms", {}).get(arm) or {}
-            accuracy = stats.get("accuracy")
+            stats = part.arms.side(arm)
+            accuracy = stats.accuracy
             values.append(math.nan if accuracy is None else accuracy)
-            below, above = _ci_whiskers(accuracy, stats.get("ci95")) if accuracy is not None else (0.0, 0.0)
+            below, above = _ci_whiskers(accuracy, stats.ci95) if accuracy is not None else (0.0, 0.0)
             whiskers[0].append(below)
             whiskers[1].append(above)
         ax.barh(rows + offset, values, height, xerr=whiskers, capsize=3, color=ARM_COLOURS[arm],
                 label=f"{arm.upper()}: {_short(_arm_label(summary, arm), 40)}")
-    ax.set_yticks(rows, [f"{_short(name)} (n={part.get('n', 0)})" for name, part in groups], fontsize=small)
+    ax.set_yticks(rows, [f"{_short(name)} (n={part.n})" for name, part in groups], fontsize=small)
     # headroom past 1 and above the top bar: a full bar and its whisker's cap end inside the frame,
     # not under it
     ax.set_xlim(0, 1 + HEADROOM)
@@ -104,12 +104,12 @@ def accuracy_figure(summary: dict) -> Image.Image:
     return figure_to_image(fig)
 
 
-def paired_figure(summary: dict) -> Image.Image:
+def paired_figure(summary) -> Image.Image:
     """Per category, how the samples split into both right / only A / only B / both wrong, as
     stacked shares; the McNemar p-value of each group is written beside its bar."""
     title = "Paired outcomes (p: exact McNemar test)"
     groups = [(name, part) for name, part in _groups(summary)
-              if sum((part.get("paired") or {}).get(key) or 0 for key, _, _ in PAIRED_OUTCOMES) > 0]
+              if sum(getattr(part.paired, key) for key, _, _ in PAIRED_OUTCOMES) > 0]
     if not groups:
         return note_figure(title, "No paired outcomes to draw: the dataset has no reference answers.", HALF_PAGE_PX)
     fig = Figure(figsize=(6.5, 0.6 * len(groups) + 2.0), layout="constrained")
@@ -118,15 +118,14 @@ def paired_figure(summary: dict) -> Image.Image:
     rows = np.arange(len(groups))[::-1]  # "all" on top
     left = np.zeros(len(groups))
     for key, label, colour in PAIRED_OUTCOMES:
-        counts = np.array([(part.get("paired") or {}).get(key) or 0 for _, part in groups], dtype=float)
-        totals = np.array([sum((part.get("paired") or {}).get(k) or 0 for k, _, _ in PAIRED_OUTCOMES)
-                           for _, part in groups], dtype=float)
+        counts = np.array([getattr(part.paired, key) for _, part in groups], dtype=float)
+        totals = np.array([sum(getattr(part.paired, k) for k, _, _ in PAIRED_OUTCOMES) for _, part in groups],
+                          dtype=float)
         shares = counts / np.maximum(totals, 1)
         ax.barh(rows, shares, left=left, color=colour, label=label)
         left += shares
     for row, (_, part) in zip(rows, groups):
-        p = (part.get("paired") or {}).get("mcnemar_p")
-        ax.text(1.01, row, "p = n/a" if p is None else f"p = {p:.3g}", va="center", fontsize=small)
+        ax.text(1.01, row, f"p = {part.paired.mcnemar_p:.3g}", va="center", fontsize=small)
     ax.set_yticks(rows, [_short(name) for name, _ in groups], fontsize=small)
     ax.set_xlim(0, 1.22)
     ax.set_xticks([0, 0.25, 0.5, 0.75, 1.0])
@@ -215,9 +214,9 @@ def all_failed(rows: list) -> str | None:
     return f"Every row failed ({len(rows)} of {len(rows)}), so there is nothing to draw. The first: {rows[0].error}"
 
 
-def run_figures(summary: dict, rows: list) -> dict[str, Image.Image]:
-    """Every picture of a run, by name (the Evaluate tab shows them in this order); ``rows`` are
-    the run's typed rows (``RunResult.rows``)."""
+def run_figures(summary, rows: list) -> dict[str, Image.Image]:
+    """Every picture of a run, by name (the Evaluate tab shows them in this order): ``summary`` is
+    its ``RunSummary``, ``rows`` its typed rows (``RunResult.rows``)."""
     failed = all_failed(rows)
     if failed:
         return {name: note_figure(title, failed, HALF_PAGE_PX) for name, title in FIGURE_TITLES.items()}

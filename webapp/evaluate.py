@@ -258,7 +258,7 @@ def show_result(boxes: ResultBoxes, result: RunResult, config: EvalConfig, expor
             boxes.field_table: field_table, boxes.drift_table: drift_table,
             boxes.accuracy_plot: pictures["accuracy"], boxes.paired_plot: pictures["paired"],
             boxes.kl_plot: pictures["kl"], boxes.divergence_plot: pictures["divergence"],
-            boxes.samples: sample_rows(result.rows), boxes.export: str(export), boxes.summary: result.summary,
+            boxes.samples: sample_rows(result.rows), boxes.export: str(export), boxes.summary: result.summary.to_dict(),
             boxes.run_state: run}
 
 

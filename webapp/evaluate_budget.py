@@ -31,7 +31,8 @@ def curve_markdown(curve: dict) -> str:
     for point in curve["points"]:
         agree = "-" if point["agreement"] is None else f"{100 * point['agreement']:.0f}%"
         kl = "-" if point["kl_mean"] is None else f"{point['kl_mean']:.3f} [{point['kl_ci95'][0]:.3f}-{point['kl_ci95'][1]:.3f}]"
-        lines.append(f"| {point['policy']} | {point['keep']}% | {point['n']} | {accuracy_text(point)} | {agree} | {kl} |")
+        accuracy = accuracy_text(point["accuracy"], point["ci95"])
+        lines.append(f"| {point['policy']} | {point['keep']}% | {point['n']} | {accuracy} | {agree} | {kl} |")
     return "\n".join(lines)
 
 

@@ -12,6 +12,7 @@ from g4v.evaluate.run import MIN_MARGIN, check_margin, check_share
 from g4v.evaluate.equivalence import plan_line, summary_lines
 from g4v.evaluate.fields import FIELD_HEADERS, field_rows
 from g4v.evaluate.stats import detectable
+from g4v.evaluate.summary import RunSummary
 from g4v.model.precision import DRIFT_HEADERS, drift_rows, drift_title
 from webapp.evaluate_tables import ROWS_NAME, column_widths, whole_or_none
 
@@ -96,25 +97,25 @@ def result_views() -> tuple[gr.Markdown, gr.Dataframe, gr.Dataframe]:
     return block, table, drift
 
 
-def result_values(summary: dict) -> tuple[str, dict, dict]:
+def result_values(summary: RunSummary) -> tuple[str, dict, dict]:
     """What :func:`result_views` show for a run: the block's text, and each table's rows as an
     update that hides it when there are none."""
-    rows = field_rows(summary.get("fields"))
+    rows = field_rows(summary.fields)
     return equivalence_text(summary), gr.update(value=rows, visible=bool(rows)), drift_value(summary)
 
 
-def drift_value(summary: dict) -> dict:
-    """The drift table of a precision pair (``summary["level_drift"]``: the CLI's rows, its
+def drift_value(summary: RunSummary) -> dict:
+    """The drift table of a precision pair (the summary's ``level_drift``: the CLI's rows, its
     title as the label), hidden for any other run."""
-    drift = summary.get("level_drift")
+    drift = summary.level_drift
     if not drift:
         return gr.update(value=[], visible=False, label=DRIFT_LABEL)
-    label = f"{drift_title(drift)}; B = {drift['of']}, A = {drift['against']}"
+    label = f"{drift_title(drift)}; B = {drift.of}, A = {drift.against}"
     return gr.update(value=drift_rows(drift), visible=True, label=label)
 
 
-def equivalence_text(summary: dict) -> str:
+def equivalence_text(summary: RunSummary) -> str:
     """The Equivalence block: the TOST verdict, the detectable difference, the noise floor, and
     a line when the run has no per-field scores."""
-    lines = summary_lines(summary) + ([] if summary.get("fields") else [NO_FIELDS])
+    lines = summary_lines(summary) + ([] if summary.fields else [NO_FIELDS])
     return "\n".join(["**Equivalence**", "", *(f"- {line}" for line in lines)])

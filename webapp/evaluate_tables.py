@@ -1,4 +1,4 @@
-"""The Evaluate tab's tables and status line, from a run's summary dict and its typed rows
+"""The Evaluate tab's tables and status line, from a run's summary (:class:`~g4v.evaluate.summary.RunSummary`) and its typed rows
 (:class:`~g4v.evaluate.SampleResult`, as ``run_eval`` returns them; lists of cells out), and the
 check of the tab's whole-number boxes."""
 
@@ -7,6 +7,7 @@ import math
 from g4v.errors import G4VError, quoted, read_decimal
 from g4v.evaluate import SampleResult
 from g4v.evaluate.stats import worst_rows
+from g4v.evaluate.summary import ArmScore, Block, RunSummary
 from webapp.common import markdown_code
 
 AGGREGATE_HEADERS = ["group", "n", "errors", "A accuracy [95% CI]", "B accuracy [95% CI]",
@@ -74,28 +75,27 @@ def _number(value, digits: int = 3) -> str:
     return unbroken(f"{value:.{digits}g}") if abs(value) < 1e-3 and value else f"{value:.{digits}f}"
 
 
-def _accuracy(arm: dict) -> str:
+def _accuracy(arm: ArmScore) -> str:
     """``0.750 [0.58, 0.87] (n=24)``; a dash when the arm has no scored answers."""
-    if not arm or arm.get("accuracy") is None:
+    if arm.accuracy is None:
         return "–"
-    low, high = arm.get("ci95") or (None, None)
-    interval = f" [{low:.2f}, {high:.2f}]" if low is not None else ""
-    return f"{arm['accuracy']:.3f}{interval} (n={arm.get('n_scored', 0)})"
+    interval = f" [{arm.ci95[0]:.2f}, {arm.ci95[1]:.2f}]" if arm.ci95 else ""
+    return f"{arm.accuracy:.3f}{interval} (n={arm.n_scored})"
 
 
-def _group_row(name: str, block: dict) -> list:
-    arms, paired, kl, blank = block.get("arms", {}), block.get("paired") or {}, block.get("kl") or {}, block.get("blank_same") or {}
-    p = paired.get("mcnemar_p")
-    outcomes = " / ".join(str(paired.get(key, 0)) for key in ("both_right", "a_only", "b_only", "both_wrong"))
-    return [name, block.get("n", 0), block.get("n_errors", 0), _accuracy(arms.get("a")), _accuracy(arms.get("b")),
-            outcomes, "–" if p is None else unbroken(f"{p:.3g}"), _number(block.get("agreement")), _number(kl.get("mean")),
-            _number(kl.get("q99")), f"{_number(blank.get('a'))} / {_number(blank.get('b'))}"]
+def _group_row(name: str, block: Block) -> list:
+    paired, kl, blank = block.paired, block.kl, block.blank_same
+    outcomes = " / ".join(str(count) for count in (paired.both_right, paired.a_only, paired.b_only, paired.both_wrong))
+    return [name, block.n, block.n_errors, _accuracy(block.arms.a), _accuracy(block.arms.b),
+            outcomes, unbroken(f"{paired.mcnemar_p:.3g}"), _number(block.agreement),
+            _number(kl.mean if kl else None), _number(kl.q99 if kl else None),
+            f"{_number(blank.a)} / {_number(blank.b)}"]
 
 
-def aggregate_rows(summary: dict) -> list[list]:
+def aggregate_rows(summary: RunSummary) -> list[list]:
     """One row for the whole run, then one per category (by name)."""
     rows = [_group_row("all", summary)]
-    rows += [_group_row(str(name), block) for name, block in sorted((summary.get("by_category") or {}).items())]
+    rows += [_group_row(str(name), block) for name, block in sorted(summary.by_category.items())]
     return rows
 
 
@@ -117,19 +117,17 @@ def sample_rows(rows: list[SampleResult]) -> list[list]:
     return [[cell(row) for _, cell in SAMPLE_COLUMNS] for row in worst_first(rows)]
 
 
-def run_status(summary: dict, label_a: str, label_b: str) -> str:
+def run_status(summary: RunSummary, label_a: str, label_b: str) -> str:
     """One paragraph: how much of the run is done and its headline numbers."""
-    n, errors = summary.get("n", 0), summary.get("n_errors", 0)
-    done = "Finished" if summary.get("complete", True) else "Stopped (press Run again to continue where it stopped)"
-    parts = [f"**{done}**: {n} sample(s), {errors} with errors. A = {markdown_code(label_a)}, B = {markdown_code(label_b)}."]
-    agreement = summary.get("agreement")
-    if agreement is not None:
-        parts.append(f"The greedy answers agree on {agreement:.1%}.")
-    arms = summary.get("arms", {})
-    if all((arms.get(arm) or {}).get("accuracy") is not None for arm in "ab"):
-        p = (summary.get("paired") or {}).get("mcnemar_p")
-        parts.append(f"Accuracy A {arms['a']['accuracy']:.1%}, B {arms['b']['accuracy']:.1%}"
-                     + (f" (exact McNemar p = {p:.3g})." if p is not None else "."))
+    done = "Finished" if summary.complete else "Stopped (press Run again to continue where it stopped)"
+    parts = [f"**{done}**: {summary.n} sample(s), {summary.n_errors} with errors. "
+             f"A = {markdown_code(label_a)}, B = {markdown_code(label_b)}."]
+    if summary.agreement is not None:
+        parts.append(f"The greedy answers agree on {summary.agreement:.1%}.")
+    arms = summary.arms
+    if arms.a.accuracy is not None and arms.b.accuracy is not None:
+        parts.append(f"Accuracy A {arms.a.accuracy:.1%}, B {arms.b.accuracy:.1%} "
+                     f"(exact McNemar p = {summary.paired.mcnemar_p:.3g}).")
     return " ".join(parts)
 
 

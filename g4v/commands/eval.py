@@ -22,6 +22,8 @@ from pathlib import Path
 from g4v.commands.common import add_adapters_dir_flag, output_folder
 from g4v.evaluate.equivalence import plan_line, summary_lines
 from g4v.evaluate.fields import field_rows
+from g4v.evaluate.summary import ArmScore, RunSummary
+from g4v.model.precision import DRIFT_HEADERS, DriftSummary, drift_rows, drift_title
 from g4v.settings.flags import add_settings_flags, settings_from_args
 
 #: The Evaluate tab's pictures (:func:`viz.evaluate.run_figures`, by name) and the PNG each becomes.
@@ -173,46 +175,47 @@ def write_plots(result, out_dir: Path) -> list[Path]:
     return paths
 
 
-def summary_table(summary: dict) -> str:
+def summary_table(summary: RunSummary) -> str:
     """A few lines: each arm's accuracy with its interval, the paired test, agreement; per category."""
-    from g4v.evaluate.budget import accuracy_text as _accuracy
+    from g4v.evaluate.budget import accuracy_text
 
-    lines = [f"rows {summary['n']} (errors {summary['n_errors']}){'' if summary['complete'] else ', INCOMPLETE'}"]
+    def accuracy(arm: ArmScore) -> str:
+        return accuracy_text(arm.accuracy, arm.ci95)
+
+    lines = [f"rows {summary.n} (errors {summary.n_errors}){'' if summary.complete else ', INCOMPLETE'}"]
     header = f"{'':<12}{'n':>5}  {'A acc':>16}  {'B acc':>16}  {'agree':>6}  {'A only':>6}  {'B only':>6}  {'McNemar p':>9}"
-    lines += [f"A = {summary['arms']['a']['label']}, B = {summary['arms']['b']['label']}", header]
-    groups = {"all": summary, **summary["by_category"]}
+    lines += [f"A = {summary.arms.a.label}, B = {summary.arms.b.label}", header]
+    groups = {"all": summary, **summary.by_category}
     for name, block in groups.items():
-        paired = block["paired"]
-        agreement = "-" if block["agreement"] is None else f"{100 * block['agreement']:.1f}%"
-        lines.append(f"{name:<12}{block['n']:>5}  {_accuracy(block['arms']['a']):>16}  {_accuracy(block['arms']['b']):>16}"
-                     f"  {agreement:>6}  {paired['a_only']:>6}  {paired['b_only']:>6}  {paired['mcnemar_p']:>9.3g}")
+        paired = block.paired
+        agreement = "-" if block.agreement is None else f"{100 * block.agreement:.1f}%"
+        lines.append(f"{name:<12}{block.n:>5}  {accuracy(block.arms.a):>16}  {accuracy(block.arms.b):>16}"
+                     f"  {agreement:>6}  {paired.a_only:>6}  {paired.b_only:>6}  {paired.mcnemar_p:>9.3g}")
     lines += equivalence_lines(summary)
-    if summary.get("kl"):
-        kl = summary["kl"]
-        lines.append(f"KL(a||b) per row: mean {kl['mean']:.4g}, q90 {kl['q90']:.4g}, q99 {kl['q99']:.4g}, max {kl['max']:.4g}")
-    if summary.get("level_drift"):
-        lines += drift_lines(summary["level_drift"])
+    if summary.kl:
+        kl = summary.kl
+        lines.append(f"KL(a||b) per row: mean {kl.mean:.4g}, q90 {kl.q90:.4g}, q99 {kl.q99:.4g}, max {kl.max:.4g}")
+    if summary.level_drift:
+        lines += drift_lines(summary.level_drift)
     return "\n".join(lines)
 
 
-def equivalence_lines(summary: dict) -> list[str]:
+def equivalence_lines(summary: RunSummary) -> list[str]:
     """The TOST verdict, the detectable difference, the noise floor, then the fields (most moved first)."""
     lines = summary_lines(summary)
-    fields = summary.get("fields")
+    fields = summary.fields
     if fields:
-        lines.append(f"fields of {fields['rows']} structured rows (right/wrong/missing/extra), most moved first:")
+        lines.append(f"fields of {fields.rows} structured rows (right/wrong/missing/extra), most moved first:")
         for name, rows, a, b, moved, change in field_rows(fields)[:FIELD_LINES]:
             lines.append(f"  {name:<24} A {a:<14} B {b:<14} moved in {moved} rows, right B-A {change:+d}")
-        if len(fields["fields"]) > FIELD_LINES:
-            lines.append(f"  ... {len(fields['fields']) - FIELD_LINES} more in summary.json")
+        if len(fields.fields) > FIELD_LINES:
+            lines.append(f"  ... {len(fields.fields) - FIELD_LINES} more in summary.json")
     return lines
 
 
-def drift_lines(drift: dict) -> list[str]:
-    """The per-level drift of a precision pair (``summary["level_drift"]``), one line per level
+def drift_lines(drift: DriftSummary) -> list[str]:
+    """The per-level drift of a precision pair (the summary's ``level_drift``), one line per level
     (the rows of :func:`g4v.model.precision.drift_rows`, which the Evaluate tab shows too)."""
-    from g4v.model.precision import DRIFT_HEADERS, drift_rows, drift_title
-
     def line(cells: list[str]) -> str:  # the level's name to the left, the numbers to the right
         return "".join(f"{cell:<{width}}" if i == 0 else f"{cell:>{width}}"
                        for i, (cell, width) in enumerate(zip(cells, (12, 14, 13, 13, 12))))

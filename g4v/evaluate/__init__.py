@@ -7,7 +7,8 @@ call the same functions.
 * :mod:`g4v.evaluate.data`: datasets through Hugging Face ``datasets``, column mapping, bad rows.
 * :mod:`g4v.evaluate.readers`: each kind of dataset read safely (its own files only, nothing cached).
 * :mod:`g4v.evaluate.scoring`: per-sample comparisons (token agreement, log-probabilities, KL).
-* :mod:`g4v.evaluate.stats`: accuracy with Wilson intervals, exact McNemar, the summary.
+* :mod:`g4v.evaluate.summary`: the run's summary as types (``summary.json`` is its ``to_dict``).
+* :mod:`g4v.evaluate.stats`: accuracy with Wilson intervals, exact McNemar, the summary computed.
 * :mod:`g4v.evaluate.equivalence`: the paired TOST, the detectable difference, the noise floor.
 * :mod:`g4v.evaluate.fields`: per-field scores of key-value and table answers.
 * :mod:`g4v.evaluate.store`: the run's folder, appended row by row, resumable, refused when tampered.

@@ -155,9 +155,9 @@ def make_curve(arm: str, keeps, policies, results) -> BudgetCurve:
 
 def point_of(policy: str, keep: int, folder: str, result: RunResult) -> BudgetPoint:
     summary = result.summary
-    arm_b = summary["arms"]["b"]
+    arm_b = summary.arms.b
     kls = [row.kl_mean for row in result.rows if row.kl_mean is not None and math.isfinite(row.kl_mean)]
-    return BudgetPoint(policy, keep, summary["n"], arm_b["accuracy"], arm_b["ci95"], summary.get("agreement"),
+    return BudgetPoint(policy, keep, summary.n, arm_b.accuracy, arm_b.ci95, summary.agreement,
                        *mean_interval(kls), folder)
 
 
@@ -190,7 +190,8 @@ def curve_table(curve: dict) -> str:
         agree = "-" if point["agreement"] is None else f"{100 * point['agreement']:.1f}%"
         kl = "-" if point["kl_mean"] is None else (f"{point['kl_mean']:.4f} [{point['kl_ci95'][0]:.4f}-"
                                                    f"{point['kl_ci95'][1]:.4f}]")
-        lines.append(f"{point['policy']:<12}{point['keep']:>4}%{point['n']:>5}  {accuracy_text(point):>16}  {agree:>6}  {kl:>24}")
+        accuracy = accuracy_text(point["accuracy"], point["ci95"])
+        lines.append(f"{point['policy']:<12}{point['keep']:>4}%{point['n']:>5}  {accuracy:>16}  {agree:>6}  {kl:>24}")
     return "\n".join(lines)
 
 
@@ -200,9 +201,9 @@ def spaced(arm: str) -> str:
     return re.sub(r"^(\w+)\(", r"\1 (", arm, count=1)
 
 
-def accuracy_text(point: dict) -> str:
+def accuracy_text(accuracy: float | None, ci95: list[float] | None) -> str:
     """``"75.0% [41-93]"``: an accuracy with its Wilson interval, or ``-``."""
-    if point["accuracy"] is None:
+    if accuracy is None:
         return "-"
-    low, high = point["ci95"]
-    return f"{100 * point['accuracy']:.1f}% [{100 * low:.0f}-{100 * high:.0f}]"
+    low, high = ci95
+    return f"{100 * accuracy:.1f}% [{100 * low:.0f}-{100 * high:.0f}]"

@@ -22,8 +22,9 @@ accuracy difference is ``d = (a_only - b_only) / n`` (A minus B).
 """
 
 import math
-from dataclasses import asdict, dataclass
 from statistics import NormalDist
+
+from g4v.evaluate.summary import Detectable, Equivalence, NoiseFloor, RunSummary
 
 #: The user's margin unless told otherwise: 2 points of accuracy.
 MARGIN = 0.02
@@ -37,29 +38,6 @@ POWER = 0.8
 DISCORDANCE = 0.1
 _NORMAL = NormalDist()
 _BISECTIONS = 200
-
-
-@dataclass
-class Equivalence:
-    """The paired TOST of ``|acc A - acc B| < margin``. ``ci`` is the ``1 - 2 alpha`` score
-    interval of the difference (A minus B); ``p_value`` the larger of the two one-sided p-values."""
-
-    margin: float
-    alpha: float
-    n: int
-    a_only: int
-    b_only: int
-    difference: float | None
-    ci: list[float] | None
-    p_lower: float | None  # H0: difference <= -margin
-    p_upper: float | None  # H0: difference >= +margin
-    p_value: float | None
-    equivalent: bool
-    verdict: str
-    method: str = "TOST (Schuirmann 1987), Tango score statistic for paired proportions"
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 def score_z(a_only: int, b_only: int, n: int, delta: float) -> float:
@@ -147,21 +125,6 @@ def rows_to_detect(difference: float, discordance: float = DISCORDANCE, alpha: f
     return math.ceil(root ** 2 - 1e-9)  # the bound itself counts; the epsilon absorbs rounding
 
 
-@dataclass
-class NoiseFloor:
-    """An arm run twice over the same rows: how often the two runs differ. A deterministic arm
-    (greedy decoding, the same batches) must show 0 everywhere."""
-
-    rows: int
-    disagree: int  # greedy tokens differ
-    text_differs: int  # answer texts differ
-    discordant: int  # right in one run, wrong in the other
-    rate: float | None  # disagree / rows
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-
 def noise_floor(rows: list) -> NoiseFloor:
     """The noise floor of rows (SampleResults) whose B arm is A again; error rows are left out."""
     ok = [row for row in rows if row.error is None]
@@ -172,38 +135,37 @@ def noise_floor(rows: list) -> NoiseFloor:
                       disagree / len(ok) if ok else None)
 
 
-def plan_line(planned: dict) -> str:
+def plan_line(planned: Detectable) -> str:
     """Before a run: the smallest accuracy difference its rows can detect (``planned`` as
     :func:`g4v.evaluate.stats.detectable` gives it)."""
-    points, margin, needed = planned["at_assumed"], planned.get("margin"), planned.get("rows_for_margin")
+    points, margin, needed = planned.at_assumed, planned.margin, planned.rows_for_margin
     found = f"{100 * points:.1f} points" if points is not None else "none (too few rows for any difference)"
-    if needed is not None and needed > planned["rows"]:
+    if needed is not None and needed > planned.rows:
         found += f"; about {needed} rows would detect ±{100 * margin:g} points"
-    return (f"detectable difference at {100 * planned['power']:.0f}% power (McNemar, alpha {planned['alpha']:g}) on "
-            f"{planned['rows']} rows, assuming {100 * planned['discordance_assumed']:g}% of rows right in one arm "
+    return (f"detectable difference at {100 * planned.power:.0f}% power (McNemar, alpha {planned.alpha:g}) on "
+            f"{planned.rows} rows, assuming {100 * planned.discordance_assumed:g}% of rows right in one arm "
             f"only: {found}")
 
 
-def summary_lines(summary: dict) -> list[str]:
+def summary_lines(summary: RunSummary) -> list[str]:
     """After a run, in words: the TOST verdict, the detectable difference at the observed
     discordance, and the noise floor (the CLI prints them, the Evaluate tab shows them)."""
     lines = []
-    test = summary.get("equivalence") or {}
-    if test.get("n"):
-        low, high = test["ci"]
-        lines.append(f"equivalence (TOST, margin ±{100 * test['margin']:g} points): {test['verdict']}; difference "
-                     f"A-B {100 * test['difference']:+.1f} points, {100 * (1 - 2 * test['alpha']):.0f}% CI "
-                     f"[{100 * low:+.1f}, {100 * high:+.1f}], p {test['p_value']:.3g}")
-    planned = summary.get("detectable") or {}
-    observed = planned.get("discordance_observed")
+    test = summary.equivalence
+    if test.n:
+        low, high = test.ci
+        lines.append(f"equivalence (TOST, margin ±{100 * test.margin:g} points): {test.verdict}; difference "
+                     f"A-B {100 * test.difference:+.1f} points, {100 * (1 - 2 * test.alpha):.0f}% CI "
+                     f"[{100 * low:+.1f}, {100 * high:+.1f}], p {test.p_value:.3g}")
+    observed = summary.detectable.discordance_observed
     if observed == 0:
         lines.append("no row was right in one arm only: the observed discordance gives no detectable difference")
     elif observed is not None:
-        at = planned["at_observed"]
+        at = summary.detectable.at_observed
         lines.append(f"detectable difference at the observed {100 * observed:.1f}% of rows right in one arm only: "
                      + (f"{100 * at:.1f} points" if at is not None else "none (too few rows)"))
-    floor = summary.get("noise_floor")
+    floor = summary.noise_floor
     if floor:
-        lines.append(f"noise floor (A run twice): {floor['disagree']} of {floor['rows']} rows disagree, "
-                     f"{floor['text_differs']} answer texts differ, {floor['discordant']} right in one run only")
+        lines.append(f"noise floor (A run twice): {floor.disagree} of {floor.rows} rows disagree, "
+                     f"{floor.text_differs} answer texts differ, {floor.discordant} right in one run only")
     return lines

@@ -22,10 +22,10 @@ Everything else (a one-word answer, plain text) has no fields and is left out.
 import json
 import re
 from collections import Counter
-from dataclasses import asdict, dataclass, field
 
 import g4v.documents.metrics as metrics
 import g4v.documents.tables as tables
+from g4v.evaluate.summary import FieldScore, FieldScores
 
 #: The outcomes a field can have in one answer.
 OUTCOMES = ("right", "wrong", "missing", "extra")
@@ -130,26 +130,10 @@ def _csv_rows(text: str) -> list[list[str]]:
     return rows if len(rows) >= 2 and len(rows[0]) >= 2 else []
 
 
-@dataclass
-class FieldScore:
-    """One field over a run: each arm's outcome counts, the rows where the two arms' outcomes for
-    it differ (``moved``), and ``right_change`` = B's right count minus A's."""
-
-    name: str
-    a: dict = field(default_factory=dict)
-    b: dict = field(default_factory=dict)
-    rows: int = 0
-    moved: int = 0
-    right_change: int = 0
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-
-def field_scores(rows: list) -> dict | None:
+def field_scores(rows: list) -> FieldScores | None:
     """The per-field block of the summary for rows (SampleResults; error rows left out): ``rows``
-    scored per field, ``fields`` (``{name: FieldScore.to_dict()}``, most moved first, then by name)
-    and ``moved`` (the names of fields that moved). None when no row has a structured reference."""
+    scored per field, ``fields`` by name (most moved first, then by name) and ``moved`` (the names
+    of fields that moved). None when no row has a structured reference."""
     scores: dict[str, FieldScore] = {}
     scored = 0
     for row in rows:
@@ -173,14 +157,13 @@ def field_scores(rows: list) -> dict | None:
     for score in scores.values():
         score.right_change = score.b["right"] - score.a["right"]
     ordered = sorted(scores.values(), key=lambda s: (-s.moved, s.name))
-    return {"rows": scored, "fields": {s.name: s.to_dict() for s in ordered},
-            "moved": [s.name for s in ordered if s.moved]}
+    return FieldScores(scored, {s.name: s for s in ordered}, [s.name for s in ordered if s.moved])
 
 
-def field_rows(block: dict | None) -> list[list]:
+def field_rows(block: FieldScores | None) -> list[list]:
     """The summary's per-field block as table rows (:data:`FIELD_HEADERS`), most moved first."""
     if not block:
         return []
-    return [[name, score["rows"], " / ".join(str(score["a"][k]) for k in OUTCOMES),
-             " / ".join(str(score["b"][k]) for k in OUTCOMES), score["moved"], score["right_change"]]
-            for name, score in block["fields"].items()]
+    return [[name, score.rows, " / ".join(str(score.a[k]) for k in OUTCOMES),
+             " / ".join(str(score.b[k]) for k in OUTCOMES), score.moved, score.right_change]
+            for name, score in block.fields.items()]

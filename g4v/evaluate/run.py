@@ -12,7 +12,7 @@ order of work is chosen so that nothing is lost and nothing is done twice:
 4. the tables and ``summary.json`` are written from every finished row.
 
 A cancel stops after the requests in flight; the rows done so far are kept and summed up, with
-``summary["complete"] = False``.
+the summary's ``complete`` False.
 """
 
 import contextlib
@@ -32,6 +32,7 @@ from g4v.evaluate.requests import Requests
 from g4v.evaluate.scoring import (PairScores, agreement, blanked, image_tokens, level_drift, level_norms,
                                   precision_pair, score_pairs)
 from g4v.evaluate.stats import detectable, matches, summarise
+from g4v.evaluate.summary import Detectable, LevelDrift, RunSummary
 from g4v.model import BATCH_SIZE
 
 #: Fewest rows per chunk when both arms are local transformers (a chunk holds at least one batch);
@@ -95,7 +96,7 @@ class EvalConfig:
         """B is A again (their labels aside): a noise-floor run."""
         return replace(self.a, label="") == replace(self.b, label="")
 
-    def summarise(self, rows: list, complete: bool) -> dict:
+    def summarise(self, rows: list, complete: bool) -> RunSummary:
         """The summary of ``rows`` with this run's labels, margin and discordance, plus
         ``level_drift`` (per-level means over the rows, :func:`g4v.model.precision.drift_summary`)
         when the arms differ only in precision."""
@@ -107,7 +108,7 @@ class EvalConfig:
                             discordance=self.discordance, same_arm=self.same_arm)
         drift = drift_summary([json.loads(row.level_drift) for row in rows if row.level_drift])
         if drift is not None:
-            summary["level_drift"] = {"of": self.b.display, "against": self.a.display, **drift}
+            summary.level_drift = LevelDrift(**vars(drift), of=self.b.display, against=self.a.display)
         return summary
 
     @classmethod
@@ -158,7 +159,7 @@ class SampleResult:
 class RunResult:
     out_dir: Path
     rows: list[SampleResult]  # in run order
-    summary: dict
+    summary: RunSummary  # ``summary.json`` is its ``to_dict()``
 
 
 def row_order(size: int, limit: int | None, seed: int | None) -> list[int]:
@@ -180,7 +181,7 @@ def chunk_size(config: EvalConfig) -> int:
 
 def run_eval(config: EvalConfig, out_dir: Path, *, adapters_dir=None, reuse=None, data_dirs=None,
              progress: Callable[[int, int], None] | None = None,
-             cancel: threading.Event | None = None, plan: Callable[[dict], None] | None = None) -> RunResult:
+             cancel: threading.Event | None = None, plan: Callable[[Detectable], None] | None = None) -> RunResult:
     """Run (or resume) ``config`` into ``out_dir``; see the module docstring for the order of work.
     ``plan`` gets the detectable difference for the rows to run (:func:`~g4v.evaluate.stats.detectable`)
     once the dataset is read, before any model loads."""
@@ -260,7 +261,7 @@ def _write_results(out_dir: Path, config: EvalConfig, order: list[int], done: di
     """Sum up the finished rows (in run order) and write the tables and ``summary.json``."""
     rows = [done[index] for index in order if index in done]
     summary = config.summarise(rows, complete=len(rows) == len(order))
-    store.write_tables(out_dir, rows, SampleResult, summary)
+    store.write_tables(out_dir, rows, SampleResult, summary.to_dict())
     return RunResult(out_dir, rows, summary)
 
 
@@ -269,10 +270,20 @@ def read_results(out_dir: Path) -> RunResult:
     out_dir = Path(out_dir)
     config = EvalConfig.from_json(store.read_settings(out_dir))
     done = store.read_rows(out_dir, SampleResult)
-    summary = store.read_summary(out_dir)
-    if summary is None or summary.get("n") != len(done):
+    summary = stored_summary(out_dir)
+    if summary is None or summary.n != len(done):
         summary = config.summarise(list(done.values()), complete=False)
     return RunResult(out_dir, list(done.values()), summary)
+
+
+def stored_summary(out_dir: Path) -> RunSummary | None:
+    """``summary.json`` as a :class:`RunSummary`; None when it is missing, damaged or not one (an
+    older run's, without parts the summary has now): the caller sums the rows up again."""
+    values = store.read_summary(out_dir)
+    try:
+        return RunSummary.from_dict(values) if values is not None else None
+    except (KeyError, TypeError, AttributeError):
+        return None
 
 
 def compare_chunk(arm_a: Arm, arm_b: Arm, samples: list[EvalSample], config: EvalConfig, model_config,

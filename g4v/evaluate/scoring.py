@@ -97,7 +97,7 @@ def score_pairs(arm_a, arm_b, samples, gens_a: list[Generation], gens_b: list[Ge
     for score, logits_p, logits_q in zip(scores, logits_a, logits_b):
         if logits_q is not None and logits_p.shape == logits_q.shape:
             stats = kl_stats(kl_per_position(logits_p, logits_q).tolist())
-            score.kl_mean, score.kl_q90, score.kl_q99, score.kl_max = (stats[k] for k in ("mean", "q90", "q99", "max"))
+            score.kl_mean, score.kl_q90, score.kl_q99, score.kl_max = stats.mean, stats.q90, stats.q99, stats.max
     return scores
 
 

@@ -20,10 +20,11 @@ import string
 from g4v.evaluate.equivalence import (ALPHA, DISCORDANCE, MARGIN, POWER, detectable_difference, noise_floor,
                                       rows_to_detect, tost_paired)
 from g4v.evaluate.fields import field_scores
+from g4v.evaluate.summary import Arms, ArmScore, BlankSame, Block, Detectable, KLStats, Paired, RunSummary
 
 #: z for a two-sided 95 % interval.
 Z95 = 1.959963984540054
-#: Rows listed in ``summary["worst"]``.
+#: Rows listed in the summary's ``worst``.
 WORST_ROWS = 20
 _SPACES = re.compile(r"\s+")
 
@@ -70,84 +71,80 @@ def quantile(values: list[float], q: float) -> float:
     return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
 
 
-def kl_stats(values: list[float]) -> dict | None:
+def kl_stats(values: list[float]) -> KLStats | None:
     """mean, q90, q99, max of per-position KL values; None when there are none."""
     if not values:
         return None
-    return {"mean": sum(values) / len(values), "q90": quantile(values, 0.9), "q99": quantile(values, 0.99),
-            "max": max(values)}
+    return KLStats(mean=sum(values) / len(values), q90=quantile(values, 0.9), q99=quantile(values, 0.99),
+                   max=max(values))
 
 
 def summarise(rows: list, label_a: str, label_b: str, complete: bool = True, *, margin: float = MARGIN,
-              discordance: float = DISCORDANCE, same_arm: bool = False) -> dict:
+              discordance: float = DISCORDANCE, same_arm: bool = False) -> RunSummary:
     """The summary of a run (``summary.json``, what the app draws); ``rows`` are SampleResults.
     ``margin`` is the equivalence margin, ``discordance`` the share of discordant rows assumed
     for the detectable difference; ``same_arm``: B is A again (a noise-floor run)."""
-    summary = _block(rows, label_a, label_b, margin)
-    summary["complete"] = complete
+    whole = _block(rows, label_a, label_b, margin)
     categories = sorted({row.category for row in rows if row.category is not None})
-    summary["by_category"] = {name: _block([r for r in rows if r.category == name], label_a, label_b, margin)
-                              for name in categories}
-    summary["worst"] = worst_rows(rows)
-    paired = summary["equivalence"]  # its n: the rows both arms answered, with a reference
-    summary["detectable"] = detectable(paired["n"], discordance, paired["a_only"] + paired["b_only"], margin)
-    summary["noise_floor"] = noise_floor(rows).to_dict() if same_arm else None
-    summary["fields"] = field_scores(rows)
-    return summary
+    paired = whole.equivalence  # its n: the rows both arms answered, with a reference
+    return RunSummary(
+        **vars(whole), complete=complete,
+        by_category={name: _block([r for r in rows if r.category == name], label_a, label_b, margin)
+                     for name in categories},
+        worst=worst_rows(rows), detectable=detectable(paired.n, discordance, paired.a_only + paired.b_only, margin),
+        noise_floor=noise_floor(rows) if same_arm else None, fields=field_scores(rows))
 
 
 def detectable(rows: int, discordance: float = DISCORDANCE, discordant: int | None = None,
-               margin: float = MARGIN) -> dict:
+               margin: float = MARGIN) -> Detectable:
     """The smallest accuracy difference ``rows`` paired rows detect (McNemar, two-sided ``ALPHA``,
     power ``POWER``) at the assumed share of discordant rows, and at the observed one when
     ``discordant`` is given, and how many rows would detect ``margin`` at the assumed share
     (``rows_for_margin``, None when the margin exceeds it): what the CLI prints before a run and
     the summary keeps."""
     observed = discordant / rows if discordant is not None and rows else None
-    return {"rows": rows, "alpha": ALPHA, "power": POWER, "discordance_assumed": discordance,
-            "at_assumed": detectable_difference(rows, discordance),
-            "margin": margin, "rows_for_margin": rows_to_detect(margin, discordance),
-            "discordance_observed": observed,
-            "at_observed": detectable_difference(rows, observed) if observed else None}
+    return Detectable(rows=rows, alpha=ALPHA, power=POWER, discordance_assumed=discordance,
+                      at_assumed=detectable_difference(rows, discordance),
+                      margin=margin, rows_for_margin=rows_to_detect(margin, discordance),
+                      discordance_observed=observed,
+                      at_observed=detectable_difference(rows, observed) if observed else None)
 
 
-def _block(rows: list, label_a: str, label_b: str, margin: float = MARGIN) -> dict:
+def _block(rows: list, label_a: str, label_b: str, margin: float = MARGIN) -> Block:
     """Every number of the summary for one group of rows (the whole run, or one category)."""
     ok = [row for row in rows if row.error is None]
     scored = [row for row in ok if row.correct_a is not None and row.correct_b is not None]
-    paired = {
-        "both_right": sum(r.correct_a and r.correct_b for r in scored),
-        "a_only": sum(r.correct_a and not r.correct_b for r in scored),
-        "b_only": sum(r.correct_b and not r.correct_a for r in scored),
-        "both_wrong": sum(not r.correct_a and not r.correct_b for r in scored),
-    }
-    paired["mcnemar_p"] = mcnemar_exact(paired["a_only"], paired["b_only"])
+    a_only = sum(r.correct_a and not r.correct_b for r in scored)
+    b_only = sum(r.correct_b and not r.correct_a for r in scored)
+    paired = Paired(both_right=sum(r.correct_a and r.correct_b for r in scored), a_only=a_only, b_only=b_only,
+                    both_wrong=sum(not r.correct_a and not r.correct_b for r in scored),
+                    mcnemar_p=mcnemar_exact(a_only, b_only))
     row_kl = [row.kl_mean for row in ok if row.kl_mean is not None]
-    return {
-        "n": len(rows),
-        "n_errors": len(rows) - len(ok),
-        "arms": {"a": _arm(label_a, [r.correct_a for r in ok]), "b": _arm(label_b, [r.correct_b for r in ok])},
-        "paired": paired,
-        "equivalence": tost_paired(paired["a_only"], paired["b_only"], len(scored), margin).to_dict(),
-        "agreement": sum(r.agree for r in ok) / len(ok) if ok else None,
-        "kl": _kl_over_rows(ok) if row_kl else None,
-        "blank_same": {"a": _rate([r.blank_same_a for r in ok]), "b": _rate([r.blank_same_b for r in ok])},
-    }
+    return Block(
+        n=len(rows),
+        n_errors=len(rows) - len(ok),
+        arms=Arms(_arm(label_a, [r.correct_a for r in ok]), _arm(label_b, [r.correct_b for r in ok])),
+        paired=paired,
+        equivalence=tost_paired(a_only, b_only, len(scored), margin),
+        agreement=sum(r.agree for r in ok) / len(ok) if ok else None,
+        kl=_kl_over_rows(ok) if row_kl else None,
+        blank_same=BlankSame(_rate([r.blank_same_a for r in ok]), _rate([r.blank_same_b for r in ok])),
+    )
 
 
-def _arm(label: str, correct: list) -> dict:
+def _arm(label: str, correct: list) -> ArmScore:
     known = [c for c in correct if c is not None]
     right = sum(known)
-    return {"label": label, "accuracy": right / len(known) if known else None,
-            "ci95": wilson_interval(right, len(known)), "n_scored": len(known)}
+    return ArmScore(label=label, accuracy=right / len(known) if known else None,
+                    ci95=wilson_interval(right, len(known)), n_scored=len(known))
 
 
-def _kl_over_rows(rows: list) -> dict:
+def _kl_over_rows(rows: list) -> KLStats:
     """Across rows: the mean of per-row means, the q90/q99 of the per-row means, the largest
     per-position KL of any row."""
     means = [row.kl_mean for row in rows if row.kl_mean is not None]
     stats = kl_stats(means)
-    stats["max"] = max(row.kl_max for row in rows if row.kl_max is not None)
+    stats.max = max(row.kl_max for row in rows if row.kl_max is not None)
     return stats
 
 

@@ -179,7 +179,7 @@ class RowWriter:
 
 def write_tables(out_dir: Path, rows: list, row_type, summary: dict) -> None:
     """``samples.parquet``, ``samples.csv`` (one column per field, rows in run order) and
-    ``summary.json``."""
+    ``summary.json`` (``summary``: the run summary's plain form, ``RunSummary.to_dict()``)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 

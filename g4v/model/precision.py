@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 
 from g4v.errors import G4VError, quoted
 from g4v.model.levels import Level, describe_levels
+from g4v.model.records import Record
 
 if TYPE_CHECKING:
     import torch
@@ -270,10 +271,30 @@ def row_drift(levels: list[LevelDrift], kl: float) -> dict:
 # ── over a dataset ──────────────────────────────────────────────────────────────────────────────
 
 
-def drift_summary(per_row: list[dict]) -> dict | None:
+@dataclass
+class LevelDriftStats(Record):
+    """One level's drift over a dataset's rows: the mean and largest relative error
+    ``||B - A|| / ||A||`` of its injected features, the mean and smallest cosine."""
+
+    rel_error_mean: float
+    rel_error_max: float
+    cosine_mean: float
+    cosine_min: float
+
+
+@dataclass
+class DriftSummary(Record):
+    """Per-level means over ``n`` rows of a precision pair (:func:`drift_summary`), levels in the
+    order the rows name them, and the mean next-token KL(A || B) in nats."""
+
+    n: int
+    levels: dict[str, LevelDriftStats]
+    next_token_kl_mean: float
+
+
+def drift_summary(per_row: list[dict]) -> DriftSummary | None:
     """Per-level means over rows of ``{"levels": {name: {"rel_error", "cosine"}}, "next_token_kl"}``
-    (what Evaluate stores per row): ``{"levels": {name: {"rel_error_mean", "rel_error_max",
-    "cosine_mean", "cosine_min"}}, "next_token_kl_mean", "n"}``; None without rows."""
+    (what Evaluate stores per row); None without rows."""
     if not per_row:
         return None
     names = list(dict.fromkeys(name for row in per_row for name in row["levels"]))
@@ -281,24 +302,24 @@ def drift_summary(per_row: list[dict]) -> dict | None:
     for name in names:
         rel = [row["levels"][name]["rel_error"] for row in per_row if name in row["levels"]]
         cos = [row["levels"][name]["cosine"] for row in per_row if name in row["levels"]]
-        levels[name] = {"rel_error_mean": math.fsum(rel) / len(rel), "rel_error_max": max(rel),
-                        "cosine_mean": math.fsum(cos) / len(cos), "cosine_min": min(cos)}
+        levels[name] = LevelDriftStats(rel_error_mean=math.fsum(rel) / len(rel), rel_error_max=max(rel),
+                                       cosine_mean=math.fsum(cos) / len(cos), cosine_min=min(cos))
     kls = [row["next_token_kl"] for row in per_row]
-    return {"n": len(per_row), "levels": levels, "next_token_kl_mean": math.fsum(kls) / len(kls)}
+    return DriftSummary(len(per_row), levels, math.fsum(kls) / len(kls))
 
 
 #: The columns of :func:`drift_rows`: the CLI's drift table and the Evaluate tab's.
 DRIFT_HEADERS = ["level", "rel err mean", "rel err max", "cosine mean", "cosine min"]
 
 
-def drift_title(drift: dict) -> str:
-    """The line above the per-level drift table of a dataset run (``summary["level_drift"]``)."""
-    return (f"per-level drift of B against A over {drift['n']} rows (relative error ||B - A|| / ||A||, cosine), "
-            f"next-token KL(A||B) mean {drift['next_token_kl_mean']:.3g}")
+def drift_title(drift: DriftSummary) -> str:
+    """The line above the per-level drift table of a dataset run (its summary's ``level_drift``)."""
+    return (f"per-level drift of B against A over {drift.n} rows (relative error ||B - A|| / ||A||, cosine), "
+            f"next-token KL(A||B) mean {drift.next_token_kl_mean:.3g}")
 
 
-def drift_rows(drift: dict) -> list[list[str]]:
+def drift_rows(drift: DriftSummary) -> list[list[str]]:
     """One row of cells per level (:data:`DRIFT_HEADERS`), formatted once for the CLI and the tab:
     errors to 3 significant digits, cosines to 6 decimals (bf16 keeps them near 1)."""
-    return [[name, f"{level['rel_error_mean']:.3g}", f"{level['rel_error_max']:.3g}", f"{level['cosine_mean']:.6f}",
-             f"{level['cosine_min']:.6f}"] for name, level in drift["levels"].items()]
+    return [[name, f"{level.rel_error_mean:.3g}", f"{level.rel_error_max:.3g}", f"{level.cosine_mean:.6f}",
+             f"{level.cosine_min:.6f}"] for name, level in drift.levels.items()]

@@ -31,10 +31,10 @@ def merged_vs_native(tmp_path_factory, layout_engine):
 
 def test_merged_and_native_agree_on_every_row(merged_vs_native):
     summary, rows = merged_vs_native.summary, merged_vs_native.rows
-    assert summary["n"] == ROWS and summary["n_errors"] == 0 and summary["complete"]
+    assert summary.n == ROWS and summary.n_errors == 0 and summary.complete
     assert all(row.agree and row.answer_a == row.answer_b for row in rows)
-    assert summary["agreement"] == 1.0
-    assert summary["arms"]["a"]["label"].endswith("[vision LoRA merged]")
+    assert summary.agreement == 1.0
+    assert summary.arms.a.label.endswith("[vision LoRA merged]")
 
 
 def test_the_native_arm_is_not_the_base_language_model(merged_vs_native):
