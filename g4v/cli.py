@@ -14,11 +14,12 @@ import importlib
 import re
 import sys
 
+from g4v.commands.panels import command_modules
 from g4v.errors import G4VError
 
-#: Command modules, in the order ``--help`` lists them.
-COMMANDS = ["chat", "tiling", "inspect", "merge_lora", "lora_diff", "port_diff", "precision", "eval", "attribute", "circuits",
-            "training", "bench"]
+#: Command modules, in the order ``--help`` lists them: each panel's, in its tab's order
+#: (:data:`g4v.commands.panels.PANELS`), then ``precision`` and ``bench``.
+COMMANDS = command_modules()
 #: Arguments that are text, not file names (which may hold any bytes), by argparse ``dest``.
 TEXT_ARGUMENTS = {"prompt": "the prompt", "adapter": "--adapter"}
 

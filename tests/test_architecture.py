@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from g4v.commands.panels import PANELS as PANEL_REGISTRY
 from g4v.paths import REPO_ROOT
 
 SOURCE_ROOTS = ("g4v", "webapp", "viz")
@@ -15,8 +16,9 @@ MAX_LINES = 450
 #: The layers, lowest first: a module may import its own layer and the ones below, never above.
 BASE = ("g4v.errors", "g4v.paths", "g4v.settings", "g4v.checkpoint", "g4v.conversation", "g4v.images", "g4v.loading", "g4v.tiling",
         "g4v.tiling_view", "g4v.engines", "g4v.model")
-PANELS = ("g4v.inspect", "g4v.lora", "g4v.port", "g4v.evaluate", "g4v.documents", "g4v.attribution",
-          "g4v.circuits", "g4v.training")
+#: Each panel's package (``g4v.commands.panels.PANELS``; Tiling's and Chat's work is in the base), and
+#: the documents package, which has no tab of its own (PDF pages and presets serve every tab).
+PANELS = (*(panel.package for panel in PANEL_REGISTRY if panel.package and panel.package not in BASE), "g4v.documents")
 FRONTS = ("g4v.commands", "g4v.cli", "g4v.__main__", "g4v.demo", "webapp", "app")
 #: What more than one panel needs, which panels import instead of each other: the shared layer
 #: (``g4v.model``: levels, hooks, capture, scoring and KL, bench helpers, the export store) and the
@@ -26,19 +28,20 @@ FRONTS = ("g4v.commands", "g4v.cli", "g4v.__main__", "g4v.demo", "webapp", "app"
 #: which Evaluate's per-field scores of document datasets use.
 SHARED = ("g4v.model", "g4v.lora.folders", "g4v.lora.checks", "g4v.lora.activation", "g4v.lora.choices",
           "g4v.documents.tables", "g4v.documents.metrics")
-#: Each panel's fronts (its tab and its command): they import their own panel, the shared layer
-#: and the base, never another panel.
-PANEL_FRONTS = {
-    "g4v.inspect": ("webapp.deepstack", "g4v.commands.inspect"),
-    "g4v.lora": ("webapp.lora", "g4v.commands.lora_diff", "g4v.commands.merge_lora"),
-    "g4v.port": ("webapp.port", "g4v.commands.port_diff"),
-    "g4v.evaluate": ("webapp.evaluate", "webapp.evaluate_budget", "webapp.evaluate_choices", "webapp.evaluate_runs",
-                     "webapp.evaluate_tables", "g4v.commands.eval"),
-    "g4v.attribution": ("webapp.attribution", "g4v.commands.attribute"),
-    "g4v.circuits": ("webapp.circuits", "g4v.commands.circuits"),
-    "g4v.training": ("webapp.training", "g4v.commands.training"),
-    "g4v.tiling_view": ("webapp.tiling", "g4v.commands.tiling"),
-}
+
+
+def tab_modules(panel_id: str) -> tuple[str, ...]:
+    """A panel's tab module, ``webapp/<id>.py``, and the modules beside it, ``webapp/<id>_*.py``."""
+    return tuple(f"webapp.{path.stem}" for path in sorted((REPO_ROOT / "webapp").glob(f"{panel_id}*.py"))
+                 if path.stem == panel_id or path.stem.startswith(f"{panel_id}_"))
+
+
+#: Each panel's fronts (its tab and its commands), by its package: they import their own panel, the
+#: shared layer and the base, never another panel.
+PANEL_FRONTS = {panel.package: tab_modules(panel.id) + tuple(f"g4v.commands.{command.replace('-', '_')}"
+                                                             for command in panel.commands)
+                for panel in PANEL_REGISTRY if panel.package}
+
 
 def module_name(path: Path) -> str:
     parts = list(path.relative_to(REPO_ROOT).with_suffix("").parts)

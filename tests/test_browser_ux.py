@@ -6,15 +6,24 @@ from urllib.parse import urlparse
 
 import pytest
 
+from g4v.commands.panels import PANELS
 from g4v.documents.examples import REPORT_PDF
 from g4v.paths import EXAMPLES_DIR
 from tests.browser import browser_page, pick_pdf_pages
 from tests.conftest import TEST_OUTPUT
 
 EXAMPLE = str(EXAMPLES_DIR / "shapes-tall.png")
-#: Every tab with an image box and a "Use the last chat image" button: (tab, element id prefix).
-IMAGE_TABS = [("Tiling", "tiling"), ("Deepstack", "deepstack"), ("Attribution", "attribution"),
-              ("vLLM port", "port"), ("LoRA", "lora")]
+
+
+def image_tabs(app_url) -> list[tuple[str, str]]:
+    """Every tab with the picture row (``webapp.pictures``: an image box and a "Use the last chat
+    image" button), as (tab, element id prefix), read from the served page's components."""
+    import httpx
+
+    served = {component.get("props", {}).get("elem_id")
+              for component in httpx.get(f"{app_url}config", timeout=10).json()["components"]}
+    return [(panel.tab, panel.id) for panel in PANELS if f"{panel.id}-from-chat" in served]
+
 
 #: True when an "Error" badge (Gradio's status tracker in its error state) shows inside the element:
 #: the tracker stays in the page once hidden, at opacity 0, so visibility is read up the tree.
@@ -64,7 +73,9 @@ def test_refusals_leave_no_error_badge_over_the_image_box(app_url, shots):
     with browser_page(height=1400) as page:
         page.goto(app_url)
         page.wait_for_selector("#model-banner")
-        for tab, prefix in IMAGE_TABS:
+        tabs = image_tabs(app_url)
+        assert ("Deepstack", "deepstack") in tabs  # the page's components were read
+        for tab, prefix in tabs:
             box = f"#{prefix}-image"
             page.get_by_role("tab", name=tab).click()
             page.locator(f"#{prefix}-from-chat").click()

@@ -10,10 +10,9 @@ from g4v.attribution.gradients import METHODS
 from g4v.attribution.run import AttributionReport, AttributionSettings, run_attribution
 from g4v.errors import MAX_NUMBER_CHARS, WHOLE_TEXT, G4VError, quoted
 from g4v.model.levels import describe_levels
-from webapp.common import (MODEL_QUEUE, STATUS_HEIGHT, OutputBoxes, busy_while_running, image_input, last_chat_image_button,
-                           markdown_code, previous_run_mark, progress_line, refuse_non_pictures, run_keeping_previous,
-                           shows_errors, use_last_chat_image, without_error_badges)
-from webapp.documents import document_picker
+from webapp.common import (MODEL_QUEUE, OutputBoxes, busy_while_running, markdown_code, previous_run_mark,
+                           progress_line, run_keeping_previous, shows_errors, without_error_badges)
+from webapp.pictures import picture_row
 from webapp.sessions import SessionStores, session_key
 
 WHOLE_ANSWER = "the whole answer"
@@ -92,28 +91,20 @@ def attribution_tab(engine, config, last_chat_image: gr.State, sessions: Session
                 "(gradient x input, or integrated gradients), whether that map beats removing random "
                 "tokens, and what each layer would predict at the image positions (logit lens).")
     level_names = [level.name for level in describe_levels(config)] if config is not None else []
-    with gr.Row():
-        with gr.Column():
-            image = image_input(label="Image", height=240, elem_id="attribution-image")
-            # the run's progress bar, over this hint under the picture: in view while the run works
-            # (under the button it was below the fold, and the results further still)
-            status = gr.Markdown(RUN_HINT, min_height=STATUS_HEIGHT, elem_id="attribution-status")
-        refuse_non_pictures(image)
-        with gr.Column():
-            from_chat = last_chat_image_button("attribution-from-chat")
-            document_picker(image, elem_id="attribution-doc")
-            prompt = gr.Textbox(label="Prompt", value="What colour is the shape?", elem_id="attribution-prompt")
-            target = gr.Textbox(label="Answer to explain (empty: the model's own answer)")
-            token = gr.Dropdown([str(DEFAULTS.token), WHOLE_ANSWER], value=str(DEFAULTS.token), allow_custom_value=True,
-                                label="Answer token (filled after a run)", elem_id="attribution-token")
-            with gr.Row():
-                method = gr.Radio(list(METHODS), value=DEFAULTS.method, label="Method")
-                deletion_level = gr.Dropdown([("(all levels)", ""), *level_names], value="",
-                                             label="Deletion test at one level only")
-            against = gr.Textbox(label="Explain against (other answers, comma-separated; empty: the answer's "
-                                 "own log-probability)", value="", placeholder="e.g. red, green, blue",
-                                 elem_id="attribution-against")
-            run = gr.Button(EXPLAIN, variant="primary", elem_id="attribution-run")
+    with picture_row("attribution", last_chat_image, status=RUN_HINT) as row:  # the run's progress under the picture
+        prompt = gr.Textbox(label="Prompt", value="What colour is the shape?", elem_id="attribution-prompt")
+        target = gr.Textbox(label="Answer to explain (empty: the model's own answer)")
+        token = gr.Dropdown([str(DEFAULTS.token), WHOLE_ANSWER], value=str(DEFAULTS.token), allow_custom_value=True,
+                            label="Answer token (filled after a run)", elem_id="attribution-token")
+        with gr.Row():
+            method = gr.Radio(list(METHODS), value=DEFAULTS.method, label="Method")
+            deletion_level = gr.Dropdown([("(all levels)", ""), *level_names], value="",
+                                         label="Deletion test at one level only")
+        against = gr.Textbox(label="Explain against (other answers, comma-separated; empty: the answer's "
+                             "own log-probability)", value="", placeholder="e.g. red, green, blue",
+                             elem_id="attribution-against")
+        run = gr.Button(EXPLAIN, variant="primary", elem_id="attribution-run")
+    image, status = row.image, row.status
     report = gr.Markdown(elem_id="attribution-report")
     # One picture a row, at the page's width, without Gradio's label over it: each carries its title.
     pictures = {"show_label": False, "format": "png"}
@@ -126,7 +117,6 @@ def attribution_tab(engine, config, last_chat_image: gr.State, sessions: Session
     boxes = ExplainBoxes(token=token, report=report, tiles=tiles, base=base, deletion=deletion, lens=lens,
                          lens_levels=lens_levels, export=export)
 
-    use_last_chat_image(from_chat, last_chat_image, image)
     ready = busy_while_running(run, EXPLAINING)
     # a refused run leaves the results on show, marked as the previous run's; so does another picture
     explained = run_keeping_previous(run, make_explain(engine, sessions, gpu_task, boxes),

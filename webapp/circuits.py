@@ -21,11 +21,10 @@ from g4v.errors import WHOLE_TEXT, G4VError, quoted
 from g4v.images import open_image
 from viz.circuits import picker_size, region_overlay
 from viz.figures import original_point
-from webapp.common import (MODEL_QUEUE, QUIET_INPUT, OutputBoxes, empties_on, image_input, markdown_code, optional_whole,
-                           previous_run_mark, last_chat_image_button, refuse_non_pictures, progress_line,
-                           run_keeping_previous, shows_errors,
-                           use_last_chat_image, without_error_badges)
-from webapp.documents import document_picker
+from webapp.common import (MODEL_QUEUE, QUIET_INPUT, OutputBoxes, empties_on, image_input, markdown_code,
+                           optional_whole, previous_run_mark, refuse_non_pictures, progress_line, run_keeping_previous,
+                           shows_errors, without_error_badges)
+from webapp.pictures import picture_row
 from webapp.sessions import SessionStores, session_key
 
 DEFAULTS = CircuitSettings()
@@ -331,14 +330,10 @@ def circuits_tab(engine, last_chat_image: gr.State, sessions: SessionStores, con
                 "token, by layer (the 8 injection layers marked); which text tokens read a region of the "
                 "picture; and what blocking the answer's attention to the picture changes. Each run is one "
                 "or two passes on eager attention, for that pass only.")
-    with gr.Row():
-        image = image_input(label="Image", height=240, elem_id="circuits-image")
-        refuse_non_pictures(image)
-        with gr.Column():
-            from_chat = last_chat_image_button("circuits-from-chat")
-            document_picker(image, elem_id="circuits-doc")
-            prompt = gr.Textbox(label="Prompt", value="What colour is the shape?", elem_id="circuits-prompt")
-            layers = gr.Textbox(label=LAYERS_HELP, value=DEFAULTS.layers, elem_id="circuits-layers")
+    with picture_row("circuits", last_chat_image) as row:
+        prompt = gr.Textbox(label="Prompt", value="What colour is the shape?", elem_id="circuits-prompt")
+        layers = gr.Textbox(label=LAYERS_HELP, value=DEFAULTS.layers, elem_id="circuits-layers")
+    image = row.image
     model_bound = {"concurrency_id": MODEL_QUEUE, "concurrency_limit": concurrency}
     pictures = {"show_label": False, "format": "png"}  # each picture carries its own title
 
@@ -439,5 +434,4 @@ def circuits_tab(engine, last_chat_image: gr.State, sessions: SessionStores, con
     region.change(**previous_run_mark(reverse.report))
     head.input(head_maps(attention), [attention.kept, head], [attention.tiles, attention.base], api_visibility="private",
                show_progress="hidden")
-    use_last_chat_image(from_chat, last_chat_image, image)
     return boxes

@@ -8,10 +8,9 @@ import gradio as gr
 from g4v.model.levels import describe_levels
 from g4v.inspect.run import InspectionResult, run_inspection
 from g4v.inspect.settings import InspectSettings
-from webapp.common import (MODEL_QUEUE, OutputBoxes, image_input, last_chat_image_button, markdown_code, previous_run_mark,
-                           refuse_non_pictures, run_keeping_previous, shows_errors, use_last_chat_image,
-                           without_error_badges)
-from webapp.documents import document_picker
+from webapp.common import (MODEL_QUEUE, OutputBoxes, markdown_code, previous_run_mark, run_keeping_previous,
+                           shows_errors, without_error_badges)
+from webapp.pictures import picture_row
 from webapp.sessions import SessionStores, session_key
 
 LEVEL_COLUMNS = ["level", "kind", "vision layer", "LLM layer", "injected norm", "residual before", "residual after"]
@@ -104,18 +103,14 @@ def deepstack_tab(engine, config, last_chat_image: gr.State, sessions: SessionSt
     gr.Markdown("What each of the 8 injections carries into the language model, where, and what "
                 "changes when a level is zeroed or scaled.")
     level_names = [level.name for level in describe_levels(config)] if config is not None else []
-    with gr.Row():
-        image = image_input(label="Image", height=240, elem_id="deepstack-image")
-        refuse_non_pictures(image)
-        with gr.Column():
-            from_chat = last_chat_image_button("deepstack-from-chat")
-            document_picker(image, elem_id="deepstack-doc")
-            prompt = gr.Textbox(label="Prompt", value="What colour is the shape?", elem_id="deepstack-prompt")
-            ablate = gr.CheckboxGroup(level_names, value=DEFAULTS.ablate, label="Ablate (zero) these levels")
-            scales = gr.Textbox(value=", ".join(DEFAULTS.scale), label="Scale levels",
-                                placeholder="e.g. deepstack0=0.5, spatial_TL=2")
-            full = gr.Checkbox(value=DEFAULTS.full, label="Keep full tensors in the export")
-            run = gr.Button("Inspect", variant="primary", elem_id="deepstack-run")
+    with picture_row("deepstack", last_chat_image) as row:
+        prompt = gr.Textbox(label="Prompt", value="What colour is the shape?", elem_id="deepstack-prompt")
+        ablate = gr.CheckboxGroup(level_names, value=DEFAULTS.ablate, label="Ablate (zero) these levels")
+        scales = gr.Textbox(value=", ".join(DEFAULTS.scale), label="Scale levels",
+                            placeholder="e.g. deepstack0=0.5, spatial_TL=2")
+        full = gr.Checkbox(value=DEFAULTS.full, label="Keep full tensors in the export")
+        run = gr.Button("Inspect", variant="primary", elem_id="deepstack-run")
+    image = row.image
     report = gr.Markdown(elem_id="deepstack-report")
     table = gr.Dataframe(headers=LEVEL_COLUMNS, label="Levels", interactive=False)
     # One picture a row, at the page's width, without Gradio's label over it: each carries its title.
@@ -127,7 +122,6 @@ def deepstack_tab(engine, config, last_chat_image: gr.State, sessions: SessionSt
     boxes = InspectBoxes(table=table, norms=norms, trajectory=trajectory, heat_tiles=heat_tiles, heat_base=heat_base,
                          report=report, export=export)
 
-    use_last_chat_image(from_chat, last_chat_image, image)
     # a refused run leaves the results on show, marked as the previous run's; so does another picture
     event = run_keeping_previous(run, make_inspect(engine, sessions, gpu_task, boxes),
                                  [image, prompt, ablate, scales, full], boxes.components(), report,

@@ -1,9 +1,12 @@
 """The whole page: a banner, then one tab per panel, each built by its own module."""
 
 import json
+from dataclasses import dataclass, field
+from typing import Callable
 
 import gradio as gr
 
+from g4v.commands.panels import PANELS
 from g4v.engines import Engine
 from g4v.errors import G4VError
 from g4v.loading import model_name
@@ -82,12 +85,95 @@ def local_config(engine: Engine):
         return None
 
 
+@dataclass
+class Page:
+    """What the tabs are built from: ``build_app``'s arguments and what the page shares."""
+
+    engine: Engine
+    model: str
+    config: object  # the model's transformers config, or None (see local_config)
+    concurrency: int
+    gpu_task: Callable
+    adapters_dir: object
+    data_dirs: tuple
+    eval_servers: tuple
+    runs_dir: object
+    sessions: SessionStores
+    last_chat_image: gr.State  # the newest image sent in Chat, for the picture tabs
+    tabs: gr.Tabs
+    #: What each tab built so far returned, by panel id: the inputs another tab fills (Evaluate's "Open in ...").
+    built: dict = field(default_factory=dict)
+
+    def engine_line(self, panel_id: str, inspector: bool = True) -> None:
+        """The line over a tab naming the engine it runs on (``#<id>-engine-line``)."""
+        gr.Markdown(engine_line(self.engine, inspector=inspector), elem_id=f"{panel_id}-engine-line")
+
+
+# Each tab as the page builds it, by its module's builder: the engine line over it where it has one,
+# and what it returns for another tab to fill (kept in ``page.built``).
+
+
+def chat(page: Page):
+    page.engine_line("chat", inspector=False)
+    return chat_tab(page.engine, page.last_chat_image, example_rows(page.model), page.concurrency, page.gpu_task)
+
+
+def tiling(page: Page):
+    page.engine_line("tiling")
+    tiling_tab(page.config, page.last_chat_image)
+
+
+def deepstack(page: Page):
+    page.engine_line("deepstack")
+    return deepstack_tab(page.engine, page.config, page.last_chat_image, page.sessions, page.concurrency, page.gpu_task)
+
+
+def attribution(page: Page):
+    page.engine_line("attribution")
+    attribution_tab(page.engine, page.config, page.last_chat_image, page.sessions, page.concurrency, page.gpu_task)
+
+
+def circuits(page: Page):
+    page.engine_line("circuits")
+    circuits_tab(page.engine, page.last_chat_image, page.sessions, page.concurrency, page.gpu_task)
+
+
+def port(page: Page):
+    page.engine_line("port")
+    port_tab(page.model, page.last_chat_image)
+
+
+def lora(page: Page):
+    page.engine_line("lora", inspector=False)
+    return lora_tab(page.engine, page.model, page.adapters_dir, page.last_chat_image, page.concurrency, page.gpu_task)
+
+
+def evaluate(page: Page):
+    deepstack_image, deepstack_prompt = page.built["deepstack"]
+    lora_adapter, lora_image, lora_prompt = page.built["lora"]
+    targets = OpenTargets(OpenInChat(page.built["chat"], page.tabs),
+                          OpenInDeepstack(deepstack_image, deepstack_prompt, page.tabs),
+                          OpenInLora(lora_image, lora_prompt, lora_adapter, page.tabs))
+    evaluate_tab(page.engine, page.model, page.adapters_dir, EvalWorkspace(page.sessions, page.data_dirs), targets,
+                 page.eval_servers, page.concurrency, page.gpu_task)
+
+
+def training(page: Page):
+    training_tab(page.last_chat_image, page.runs_dir, page.gpu_task)
+
+
+#: How each panel's tab is built, by its id; which tabs there are, in what order and under what
+#: title, is :data:`g4v.commands.panels.PANELS`.
+TABS: dict[str, Callable[[Page], object]] = {
+    "chat": chat, "tiling": tiling, "deepstack": deepstack, "attribution": attribution, "circuits": circuits,
+    "port": port, "lora": lora, "evaluate": evaluate, "training": training}
+
+
 def build_app(engine: Engine, model: str, concurrency: int = 1, adapters_dir=None, gpu_task=lambda fn: fn,
               data_dirs=(), eval_servers=(), runs_dir=None) -> gr.Blocks:
     """The workbench page. ``data_dirs``: folders the Evaluate tab lists datasets from (besides the
     bundled one); ``eval_servers``: OpenAI-compatible servers it offers as arms (``URL[,model=NAME]``);
     ``runs_dir``: the Training tab's run folders."""
-    config = local_config(engine)
     gpu_task = model_task(engine, gpu_task)  # a request sent while the model loads is told so
     with WorkbenchBlocks(title="Granite 4 Vision workbench", analytics_enabled=False, delete_cache=CACHE_CLEANUP) as demo:
         # Each visitor's files in folders of their own (webapp.sessions), inside Gradio's cache so
@@ -101,36 +187,11 @@ def build_app(engine: Engine, model: str, concurrency: int = 1, adapters_dir=Non
         demo.unload(forget_visitor)
         gr.Markdown("# Granite 4 Vision workbench")
         gr.Markdown(banner(model), elem_id="model-banner")
-        last_chat_image = gr.State(None)  # the newest image sent in Chat, for the inspection tabs
+        last_chat_image = gr.State(None)
         with gr.Tabs() as tabs:  # by id, so a tab can switch to another (the Evaluate tab's "Open in ...")
-            with gr.Tab("Chat", id="chat"):
-                gr.Markdown(engine_line(engine), elem_id="chat-engine-line")
-                chat_box = chat_tab(engine, last_chat_image, example_rows(model), concurrency, gpu_task)
-            with gr.Tab("Tiling", id="tiling"):
-                gr.Markdown(engine_line(engine, inspector=True), elem_id="tiling-engine-line")
-                tiling_tab(config, last_chat_image)
-            with gr.Tab("Deepstack", id="deepstack"):
-                gr.Markdown(engine_line(engine, inspector=True), elem_id="deepstack-engine-line")
-                deepstack_image, deepstack_prompt = deepstack_tab(engine, config, last_chat_image, sessions,
-                                                                  concurrency, gpu_task)
-            with gr.Tab("Attribution", id="attribution"):
-                gr.Markdown(engine_line(engine, inspector=True), elem_id="attribution-engine-line")
-                attribution_tab(engine, config, last_chat_image, sessions, concurrency, gpu_task)
-            with gr.Tab("Circuits", id="circuits"):
-                gr.Markdown(engine_line(engine, inspector=True), elem_id="circuits-engine-line")
-                circuits_tab(engine, last_chat_image, sessions, concurrency, gpu_task)
-            with gr.Tab("vLLM port", id="port"):
-                gr.Markdown(engine_line(engine, inspector=True), elem_id="port-engine-line")
-                port_tab(model, last_chat_image)
-            with gr.Tab("LoRA", id="lora"):
-                gr.Markdown(engine_line(engine), elem_id="lora-engine-line")
-                lora_adapter, lora_image, lora_prompt = lora_tab(engine, model, adapters_dir, last_chat_image,
-                                                                 concurrency, gpu_task)
-            with gr.Tab("Evaluate", id="evaluate"):
-                targets = OpenTargets(OpenInChat(chat_box, tabs), OpenInDeepstack(deepstack_image, deepstack_prompt, tabs),
-                                      OpenInLora(lora_image, lora_prompt, lora_adapter, tabs))
-                evaluate_tab(engine, model, adapters_dir, EvalWorkspace(sessions, data_dirs), targets,
-                             eval_servers, concurrency, gpu_task)
-            with gr.Tab("Training", id="training"):
-                training_tab(last_chat_image, runs_dir, gpu_task)
+            page = Page(engine, model, local_config(engine), concurrency, gpu_task, adapters_dir, data_dirs,
+                        eval_servers, runs_dir, sessions, last_chat_image, tabs)
+            for panel in PANELS:
+                with gr.Tab(panel.tab, id=panel.id):
+                    page.built[panel.id] = TABS[panel.id](page)
     return demo

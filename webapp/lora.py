@@ -12,9 +12,9 @@ from g4v.lora.models import model_choices
 from g4v.lora.settings import LoraDiffSettings
 from g4v.lora.side_by_side import lora_side_by_side
 from g4v.lora.token_diff import lora_token_diff
-from webapp.common import (MODEL_QUEUE, OutputBoxes, empties_on, escape_markdown, image_input, last_chat_image_button,
-                           refuse_non_pictures, sampling_settings, shows_errors, use_last_chat_image, without_error_badges)
-from webapp.documents import document_picker
+from webapp.common import (MODEL_QUEUE, OutputBoxes, empties_on, escape_markdown, sampling_settings, shows_errors,
+                           without_error_badges)
+from webapp.pictures import picture_row
 
 #: The tab's starting choices: the command's defaults (``lora-diff``), written once in LoraDiffSettings.
 DEFAULTS = LoraDiffSettings()
@@ -109,18 +109,14 @@ def lora_tab(engine, model: str, adapters_dir, last_chat_image: gr.State, concur
                           value=preselected_adapter(adapters_dir, model), label="Adapter",
                           info=adapter_note(options, engine.vision_lora is not None) or None,
                           allow_custom_value=True, elem_id="lora-adapter")
-    with gr.Row():
-        image = image_input(label="Image (optional)", height=200, elem_id="lora-image")
-        refuse_non_pictures(image)
-        with gr.Column():
-            from_chat = last_chat_image_button("lora-from-chat")
-            document_picker(image, elem_id="lora-doc")
-            max_new_tokens = gr.Slider(1, 256, value=DEFAULTS.max_new_tokens, step=1, label="Max new tokens")
-            temperature = gr.Slider(0.0, 2.0, value=SamplingSettings.temperature, step=0.05,
-                                    label="Temperature (0 = greedy)")
-            # A fixed seed, not SamplingSettings' fresh one: with sampling on, both columns draw with
-            # the same seed, so where they part is the models' doing, and a rerun repeats.
-            seed = gr.Number(value=0, label="Seed")  # checked by sampling_settings
+    with picture_row("lora", last_chat_image, label="Image (optional)", height=200) as row:
+        max_new_tokens = gr.Slider(1, 256, value=DEFAULTS.max_new_tokens, step=1, label="Max new tokens")
+        temperature = gr.Slider(0.0, 2.0, value=SamplingSettings.temperature, step=0.05,
+                                label="Temperature (0 = greedy)")
+        # A fixed seed, not SamplingSettings' fresh one: with sampling on, both columns draw with
+        # the same seed, so where they part is the models' doing, and a rerun repeats.
+        seed = gr.Number(value=0, label="Seed")  # checked by sampling_settings
+    image = row.image
     choices = model_choices(engine, adapter.value, adapters_dir)
     with gr.Row():
         left = gr.Dropdown(choices, value=DEFAULTS.left, label="Left model", elem_id="lora-left")
@@ -145,7 +141,6 @@ def lora_tab(engine, model: str, adapters_dir, last_chat_image: gr.State, concur
                       right_answer=adapter_answer)
     pickers = PickerBoxes(left=left, right=right, left_answer=base_answer, right_answer=adapter_answer)
     side_by_side, token_diff = make_handlers(engine, adapters_dir, gpu_task, answers, diffs)
-    use_last_chat_image(from_chat, last_chat_image, image)
     adapter.change(lambda name: warning_line(name, adapters_dir, model), adapter, warning, api_visibility="private",
                    queue=False, show_progress="hidden")  # a mismatch runs, with this line in view
     # names and answer boxes follow the adapter's kind (whoever sets it) and the user's choices

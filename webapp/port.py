@@ -16,10 +16,9 @@ from g4v.port.in_vllm_env import SETUP_COMMAND, run_port_diff_in_vllm_env
 from g4v.port.settings import PortDiffSettings
 from g4v.port.summary import PortDiffSummary
 from g4v.port.table import LEVEL_COLUMNS, level_rows, with_texts, without_model_path
-from webapp.common import (STATUS_HEIGHT, OutputBoxes, busy_while_running, escape_markdown, image_input,
-                           last_chat_image_button, previous_run_mark, progress_line, refuse_non_pictures,
-                           run_keeping_previous, shows_errors, use_last_chat_image, without_error_badges)
-from webapp.documents import document_picker
+from webapp.common import (OutputBoxes, busy_while_running, escape_markdown, previous_run_mark, progress_line,
+                           run_keeping_previous, shows_errors, without_error_badges)
+from webapp.pictures import picture_row
 
 SETUP_HINT = (f"**This tab is off: the vLLM environment is not built** (`make run` leaves it out). Turn it on "
               f"with `{SETUP_COMMAND}` (a few minutes, about 6 GiB), then restart the app; or point "
@@ -174,18 +173,10 @@ def port_tab(model: str, last_chat_image: gr.State) -> None:
                 "per layer, per config field.")
     if not available:
         gr.Markdown(SETUP_HINT, elem_id="port-setup-hint")
-    with gr.Row():
-        with gr.Column():
-            image = image_input(label="Image", height=200, elem_id="port-image")
-            # the run's progress bar, under the picture: in view while the run works (under the
-            # button it was below the fold, and the results further still)
-            status = gr.Markdown(RUN_HINT, min_height=STATUS_HEIGHT, elem_id="port-status")
-        refuse_non_pictures(image)
-        with gr.Column():
-            from_chat = last_chat_image_button("port-from-chat")
-            document_picker(image, elem_id="port-doc")
-            prompt = gr.Textbox(label="Prompt", value="What colour is the shape?", elem_id="port-prompt")
-            run = gr.Button(COMPARE, variant="primary", interactive=available, elem_id="port-run")
+    with picture_row("port", last_chat_image, height=200, status=RUN_HINT) as row:  # the run's progress under the picture
+        prompt = gr.Textbox(label="Prompt", value="What colour is the shape?", elem_id="port-prompt")
+        run = gr.Button(COMPARE, variant="primary", interactive=available, elem_id="port-run")
+    image, status = row.image, row.status
     name = checkpoint.folder.name if checkpoint.folder else "FOLDER"
     with gr.Accordion("Vision LoRA and vLLM serving", open=checkpoint.lora is not None):
         with gr.Row():
@@ -210,7 +201,6 @@ def port_tab(model: str, last_chat_image: gr.State) -> None:
     picture = gr.Image(label="Per-token differences and trajectories", format="png")
     details = gr.JSON(label="Everything (trajectory, next token, config audit)")
     boxes = PortBoxes(verdict=verdict, table=table, picture=picture, details=details)
-    use_last_chat_image(from_chat, last_chat_image, image)
     ready = busy_while_running(run, COMPARING) if available else lambda event: None
     # a refused run leaves the results on show, marked as the previous run's; so does another picture
     event = run_keeping_previous(run, make_port_diff(model, boxes, checkpoint), [image, prompt, *options],

@@ -9,9 +9,8 @@ from g4v.errors import G4VError
 from g4v.tiling import token_at
 from g4v.tiling_view import highlight_token, mark_token, tiling_report, token_at_overlay, token_to_show
 from viz.figures import original_point
-from webapp.common import (QUIET_INPUT, OutputBoxes, emptied, image_input, last_chat_image_button, shows_errors,
-                           use_last_chat_image, without_error_badges)
-from webapp.documents import document_picker
+from webapp.common import QUIET_INPUT, OutputBoxes, emptied, shows_errors, without_error_badges
+from webapp.pictures import picture_row
 
 
 #: The token-budget table's columns and their widths: the layout wraps between words in the
@@ -138,13 +137,11 @@ def make_handlers(config, boxes: TilingBoxes) -> tuple:
 def tiling_tab(config, last_chat_image: gr.State) -> None:
     gr.Markdown("Which anyres grid the model picks, how the image is resized and padded, and "
                 "which pixels each image token covers.")
-    with gr.Row():
-        image = image_input(label="Image", height=320, elem_id="tiling-image")
-        with gr.Column():
-            from_chat = last_chat_image_button("tiling-from-chat")
-            from_pdf = document_picker(image, elem_id="tiling-doc")  # a PDF page, then its token budget
-            table = gr.Dataframe(headers=list(BUDGET_COLUMNS), label="Token budget", interactive=False, wrap=True,
-                                 column_widths=list(BUDGET_COLUMNS.values()), elem_id="tiling-budget")
+    # its own upload step refuses what is no picture (and empties the results)
+    with picture_row("tiling", last_chat_image, height=320, refuse_on_upload=False) as row:
+        table = gr.Dataframe(headers=list(BUDGET_COLUMNS), label="Token budget", interactive=False, wrap=True,
+                             column_widths=list(BUDGET_COLUMNS.values()), elem_id="tiling-budget")
+    image = row.image
     overlay = gr.Image(label="Grid, tiles, padding and unpadded region (click a cell to pick its token)",
                        interactive=False, format="png", elem_id="tiling-overlay")
     with gr.Row():
@@ -167,9 +164,8 @@ def tiling_tab(config, last_chat_image: gr.State) -> None:
     image.upload(analyse, image, outputs, api_name="tiling").failure(
         lambda: {image: None, **emptied(outputs), token_index: 0, boxes.shown: 0}, None, [image, *outputs], api_visibility="private",
         queue=False, **QUIET_INPUT)
-    use_last_chat_image(from_chat, last_chat_image, image).success(
-        analyse, image, outputs, api_visibility="private")
-    from_pdf.success(analyse, image, outputs, api_visibility="private")
+    row.from_chat.success(analyse, image, outputs, api_visibility="private")
+    row.from_pdf.success(analyse, image, outputs, api_visibility="private")  # a PDF page, then its token budget
     # A refused pick (an index out of range, no picture analysed) is its toast: the pictures stay, and
     # the number box goes back to the token they show.
     shown_token = [token_view, token_info, overlay, boxes.shown]

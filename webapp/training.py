@@ -17,8 +17,8 @@ from g4v.training.measure import ANSWER_TOKENS, default_probe, open_steps
 from g4v.training.report import COLUMNS, alert_lines, headline, open_run, summary_rows
 from g4v.training.runs import folder_label, list_runs, read_run, resolve_run, runs_dirs
 from viz.training import curves_figure, steps_figure
-from webapp.common import (OutputBoxes, image_input, last_chat_image_button, optional_whole, refuse_non_pictures,
-                           shows_errors, time_left, use_last_chat_image, without_error_badges)
+from webapp.common import OutputBoxes, optional_whole, shows_errors, time_left, without_error_badges
+from webapp.pictures import picture_row
 
 #: One run loaded or measured at a time, whoever asks: each measured checkpoint is a model in memory.
 TRAINING_QUEUE = "training"
@@ -130,16 +130,13 @@ def training_tab(last_chat_image: gr.State, runs_dir=None, gpu_task=lambda fn: f
     gr.Markdown("### Two steps side by side\nEach step's checkpoint on one picture (loaded in turn, never beside "
                 "another): what its 8 levels carry and what it answers.")
     probe_picture, probe_prompt = default_probe()[0]
-    with gr.Row():
-        image = image_input(label="Picture", value=probe_picture, height=200, elem_id="training-image")
-        refuse_non_pictures(image)
-        with gr.Column():
-            from_chat = last_chat_image_button("training-from-chat")
-            prompt = gr.Textbox(probe_prompt, label="Prompt", elem_id="training-prompt")
-            with gr.Row():
-                step_a = gr.Dropdown([], label="Step A", elem_id="training-step-a")
-                step_b = gr.Dropdown([], label="Step B", elem_id="training-step-b")
-            both = gr.Button("Open both steps", elem_id="training-steps")
+    with picture_row("training", last_chat_image, label="Picture", value=probe_picture, height=200, pdf=False) as row:
+        prompt = gr.Textbox(probe_prompt, label="Prompt", elem_id="training-prompt")
+        with gr.Row():
+            step_a = gr.Dropdown([], label="Step A", elem_id="training-step-a")
+            step_b = gr.Dropdown([], label="Step B", elem_id="training-step-b")
+        both = gr.Button("Open both steps", elem_id="training-steps")
+    image = row.image
     step_table = gr.Dataframe(headers=STEP_COLUMNS, label="The levels at both steps", interactive=False,
                               elem_id="training-step-table")
     step_figure = gr.Image(label="Both steps", show_label=False, format="png", elem_id="training-step-figure")
@@ -152,7 +149,6 @@ def training_tab(last_chat_image: gr.State, runs_dir=None, gpu_task=lambda fn: f
     run_boxes = RunBoxes(status, table, curves, step_a, step_b, opened, data)
     step_boxes = StepBoxes(step_table, step_figure, answer_a, answer_b)
     open_run_view, open_steps_view = make_handlers(runs_dir, gpu_task, run_boxes, step_boxes)
-    use_last_chat_image(from_chat, last_chat_image, image)
     queue = {"concurrency_id": TRAINING_QUEUE, "concurrency_limit": 1}
     opening = go.click(open_run_view, [run, measure], run_boxes.components(), api_name="training", **queue)
     without_error_badges(opening, run_boxes.components())
