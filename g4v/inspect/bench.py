@@ -21,19 +21,13 @@ from functools import partial
 import torch
 
 from g4v.errors import G4VError, read_whole
-from g4v.model.bench import add_model_flags, build_model, measure_modes, run_benchmarks, synthetic_inputs
+from g4v.model.bench import BenchSetup, add_model_flags, build_model, measure_modes, run_benchmarks, synthetic_inputs
 
 MODES = ("off", "norms", "full")
 
 
 @dataclass
-class BenchResult:
-    model: str
-    device: str
-    dtype: str
-    parameters: int
-    sequence_tokens: int
-    image_tokens: int
+class BenchResult(BenchSetup):
     repeats: int
     seconds: dict  # mode -> fastest seconds per forward
     peak_bytes: dict  # mode -> peak bytes allocated by the forward above the starting point

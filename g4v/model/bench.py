@@ -12,7 +12,7 @@ allocator's peak on a GPU, the profiler's CPU allocation events on a CPU.
 import json
 import time
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from functools import partial
 
 import torch
@@ -20,6 +20,19 @@ import torch
 from g4v.errors import G4VError, check_value, read_whole, whole_number
 
 TEXT_TOKENS = 32  # text tokens around the image tokens
+
+
+@dataclass
+class BenchSetup:
+    """What a model benchmark ran on: the model, where, and the one input's size (its tokens, the
+    image tokens among them). Each benchmark's result adds its own figures."""
+
+    model: str
+    device: str
+    dtype: str
+    parameters: int
+    sequence_tokens: int
+    image_tokens: int
 
 
 def larger_config():

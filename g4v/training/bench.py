@@ -15,20 +15,14 @@ from dataclasses import dataclass
 
 import torch
 
-from g4v.model.bench import add_model_flags, build_model, fastest_seconds, run_benchmarks, synthetic_inputs
+from g4v.model.bench import BenchSetup, add_model_flags, build_model, fastest_seconds, run_benchmarks, synthetic_inputs
 from g4v.training.settings import MonitorSettings
 
 MODES = ("off", "measured", "default")
 
 
 @dataclass
-class BenchResult:
-    model: str
-    device: str
-    dtype: str
-    parameters: int
-    sequence_tokens: int
-    image_tokens: int
+class BenchResult(BenchSetup):
     every: int
     repeats: int
     seconds: dict  # mode -> fastest seconds per step (the default mode: per step of its block)
