@@ -2,6 +2,7 @@
 the ones its provenance names, and the model sees (accuracy, ablation, adapter)."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -290,6 +291,8 @@ TRAIN_FLAGS_BEFORE = (
     "--single-shape-start --steps --threads --three-shape-share --vision-lr --vision-warmup-lr "
     "--vision-warmup-steps --warmup-steps").split()
 ADAPTER_FLAGS_BEFORE = "--base --help --lr --no-progress --out --seed --steps --threads".split()
+EVAL_FLAGS_BEFORE = ("--ablation-n --adapter --adapter-only --backend --doc-n --help --json --model --n --no-ablations "
+                     "--no-progress --threads --vision-lora").split()
 
 
 def _demo_help(command: str, capsys) -> str:
@@ -310,7 +313,8 @@ def _demo_subparser(command: str):
     return sub.choices[command]
 
 
-@pytest.mark.parametrize("command, before", [("train", TRAIN_FLAGS_BEFORE), ("train-adapter", ADAPTER_FLAGS_BEFORE)])
+@pytest.mark.parametrize("command, before", [("train", TRAIN_FLAGS_BEFORE), ("train-adapter", ADAPTER_FLAGS_BEFORE),
+                                             ("eval", EVAL_FLAGS_BEFORE)])
 def test_training_help_still_lists_every_flag(command, before, capsys):
     import re
 
@@ -525,3 +529,20 @@ def test_adapter_answers_colours_in_french_and_off_changes_nothing(trained_engin
     assert result["off_equals_base"] == 1.0
     # The adapter is removed again: the engine answers as before.
     assert not any("lora" in name for name, _ in trained_engine.model.named_modules())
+
+
+def test_eval_flags_read_back_as_its_settings():
+    """``eval``'s flags are :class:`~g4v.demo.evaluate.DemoEvalSettings`' fields: the defaults are
+    the fields' defaults, and the switches read as the settings they name (``--no-ablations``
+    turns ablations off; the adapter is left None for ``main`` to pick)."""
+    import dataclasses
+
+    from g4v.demo.evaluate import DemoEvalSettings
+    from g4v.settings.flags import settings_from_args
+
+    parser = _demo_subparser("eval")
+    assert settings_from_args(DemoEvalSettings, parser.parse_args([])) == DemoEvalSettings()
+    chosen = settings_from_args(DemoEvalSettings, parser.parse_args(
+        ["--n", "7", "--no-ablations", "--adapter", "", "--json", "out.json", "--backend", "vllm", "--no-progress"]))
+    assert dataclasses.replace(DemoEvalSettings(), n=7, ablations=False, adapter="", json_out=Path("out.json"),
+                               backend="vllm", no_progress=True) == chosen

@@ -94,6 +94,7 @@ def _loading_bars(shown: bool):
 def _add_training_commands(sub) -> None:
     """The training commands' flags: one per settings field (:mod:`g4v.settings.flags`)."""
     from g4v.settings.flags import add_settings_flags
+    from g4v.demo.evaluate import DemoEvalSettings
     from g4v.demo.recipe import AdapterSettings, DocumentsSettings, TrainSettings, VisionLoraSettings
 
     train_cmd = sub.add_parser("train", help="train the tiny checkpoint from scratch on synthetic shapes (CPU)")
@@ -122,25 +123,7 @@ def _add_training_commands(sub) -> None:
     documents_cmd.add_argument("--no-progress", action="store_true", help="no progress bar")
 
     eval_cmd = sub.add_parser("eval", help="accuracy per question type on held-out pictures, ablations, adapter")
-    eval_cmd.add_argument("--model", type=Path, default=TRAINED_MODEL_DIR)
-    eval_cmd.add_argument("--adapter", default=None,
-                          help=f"adapter folder ('' to skip; default: {FRENCH_ADAPTER_DIR.relative_to(REPO_ROOT)} with the "
-                               "checkpoint it was trained on, else none)")
-    eval_cmd.add_argument("--n", type=int, default=300, help="held-out pictures")
-    eval_cmd.add_argument("--backend", choices=("hf", "vllm"), default="hf")
-    from g4v.checkpoint.vision_lora import DEFAULT_MODE, MODES
-
-    eval_cmd.add_argument("--vision-lora", choices=MODES, default=DEFAULT_MODE,
-                          help="a layout checkpoint's vision LoRA: native (image requests), merged or off")
-    eval_cmd.add_argument("--ablation-n", type=int, default=100, help="pictures for the single-level ablations")
-    eval_cmd.add_argument("--no-ablations", action="store_true")
-    eval_cmd.add_argument("--adapter-only", action="store_true", help="(hf) only the adapter checks")
-    eval_cmd.add_argument("--threads", type=int, default=None)
-    eval_cmd.add_argument("--doc-n", type=int, default=None,
-                          help="held-out charts and key-value pictures for the document tasks (default: --n for a "
-                               "checkpoint trained on them by train-documents, else 0, which skips them)")
-    eval_cmd.add_argument("--json", type=Path, default=None, help="also write the results here")
-    eval_cmd.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_settings_flags(eval_cmd, DemoEvalSettings)
 
 
 def _run_training_command(args, argv) -> int:
@@ -181,9 +164,10 @@ def _run_training_command(args, argv) -> int:
                               progress=not args.no_progress)
         print(f"wrote {args.out} (weights sha256 {sha})")
     else:
-        from g4v.demo.evaluate import main as eval_main
+        from g4v.demo.evaluate import DemoEvalSettings, main as eval_main
+        from g4v.settings.flags import settings_from_args
 
-        return eval_main(args)
+        return eval_main(settings_from_args(DemoEvalSettings, args))
     return 0
 
 

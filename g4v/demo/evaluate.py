@@ -21,13 +21,40 @@
 import json
 import os
 import time
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from g4v.checkpoint.vision_lora import DEFAULT_MODE, MODES
 from g4v.demo import shapes as S
 from g4v.demo.answering import (ablated_answers, ablation_scales, accuracy, answers, batched_answers, engine_batched_answers,
                                 items, level_names, phase)
 from g4v.demo.progress import progress_bar
-from g4v.paths import FRENCH_ADAPTER_DIR, TRAINED_MODEL_DIR, names_folder
+from g4v.paths import FRENCH_ADAPTER_DIR, REPO_ROOT, TRAINED_MODEL_DIR, names_folder
+
+
+@dataclass(frozen=True)
+class DemoEvalSettings:
+    """What ``python -m g4v.demo eval`` measures: every default written once, the command's flags
+    derived from these fields (:mod:`g4v.settings.flags`)."""
+
+    model: Path = field(default=TRAINED_MODEL_DIR, metadata={"help": "checkpoint folder"})
+    adapter: str | None = field(default=None, metadata={
+        "help": f"adapter folder ('' to skip; default: {FRENCH_ADAPTER_DIR.relative_to(REPO_ROOT)} with the "
+                "checkpoint it was trained on, else none)"})
+    n: int = field(default=300, metadata={"help": "held-out pictures"})
+    backend: str = field(default="hf", metadata={"choices": ("hf", "vllm"), "help": "the engine asked"})
+    vision_lora: str = field(default=DEFAULT_MODE, metadata={
+        "choices": MODES, "help": "a layout checkpoint's vision LoRA: native (image requests), merged or off"})
+    ablation_n: int = field(default=100, metadata={"help": "pictures for the single-level ablations"})
+    ablations: bool = field(default=True, metadata={"flag": "--no-ablations", "help": "(hf) no level ablations"})
+    adapter_only: bool = field(default=False, metadata={"flag": "--adapter-only", "help": "(hf) only the adapter checks"})
+    threads: int | None = field(default=None, metadata={"help": "torch threads (default: torch's)"})
+    doc_n: int | None = field(default=None, metadata={
+        "help": "held-out charts and key-value pictures for the document tasks (default: --n for a checkpoint "
+                "trained on them by train-documents, else 0, which skips them)"})
+    json_out: Path | None = field(default=None, metadata={"flag": "--json", "metavar": "PATH", "help": "also write the results here"})
+    no_progress: bool = field(default=False, metadata={"flag": "--no-progress", "help": "no progress bar"})
+
 
 def evaluate_adapter(model, processor, pairs, adapter_dir: Path, bar=None) -> dict:
     """Answers without the adapter, then with it loaded by PEFT (on, and disabled), batched the same
@@ -63,51 +90,51 @@ def format_table(rows: dict[str, dict[str, float]]) -> str:
     return "\n".join(lines)
 
 
-def main(args) -> int:
+def main(settings: DemoEvalSettings) -> int:
     import torch
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    if settings.threads:
+        torch.set_num_threads(settings.threads)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    if args.adapter is None:
-        args.adapter = default_adapter(args.model)
-    pictures = S.eval_set(args.n)
+    if settings.adapter is None:  # the French adapter with the checkpoint it was trained on
+        settings = replace(settings, adapter=default_adapter(settings.model))
+    pictures = S.eval_set(settings.n)
     pairs = items(pictures)
     rows: dict[str, dict[str, float]] = {}
-    results: dict = {"model": str(args.model), "n_pictures": args.n, "backend": args.backend,
-                     "vision_lora": getattr(args, "vision_lora", None),
+    results: dict = {"model": str(settings.model), "n_pictures": settings.n, "backend": settings.backend,
+                     "vision_lora": settings.vision_lora,
                      "chance": S.CHANCE}
     started = time.time()
-    bar = None if getattr(args, "no_progress", False) else progress_bar(None, "eval", unit=" questions")
+    bar = None if settings.no_progress else progress_bar(None, "eval", unit=" questions")
     try:
-        _evaluate(args, pictures, pairs, rows, results, bar)
+        _evaluate(settings, pictures, pairs, rows, results, bar)
     finally:
         if bar is not None:
             bar.close()
-    return _report(args, results, rows, pairs, started)
+    return _report(settings, results, rows, pairs, started)
 
 
-def _evaluate(args, pictures, pairs, rows, results, bar) -> None:
+def _evaluate(settings: DemoEvalSettings, pictures, pairs, rows, results, bar) -> None:
     """Fill ``rows`` and ``results`` with the runs ``main`` asked for, through the engine
     ``--backend`` names; ``bar`` (None: none) counts the questions asked."""
-    if args.backend == "vllm":
+    if settings.backend == "vllm":
         from g4v.engines.vllm_engine import VLLMEngine
 
-        engine = VLLMEngine(str(args.model), vision_lora=args.vision_lora)
+        engine = VLLMEngine(str(settings.model), vision_lora=settings.vision_lora)
         try:
             phase(bar, "vllm engine")
             replies = answers(engine, pairs, workers=8, bar=bar)
             rows["vllm"] = accuracy(pairs, replies)
-            results["documents"] = _documents(args, engine, bar=bar)
+            results["documents"] = _documents(settings, engine, bar=bar)
             results["replies"] = replies
-            if args.adapter and Path(args.adapter).is_dir():
-                engine.register_adapter("demo", str(args.adapter))
+            if settings.adapter and Path(settings.adapter).is_dir():
+                engine.register_adapter("demo", str(settings.adapter))
                 phase(bar, "adapter")
                 on = answers(engine, pairs, workers=8, bar=bar, adapter="demo")
                 off = answers(engine, pairs, workers=8, bar=bar)
                 colour = [reply for (_, qa), reply in zip(pairs, on) if qa.kind == "colour"]
                 results["adapter"] = {
-                    "path": str(args.adapter),
+                    "path": str(settings.adapter),
                     "adherence": sum(r in set(S.FRENCH.values()) for r in colour) / max(1, len(colour)),
                     "accuracy_with_adapter": accuracy(pairs, on, target=S.french_answer),
                     "off_equals_base": sum(a == b for a, b in zip(off, replies)) / max(1, len(off)),
@@ -118,9 +145,9 @@ def _evaluate(args, pictures, pairs, rows, results, bar) -> None:
     else:
         from g4v.engines.hf import TransformersEngine
 
-        engine = TransformersEngine(str(args.model), device="cpu", dtype="float32", vision_lora=args.vision_lora)
+        engine = TransformersEngine(str(settings.model), device="cpu", dtype="float32", vision_lora=settings.vision_lora)
         model, processor = engine.model, engine.processor
-        adapter_only = getattr(args, "adapter_only", False)
+        adapter_only = settings.adapter_only
         if not adapter_only:
             phase(bar, "hf engine")
             replies = answers(engine, pairs, bar=bar)
@@ -130,20 +157,20 @@ def _evaluate(args, pictures, pairs, rows, results, bar) -> None:
             batched = engine_batched_answers(engine, pairs, bar=bar)  # a layout checkpoint's vision LoRA as one by one
             rows["hf batched"] = accuracy(pairs, batched)
             results["batched_agrees_with_engine"] = sum(a == b for a, b in zip(batched, replies)) / len(pairs)
-            if not args.no_ablations:
+            if settings.ablations:
                 phase(bar, "all 8 levels ablated")
                 rows["all 8 ablated"] = accuracy(pairs, ablated_answers(model, processor, pairs,
                                                                         ablation_scales(model, None), bar))
-                ab_pairs = items(pictures[: args.ablation_n or args.n])
+                ab_pairs = items(pictures[: settings.ablation_n or settings.n])
                 for name in level_names(model):
                     phase(bar, f"{name} ablated")
                     rows[f"{name} ablated"] = accuracy(ab_pairs, ablated_answers(model, processor, ab_pairs,
                                                                                  {name: 0.0}, bar))
                 results["single_level_ablation_pictures"] = len(ab_pairs) // 4
-            results["documents"] = _documents(args, engine, model, processor, bar)
-        if args.adapter and Path(args.adapter).is_dir():
-            results["adapter"] = {"path": str(args.adapter),
-                                  **evaluate_adapter(model, processor, pairs, Path(args.adapter), bar)}
+            results["documents"] = _documents(settings, engine, model, processor, bar)
+        if settings.adapter and Path(settings.adapter).is_dir():
+            results["adapter"] = {"path": str(settings.adapter),
+                                  **evaluate_adapter(model, processor, pairs, Path(settings.adapter), bar)}
 
 
 def default_adapter(model: Path) -> str:
@@ -159,21 +186,21 @@ def trained_on_documents(model: Path) -> bool:
         return False
 
 
-def _documents(args, engine, model=None, processor=None, bar=None) -> dict | None:
+def _documents(settings, engine, model=None, processor=None, bar=None) -> dict | None:
     """The document tasks' rows (None with ``--doc-n 0``, the default for a model not trained on them)."""
     from g4v.demo.documents_eval import evaluate_documents
 
-    doc_n = args.doc_n if args.doc_n is not None else (args.n if trained_on_documents(args.model) else 0)
+    doc_n = settings.doc_n if settings.doc_n is not None else (settings.n if trained_on_documents(settings.model) else 0)
     if not doc_n:
         return None
-    return evaluate_documents(engine, doc_n, args.backend, model, processor, ablation_n=args.ablation_n,
-                              ablations=not args.no_ablations, bar=bar)
+    return evaluate_documents(engine, doc_n, settings.backend, model, processor, ablation_n=settings.ablation_n,
+                              ablations=settings.ablations, bar=bar)
 
 
-def _report(args, results, rows, pairs, started) -> int:
+def _report(settings, results, rows, pairs, started) -> int:
     results["accuracy"] = rows
     results["wall_time_s"] = round(time.time() - started, 1)
-    print(f"held-out pictures: {args.n} ({len(pairs)} questions), backend {args.backend}, model {args.model}")
+    print(f"held-out pictures: {settings.n} ({len(pairs)} questions), backend {settings.backend}, model {settings.model}")
     if rows:
         print(format_table(rows))
     if "batched_agrees_with_engine" in results:
@@ -183,7 +210,7 @@ def _report(args, results, rows, pairs, started) -> int:
     print("chance: " + ", ".join(f"{k} {100 * v:.0f}%" for k, v in S.CHANCE.items()))
     if "adapter" in results:
         a = results["adapter"]
-        print(f"adapter {args.adapter}: adherence (colour answers in French) {100 * a['adherence']:.1f}%, "
+        print(f"adapter {settings.adapter}: adherence (colour answers in French) {100 * a['adherence']:.1f}%, "
               f"answers with adapter correct {100 * a['accuracy_with_adapter']['all']:.1f}%, "
               f"adapter off == base answers {100 * a['off_equals_base']:.1f}%")
         print("  e.g. " + "; ".join(f"{q} -> {r}" for q, r in a["examples"][:4]))
@@ -193,6 +220,6 @@ def _report(args, results, rows, pairs, started) -> int:
         print(report(results["documents"]))
         results["documents"]["rows"] = {k: v.to_dict() for k, v in results["documents"]["rows"].items()}
     print(f"wall time {results['wall_time_s']} s")
-    if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
+    if settings.json_out:
+        Path(settings.json_out).write_text(json.dumps(results, indent=1) + "\n")
     return 0
