@@ -20,7 +20,7 @@ from g4v.demo import shapes as S  # noqa: E402
 from g4v.demo.documents_data import KVP_SCHEMA, kvp_item  # noqa: E402
 from g4v.demo.documents_eval import batched, score  # noqa: E402
 from g4v.documents.presets import build_prompt  # noqa: E402
-from g4v.loading import load_model  # noqa: E402
+from g4v.engines.hf import TransformersEngine  # noqa: E402
 from g4v.paths import DOCUMENTS_MODEL_DIR as CHECKPOINT  # noqa: E402
 
 
@@ -28,14 +28,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=100, help="held-out key-value pictures (the first N)")
     args = parser.parse_args()
-    loaded = load_model(str(CHECKPOINT), device="cpu", dtype="float32")
+    engine = TransformersEngine(str(CHECKPOINT), device="cpu", dtype="float32")
     pictures = S.eval_set(args.n)
     for task in ("kvp", "kvp_varex"):
         prompt = build_prompt(task, schema_text=json.dumps(KVP_SCHEMA))
         items = [kvp_item(picture) for picture in pictures]
         items = [replace(item, qa=S.QA("kvp", prompt, item.qa.answer)) for item in items]
-        scores = score(items, batched(loaded.model, loaded.processor, items))
-        tokens = len(loaded.processor.tokenizer(prompt)["input_ids"])
+        scores = score(items, batched(engine, items))
+        tokens = len(engine.tokenizer(prompt)["input_ids"])
         print(json.dumps({"task": task, "pictures": args.n, "prompt_tokens": tokens,
                           "valid": scores.kvp_valid, "fields": scores.kvp_fields}), flush=True)
 

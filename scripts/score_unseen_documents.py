@@ -17,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from g4v.demo.documents_data import held_out_items  # noqa: E402
 from g4v.demo.documents_eval import batched, score  # noqa: E402
 from g4v.demo.unseen import describe, replay, unseen_items  # noqa: E402
-from g4v.loading import load_model  # noqa: E402
+from g4v.engines.hf import TransformersEngine  # noqa: E402
 from g4v.paths import DOCUMENTS_MODEL_DIR as CHECKPOINT  # noqa: E402
 
 
@@ -34,8 +34,8 @@ def main() -> None:
                           for kind in ("chart", "kvp")},
                       "old_held_out": describe(old)}), flush=True)
     items = unseen_items(args.n, seen)
-    loaded = load_model(str(CHECKPOINT), device="cpu", dtype="float32")
-    scores = score(items, batched(loaded.model, loaded.processor, items))
+    engine = TransformersEngine(str(CHECKPOINT), device="cpu", dtype="float32")
+    scores = score(items, batched(engine, items))
     print(json.dumps({"unseen": describe(items), "scores": scores.to_dict()}), flush=True)
 
 

@@ -98,7 +98,7 @@ def test_reads_charts_and_fills_the_schema_through_the_engine(engine, held_out):
     assert scores.charts == scores.kvp == N_ITEMS
     for name, floor in FLOORS.items():
         assert getattr(scores, name) >= floor, (name, scores)
-    assert E.batched(engine.model, engine.processor, held_out) == replies
+    assert E.batched(engine, held_out) == replies
 
 
 def test_still_answers_the_shape_questions(engine):
@@ -115,7 +115,7 @@ def test_with_all_levels_ablated_charts_fall_to_chance(engine, held_out):
     from g4v.demo.answering import ablation_scales
 
     charts = [item for item in held_out if item.qa.kind == "chart"]
-    blind = E.score(charts, E.ablated(engine.model, engine.processor, charts, ablation_scales(engine.model, None)))
+    blind = E.score(charts, E.ablated(engine, charts, ablation_scales(engine.model, None)))
     chance = E.score(charts, E.blind_answers(N_ITEMS)[:N_ITEMS])
     assert blind.chart_exact <= 0.05
     assert blind.chart_cells <= chance.chart_cells + 0.1, (blind, chance)

@@ -154,6 +154,20 @@ def test_a_user_adapter_replaces_the_vision_lora(native, references):
     assert native.active_adapter(None, image=False) == ()
 
 
+def test_the_demo_ablations_run_on_the_model_an_image_request_gets(native):
+    """``demo eval``'s ablations hook the engine's own model and answer through its batches, so an
+    image question keeps the vision LoRA: with every level scaled by 1 (nothing changed) the answers
+    are the engine's own, and with one level ablated the picture is still seen (the base without
+    the LoRA is blind: about a fixed guess's 24%)."""
+    from g4v.demo.answering import ablated_answers, engine_batched_answers, level_names
+
+    pairs = items(S.eval_set(6))
+    replies = engine_batched_answers(native, pairs)
+    unchanged = {name: 1.0 for name in level_names(native.model)}
+    assert ablated_answers(native, pairs, unchanged) == replies
+    assert accuracy(pairs, ablated_answers(native, pairs, {"spatial_TL": 0.0}))["all"] >= 0.75
+
+
 def test_merged_matches_native(native):
     merged = engine("merged")
     assert merged.info.details["vision_lora"].startswith("vision LoRA: merged")

@@ -5,6 +5,7 @@ document rows (:mod:`g4v.demo.documents_eval`) and the trainers' validation
 (:func:`g4v.demo.loop.validation_accuracy`), which import it rather than each other."""
 
 from collections import defaultdict
+from contextlib import contextmanager
 from concurrent.futures import ThreadPoolExecutor
 
 from g4v.conversation import Message, SamplingSettings
@@ -45,22 +46,24 @@ def phase(bar, name: str) -> None:
 
 
 def batched_answers(model, processor, pairs, batch_size: int = 16, max_new_tokens: int = 6, bar=None) -> list[str]:
-    """Greedy answers for many questions at once, for a model in memory (a trainer's): through
-    a transformers engine around it (:func:`engine_batched_answers`)."""
+    """Greedy answers for many questions at once, for a model in memory (a trainer's, mid-training):
+    through a transformers engine around it (:func:`engine_batched_answers`)."""
     from g4v.engines.hf import TransformersEngine
 
     return engine_batched_answers(TransformersEngine.around(model, processor), pairs, batch_size, max_new_tokens, bar)
 
 
-def engine_batched_answers(engine, pairs, batch_size: int = 16, max_new_tokens: int = 6, bar=None) -> list[str]:
-    """Greedy answers for many questions at once: the engine's left-padded batches
-    (``TransformersEngine.generate_batch``), whose greedy answers equal its one-by-one ones;
-    ``bar`` counts them batch by batch."""
+def engine_batched_answers(engine, pairs, batch_size: int = 16, max_new_tokens: int = 6, bar=None,
+                           adapter: str | None = None) -> list[str]:
+    """Greedy answers for many questions at once, through the engine's batched method
+    (:meth:`~g4v.engines.base.Engine.generate_batch`: the transformers engine pads them into
+    batches, vLLM keeps them in flight), whose greedy answers equal its one-by-one ones; ``adapter``
+    (a registered name) for every question; ``bar`` counts them batch by batch."""
     settings = SamplingSettings(max_new_tokens=max_new_tokens, temperature=0)
     replies = []
     for start in range(0, len(pairs), batch_size):
         chunk = pairs[start : start + batch_size]
-        answers = engine.generate_batch([GenerationRequest([Message("user", qa.question, [p.image])], settings)
+        answers = engine.generate_batch([GenerationRequest([Message("user", qa.question, [p.image])], settings, adapter)
                                          for p, qa in chunk], in_flight=batch_size)
         replies.extend(answer.text.strip() for answer in answers)
         if bar is not None:
@@ -91,9 +94,20 @@ def level_names(model) -> list[str]:
     return [level.name for level in describe_levels(model.config)]
 
 
-def ablated_answers(model, processor, pairs, scales: dict[str, float], bar=None) -> list[str]:
-    """Batched answers with the given levels scaled (0 = ablated)."""
+@contextmanager
+def levels_scaled(engine, scales: dict[str, float]):
+    """The engine with the given levels scaled (0 = ablated) while the block runs: the scaling hooks
+    sit on the engine's own model (:class:`~g4v.engines.capabilities.Instrumentable`), which its
+    batches run on, and are removed on the way out."""
+    from g4v.engines.capabilities import Instrumentable, require
     from g4v.model.capture import instrument
 
+    model = require(engine, Instrumentable, "ablating injection levels").model
     with instrument(model, scales=scales, record=False):
-        return batched_answers(model, processor, pairs, bar=bar)
+        yield engine
+
+
+def ablated_answers(engine, pairs, scales: dict[str, float], bar=None) -> list[str]:
+    """The engine's batched answers with the given levels scaled (0 = ablated)."""
+    with levels_scaled(engine, scales):
+        return engine_batched_answers(engine, pairs, bar=bar)

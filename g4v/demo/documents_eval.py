@@ -6,14 +6,15 @@
   :data:`g4v.demo.documents_data.KVP_SCHEMA`, read by :func:`g4v.documents.structured.read_answer`)
   and **fields** (:func:`g4v.documents.metrics.key_value_match`, exact match per field).
 
-Answers come from an engine (transformers or vLLM, one request per question) or from batched
-greedy decoding (:func:`g4v.demo.answering.batched_answers`), which the ablations use.
+Answers come from an engine (transformers or vLLM), one request per question or in batches
+(:func:`g4v.demo.answering.engine_batched_answers`); an engine whose model runs in this process
+also answers with injection levels ablated.
 """
 
 from dataclasses import asdict, dataclass
 
 from g4v.conversation import SamplingSettings
-from g4v.demo.answering import ablation_scales, answers, batched_answers, level_names, phase
+from g4v.demo.answering import ablation_scales, answers, engine_batched_answers, level_names, levels_scaled, phase
 from g4v.demo.documents_data import KVP_SCHEMA, DocumentItem, pairs
 
 #: Enough new tokens for the longest right answer (4 CSV rows; 3 shapes of key-value JSON), with room.
@@ -78,23 +79,21 @@ def by_task(items: list[DocumentItem]) -> dict[str, list[int]]:
     return groups
 
 
-def batched(model, processor, items: list[DocumentItem], batch_size: int = 16, bar=None) -> list[str]:
-    """Greedy answers, batched per task (:func:`g4v.demo.answering.batched_answers`)."""
+def batched(engine, items: list[DocumentItem], batch_size: int = 16, bar=None) -> list[str]:
+    """Greedy answers through the engine's batches, per task (each with its own token limit)."""
     replies = [""] * len(items)
     for kind, indices in by_task(items).items():
         chosen = pairs([items[i] for i in indices])
-        replies_of_kind = batched_answers(model, processor, chosen, batch_size, MAX_NEW_TOKENS[kind], bar)
+        replies_of_kind = engine_batched_answers(engine, chosen, batch_size, MAX_NEW_TOKENS[kind], bar)
         for index, reply in zip(indices, replies_of_kind):
             replies[index] = reply
     return replies
 
 
-def ablated(model, processor, items: list[DocumentItem], scales: dict[str, float], bar=None) -> list[str]:
+def ablated(engine, items: list[DocumentItem], scales: dict[str, float], bar=None) -> list[str]:
     """Batched answers with the given levels scaled (0 = ablated), as the shapes' ablations."""
-    from g4v.model.capture import instrument
-
-    with instrument(model, scales=scales, record=False):
-        return batched(model, processor, items, bar=bar)
+    with levels_scaled(engine, scales):
+        return batched(engine, items, bar=bar)
 
 
 def engine_answers(engine, items: list[DocumentItem], workers: int = 1, bar=None) -> list[str]:
@@ -117,31 +116,34 @@ def format_rows(rows: dict[str, DocumentScores]) -> str:
     return "\n".join(lines)
 
 
-def evaluate_documents(engine, n: int, backend: str, model=None, processor=None, ablation_n: int = 0,
-                       ablations: bool = True, bar=None) -> dict:
-    """The document rows of ``eval``: through the engine; with hf also batched, with all 8 levels
-    ablated and with each single level ablated (on the first ``ablation_n`` charts and pictures).
-    Returns {"rows": {name: DocumentScores}, "replies": [...], ...}; ``bar`` counts the questions."""
+def evaluate_documents(engine, n: int, name: str, ablation_n: int = 0, ablations: bool = True, bar=None) -> dict:
+    """The document rows of ``eval``, the first named ``name`` (the backend): through the engine,
+    one request per question; where the engine's model runs here (:class:`~g4v.engines.capabilities.Instrumentable`)
+    also batched, with all 8 levels ablated and with each single level ablated (on the first
+    ``ablation_n`` charts and pictures). Returns {"rows": {name: DocumentScores}, "replies": [...], ...};
+    ``bar`` counts the questions."""
     from g4v.demo.documents_data import held_out_items
+    from g4v.engines.capabilities import Instrumentable
 
     items = held_out_items(n)
-    phase(bar, f"documents, {backend} engine")
-    replies = engine_answers(engine, items, workers=8 if backend == "vllm" else 1, bar=bar)
-    rows = {backend: score(items, replies)}
+    phase(bar, f"documents, {name} engine")
+    replies = engine_answers(engine, items, workers=engine.concurrent_streams, bar=bar)
+    rows = {name: score(items, replies)}
     results = {"n": n, "replies": replies}
-    if backend == "hf" and model is not None:
-        phase(bar, "documents, hf batched")
-        same = batched(model, processor, items, bar=bar)
-        rows["hf batched"] = score(items, same)
+    if engine.supports(Instrumentable):
+        model = engine.capable(Instrumentable).model
+        phase(bar, f"documents, {name} batched")
+        same = batched(engine, items, bar=bar)
+        rows[f"{name} batched"] = score(items, same)
         results["batched_agrees_with_engine"] = sum(a == b for a, b in zip(same, replies)) / max(1, len(items))
         if ablations:
             phase(bar, "documents, all 8 levels ablated")
-            rows["all 8 ablated"] = score(items, ablated(model, processor, items, ablation_scales(model, None), bar))
+            rows["all 8 ablated"] = score(items, ablated(engine, items, ablation_scales(model, None), bar))
             k = min(n, ablation_n or n)
             few = items[:k] + items[n : n + k]  # the first k charts, then the first k key-value pictures
-            for name in level_names(model):
-                phase(bar, f"documents, {name} ablated")
-                rows[f"{name} ablated"] = score(few, ablated(model, processor, few, {name: 0.0}, bar))
+            for level in level_names(model):
+                phase(bar, f"documents, {level} ablated")
+                rows[f"{level} ablated"] = score(few, ablated(engine, few, {level: 0.0}, bar))
             results["single_level_ablation_items"] = len(few)
     rows["chance (a training example's answer)"] = score(items, blind_answers(n))
     results["rows"] = rows

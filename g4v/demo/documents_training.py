@@ -104,12 +104,13 @@ def _resolve(path: str) -> Path:
 def validation_scores(model, processor, n: int) -> dict[str, float]:
     """Greedy validation accuracy on the shape questions and the document scores (model left training)."""
     from g4v.demo.documents_eval import batched, score
+    from g4v.engines.hf import TransformersEngine
 
     shapes = validation_accuracy(model, processor, n)
     items = D.validation_items(n)
     model.eval()
     try:
-        documents = score(items, batched(model, processor, items, batch_size=32))
+        documents = score(items, batched(TransformersEngine.around(model, processor), items, batch_size=32))
     finally:
         model.train()
     return {**shapes, **{name: getattr(documents, name) for name in ("chart_exact", "chart_cells", "kvp_valid",

@@ -2,19 +2,20 @@
 
 * accuracy per question type (colour, shape, position, count) on ``--n`` held-out pictures
   (:func:`g4v.demo.shapes.eval_set`, seeds never used in training), four questions per picture,
-  greedy decoding, exact match, through an engine: the transformers engine (``--backend hf``) or the
-  vLLM engine (``--backend vllm``, run from the vLLM environment);
-* (hf) the same with all 8 injection levels ablated, and with each single level ablated. Ablating a
+  greedy decoding, exact match, through one engine: the transformers engine (``--backend hf``) or
+  the vLLM engine (``--backend vllm``, run from the vLLM environment);
+* where the engine's model runs in this process (the transformers engine: it is
+  :class:`~g4v.engines.capabilities.Instrumentable`), the same through its batches, with all 8 injection levels ablated, and with each single level ablated. Ablating a
   level zeroes the features Granite 4 Vision adds into the language model at that level (the image
   placeholder embeddings are already zero, so with all 8 ablated the model sees no picture at all).
   It uses :func:`g4v.model.capture.instrument` (a forward pre-hook on the language model that
   scales the ``deepstack_features`` it is handed), so the model code is untouched;
-* (hf) the demo adapter: adherence (colour answers given in French) and accuracy with it on, and
-  "adapter off => base answers unchanged" (the same engine with the adapter loaded but disabled,
-  answer for answer).
+* the demo adapter, registered with the engine as a user's adapter is: adherence (colour answers
+  given in French) and accuracy with it asked for, and "adapter off => base answers unchanged"
+  (the same engine with the adapter loaded but not asked for, answer for answer).
 * the document tasks (issue 21, ``--doc-n`` charts and key-value pictures): chart exact match and
-  cell accuracy, key-value JSON validity and field accuracy, through the same engine, and (hf)
-  batched, with all 8 levels ablated and with each single level ablated
+  cell accuracy, key-value JSON validity and field accuracy, through the same engine, and (an
+  instrumentable engine) batched, with all 8 levels ablated and with each single level ablated
   (:mod:`g4v.demo.documents_eval`).
 """
 
@@ -26,8 +27,8 @@ from pathlib import Path
 
 from g4v.checkpoint.vision_lora import DEFAULT_MODE, MODES
 from g4v.demo import shapes as S
-from g4v.demo.answering import (ablated_answers, ablation_scales, accuracy, answers, batched_answers, engine_batched_answers,
-                                items, level_names, phase)
+from g4v.demo.answering import (ablated_answers, ablation_scales, accuracy, answers, engine_batched_answers, items,
+                                level_names, phase)
 from g4v.demo.progress import progress_bar
 from g4v.paths import FRENCH_ADAPTER_DIR, REPO_ROOT, TRAINED_MODEL_DIR, names_folder
 
@@ -46,8 +47,8 @@ class DemoEvalSettings:
     vision_lora: str = field(default=DEFAULT_MODE, metadata={
         "choices": MODES, "help": "a layout checkpoint's vision LoRA: native (image requests), merged or off"})
     ablation_n: int = field(default=100, metadata={"help": "pictures for the single-level ablations"})
-    ablations: bool = field(default=True, metadata={"flag": "--no-ablations", "help": "(hf) no level ablations"})
-    adapter_only: bool = field(default=False, metadata={"flag": "--adapter-only", "help": "(hf) only the adapter checks"})
+    ablations: bool = field(default=True, metadata={"flag": "--no-ablations", "help": "no level ablations (an engine whose model runs here)"})
+    adapter_only: bool = field(default=False, metadata={"flag": "--adapter-only", "help": "only the adapter checks"})
     threads: int | None = field(default=None, metadata={"help": "torch threads (default: torch's)"})
     doc_n: int | None = field(default=None, metadata={
         "help": "held-out charts and key-value pictures for the document tasks (default: --n for a checkpoint "
@@ -56,21 +57,18 @@ class DemoEvalSettings:
     no_progress: bool = field(default=False, metadata={"flag": "--no-progress", "help": "no progress bar"})
 
 
-def evaluate_adapter(model, processor, pairs, adapter_dir: Path, bar=None) -> dict:
-    """Answers without the adapter, then with it loaded by PEFT (on, and disabled), batched the same
-    way, so "adapter off => base answers unchanged" compares like with like."""
-    from peft import PeftModel
+#: The name the demo adapter is registered under.
+DEMO_ADAPTER = "demo"
 
+
+def evaluate_adapter(engine, pairs, adapter_dir: Path, bar=None) -> dict:
+    """Answers without the adapter, then with it registered (asked for, and not asked for), all
+    through the engine's batches, so "adapter off => base answers unchanged" compares like with like."""
     phase(bar, "adapter")
-    base_replies = batched_answers(model, processor, pairs, bar=bar)
-    peft_model = PeftModel.from_pretrained(model, str(adapter_dir))
-    peft_model.eval()
-    try:
-        on = batched_answers(model, processor, pairs, bar=bar)  # PEFT wrapped the model's own layers in place
-        with peft_model.disable_adapter():
-            off = batched_answers(model, processor, pairs, bar=bar)
-    finally:
-        peft_model.unload()  # LoRA layers removed again
+    base_replies = engine_batched_answers(engine, pairs, bar=bar)
+    engine.register_adapter(DEMO_ADAPTER, str(adapter_dir))
+    on = engine_batched_answers(engine, pairs, bar=bar, adapter=DEMO_ADAPTER)
+    off = engine_batched_answers(engine, pairs, bar=bar)
     french = set(S.FRENCH.values())
     colour = [(qa, reply) for (_, qa), reply in zip(pairs, on) if qa.kind == "colour"]
     return {
@@ -115,62 +113,46 @@ def main(settings: DemoEvalSettings) -> int:
 
 
 def _evaluate(settings: DemoEvalSettings, pictures, pairs, rows, results, bar) -> None:
-    """Fill ``rows`` and ``results`` with the runs ``main`` asked for, through the engine
+    """Fill ``rows`` and ``results`` with the runs ``main`` asked for, through the one engine
     ``--backend`` names; ``bar`` (None: none) counts the questions asked."""
-    if settings.backend == "vllm":
-        from g4v.engines.vllm_engine import VLLMEngine
+    from g4v.engines import create_engine
+    from g4v.engines.capabilities import Instrumentable
 
-        engine = VLLMEngine(str(settings.model), vision_lora=settings.vision_lora)
-        try:
-            phase(bar, "vllm engine")
-            replies = answers(engine, pairs, workers=8, bar=bar)
-            rows["vllm"] = accuracy(pairs, replies)
-            results["documents"] = _documents(settings, engine, bar=bar)
+    name = settings.backend
+    # The demo's transformers figures are float32 on the CPU; vLLM keeps its own defaults.
+    loading = {"device": "cpu", "dtype": "float32"} if name == "hf" else {}
+    engine = create_engine(name, str(settings.model), vision_lora=settings.vision_lora, **loading)
+    try:
+        if not settings.adapter_only:
+            phase(bar, f"{name} engine")
+            replies = answers(engine, pairs, workers=engine.concurrent_streams, bar=bar)
+            rows[name] = accuracy(pairs, replies)
             results["replies"] = replies
-            if settings.adapter and Path(settings.adapter).is_dir():
-                engine.register_adapter("demo", str(settings.adapter))
-                phase(bar, "adapter")
-                on = answers(engine, pairs, workers=8, bar=bar, adapter="demo")
-                off = answers(engine, pairs, workers=8, bar=bar)
-                colour = [reply for (_, qa), reply in zip(pairs, on) if qa.kind == "colour"]
-                results["adapter"] = {
-                    "path": str(settings.adapter),
-                    "adherence": sum(r in set(S.FRENCH.values()) for r in colour) / max(1, len(colour)),
-                    "accuracy_with_adapter": accuracy(pairs, on, target=S.french_answer),
-                    "off_equals_base": sum(a == b for a, b in zip(off, replies)) / max(1, len(off)),
-                    "examples": [(qa.question, r) for (_, qa), r in list(zip(pairs, on))[:8]],
-                }
-        finally:
-            engine.close()
-    else:
-        from g4v.engines.hf import TransformersEngine
-
-        engine = TransformersEngine(str(settings.model), device="cpu", dtype="float32", vision_lora=settings.vision_lora)
-        model, processor = engine.model, engine.processor
-        adapter_only = settings.adapter_only
-        if not adapter_only:
-            phase(bar, "hf engine")
-            replies = answers(engine, pairs, bar=bar)
-            rows["hf"] = accuracy(pairs, replies)
-            results["replies"] = replies
-            phase(bar, "hf batched")
-            batched = engine_batched_answers(engine, pairs, bar=bar)  # a layout checkpoint's vision LoRA as one by one
-            rows["hf batched"] = accuracy(pairs, batched)
-            results["batched_agrees_with_engine"] = sum(a == b for a, b in zip(batched, replies)) / len(pairs)
-            if settings.ablations:
-                phase(bar, "all 8 levels ablated")
-                rows["all 8 ablated"] = accuracy(pairs, ablated_answers(model, processor, pairs,
-                                                                        ablation_scales(model, None), bar))
-                ab_pairs = items(pictures[: settings.ablation_n or settings.n])
-                for name in level_names(model):
-                    phase(bar, f"{name} ablated")
-                    rows[f"{name} ablated"] = accuracy(ab_pairs, ablated_answers(model, processor, ab_pairs,
-                                                                                 {name: 0.0}, bar))
-                results["single_level_ablation_pictures"] = len(ab_pairs) // 4
-            results["documents"] = _documents(settings, engine, model, processor, bar)
+            if engine.supports(Instrumentable):
+                phase(bar, f"{name} batched")
+                batched = engine_batched_answers(engine, pairs, bar=bar)  # a layout checkpoint's vision LoRA as one by one
+                rows[f"{name} batched"] = accuracy(pairs, batched)
+                results["batched_agrees_with_engine"] = sum(a == b for a, b in zip(batched, replies)) / len(pairs)
+                if settings.ablations:
+                    _ablations(settings, engine, pictures, pairs, rows, results, bar)
+            results["documents"] = _documents(settings, engine, bar)
         if settings.adapter and Path(settings.adapter).is_dir():
             results["adapter"] = {"path": str(settings.adapter),
-                                  **evaluate_adapter(model, processor, pairs, Path(settings.adapter), bar)}
+                                  **evaluate_adapter(engine, pairs, Path(settings.adapter), bar)}
+    finally:
+        engine.close()
+
+
+def _ablations(settings: DemoEvalSettings, engine, pictures, pairs, rows, results, bar) -> None:
+    """The rows with all 8 levels ablated, then each single level (on ``--ablation-n`` pictures)."""
+    model = engine.model  # an Instrumentable engine's (its levels' names)
+    phase(bar, "all 8 levels ablated")
+    rows["all 8 ablated"] = accuracy(pairs, ablated_answers(engine, pairs, ablation_scales(model, None), bar))
+    ab_pairs = items(pictures[: settings.ablation_n or settings.n])
+    for level in level_names(model):
+        phase(bar, f"{level} ablated")
+        rows[f"{level} ablated"] = accuracy(ab_pairs, ablated_answers(engine, ab_pairs, {level: 0.0}, bar))
+    results["single_level_ablation_pictures"] = len(ab_pairs) // 4
 
 
 def default_adapter(model: Path) -> str:
@@ -186,14 +168,14 @@ def trained_on_documents(model: Path) -> bool:
         return False
 
 
-def _documents(settings, engine, model=None, processor=None, bar=None) -> dict | None:
+def _documents(settings, engine, bar=None) -> dict | None:
     """The document tasks' rows (None with ``--doc-n 0``, the default for a model not trained on them)."""
     from g4v.demo.documents_eval import evaluate_documents
 
     doc_n = settings.doc_n if settings.doc_n is not None else (settings.n if trained_on_documents(settings.model) else 0)
     if not doc_n:
         return None
-    return evaluate_documents(engine, doc_n, settings.backend, model, processor, ablation_n=settings.ablation_n,
+    return evaluate_documents(engine, doc_n, settings.backend, ablation_n=settings.ablation_n,
                               ablations=settings.ablations, bar=bar)
 
 
