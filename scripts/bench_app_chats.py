@@ -47,27 +47,39 @@ def main(argv=None) -> int:
         conversations = [[Message("user", PROMPT, [open_image(str(p))])] for p in pictures]
         engine.generate(conversations[0], settings)  # warm-up
         began = time.perf_counter()
-        tokens = sum(len(engine.generate(c, settings).token_ids) for c in conversations)
+        expected = [engine.generate(c, settings) for c in conversations]
         engine_s = time.perf_counter() - began
+        tokens = sum(len(answer.token_ids) for answer in expected)
         engine.close()
         with running_app("--model", args.model, *app_flags) as url:
-            def chat(index: int) -> str:
-                client = Client(url, verbose=False)
-                return client.predict({"text": PROMPT, "files": [handle_file(str(pictures[index]))]},
-                                      args.max_new_tokens, 0.0, 1.0, 0, api_name="/chat")
+            def visitors() -> list:
+                """One page (a session of its own) per chat, open before the clock starts, as a
+                visitor's page is before they send."""
+                return [Client(url, verbose=False) for _ in range(args.chats)]
 
-            chat(0)  # warm-up
+            def chat(clients: list, index: int) -> str:
+                return clients[index].predict({"text": PROMPT, "files": [handle_file(str(pictures[index]))]},
+                                              args.max_new_tokens, 0.0, 1.0, 0, api_name="/chat")
+
+            chat(visitors()[:1], 0)  # warm-up
+            first, second = visitors(), visitors()
             began = time.perf_counter()
-            for index in range(args.chats):
-                chat(index)
+            alone = [chat(first, index) for index in range(args.chats)]
             one_at_a_time = time.perf_counter() - began
-            together = at_once(chat, args.chats)
+            together: list = [None] * args.chats
+
+            def send(index: int) -> None:
+                together[index] = chat(second, index)
+
+            together_s = at_once(send, args.chats)
+    same = sum(a == b == answer.text for a, b, answer in zip(alone, together, expected))
     print(f"{args.chats} chats, {tokens} tokens, {args.max_new_tokens} new tokens each")
     print(f"engine in this process, one at a time: {engine_s:.2f} s ({tokens / engine_s:.1f} tokens/s)")
     print(f"app, one at a time: {one_at_a_time:.2f} s ({tokens / one_at_a_time:.1f} tokens/s); "
           f"the app adds {100 * (one_at_a_time / engine_s - 1):.0f} % per chat")
-    print(f"app, all at once: {together:.2f} s ({tokens / together:.1f} tokens/s): "
-          f"{one_at_a_time / together:.2f}x one at a time")
+    print(f"app, all at once: {together_s:.2f} s ({tokens / together_s:.1f} tokens/s): "
+          f"{one_at_a_time / together_s:.2f}x one at a time; {same} of {args.chats} answers the engine's "
+          "answer alone, both times")
     return 0
 
 

@@ -198,3 +198,40 @@ def test_chat_history_shows_markup_as_text_and_reads_it_back_as_written():
     rendered = MarkdownIt().render(history[0]["content"][0]["text"] + "\n\n" + history[1]["content"])
     assert "<img" not in rendered and "<a " not in rendered and "<em>" not in rendered and "<code>" not in rendered
     assert [message.text for message in read_history(history).messages] == [text, f"It is <a href='x'>{text}</a>"]
+
+
+# ── streaming to the page ───────────────────────────────────────────────────────────────────────
+
+
+def test_the_page_gets_the_text_at_most_every_interval_and_always_the_last(monkeypatch):
+    """Pieces arriving faster than the interval are sent together (the newest text so far), the
+    first at once and the last always; closing the stream closes the engine's stream."""
+    from webapp import chat
+
+    import itertools
+
+    clock = itertools.cycle([0.0, 0.01, 0.02, 0.06, 0.07, 0.2, 0.21])
+    monkeypatch.setattr(chat.time, "monotonic", lambda: next(clock))
+    texts = ["a", "ab", "abc", "abcd", "abcde", "abcdef", "abcdefg"]
+    assert list(chat.at_most_every(iter_closing(texts, []), 0.05)) == ["a", "abcd", "abcdef", "abcdefg"]
+    closed = []
+    sent = chat.at_most_every(iter_closing(texts, closed), 0.05)
+    assert next(sent) == "a"
+    sent.close()  # the stop button
+    assert closed == [True]
+
+
+def iter_closing(texts, closed):
+    try:
+        yield from texts
+    finally:
+        closed.append(True)
+
+
+def test_a_streamed_answer_ends_with_the_engines_whole_answer(hf_engine):
+    """However the pieces were grouped on the way, the last text sent is the engine's answer."""
+    message = read_message({"text": "Describe the picture in detail.", "files": []})
+    settings = SamplingSettings(max_new_tokens=24, min_new_tokens=24)
+    sent = list(answer(hf_engine, message, [], settings, threading.Event()))
+    assert sent[-1] == hf_engine.generate([message], settings).text
+    assert all(sent[-1].startswith(text) for text in sent)
