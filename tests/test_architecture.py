@@ -15,7 +15,7 @@ MAX_LINES = 450
 
 #: The layers, lowest first: a module may import its own layer and the ones below, never above.
 BASE = ("g4v.errors", "g4v.paths", "g4v.settings", "g4v.checkpoint", "g4v.conversation", "g4v.images", "g4v.loading", "g4v.tiling",
-        "g4v.tiling_view", "g4v.engines", "g4v.model")
+        "g4v.engines", "g4v.model")
 #: Each panel's package (``g4v.commands.panels.PANELS``; Tiling's and Chat's work is in the base), and
 #: the documents package, which has no tab of its own (PDF pages and presets serve every tab).
 PANELS = (*(panel.package for panel in PANEL_REGISTRY if panel.package and panel.package not in BASE), "g4v.documents")
@@ -104,8 +104,9 @@ def test_base_modules_never_import_a_panel():
 
 
 def panel_of(module: str) -> str | None:
-    """The panel a module belongs to (its package, or the panel whose tab or command it is)."""
-    own = group(module, PANELS + tuple(PANEL_FRONTS))
+    """The panel a module belongs to (its package, or the panel whose tab or command it is). A
+    panel whose work is in the base (Tiling's plan, which every heatmap reads) owns its fronts only."""
+    own = group(module, PANELS + tuple(package for package in PANEL_FRONTS if not group(package, BASE)))
     if own:
         return own
     return next((panel for panel, fronts in PANEL_FRONTS.items() if group(module, fronts)), None)

@@ -72,7 +72,7 @@ def test_openai_backend_needs_a_base_url():
 
 
 def test_vllm_server_command_is_local_and_passes_settings_through():
-    from g4v.engines.vllm_engine import VLLMSettings
+    from g4v.engines.vllm_settings import VLLMSettings
     from g4v.engines.vllm_server import server_command
 
     command = server_command("MODEL", 8123, VLLMSettings(max_num_batched_tokens=64, max_images=2), "base",
@@ -97,7 +97,7 @@ def test_bench_rejects_backends_it_cannot_run():
 def test_cpu_vllm_keeps_the_last_lora_slot_empty():
     """vLLM CPU's LoRA kernels read the last slot for base-model tokens, so on the CPU the engine
     holds one adapter fewer than it has slots (and the server gets a spare slot)."""
-    from g4v.engines.vllm_engine import VLLMSettings, adapter_capacity, engine_arguments
+    from g4v.engines.vllm_settings import VLLMSettings, adapter_capacity, engine_arguments
     from g4v.engines.vllm_server import server_command
 
     if gpu_present():
@@ -140,7 +140,7 @@ def test_vllm_flags_are_the_settings_fields():
     helper that derives them."""
     import dataclasses
 
-    from g4v.engines.vllm_engine import VLLMSettings
+    from g4v.engines.vllm_settings import VLLMSettings
 
     by_dest = {action.dest: action for action in _chat_parser()._actions}
     for field in dataclasses.fields(VLLMSettings):
@@ -154,7 +154,7 @@ def test_vllm_flags_are_the_settings_fields():
 
 def test_vllm_settings_come_from_the_flags_given():
     from g4v.commands.engine_flags import engine_options
-    from g4v.engines.vllm_engine import VLLMSettings
+    from g4v.engines.vllm_settings import VLLMSettings
 
     parser = _chat_parser()
     assert engine_options(parser.parse_args(["hi"]))["vllm"] == VLLMSettings()

@@ -12,7 +12,7 @@ from g4v.attribution.settings import AttributionSettings
 from g4v.circuits.common import CircuitSettings
 from g4v.cli import build_parser
 from g4v.conversation import SamplingSettings
-from g4v.engines.vllm_engine import VLLMSettings
+from g4v.engines.vllm_settings import VLLMSettings
 from g4v.errors import G4VError, check_fields
 from g4v.evaluate.run import EvalConfig
 from g4v.inspect.settings import InspectSettings

@@ -25,7 +25,7 @@ from g4v.loading import load_config
 from g4v.paths import BUNDLED_MODEL_DIR, REAL_CONFIG_DIR
 from g4v.settings.limits import limits
 from g4v.tiling import first_token_to_show, plan_tiling, token_at
-from g4v.tiling_view import highlight_token, tiling_report
+from g4v.tiling.view import highlight_token, tiling_report
 from viz.figures import display_size
 from viz.tiling import render_tiling_overlay
 

@@ -11,7 +11,7 @@ from tests.conftest import make_image
 from viz.figures import display_size
 from g4v.paths import BUNDLED_MODEL_DIR
 from g4v.loading import load_config
-from g4v.tiling_view import token_to_show
+from g4v.tiling.view import token_to_show
 from webapp.tiling import TilingBoxes, make_handlers
 
 #: The tab's boxes, made outside a page: the handlers return their values by box.

@@ -214,7 +214,7 @@ def test_the_base_view_hides_the_adapter_files_of_a_sharded_folder(tmp_path):
 
 def test_vllm_settings_that_cannot_serve_the_vision_lora_are_one_line():
     """Checked before vLLM starts (pure argument building, no vLLM needed)."""
-    from g4v.engines.vllm_engine import VLLMSettings, engine_arguments
+    from g4v.engines.vllm_settings import VLLMSettings, engine_arguments
 
     arguments = engine_arguments(LAYOUT, VLLMSettings(), vision_rank=16)
     assert arguments["enable_lora"] and arguments["max_lora_rank"] == 16

@@ -7,7 +7,7 @@ import gradio as gr
 
 from g4v.errors import G4VError
 from g4v.tiling import token_at
-from g4v.tiling_view import highlight_token, mark_token, tiling_report, token_at_overlay, token_to_show
+from g4v.tiling.view import highlight_token, mark_token, tiling_report, token_at_overlay, token_to_show
 from viz.figures import original_point
 from webapp.common import QUIET_INPUT, OutputBoxes, emptied, shows_errors, without_error_badges
 from webapp.pictures import picture_row

@@ -1,7 +1,7 @@
 """Flags for the backends that need settings: how the transformers engine decodes chats (one flag per
 field of :class:`~g4v.engines.decode_settings.DecodeSettings`), the remote server's address and key,
 and vLLM's own settings under vLLM's own names (so its documentation applies), one flag per field of
-:class:`~g4v.engines.vllm_engine.VLLMSettings`. Used with ``--backend`` from
+:class:`~g4v.engines.vllm_settings.VLLMSettings`. Used with ``--backend`` from
 :mod:`g4v.commands.common` by every command that loads an engine, and by ``app.py``."""
 
 import argparse
@@ -9,7 +9,7 @@ import os
 
 from g4v.checkpoint.vision_lora import DEFAULT_MODE, MODES
 from g4v.engines.decode_settings import DecodeSettings
-from g4v.engines.vllm_engine import VLLMSettings
+from g4v.engines.vllm_settings import VLLMSettings
 from g4v.settings.flags import add_settings_flags, settings_from_args
 
 #: VLLMSettings fields without a flag of their own: the dtype comes from the shared ``--dtype``,

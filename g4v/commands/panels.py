@@ -36,7 +36,7 @@ class Panel:
 
 PANELS = (
     Panel("chat", "Chat", None, ("chat",), ("chat",), "chat.md"),
-    Panel("tiling", "Tiling", "g4v.tiling_view", ("tiling",), ("tiling", "tiling_token"), "tiling.md"),
+    Panel("tiling", "Tiling", "g4v.tiling", ("tiling",), ("tiling", "tiling_token"), "tiling.md"),
     Panel("deepstack", "Deepstack", "g4v.inspect", ("inspect",), ("inspect",), "deepstack.md"),
     Panel("attribution", "Attribution", "g4v.attribution", ("attribute",), ("attribute",), "attribution.md"),
     Panel("circuits", "Circuits", "g4v.circuits", ("circuits",),

@@ -77,7 +77,7 @@ def create_engine(backend: str = "auto", model: str | None = None, defer: bool =
     an int8 engine (``quant``) loads now too (what it quantized is known only once it has).
 
     ``options``: ``device``/``dtype`` (hf), ``decode`` (hf: a :class:`~g4v.engines.decode_settings.DecodeSettings`),
-    ``inline`` (hf: the decode loop in each request's thread, for ZeroGPU), ``vllm`` (a :class:`~g4v.engines.vllm_engine.VLLMSettings`),
+    ``inline`` (hf: the decode loop in each request's thread, for ZeroGPU), ``vllm`` (a :class:`~g4v.engines.vllm_settings.VLLMSettings`),
     ``base_url``/``api_key`` (openai; there ``model`` is the served model name, default the
     server's first), ``vision_lora`` (hf, vllm: the mode of a checkpoint's vision LoRA), ``quant`` / ``quant_vision`` (hf:
     int8 weights, :mod:`g4v.model.precision`). The engine's ``info.details["auto"]`` records whether ``auto`` chose it.
@@ -97,7 +97,8 @@ def create_engine(backend: str = "auto", model: str | None = None, defer: bool =
 
         engine = RemoteEngine(options.get("base_url"), model=model, api_key=options.get("api_key"))
     elif chosen == "vllm":
-        from g4v.engines.vllm_engine import VLLMEngine, VLLMSettings
+        from g4v.engines.vllm_engine import VLLMEngine
+        from g4v.engines.vllm_settings import VLLMSettings
 
         if not vllm_installed():
             raise G4VError("the vllm backend needs vLLM: pip install -r requirements-vllm.txt (GPU), "

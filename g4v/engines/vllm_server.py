@@ -27,7 +27,7 @@ import httpx
 
 from g4v.checkpoint.vision_lora import check_mode, find_vision_lora, served_view
 from g4v.engines.serving import free_port
-from g4v.engines.vllm_engine import VLLMSettings, adapter_capacity, engine_arguments
+from g4v.engines.vllm_settings import VLLMSettings, adapter_capacity, engine_arguments
 from g4v.errors import G4VError
 
 #: Engine arguments that become server flags: those of the :class:`VLLMSettings` fields (vLLM's own
@@ -43,7 +43,7 @@ def server_command(model: str, port: int, settings: VLLMSettings, served_name: s
     ``vision_rank``: the rank of the vision LoRA that ``settings.default_mm_loras`` names."""
     arguments = engine_arguments(model, settings, vision_rank)
     if arguments.get("enable_lora") and lora_modules:
-        # Keep vLLM CPU's last LoRA slot empty (see vllm_engine.adapter_capacity).
+        # Keep vLLM CPU's last LoRA slot empty (see vllm_settings.adapter_capacity).
         spare = arguments["max_loras"] - adapter_capacity(arguments)
         arguments["max_loras"] = max(arguments["max_loras"], len(lora_modules) + spare)
     command = [python or sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
@@ -138,7 +138,7 @@ class VLLMServer:
 
 def _server_environment() -> dict:
     """The server inherits this environment, plus the CPU KV-cache default that the in-process
-    engine uses (read by vLLM at start-up, see :func:`g4v.engines.vllm_engine.cpu_defaults`)."""
+    engine uses (read by vLLM at start-up, see :func:`g4v.engines.vllm_settings.cpu_defaults`)."""
     environment = dict(os.environ)
     environment.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     return environment

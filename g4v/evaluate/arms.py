@@ -332,7 +332,7 @@ def vllm_settings(adapters: list[str], model: str | None = None, vision_lora: st
     slots at start-up and runs its LoRA kernels on every step while they exist, even for requests
     without an adapter, so a base-model (or merged) arm is faster without them."""
     from g4v.checkpoint.vision_lora import find_vision_lora
-    from g4v.engines.vllm_engine import VLLMSettings
+    from g4v.engines.vllm_settings import VLLMSettings
     from g4v.loading import resolve_source
 
     native = (model is not None and check_mode(vision_lora) == "native"

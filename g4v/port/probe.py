@@ -56,7 +56,7 @@ class VLLMProbe:
         if not vllm_installed():
             raise G4VError("the port inspector needs vLLM: run it from the vLLM environment "
                            "(scripts/setup_vllm_cpu_env.sh, then .venv-vllm/bin/python -m g4v port-diff ...)")
-        from g4v.engines.vllm_engine import VLLMSettings, engine_arguments
+        from g4v.engines.vllm_settings import VLLMSettings, engine_arguments
         from g4v.loading import resolve_source
 
         from g4v.checkpoint.vision_lora import check_mode, find_vision_lora, served_view

@@ -135,7 +135,8 @@ def lora_folder(lora_engine) -> str:
 def vllm_engine(lora_folder):
     """The in-process vLLM engine, with the test LoRA registered. Before any image request it
     answers the text-only case once, as the fresh-engine reference for leftover-state checks."""
-    from g4v.engines.vllm_engine import VLLMEngine, VLLMSettings
+    from g4v.engines.vllm_engine import VLLMEngine
+    from g4v.engines.vllm_settings import VLLMSettings
 
     engine = VLLMEngine(str(BUNDLED_MODEL_DIR), VLLMSettings(max_num_batched_tokens=CHUNK_TOKENS))
     close = close_after_group("bundled", engine.close)

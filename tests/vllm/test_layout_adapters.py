@@ -37,7 +37,8 @@ def references(tmp_path_factory):
 def test_native_serves_the_replacement_and_refuses_the_adapter_on_the_vision_model(built, references):
     from g4v.demo.layout_adapters import ON_VISION_MODEL_NAME, REPLACEMENT_NAME
     from g4v.engines.base import WITHOUT_VISION_LORA
-    from g4v.engines.vllm_engine import VLLMEngine, VLLMSettings
+    from g4v.engines.vllm_engine import VLLMEngine
+    from g4v.engines.vllm_settings import VLLMSettings
     from g4v.lora.activation import activate_adapter
 
     engine = VLLMEngine(LAYOUT, VLLMSettings(max_lora_rank=32), vision_lora="native")  # the replacement has rank 24

@@ -26,7 +26,8 @@ def demo_engine(vllm_engine):
 @pytest.fixture(scope="module")
 def merged_engine(tmp_path_factory):
     """vLLM on the merged checkpoint (no LoRA support needed), started once for this module."""
-    from g4v.engines.vllm_engine import VLLMEngine, VLLMSettings
+    from g4v.engines.vllm_engine import VLLMEngine
+    from g4v.engines.vllm_settings import VLLMSettings
     from g4v.lora.merge import merge_lora
     from g4v.paths import BUNDLED_MODEL_DIR
 

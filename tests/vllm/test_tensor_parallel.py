@@ -70,7 +70,7 @@ def llm(checkpoint, references):
     """vLLM with two tensor-parallel ranks; the one vLLM start of this module."""
     from vllm import LLM
 
-    from g4v.engines.vllm_engine import VLLMSettings, engine_arguments
+    from g4v.engines.vllm_settings import VLLMSettings, engine_arguments
 
     settings = VLLMSettings(tensor_parallel_size=2, max_model_len=2048, max_images=1, max_lora_rank=8, max_loras=2)
     arguments = engine_arguments(checkpoint, settings)
