@@ -64,8 +64,7 @@ def bench(name: str, device: torch.device, dtype: torch.dtype, image_size_hw: tu
 
 def format_result(result: BenchResult) -> str:
     r = result.ratios()
-    return (f"{result.model}: {result.parameters / 1e6:.1f}M params, {result.device} {result.dtype}, "
-            f"{result.sequence_tokens} tokens ({result.image_tokens} image), best of {result.repeats}\n"
+    return (f"{result.headline()}, best of {result.repeats}\n"
             f"  time  off {result.seconds['off'] * 1e3:.1f} ms | norms {result.seconds['norms'] * 1e3:.1f} ms "
             f"(x{r['time_norms']:.3f}) | full {result.seconds['full'] * 1e3:.1f} ms (x{r['time_full']:.3f})\n"
             f"  peak  off {result.peak_bytes['off'] / 2**20:.1f} MiB | "

@@ -34,6 +34,11 @@ class BenchSetup:
     sequence_tokens: int
     image_tokens: int
 
+    def headline(self) -> str:
+        """The first line of a printed result: ``"bundled: 6.0M params, cpu float32, 330 tokens (256 image)"``."""
+        return (f"{self.model}: {self.parameters / 1e6:.1f}M params, {self.device} {self.dtype}, "
+                f"{self.sequence_tokens} tokens ({self.image_tokens} image)")
+
 
 def larger_config():
     """The architecture at about 100M parameters (16x the bundled one): 12-layer SigLIP (hidden

@@ -94,9 +94,7 @@ def bench(name: str, device: torch.device, dtype: torch.dtype, image_size_hw: tu
 def format_result(result: BenchResult) -> str:
     r = result.ratios()
     s = {mode: result.seconds[mode] * 1e3 for mode in MODES}
-    return (f"{result.model}: {result.parameters / 1e6:.1f}M params, {result.device} {result.dtype}, "
-            f"{result.sequence_tokens} tokens ({result.image_tokens} image), best of {result.repeats} blocks of "
-            f"{result.every} steps\n"
+    return (f"{result.headline()}, best of {result.repeats} blocks of {result.every} steps\n"
             f"  per step  off {s['off']:.1f} ms | every step measured {s['measured']:.1f} ms (x{r['measured_step']:.3f}) "
             f"| default interval (every {result.every}) {s['default']:.1f} ms (x{r['default_interval']:.3f}, "
             f"target <= 1.10)")
