@@ -63,7 +63,7 @@ test-vllm: vllm-env
 	$(VLLM_PY) -m pytest $(BY_GROUP) tests/vllm
 
 vllm-env:
-	scripts/setup_vllm_cpu_env.sh
+	PYTHON=$(PYTHON) scripts/setup_vllm_cpu_env.sh
 
 checkpoint: setup
 	$(PY) -m g4v.demo build

@@ -21,7 +21,7 @@ fi
 
 echo "Building the vLLM CPU environment in $ENV_DIR (a few minutes, about 6 GiB)..."
 rm -rf "$ENV_DIR"
-python3 -m venv "$ENV_DIR"
+"${PYTHON:-python3}" -m venv "$ENV_DIR"  # make passes its PYTHON
 PIP=("$ENV_DIR/bin/python" -m pip --disable-pip-version-check -q)
 # --isolated skips the machine's local wheel folder, so torch and torchvision come as a matching pair.
 "${PIP[@]}" install --isolated torch==2.13.0 torchvision==0.28.0
