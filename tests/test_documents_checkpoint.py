@@ -93,7 +93,7 @@ def test_checkpoints_and_adapter_under_30_mb():
 def test_reads_charts_and_fills_the_schema_through_the_engine(engine, held_out):
     """Each answer scored against the chart's bars and the picture's shapes as drawn; the batched
     greedy answers (what the ablations use) equal the engine's."""
-    replies = E.engine_answers(engine, held_out)
+    replies = E.engine_answers(engine, held_out, workers=engine.concurrent_streams)  # as `demo eval` asks them
     scores = E.score(held_out, replies)
     assert scores.charts == scores.kvp == N_ITEMS
     for name, floor in FLOORS.items():
@@ -105,7 +105,7 @@ def test_still_answers_the_shape_questions(engine):
     from g4v.demo.answering import accuracy, answers, items
 
     pairs = items(S.eval_set(40))
-    scores = accuracy(pairs, answers(engine, pairs))
+    scores = accuracy(pairs, answers(engine, pairs, workers=engine.concurrent_streams))
     for kind, target in SHAPE_TARGETS.items():
         assert scores[kind] >= target, (kind, scores)
 
