@@ -11,7 +11,10 @@ CHROMIUM_ARGS = [
 
 
 @contextmanager
-def browser_page(width=1280, height=900):
+def browser_page(width=1280, height=900, server_errors_allowed: bool = False):
+    """A page of headless Chromium. Every answer of the server is watched: one with a 5xx status
+    (a handler Gradio could not use, which the page hides from the user) fails the test at the end,
+    unless ``server_errors_allowed``."""
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as playwright:
@@ -19,7 +22,11 @@ def browser_page(width=1280, height=900):
         try:
             page = browser.new_page(viewport={"width": width, "height": height})
             page.set_default_timeout(60_000)
+            server_errors: list[str] = []
+            page.on("response", lambda response: server_errors.append(f"{response.status} {response.url}")
+                    if response.status >= 500 else None)
             yield page
+            assert server_errors_allowed or not server_errors, f"the server answered with errors: {server_errors}"
         finally:
             browser.close()
 

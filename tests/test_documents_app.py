@@ -341,7 +341,7 @@ def test_the_chat_box_takes_out_what_open_image_refuses_and_says_why(tmp_path):
     with pytest.warns(UserWarning, match="fake.png is not an image"):  # outside an event: a warning, not a toast
         documents.show_refusal(refusal)
     documents.show_refusal(None)  # nothing to say: no toast
-    assert documents.pdf_to_picker(boxes, kept, refusal, line["value"]) == {}  # typing: the line stays
+    assert documents.pdf_to_picker(boxes, kept, refusal, line["value"]) == gr.skip()  # typing: the line stays
     more = {"text": "What is this?", "files": [str(good), str(other)]}
     assert documents.pdf_to_picker(boxes, more, refusal, line["value"]) == {boxes.left_out: documents.left_out_line()}
 

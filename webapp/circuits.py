@@ -157,7 +157,7 @@ def head_maps(view: AttentionBoxes):
     @shows_errors
     def redraw(kept, choice):
         if not kept:
-            return {}
+            return gr.skip()
         from viz.circuits import attention_map_figure
 
         image_path, result = kept

@@ -136,7 +136,7 @@ def pdf_to_picker(boxes: BoxSorting, current, shown=None, line_text=None) -> dic
     shown = shown if isinstance(shown, dict) else {}
     if not pdfs and not refused:
         attached_since = set(kept) - set(shown.get("kept") or [])
-        return {boxes.left_out: left_out_line()} if line_text and attached_since else {}
+        return {boxes.left_out: left_out_line()} if line_text and attached_since else gr.skip()
     problems = [f"{'; '.join(refused.values())}: removed from the message ({BOX_TAKES})"] if refused else []
     if len(pdfs) > 1:
         problems.append(f"one PDF at a time: {Path(pdfs[0]).name} is open in the picker below")

@@ -370,9 +370,10 @@ def wire_dataset_info(workspace: EvalWorkspace, dataset, files, columns, describ
                 described: f"{mapping['rows']:,} rows in {escape_markdown(dataset_label(key))}.", row_count: mapping["rows"]}
 
     def fill(found, before, *now):
-        """The guess in the boxes unchanged since the choice; a box left out keeps what it shows."""
+        """The guess in the boxes unchanged since the choice; a box left out keeps what it shows
+        (none to fill: Gradio takes an empty dict for one value, so nothing changes by ``gr.skip()``)."""
         return {box: found[role] for role, box, was, is_ in zip(COLUMN_ROLES, columns, before, now, strict=True)
-                if role in found and was == is_}
+                if role in found and was == is_} or gr.skip()
 
     def guessing(choice):
         """After the ``choice`` event: the guess, then the boxes filled. Returns the guess's event."""
@@ -384,7 +385,7 @@ def wire_dataset_info(workspace: EvalWorkspace, dataset, files, columns, describ
     def uploaded(upload, chosen, *boxes):
         """The dropdown on the upload, what it showed before (a refused upload goes back to it), and
         what the column boxes show (gr.update: a new Dropdown without choices would warn in the log)."""
-        return {dataset: gr.update(value=UPLOAD), before_upload: chosen, shown: boxes} if upload else {}
+        return {dataset: gr.update(value=UPLOAD), before_upload: chosen, shown: boxes} if upload else gr.skip()
 
     # .select (a visitor's pick), not .change: the upload's own step below sets the dropdown too,
     # and .change would describe the upload (and show its refusal) a second time; nor .input, which

@@ -128,7 +128,7 @@ def make_handlers(config, boxes: TilingBoxes) -> tuple:
         token = token_at_overlay(plan, regions or {}, *evt.index)
         if token is None:  # a title, a margin, a cut-off cell: a hint, the selection kept (no error badge)
             gr.Info("no token there: click a cell of the canvas (inside the dashed line) or of the base view")
-            return {}
+            return gr.skip()
         return {boxes.token_index: token.index, **picked(image_path, plan, regions, overlay, token.index)}
 
     return analyse, select_index, select_click, select_on_overlay
