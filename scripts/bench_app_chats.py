@@ -62,7 +62,7 @@ def main(argv=None) -> int:
                 return clients[index].predict({"text": PROMPT, "files": [handle_file(str(pictures[index]))]},
                                               args.max_new_tokens, 0.0, 1.0, 0, api_name="/chat")
 
-            chat(visitors()[:1], 0)  # warm-up
+            chat([Client(url, verbose=False)], 0)  # warm-up
             alone_s, together_s, alone, together = [], [], [], []
             for _ in range(args.rounds):  # the two ways take turns; each way's fastest round counts
                 first, second = visitors(), visitors()

@@ -12,8 +12,9 @@ Granite 4 Vision turns one image into a run of image tokens in five steps (LLaVA
    image-newline feature after each row.
 
 :func:`plan_tiling` (:mod:`g4v.tiling.plan`) computes all of it from a config, without weights or
-torch, and maps every image token to the pixel box it covers in the original image. That map is computed here and nowhere else:
-token counts, the CLI, the overlay, heatmaps and ablations all read :attr:`TilingPlan.tokens`.
+torch, and maps every image token to the pixel box it covers in the original image. That map is
+computed there and nowhere else: token counts, the CLI, the overlay, heatmaps and ablations all read
+:attr:`TilingPlan.tokens`.
 
 Coordinates: sizes are ``(height, width)`` like transformers' ``image_sizes``; boxes are
 ``(left, top, right, bottom)`` in pixels like PIL, as floats because resizing makes them fractional.
