@@ -1,6 +1,9 @@
 """Behaviour unchanged by moving code: the CLI's outputs on fixed inputs equal the ones recorded
-before the restructuring (``tests/golden``). Floats may differ in the last bits (thread scheduling
-in BLAS), so numbers compare to a relative 1e-5; text, tokens and structure compare exactly."""
+before the restructuring (``tests/golden``). Floats may differ in the last bits: thread scheduling
+in BLAS, and the CPU's generation, which picks the kernels (on an Emerald Rapids machine the logit
+lens's probabilities differ from the recorded ones by up to 1.4e-5 relative, 2026-12-06). So numbers
+compare to a relative 1e-4, far below what a change of behaviour moves; text, tokens and structure
+compare exactly."""
 
 import json
 import math
@@ -12,7 +15,7 @@ from tests.golden.cases import CASES, golden_path, run_case
 
 def assert_same(got, want, where="$"):
     if isinstance(want, float) or isinstance(got, float):
-        assert isinstance(got, (int, float)) and math.isclose(got, want, rel_tol=1e-5, abs_tol=1e-7), \
+        assert isinstance(got, (int, float)) and math.isclose(got, want, rel_tol=1e-4, abs_tol=1e-7), \
             f"{where}: {got!r} != {want!r}"
     elif isinstance(want, dict):
         assert isinstance(got, dict) and sorted(got) == sorted(want), f"{where}: keys {sorted(got)} != {sorted(want)}"
