@@ -31,15 +31,20 @@ browser:
 	scripts/setup_browser.sh
 
 # How `make test` shares the cores (docs/tests.md, "How `make test` uses two cores"):
-# - the in-process tier (fast, slow and training tests) runs on every core (pytest-xdist, at most 4
-#   workers, each with its share of the cores), while Chromium and the vLLM environment are built;
-# - the serial tier (app servers, Chromium) and the vLLM suite spend most of their time in
-#   single-threaded start-ups (imports, servers, engines), so each runs on two workers too, every
-#   test module (or group of modules sharing an engine, tests/vllm/conftest.py) whole on one worker.
+# - the in-process tier (fast, slow and training tests) runs on one pytest-xdist worker more than
+#   the cores (WORKERS, at most 4; torch in each on its share of the cores), while Chromium and the
+#   vLLM environment are built;
+# - the serial tier (app servers, Chromium) spends much of its time waiting on servers and pages,
+#   so it runs on WORKERS too, every test module whole on one worker;
+# - the vLLM suite runs on two workers, each group of modules sharing an engine
+#   (tests/vllm/conftest.py) whole on one worker, each worker's engines on a core of their own.
 FAST := not slow and not browser and not server and not training and not vllm
 IN_PROCESS := not browser and not server and not vllm
-PARALLEL := -n auto --maxprocesses=4
-BY_MODULE := -n 2 --dist loadfile
+# One worker more than the cores (at most 4): a worker that waits (on a server, a subprocess, the
+# network, Chromium) leaves its core to the others instead of idle.
+WORKERS := $(shell n=$$(nproc); echo $$(( n + 1 < 4 ? n + 1 : 4 )))
+PARALLEL := -n $(WORKERS)
+BY_MODULE := -n $(WORKERS) --dist loadfile
 BY_GROUP := -n 2 --dist loadscope --no-loadscope-reorder
 
 test: test-main
