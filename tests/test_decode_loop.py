@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from g4v.conversation import Message, SamplingSettings
+from g4v.engines.base import fold
 from g4v.engines.decode_settings import DecodeSettings
 from g4v.engines.hf import TransformersEngine
 from g4v.paths import ASSETS_DIR, BUNDLED_MODEL_DIR, TRAINED_MODEL_DIR, VLORA_MODEL_DIR
@@ -191,13 +192,16 @@ def test_the_compiled_step_answers_what_the_eager_loop_answers():
     same greedy tokens for pictures and text, one at a time and together."""
     # Two rows at most: a batch of one and a padded batch of two (each shape is a graph to compile,
     # which on the CPU takes seconds); two pictures (the merged vision LoRA) and text (the base).
-    # Answers of 48 tokens, so the two pictures' answers overlap and decode as one batch.
+    # All three are queued at once, in this order: the second picture joins the first (same
+    # variant, answers of 48 tokens) and they decode as one batch; the text waits for them. (From
+    # threads the order was left to chance: a text queued between the pictures kept them apart.)
     loop, reference = pair(str(VLORA_MODEL_DIR), vision_lora="native",
                            decode=DecodeSettings(compile_decode="on", max_batch=2))
     prompts, settings = PROMPTS[:3], SamplingSettings(max_new_tokens=48, min_new_tokens=48)
     expected = [reference.generate(prompt, settings).token_ids for prompt in prompts]
     assert [loop.generate(prompt, settings).token_ids for prompt in prompts] == expected
-    assert [answer.token_ids for answer in together(loop, prompts, settings)] == expected
+    queued = [loop.stream_outputs(prompt, settings) for prompt in prompts]
+    assert [fold(pieces).token_ids for pieces in queued] == expected
     assert {batch for _, batch, _ in loop._loop.stats.compile_seconds} == {1, 2}  # it compiled both shapes
     loop.close()
 
