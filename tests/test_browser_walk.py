@@ -41,13 +41,19 @@ def watch_run(page, prefix: str, busy: str, done: str, timeout: float) -> list[s
     """Press the tab's run button (``#PREFIX-run``) and, every half second until ``done`` (a
     JavaScript condition) holds, read the bar on the status box under the picture: while it shows,
     the button says ``busy``, disabled, and the bar is inside the window. Returns the bar's lines."""
-    button = page.locator(f"#{prefix}-run")
-    button.click()
+    # Each look is one snapshot of the page (the bar, the button, whether the run is done), taken in
+    # one evaluation: read one by one, the run could end between the bar and the button on a busy
+    # machine, and a bar read just before the end met the button given back just after.
+    snapshot = f"""() => {{ const button = document.querySelector('#{prefix}-run');
+        return [({done})(), ({BAR})('{prefix}'), button.innerText, button.disabled]; }}"""
+    page.locator(f"#{prefix}-run").click()
     seen, deadline = [], time.monotonic() + timeout
-    while time.monotonic() < deadline and not page.evaluate(done):
-        bar = page.evaluate(BAR, prefix)
+    while time.monotonic() < deadline:
+        finished, bar, label, disabled = page.evaluate(snapshot)
+        if finished:
+            break
         if bar is not None:
-            seen.append((button.inner_text(), button.is_disabled(), *bar))
+            seen.append((label, disabled, *bar))
         time.sleep(0.5)
     assert page.evaluate(done), seen[-3:]
     assert seen, f"no progress bar showed on #{prefix}-status"
