@@ -34,8 +34,9 @@ browser:
 # - the in-process tier (fast, slow and training tests) runs on one pytest-xdist worker more than
 #   the cores (WORKERS, at most 4; torch in each on its share of the cores), while Chromium and the
 #   vLLM environment are built;
-# - the serial tier (app servers, Chromium) spends much of its time waiting on servers and pages,
-#   so it runs on WORKERS too, every test module whole on one worker;
+# - the serial tier (app servers, Chromium) runs on two workers, every test module whole on one
+#   worker (a third made it faster on a quiet machine, but on a loaded one Chromium fell behind the
+#   tests' waits);
 # - the vLLM suite runs on two workers, each group of modules sharing an engine
 #   (tests/vllm/conftest.py) whole on one worker, each worker's engines on a core of their own.
 FAST := not slow and not browser and not server and not training and not vllm
@@ -44,7 +45,7 @@ IN_PROCESS := not browser and not server and not vllm
 # network, Chromium) leaves its core to the others instead of idle.
 WORKERS := $(shell n=$$(nproc); echo $$(( n + 1 < 4 ? n + 1 : 4 )))
 PARALLEL := -n $(WORKERS)
-BY_MODULE := -n $(WORKERS) --dist loadfile
+BY_MODULE := -n 2 --dist loadfile
 BY_GROUP := -n 2 --dist loadscope --no-loadscope-reorder
 
 test: test-main

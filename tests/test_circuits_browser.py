@@ -70,9 +70,14 @@ def test_circuits_tab_in_a_browser(app_url, hf_engine, output_dir, tmp_path):
         # sat small in a corner of the box)
         frame = page.locator("#circuits-region-picker").bounding_box()
         assert box["height"] >= 560 and box["width"] > 2 * 117 and box["width"] <= frame["width"], (box, frame)
+        shown = page.evaluate("() => document.querySelector('#circuits-region-picker img').src")
         picker.click(position={"x": box["width"] * 0.1, "y": box["height"] * 0.1})
         page.wait_for_function("() => /^\\d+,\\d+$/.test(document.querySelector('#circuits-region textarea,"
                                " #circuits-region input').value)")
+        # the first click also redraws the picker (its corner marked): the second click waits for that
+        # picture, or on a busy machine it could land while the picture was being swapped, and be lost
+        page.wait_for_function("(shown) => { const i = document.querySelector('#circuits-region-picker img');"
+                               " return !!i && i.src !== shown && i.complete && i.naturalWidth > 0 }", arg=shown)
         picker.click(position={"x": box["width"] * 0.7, "y": box["height"] * 0.5})
         page.wait_for_function("() => /^\\d+,\\d+,\\d+,\\d+$/.test(document.querySelector('#circuits-region"
                                " textarea, #circuits-region input').value)")
