@@ -41,8 +41,8 @@ browser:
 #   (tests/vllm/conftest.py) whole on one worker, each worker's engines on a core of their own.
 FAST := not slow and not browser and not server and not training and not vllm
 IN_PROCESS := not browser and not server and not vllm
-# One worker more than the cores (at most 4): a worker that waits (on a server, a subprocess, the
-# network, Chromium) leaves its core to the others instead of idle.
+# One worker more than the cores (at most 4), for the in-process tier and make test-fast: a worker
+# that waits (on a subprocess, the network) leaves its core to the others instead of idle.
 WORKERS := $(shell n=$$(nproc); echo $$(( n + 1 < 4 ? n + 1 : 4 )))
 PARALLEL := -n $(WORKERS)
 BY_MODULE := -n 2 --dist loadfile
