@@ -44,9 +44,9 @@ def steps(report) -> dict:
 
 
 def timed(rate: float) -> bool:
-    """A decode rate the smoke run measured: positive, or NaN where the shared machine's noise
-    exceeded the few tokens' decode time (:func:`g4v.engines.decode_bench.decode_rates` says so
-    rather than print a negative rate); never zero or negative."""
+    """A decode rate the smoke run measured: positive, or NaN where no token of its few followed the
+    first in a piece of its own (:func:`g4v.engines.decode_bench.decode_rates` says so rather than
+    print a rate it did not time); never zero or negative."""
     return rate > 0 or rate != rate
 
 
