@@ -10,6 +10,7 @@ answering the same chat in this process (the same default settings). Token count
 """
 
 import argparse
+import os
 import sys
 import tempfile
 import time
@@ -27,7 +28,14 @@ def main(argv=None) -> int:
     from g4v.engines.bench import PROMPT, workload_images
     from g4v.engines.decode_bench import at_once
     from g4v.paths import BUNDLED_MODEL_DIR
+    # Importing the tests' conftest also sets the test processes' environment (OpenMP's passive
+    # wait, for two processes on two cores), which made the app's chats 20-35 % slower here: the
+    # app started below runs with the environment a user's `python app.py` has.
+    environment = dict(os.environ)
     from tests.conftest import running_app
+
+    os.environ.clear()
+    os.environ.update(environment)
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=str(BUNDLED_MODEL_DIR))
