@@ -49,3 +49,36 @@ def test_bench_decode_reports_paths_ratios_and_chats(tmp_path):
     finally:
         engine.close()
     assert [len(answer.token_ids) for answer in answers] == [TOKENS] * CHATS
+
+
+def test_decode_rates_keep_each_paths_fastest_round_and_say_nan_only_where_nothing_was_timed():
+    """:func:`~g4v.engines.decode_bench.decode_rates` over answer paths whose ``(seconds, tokens)``
+    are given, against rates worked out by hand: the first call is the untimed warm-up, each path's
+    fastest round counts, a round that timed nothing (all tokens in one piece) never replaces a
+    measured one, and a path that timed nothing in any round is NaN."""
+    import torch
+
+    from g4v.engines.decode_bench import _span, decode_rates
+
+    asked = []
+
+    def path(*spans):
+        answers = iter(spans)
+
+        def answer(tokens: int):
+            asked.append(tokens)
+            return next(answers)
+        return answer
+
+    warm_up = (100.0, 1)  # the fastest of all, were it counted
+    rates = decode_rates({"fastest round": path(warm_up, (1.0, 4), (0.5, 4), (2.0, 4)),
+                          "one round timed": path(warm_up, (0.0, 0), (1.0, 5), (0.0, 0)),
+                          "nothing timed": path(warm_up, (0.0, 0), (0.0, 0), (0.0, 0))},
+                         new_tokens=5, repeats=3, device=torch.device("cpu"))
+    assert rates["fastest round"] == 8.0 and rates["one round timed"] == 5.0
+    assert math.isnan(rates["nothing timed"])
+    assert asked == [2, 2, 2] + [5] * 9  # the warm-ups are 2-token answers; every round asks for 5
+
+    # an answer's span: from the first arrival to the last, the first arrival's tokens not counted
+    assert _span([10.0, 10.5, 12.0], [2, 1, 3]) == (2.0, 4)
+    assert _span([3.0], [5]) == (0.0, 0) and _span([], []) == (0.0, 0)

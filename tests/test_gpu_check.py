@@ -44,9 +44,9 @@ def steps(report) -> dict:
 
 
 def timed(rate: float) -> bool:
-    """A decode rate the smoke run measured: positive, or NaN where no token of its few followed the
-    first in a piece of its own (:func:`g4v.engines.decode_bench.decode_rates` says so rather than
-    print a rate it did not time); never zero or negative."""
+    """A decode rate the smoke run measured: positive, or NaN where the engine's reader got each of
+    the answer's few tokens after the first in one piece with it, in every round, so no time passed
+    between two of them (:func:`g4v.engines.decode_bench.decode_rates`); never zero or negative."""
     return rate > 0 or rate != rate
 
 
@@ -197,7 +197,7 @@ def test_the_vision_lora_runs_native_and_merged_at_real_geometry(report):
     for mode in ("native", "merged"):
         numbers = lora[mode]
         assert numbers["apply_s"] > 0 and numbers["ttft_s"] > 0 and numbers["peak_bytes"] > 0
-        assert timed(numbers["decode_tok_s_batch1"]) and timed(numbers["bare_generate_tok_s"])
+        assert timed(numbers["decode_tok_s_batch1"]) and numbers["bare_generate_tok_s"] > 0  # generate: every token timed
     assert lora["native"]["vision_copy"].startswith("merged copy") and timed(lora["native"]["peft_layers_tok_s"])
     assert timed(lora["bandwidth_ratio"]) and "vision_lora" in report["table"]
 

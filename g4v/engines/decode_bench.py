@@ -107,7 +107,7 @@ def bare_generate(engine, request):
             model.generate(**request.inputs, max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False,
                            temperature=None, top_p=None, top_k=None, pad_token_id=tokenizer.pad_token_id,
                            eos_token_id=tokenizer.eos_token_id, streamer=times)
-        return times.times[-1] - times.times[0], len(times.times) - 1
+        return _span(times.times, [1] * len(times.times))
     return answer
 
 
@@ -120,14 +120,20 @@ def through(engine, request):
             if piece.token_ids:
                 times.append(time.perf_counter())
                 counts.append(len(piece.token_ids))
-        return times[-1] - times[0], sum(counts[1:])
+        return _span(times, counts)
     return answer
+
+
+def _span(times: list[float], counts: list[int]) -> tuple[float, int]:
+    """``(seconds from the first arrival to the last, tokens after the first arrival)`` of an answer
+    whose tokens arrived at ``times``, ``counts[i]`` of them at ``times[i]``; ``(0.0, 0)`` for none."""
+    return (times[-1] - times[0], sum(counts[1:])) if times else (0.0, 0)
 
 
 def decode_rates(paths: dict, new_tokens: int, repeats: int, device: torch.device) -> dict[str, float]:
     """Decode tokens/s of each ``answer(n)`` path, the paths taking turns in every round; each path's
-    fastest round counts (a shared machine's noise only ever adds time). NaN where no token followed
-    the first one (``new_tokens`` 1, or an answer's tokens all arrived in one piece)."""
+    fastest round counts (a shared machine's noise only ever adds time). NaN where in every round no
+    token arrived after the first one (``new_tokens`` 1, or an answer's tokens read in one piece)."""
     best = {name: float("nan") for name in paths}
     for answer in paths.values():
         answer(2)  # one untimed answer: first-call costs out of the numbers
