@@ -136,18 +136,23 @@ def main(argv=None) -> None:
     # deletes its cached files (delete_cache), and normal exit deletes the Deepstack exports.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     demo.queue(max_size=settings.max_queue, default_concurrency_limit=settings.concurrency)
-    demo.launch(
-        server_name=settings.host,
-        server_port=settings.port,
-        share=False,
-        theme=workbench_theme(),
-        allowed_paths=[str(EXAMPLES_DIR)],  # the example pictures; never the weights or the code
-        max_file_size=limits().max_upload_size,
-        show_error=True,
-        quiet=True,  # Gradio's own lines suggest share=True: this app never makes a share link
-        prevent_thread_lock=True,
-        mcp_server=settings.mcp,  # never Gradio's GRADIO_MCP_SERVER behind the flag's back (parse_args reads it)
-    )
+    try:
+        demo.launch(
+            server_name=settings.host,
+            server_port=settings.port,
+            share=False,
+            theme=workbench_theme(),
+            allowed_paths=[str(EXAMPLES_DIR)],  # the example pictures; never the weights or the code
+            max_file_size=limits().max_upload_size,
+            show_error=True,
+            quiet=True,  # Gradio's own lines suggest share=True: this app never makes a share link
+            prevent_thread_lock=True,
+            mcp_server=settings.mcp,  # never Gradio's GRADIO_MCP_SERVER behind the flag's back (parse_args reads it)
+        )
+    except OSError:  # Gradio's words name its launch() and a traceback came with them
+        engine.close()
+        raise SystemExit(f"error: cannot serve on {settings.host} port {settings.port} (in use, or not this "
+                         "machine's): choose another with --port or G4V_PORT") from None
     if settings.mcp and not demo.mcp_server:  # Gradio keeps serving the page without it; asked for, it is missing
         demo.close()
         raise SystemExit(f"error: {demo.mcp_error}")

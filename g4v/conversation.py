@@ -46,12 +46,19 @@ check_answer_length = whole_number(1, MAX_NEW_TOKENS)
 check_continuation_length = whole_number(0)
 
 
+#: The lowest temperature that samples (vLLM raises lower ones to it): dividing the logits by a
+#: smaller one can overflow them to infinity, which no sampler can draw from.
+MIN_TEMPERATURE = 0.01
+
+
 def _check_temperature(value) -> None:
-    if not _is_number(value) or not 0 <= value <= 5:
-        raise ValueError(f"must be between 0 and 5, got {value!r}")
+    if not _is_number(value) or not (value == 0 or MIN_TEMPERATURE <= value <= 5):
+        raise ValueError(f"must be 0 (greedy) or from {MIN_TEMPERATURE} to 5, got {value!r}")
 
 
-_check_seed = whole_number(0, 2**32 - 1, optional=True)  # None: a fresh seed
+#: The largest seed (samplers take 32 bits).
+MAX_SEED = 2**32 - 1
+_check_seed = whole_number(0, MAX_SEED, optional=True)  # None: a fresh seed
 
 
 @dataclass(frozen=True)

@@ -99,6 +99,27 @@ def test_one_client_is_one_conversation_and_a_new_client_starts_afresh(app_url, 
     assert chat(Client(app_url, verbose=False), "What shape is it?") == engine_answer(hf_engine, "What shape is it?")
 
 
+def test_a_port_in_use_ends_the_app_with_one_line():
+    """Another server on the port: one line that says so and how to choose another, not Gradio's
+    traceback (which named its own launch() parameters)."""
+    import socket
+    import subprocess
+    import sys
+
+    from g4v.paths import REPO_ROOT
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = subprocess.run([sys.executable, "app.py", "--port", str(port)], cwd=REPO_ROOT,
+                              capture_output=True, text=True, timeout=240)
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert done.stderr.strip().splitlines()[-1] == (f"error: cannot serve on 127.0.0.1 port {port} (in use, or not "
+                                                    "this machine's): choose another with --port or G4V_PORT")
+    assert "Traceback" not in done.stderr
+
+
 def test_weights_that_do_not_load_end_the_app_with_one_line(tmp_path):
     """The page is served while the model loads (g4v.engines.deferred); weights that then fail to
     load stop the server, and the app exits with one line, not a traceback or a page that hangs."""

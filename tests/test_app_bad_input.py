@@ -61,11 +61,12 @@ REFUSED = [
     ("over-long prompt", "shape " * 5000, [], {}, "too long"),
     ("4 MB prompt", "a " * 2_000_000, [], {}, "4,000,000 characters"),  # refused before tokenizing (issue 31, H1)
     ("too many images", "All of them?", ["ok.png"] * 5, {}, "too many images"),
-    # Gradio's sliders check their own ranges first ("Value 0 is less than minimum value 1.").
-    ("zero new tokens", "Hi", [], {"max_new_tokens": 0}, "max_new_tokens|minimum value"),
-    ("too many new tokens", "Hi", [], {"max_new_tokens": 100000}, "max_new_tokens|maximum value"),
-    ("negative temperature", "Hi", [], {"temperature": -1.0}, "temperature|minimum value"),
-    ("top_p of zero", "Hi", [], {"top_p": 0.0}, "top_p|minimum value"),
+    # A slider's range, named as the endpoint names the value (Gradio's own words were "Value 0 is
+    # less than minimum value 1.", which named no value).
+    ("zero new tokens", "Hi", [], {"max_new_tokens": 0}, r"^max_new_tokens must be from 1 to 1024, got 0$"),
+    ("too many new tokens", "Hi", [], {"max_new_tokens": 100000}, r"^max_new_tokens must be from 1 to 1024, got 100000$"),
+    ("negative temperature", "Hi", [], {"temperature": -1.0}, r"^temperature must be from 0 to 2, got -1\.0$"),
+    ("top_p of zero", "Hi", [], {"top_p": 0.0}, r"^top_p must be from 0\.05 to 1, got 0\.0$"),
     ("typed image placeholder", "What is <image> here?", [], {}, "image placeholder"),
     ("fractional max_new_tokens", "Hi", [], {"max_new_tokens": 8.5}, "max_new_tokens must be a whole number"),
 ]
@@ -131,6 +132,18 @@ RAW_REFUSED = [  # (case, JSON body for /chat, words)
     ("null message", '{"data": [null, 8, 0.0, 1.0, 0]}', "message is empty"),
     ("NaN max_new_tokens", '{"data": [{"text": "Hi", "files": []}, NaN, 0.0, 1.0, 0]}', "max_new_tokens must be a finite number"),
     ("NaN temperature", '{"data": [{"text": "Hi", "files": []}, 8, NaN, 1.0, 0]}', "temperature must be a finite number"),
+    # What Gradio itself refused in several lines of its internals (a component's index, a pydantic
+    # report, the components' objects), named as the endpoint names the value.
+    ("max_new_tokens as text", '{"data": [{"text": "Hi", "files": []}, "abc", 0.0, 1.0, 0]}',
+     r"^max_new_tokens must be a number, got 'abc'$"),
+    ("a list for a number", '{"data": [{"text": "Hi", "files": []}, 8, 0.0, [1], 0]}', r"^top_p must be a number, got \[1\]$"),
+    ("message as plain text", '{"data": ["hello", 8, 0.0, 1.0, 0]}',
+     r'^message is not in the form this input takes \{"text": \.\.\., "files": \[\.\.\.\]\}$'),
+    ("files that are not files", '{"data": [{"text": "Hi", "files": "abc"}, 8, 0.0, 1.0, 0]}', "^message is not in the form"),
+    ("one value of five", '{"data": [{"text": "Hi", "files": []}]}',
+     r"^too few values: this takes 5 \(message, max_new_tokens, temperature, top_p, seed\)$"),
+    ("a billion new tokens", '{"data": [{"text": "Hi", "files": []}, 1e9, 0.0, 1.0, 0]}',
+     r"^max_new_tokens must be from 1 to 1024, got 1000000000\.0$"),
 ]
 
 
@@ -138,8 +151,8 @@ RAW_REFUSED = [  # (case, JSON body for /chat, words)
 def test_raw_api_values_are_refused_in_one_line(app_url, case, body, words):
     events = raw_call(app_url, "chat", body)
     assert "event: error" in events, events
-    message = events.split("event: error", 1)[1].split("data:", 1)[1].strip().splitlines()[0]
-    assert_one_clean_line(json.loads(message) if message.startswith('"') else message, words)
+    said = json.loads(events.split("event: error", 1)[1].split("data:", 1)[1].strip().splitlines()[0])
+    assert_one_clean_line(said["error"] if isinstance(said, dict) else said, words)
 
 
 IMAGE_ENDPOINTS = {  # endpoint -> its arguments around the image
@@ -302,7 +315,7 @@ def test_a_file_named_instead_of_sent_is_one_line_without_the_servers_folder(app
     to the gradio cache dir": now the app's one line, with no server path."""
     from g4v.paths import REPO_ROOT
     from tests.test_evaluate_disconnect import Visitor, completed
-    from webapp.common import NOT_UPLOADED
+    from webapp.intake import NOT_UPLOADED
 
     visitor = Visitor(app_url)
     visitor.join("tiling", [{"path": named, "meta": {"_type": "gradio.FileData"}}])

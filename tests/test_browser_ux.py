@@ -206,6 +206,13 @@ BROKEN_HEADER_WORDS = """() => [...document.querySelectorAll('#eval-aggregate th
         return broken; })"""
 
 
+#: Whether the progress text inside the box ``selector`` lies within that box's own height: over
+#: an empty box of no height (overflow clipped), the bar was in the page but out of sight.
+BAR_IN_SIGHT = """(selector) => { const box = document.querySelector(selector), bar = box.querySelector('.progress-text');
+    const outer = box.getBoundingClientRect(), inner = bar.getBoundingClientRect();
+    return inner.height > 0 && inner.top >= outer.top - 1 && inner.bottom <= outer.bottom + 1; }"""
+
+
 def progress_texts(page) -> list[str]:
     return page.evaluate(f"() => [...document.querySelectorAll('{PROGRESS}')].map(e => e.innerText)")
 
@@ -227,7 +234,7 @@ def test_evaluate_shows_one_progress_bar_with_an_estimate_and_whole_header_words
         texts = page.evaluate(f"() => [...document.querySelectorAll('{PROGRESS}')]"
                               ".map(e => e.closest('.wrap, div').parentElement.innerText)")
         assert len(texts) == 1 and "samples" in texts[0], texts
-        assert page.locator(f"#eval-status {PROGRESS}").count() == 1
+        assert page.locator(f"#eval-status {PROGRESS}").count() == 1 and page.evaluate(BAR_IN_SIGHT, "#eval-status")
         page.screenshot(path=str(shots / "ux-6-evaluate-progress.png"), full_page=True)
         # The tables after a run: Stop, rather than wait for the other rows (about 40 s on 2 cores);
         # a stopped run shows its rows as a finished one does (test_evaluate_app tests Stop itself).
@@ -247,6 +254,7 @@ def test_evaluate_shows_one_progress_bar_with_an_estimate_and_whole_header_words
         page.wait_for_function(f"() => [...document.querySelectorAll('{PROGRESS}')].some(e => / s left| min left/"
                                ".test(e.closest('.wrap, div').parentElement.innerText))", timeout=240_000)
         assert page.locator(f"#attribution-status {PROGRESS}").count() == 1 and len(progress_texts(page)) == 1
+        assert page.evaluate(BAR_IN_SIGHT, "#attribution-status")
         page.wait_for_function("() => /Explained:/.test(document.querySelector('#attribution-report').innerText)",
                                timeout=300_000)
 
@@ -592,7 +600,7 @@ def test_refused_picks_and_settings_leave_no_badge_and_the_results_in_place(app_
         assert seed.input_value() == "99999999999"
         page.locator("#chat-box textarea").fill("What shape is green?")
         page.locator("#chat-box textarea").press("Enter")
-        toast_says(page, "seed must be a whole number from 0 to 4294967295")
+        toast_says(page, "seed must be -1 (a fresh one each time) or a whole number from 0 to 4294967295, got 99999999999")
         page.wait_for_timeout(1500)
         assert not page.evaluate(BADGE_SHOWN, "#chatbot")
         assert page.locator("#chat-box textarea").input_value() == "What shape is green?"

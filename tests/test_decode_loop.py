@@ -178,6 +178,30 @@ def test_a_request_that_fails_in_its_prefill_fails_alone(random_pair):
     assert loop.generate(PROMPTS[3], GREEDY).token_ids == reference.generate(PROMPTS[3], GREEDY).token_ids
 
 
+def test_a_row_whose_draw_fails_in_a_step_ends_alone(random_pair):
+    """A sampled row whose draw fails in a step the others share (its logits divided by a temperature
+    so small that they overflow: the settings' check refuses one, so the test gives it to the row
+    while it runs) ends with the error; the greedy chats in the same steps get their alone answers."""
+    from dataclasses import replace
+
+    loop, reference = random_pair
+    long = SamplingSettings(max_new_tokens=200, min_new_tokens=200)
+    expected = [reference.generate(prompt, long).token_ids for prompt in PROMPTS[:2]]
+    greedy = [loop.stream_outputs(prompt, long) for prompt in PROMPTS[:2]]
+    sampled = loop.stream_outputs(PROMPTS[2], SamplingSettings(max_new_tokens=200, min_new_tokens=200,
+                                                               temperature=0.9, seed=1))
+    assert next(sampled).token_ids  # its first token came; it joins the greedy rows' steps
+    deadline = time.monotonic() + 30
+    while not (rows := [ask for ask in loop._loop._running if not ask.settings.greedy]) and time.monotonic() < deadline:
+        time.sleep(0.001)  # the token is handed over just before the row joins
+    [row] = rows
+    row.settings = replace(row.settings, temperature=1e-40)
+    with pytest.raises(RuntimeError, match="probability tensor"):
+        list(sampled)
+    assert [fold(pieces).token_ids for pieces in greedy] == expected
+    assert _pending_drops_to_zero(loop)
+
+
 def test_an_answer_past_the_first_capacity_grows_the_slots(random_pair):
     """The slots start at 512 positions for this prompt; 400 tokens more outgrow them mid-answer."""
     loop, reference = random_pair

@@ -211,7 +211,7 @@ BAD_INPUT = [
     ("negative limit", {"limit": -3}, "Rows must be a whole number"),
     ("fractional limit", {"limit": 2.5}, "Rows must be a whole number"),
     ("fractional seed", {"seed": 1.5}, "Shuffle seed must be a whole number"),
-    ("no new tokens", {"max_new_tokens": 0}, "less than minimum value 1"),  # the slider's own check
+    ("no new tokens", {"max_new_tokens": 0}, "must be from 1 to"),  # the slider's range, named
     ("adapter arm not offered", {"arm_b": "app+../../etc"}, NOT_OFFERED),
 ]
 

@@ -18,7 +18,7 @@ from PIL import Image
 from g4v.paths import BUNDLED_MODEL_DIR, EXAMPLES_DIR
 from tests.conftest import running_app
 from tests.test_app_bad_input import assert_one_clean_line, raw_call
-from webapp.common import NOT_UPLOADED
+from webapp.intake import NOT_UPLOADED
 from webapp.mcp import mcp_url
 
 PICTURE = EXAMPLES_DIR / "shapes-square.png"

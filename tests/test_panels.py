@@ -62,3 +62,13 @@ def test_each_panel_has_its_modules_and_a_docs_page_the_index_links(panel):
         assert package.is_dir() or package.with_suffix(".py").is_file()
     assert (REPO_ROOT / "docs" / panel.docs).is_file()
     assert re.search(rf"\]\({re.escape(panel.docs)}\)", (REPO_ROOT / "docs" / "README.md").read_text())
+
+
+def test_every_export_box_is_for_downloading_only(page):
+    """A panel's export box only offers its files: an interactive file box (Gradio makes one of any
+    box an event also reads, as the panels' keep-the-previous-results events do) shows a × by each
+    file, which took a result out of the box."""
+    exports = [block for block in page.blocks.values()
+               if isinstance(block, gr.File) and str(block.label or "").startswith("Export")]
+    assert len(exports) >= 7 and all(block.interactive is False for block in exports), \
+        [(block.label, block.interactive) for block in exports]

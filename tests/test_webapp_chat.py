@@ -1,5 +1,6 @@
 """The Chat tab's conversation handling, on the real transformers engine: long conversations are
-trimmed to what fits (and the answer is the engine's own answer to the trimmed conversation), a
+trimmed to what fits (and the answer is the engine's own answer to the trimmed conversation), only
+the pictures of the turns kept are decoded, each reduced to the size the processor resizes it to, a
 history picture that has gone is left out, and bad values get one line."""
 
 import math
@@ -95,6 +96,40 @@ def test_a_history_picture_that_is_gone_is_left_out(hf_engine, tmp_path, picture
     assert streamed == hf_engine.generate(past.messages + [message], GREEDY).text
 
 
+def test_only_the_pictures_of_the_turns_kept_are_decoded(hf_engine, tmp_path, picture_files):
+    """A conversation's oldest turns past the picture limit are left out before any picture is
+    decoded: here the oldest picture is no longer a picture at all, and the answer is still the
+    engine's own answer to the newest turns (a long conversation decodes at most 8 pictures)."""
+    from PIL import Image
+
+    broken = tmp_path / "broken.png"
+    broken.write_bytes(b"not a picture")
+    files = [str(broken), *picture_files[:8]]
+    message = read_message({"text": "And now?", "files": picture_files[8:9]})
+    streamed = list(answer(hf_engine, message, image_turns(files), GREEDY, threading.Event()))[-1]
+    kept = []  # the turns of pictures 2 to 8, read independently of the app
+    for i in range(2, 9):
+        kept += [Message("user", f"Picture {i}?", [Image.open(files[i]).convert("RGB")]),
+                 Message("assistant", "It is a shape.")]
+    assert sum(len(m.images) for m in kept) + 1 == MAX_IMAGES_PER_CONVERSATION
+    assert streamed == hf_engine.generate(kept + [message], GREEDY).text
+
+
+def test_a_huge_chat_picture_is_kept_at_the_size_the_processor_resizes_it_to(hf_engine, tmp_path):
+    """As dataset pictures are (docs/limits.md): reduced as soon as it is decoded, to the processor's
+    fit into the pinpoint the model picks (the tiling plan of the original), not held at full size."""
+    from PIL import Image
+
+    from g4v.tiling import plan_tiling
+
+    big = tmp_path / "big.png"
+    Image.new("RGB", (3000, 2000), (10, 20, 30)).save(big)
+    accepted = chat_handler(hf_engine, "accept")({"text": "What colour is it?", "files": [str(big)]}, [])
+    [picture] = next(value for value in accepted.values() if isinstance(value, Message)).images
+    assert picture.size == plan_tiling((2000, 3000), hf_engine.model_config()).resized_size[::-1] != (3000, 2000)
+    assert picture.getpixel((5, 5)) == (10, 20, 30)
+
+
 @pytest.mark.parametrize("value, words", [
     ({"text": "What is <image>?", "files": []}, "image placeholder"),
     ({"text": "lone \udc80 surrogate", "files": []}, "not valid Unicode"),
@@ -115,7 +150,7 @@ def test_bad_messages_get_one_line(value, words):
     ((8, 0.0, 1.0, math.nan), "seed must be a finite number"),
     ((10**6, 0.0, 1.0, 0), "max_new_tokens must be a whole number from 1 to 1024, got 1000000"),
     ((8, 10**330, 1.0, 0), "temperature must be a finite number"),  # too large for a float
-    ((8, 0.0, 1.0, 10**330), "seed must be a whole number from 0 to 4294967295"),
+    ((8, 0.0, 1.0, 10**330), r"seed must be -1 \(a fresh one each time\) or a whole number from 0 to 4294967295"),
 ])
 def test_bad_sampling_values_get_one_line(settings, words):
     with pytest.raises(G4VError, match=words):
@@ -128,8 +163,10 @@ def chat_handler(engine, name):
 
     from webapp.chat import chat_tab
 
+    from webapp.layout import local_config
+
     with gr.Blocks() as page:
-        chat_tab(engine, gr.State(None), [])
+        chat_tab(engine, gr.State(None), [], config=local_config(engine))
     return next(block.fn for block in page.fns.values() if getattr(block.fn, "__name__", "") == name)
 
 
@@ -148,8 +185,8 @@ def test_the_box_refuses_bad_sampling_settings_before_the_model_queue(hf_engine)
 
     accept = chat_handler(hf_engine, "accept")
     message = {"text": "What shape is green?", "files": []}
-    for bad, words in [({"seed": 2**32}, f"seed must be a whole number from 0 to {2**32 - 1}"),
-                       ({"temperature": 9.0}, "temperature must be between 0 and 5"),
+    for bad, words in [({"temperature": 9.0}, "temperature must be 0 (greedy) or from 0.01 to 5"),
+                       ({"temperature": 5e-38}, "temperature must be 0 (greedy) or from 0.01 to 5"),
                        ({"max_new_tokens": 0.5}, "max_new_tokens")]:
         with pytest.raises(gr.Error) as refused:
             accept(message, [], **bad)
@@ -157,6 +194,17 @@ def test_the_box_refuses_bad_sampling_settings_before_the_model_queue(hf_engine)
         with pytest.raises(G4VError) as direct:  # the same words as the settings' own check
             SamplingSettings(**{"max_new_tokens": 8, **bad}).validated()
         assert words in str(direct.value)
+    # The seed box's label offers -1 for a fresh seed: its refusal says so, where the settings' own
+    # check (the CLI's --seed) names the seeds it takes.
+    for seed in (2**32, -2):
+        with pytest.raises(gr.Error) as refused:
+            accept(message, [], seed=seed)
+        assert refused.value.message == f"seed must be -1 (a fresh one each time) or a whole number from 0 to {2**32 - 1}, got {seed}"
+        with pytest.raises(G4VError, match=f"seed must be a whole number from 0 to {2**32 - 1}, got {seed}"):
+            SamplingSettings(max_new_tokens=8, seed=seed).validated()
+    with pytest.raises(gr.Error) as refused:  # what a box holds of 32 typed nines: not 1000...05366162204393472
+        accept(message, [], seed=float("9" * 32))
+    assert refused.value.message == "seed must be a whole number of at most 15 digits, got 1e+32"
     settings = checked_settings(accept(message, [], 7, 0.5, 0.9, 3))
     assert settings == SamplingSettings(max_new_tokens=7, temperature=0.5, top_p=0.9, seed=3)
 

@@ -113,7 +113,8 @@ def attribution_tab(engine, config, last_chat_image: gr.State, sessions: Session
     deletion = gr.Image(label="Deletion test", elem_id="attribution-deletion", **pictures)
     lens = gr.Image(label="Logit lens (residual stream)", **pictures)
     lens_levels = gr.Image(label="Logit lens (each level's features)", **pictures)
-    export = gr.File(label="Export (summary.json, PNGs, attribution.safetensors)", file_count="multiple")
+    export = gr.File(interactive=False, label="Export (summary.json, PNGs, attribution.safetensors)",
+                     file_count="multiple")
     boxes = ExplainBoxes(token=token, report=report, tiles=tiles, base=base, deletion=deletion, lens=lens,
                          lens_levels=lens_levels, export=export)
 

@@ -12,6 +12,10 @@ Long conversations stay answerable: the oldest turns are dropped, with a note, w
 exceed :data:`~g4v.conversation.MAX_IMAGES_PER_CONVERSATION` or the prompt no longer fits the
 model's context window; a history picture that Gradio's cache has since deleted is left out.
 
+Memory stays bounded however long a conversation grows: only the pictures of the turns the prompt
+keeps are decoded, each reduced as soon as it is decoded to the size the model's processor resizes
+it to anyway (:class:`~g4v.evaluate.data.PictureFit`, as dataset pictures are).
+
 The same function answers the ``/chat`` API endpoint (``message, max_new_tokens, temperature,
 top_p, seed``), with the conversation kept per client session.
 """
@@ -27,6 +31,7 @@ import gradio as gr
 from g4v.conversation import (MAX_IMAGES_PER_CONVERSATION, MAX_IMAGES_PER_MESSAGE, MAX_NEW_TOKENS, Message,
                               SamplingSettings, validate_conversation)
 from g4v.errors import G4VError, PromptTooLong
+from g4v.evaluate.data import PictureFit
 from g4v.images import open_image
 from webapp.common import (CHAT_QUEUE, MODEL_QUEUE, RANDOM_SEED, OutputBoxes, escape_markdown, sampling_settings,
                            seed_box_value, shows_errors, unescape_markdown, without_error_badges)
@@ -61,10 +66,11 @@ def content_parts(content) -> tuple[list[str], list[str]]:
     return texts, files
 
 
-def read_message(message, context_window: int | None = None) -> Message:
-    """The textbox value (``{"text", "files"}``) as a checked user message with opened pictures;
-    its text is checked against the limit of the engine's ``context_window`` (the limit the engine
-    itself would name), so the first refusal states the real one."""
+def read_message(message, context_window: int | None = None, fit: PictureFit | None = None) -> Message:
+    """The textbox value (``{"text", "files"}``) as a checked user message with opened pictures
+    (each reduced by ``fit`` as it is decoded); its text is checked against the limit of the
+    engine's ``context_window`` (the limit the engine itself would name), so the first refusal
+    states the real one."""
     if not isinstance(message, dict):
         raise G4VError("the message is empty: type a question")
     files = [file_path(f) for f in message.get("files") or []]
@@ -72,22 +78,23 @@ def read_message(message, context_window: int | None = None) -> Message:
         raise G4VError(f"too many images: {len(files)} in one message, the limit is {MAX_IMAGES_PER_MESSAGE}")
     if any(path is None for path in files):
         raise G4VError("an attached file could not be read: attach it again")
-    user = Message("user", message.get("text") or "", [open_image(path) for path in files])
+    user = Message("user", message.get("text") or "", [open_image(path, fit=fit) for path in files])
     validate_conversation([user], context_window=context_window)
     return user
 
 
 @dataclass
 class History:
-    """The earlier turns as g4v messages, and what could not be carried over."""
+    """The earlier turns as g4v messages, and what could not be carried over. Their pictures are
+    still the files' paths: :func:`opened` decodes those of the turns the prompt keeps."""
 
     messages: list[Message] = field(default_factory=list)
     missing_images: int = 0  # history pictures no longer on disk (Gradio's cache deleted them)
 
 
 def read_history(history: list) -> History:
-    """Chat history entries -> g4v messages. Consecutive entries of one role are merged (Gradio
-    stores an uploaded file and the text sent with it as separate entries)."""
+    """Chat history entries -> g4v messages, pictures as paths. Consecutive entries of one role are
+    merged (Gradio stores an uploaded file and the text sent with it as separate entries)."""
     out = History()
     for entry in history or []:
         entry = entry if isinstance(entry, dict) else {"role": getattr(entry, "role", None),
@@ -98,7 +105,7 @@ def read_history(history: list) -> History:
         images = []
         for path in files:
             if path and os.path.isfile(path):
-                images.append(open_image(path))
+                images.append(path)
             else:
                 out.missing_images += 1
         text = "\n".join(t for t in texts if t)
@@ -112,6 +119,12 @@ def read_history(history: list) -> History:
 
 
 # ── fitting a long conversation ────────────────────────────────────────────────────────────────
+
+
+def opened(messages: list[Message], fit: PictureFit | None = None) -> list[Message]:
+    """``messages`` with the pictures still named by path decoded (each reduced by ``fit``)."""
+    return [Message(m.role, m.text, [open_image(image, fit=fit) if isinstance(image, str) else image
+                                     for image in m.images]) for m in messages]
 
 
 def drop_oldest_turn(messages: list[Message]) -> list[Message]:
@@ -169,13 +182,16 @@ def conversation_notes(history: History, dropped_turns: int) -> list[str]:
     return notes
 
 
-def answer(engine, message: Message, history: list, settings: SamplingSettings, cancel: threading.Event):
-    """Stream the answer to ``message`` after ``history``: yields the text so far. Notes about left
-    out turns and pictures are shown as warnings."""
+def answer(engine, message: Message, history: list, settings: SamplingSettings, cancel: threading.Event,
+           fit: PictureFit | None = None):
+    """Stream the answer to ``message`` after ``history``: yields the text so far. Only the history
+    pictures of the turns kept are decoded (reduced by ``fit``). Notes about left out turns and
+    pictures are shown as warnings."""
     past = read_history(history)
     messages = past.messages + [message]
     validate_conversation(messages)
     messages, dropped_for_images = within_image_limit(messages)
+    messages = opened(messages, fit)
     stream, dropped_for_length = start_answer(engine, messages, settings, cancel)
     for note in conversation_notes(past, dropped_for_images + dropped_for_length):
         gr.Warning(note)
@@ -279,15 +295,17 @@ class ApiBoxes(OutputBoxes):
 
 
 def chat_tab(engine, last_chat_image: gr.State, examples: list[list], concurrency: int = 1,
-             gpu_task=lambda fn: fn) -> gr.MultimodalTextbox:
+             gpu_task=lambda fn: fn, config=None) -> gr.MultimodalTextbox:
     """Render the Chat tab into the current ``gr.Blocks``; returns its message box, which other
-    tabs fill (the Evaluate tab's "Open in Chat")."""
+    tabs fill (the Evaluate tab's "Open in Chat"). ``config``: the model's transformers config
+    (None where unknown, a server's), which the pictures are fitted to as they are decoded."""
 
     # Answers run together where the engine answers several chats at once (the transformers engine's
     # decode loop batches them; vLLM and a server schedule them), in a group of their own, so an
     # inspector's run waits for one decode step, not for whole answers; else one at a time, in
     # turn with every other model-bound event.
     streams = engine.concurrent_streams if engine is not None else 1  # None: a page built without a model
+    fit = PictureFit.for_configs([config]) if config is not None else PictureFit()
     queue = ({"concurrency_id": CHAT_QUEUE, "concurrency_limit": streams} if streams > 1 else
              {"concurrency_id": MODEL_QUEUE, "concurrency_limit": concurrency})
 
@@ -298,7 +316,7 @@ def chat_tab(engine, last_chat_image: gr.State, examples: list[list], concurrenc
         clear the box (disabled while the answer streams). Both checks run here, outside the model's
         queue, so a refusal shows at once even while other visitors' answers hold the model."""
         settings = sampling_settings(max_new_tokens, temperature, top_p, seed)
-        user = read_message(message, engine.context_window())
+        user = read_message(message, engine.context_window(), fit)
         return {taking.box: gr.MultimodalTextbox(value=None, interactive=False), taking.sending: message,
                 taking.checked: user, taking.before: history, taking.settings: settings}
 
@@ -313,7 +331,7 @@ def chat_tab(engine, last_chat_image: gr.State, examples: list[list], concurrenc
         image = newest_image(message, history)
         text = ""
         try:
-            for text in answer(engine, user, history, settings, threading.Event()):
+            for text in answer(engine, user, history, settings, threading.Event(), fit):
                 yield {answering.chatbot: [*shown, answer_entry(text)], answering.last_image: image,
                        answering.newest_answer: text}
         except Exception:
@@ -342,9 +360,9 @@ def chat_tab(engine, last_chat_image: gr.State, examples: list[list], concurrenc
         if from_mcp(request):
             history = []
         settings = sampling_settings(max_new_tokens, temperature, top_p, seed)
-        user = read_message(message, engine.context_window())
+        user = read_message(message, engine.context_window(), fit)
         text = ""
-        for text in answer(engine, user, history, settings, threading.Event()):
+        for text in answer(engine, user, history, settings, threading.Event(), fit):
             yield {api.answer: text}
         yield {api.answer: text, api.history: [*history, user_entry(message), answer_entry(text)]}
 

@@ -21,7 +21,7 @@ from g4v.errors import WHOLE_TEXT, G4VError, quoted
 from g4v.images import open_image
 from viz.circuits import picker_size, region_overlay
 from viz.figures import original_point
-from webapp.common import (MODEL_QUEUE, QUIET_INPUT, OutputBoxes, empties_on, image_input, markdown_code,
+from webapp.common import (MODEL_QUEUE, QUIET_INPUT, STATUS_HEIGHT, OutputBoxes, empties_on, image_input, markdown_code,
                            optional_whole, previous_run_mark, refuse_non_pictures, progress_line, run_keeping_previous,
                            shows_errors, without_error_badges)
 from webapp.pictures import picture_row
@@ -341,12 +341,13 @@ def circuits_tab(engine, last_chat_image: gr.State, sessions: SessionStores, con
         token = gr.Textbox(label="Query token position (empty: the last prompt token, which produces the first "
                                  "answer token; negative counts from the end)", value="", elem_id="circuits-token")
         run = gr.Button("Show attention", variant="primary", elem_id="circuits-attention-run")
-        report = gr.Markdown(elem_id="circuits-attention-report")
+        report = gr.Markdown(min_height=STATUS_HEIGHT, elem_id="circuits-attention-report")
         share = gr.Image(label="Share of attention on the picture by layer", elem_id="circuits-share", **pictures)
         head = gr.Dropdown([ALL_HEADS], value=ALL_HEADS, label="Maps of", elem_id="circuits-head")
         tiles = gr.Image(label="Attention on each tile token", elem_id="circuits-tiles", **pictures)
         base = gr.Image(label="Attention on each base-view token", elem_id="circuits-base", **pictures)
-        export = gr.File(label="Export (attention.json, PNGs)", file_count="multiple", elem_id="circuits-attention-export")
+        export = gr.File(interactive=False, label="Export (attention.json, PNGs)", file_count="multiple",
+                         elem_id="circuits-attention-export")
     attention = AttentionBoxes(report=report, share=share, tiles=tiles, base=base, export=export, kept=gr.State(None))
 
     with gr.Tab("Reverse view: a region", id="circuits-reverse"):
@@ -360,9 +361,9 @@ def circuits_tab(engine, last_chat_image: gr.State, sessions: SessionStores, con
                 answer_tokens = gr.Number(label="Answer tokens read with the prompt", value=DEFAULTS.max_new_tokens,
                                           precision=None, elem_id="circuits-answer-tokens")
                 run_reverse = gr.Button("Which text tokens read it", variant="primary", elem_id="circuits-reverse-run")
-        reverse_text = gr.Markdown(elem_id="circuits-reverse-report")
+        reverse_text = gr.Markdown(min_height=STATUS_HEIGHT, elem_id="circuits-reverse-report")
         reverse_picture = gr.Image(label="Attention on the region", elem_id="circuits-reverse-picture", **pictures)
-        reverse_export = gr.File(label="Export (reverse.json, reverse.png)", file_count="multiple",
+        reverse_export = gr.File(interactive=False, label="Export (reverse.json, reverse.png)", file_count="multiple",
                                  elem_id="circuits-reverse-export")
     for event, show in ((image.change, show_new_picture), (region.submit, show_region)):
         without_error_badges(event(show, [image, region], picker, api_visibility="private", **QUIET_INPUT), [picker])
@@ -381,8 +382,9 @@ def circuits_tab(engine, last_chat_image: gr.State, sessions: SessionStores, con
             new_tokens = gr.Number(label="Greedy answer tokens", value=DEFAULTS.max_new_tokens, precision=None,
                                    elem_id="circuits-new-tokens")
         run_knockout = gr.Button("Knock out", variant="primary", elem_id="circuits-knockout-run")
-        knockout_text = gr.Markdown(elem_id="circuits-knockout-report")
-        knockout_export = gr.File(label="Export (knockout.json)", file_count="multiple", elem_id="circuits-knockout-export")
+        knockout_text = gr.Markdown(min_height=STATUS_HEIGHT, elem_id="circuits-knockout-report")
+        knockout_export = gr.File(interactive=False, label="Export (knockout.json)", file_count="multiple",
+                                  elem_id="circuits-knockout-export")
     knockout = KnockoutBoxes(report=knockout_text, export=knockout_export)
 
     with gr.Tab("Patching: picture A with B's features", id="circuits-patching"):
@@ -402,11 +404,11 @@ def circuits_tab(engine, last_chat_image: gr.State, sessions: SessionStores, con
                 complement = gr.Checkbox(label="Complement: patch every level but each chosen one (is the one kept "
                                                "needed?)", value=DEFAULTS.complement, elem_id="circuits-complement")
         run_patch = gr.Button("Patch", variant="primary", elem_id="circuits-patch-run")
-        patch_text = gr.Markdown(elem_id="circuits-patch-report")
+        patch_text = gr.Markdown(min_height=STATUS_HEIGHT, elem_id="circuits-patch-report")
         patch_table = gr.Dataframe(headers=PATCH_COLUMNS, label="Per level", interactive=False,
                                    elem_id="circuits-patch-table")
         patch_picture = gr.Image(label="Log-odds per level", elem_id="circuits-patch-picture", **pictures)
-        patch_export = gr.File(label="Export (patching.json, patching.png)", file_count="multiple",
+        patch_export = gr.File(interactive=False, label="Export (patching.json, patching.png)", file_count="multiple",
                                elem_id="circuits-patch-export")
     patch = PatchBoxes(report=patch_text, table=patch_table, picture=patch_picture, export=patch_export)
     boxes = CircuitBoxes(attention=attention, reverse=reverse, knockout=knockout, patch=patch)

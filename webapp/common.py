@@ -14,7 +14,7 @@ import time
 
 import gradio as gr
 
-from g4v.conversation import MAX_NEW_TOKENS, SamplingSettings
+from g4v.conversation import MAX_NEW_TOKENS, MAX_SEED, SamplingSettings
 from g4v.errors import G4VError, parse_whole, quoted
 
 log = logging.getLogger("g4v.webapp")
@@ -138,25 +138,6 @@ def model_task(engine, gpu_task):
     return decorate
 
 
-#: What a client is told when it names a file instead of sending one (a path, ``file:///etc/passwd``).
-NOT_UPLOADED = "a file must be sent to the app (uploaded), not named by a path or an address"
-
-
-class WorkbenchBlocks(gr.Blocks):
-    """The page's ``gr.Blocks``, with one refusal of its own: a file input whose value names a
-    file the app did not receive (``{"path": "file:///etc/passwd"}``) is refused by Gradio before any
-    handler runs, in words that hold the server's working folder ("Cannot move <folder>/file:/etc/
-    passwd to the gradio cache dir"); here it is :data:`NOT_UPLOADED`, in one line."""
-
-    async def preprocess_data(self, *args, **kwargs):
-        from gradio.exceptions import InvalidPathError
-
-        try:
-            return await super().preprocess_data(*args, **kwargs)
-        except InvalidPathError:
-            raise gr.Error(NOT_UPLOADED, print_exception=False) from None
-
-
 class OutputBoxes:
     """Base of a dataclass holding an event's output components: :meth:`components` lists them in
     field order, which is the event's outputs list (and its API endpoint's results, by position),
@@ -211,6 +192,9 @@ def sampling_settings(max_new_tokens, temperature=SamplingSettings.temperature, 
     fractions, strings): one :class:`G4VError` naming the first bad value. A seed of None, "" or
     :data:`RANDOM_SEED` is a fresh one."""
     seed = None if seed in (None, "", RANDOM_SEED) else _whole(seed, "seed")
+    if seed is not None and not 0 <= seed <= MAX_SEED:  # the box's label offers -1 too: so does its refusal
+        raise G4VError(f"seed must be {RANDOM_SEED} (a fresh one each time) or a whole number from 0 to {MAX_SEED}, "
+                       f"got {quoted(seed)}")
     return SamplingSettings(
         max_new_tokens=_whole(max_new_tokens, "max_new_tokens"),
         temperature=_number(temperature, "temperature"),
@@ -239,12 +223,18 @@ def optional_whole(value, name: str) -> int | None:
     return _whole(value, name)
 
 
+#: The largest whole number a float (a JSON number, a box's value) holds exactly.
+EXACT_FLOAT_WHOLE = 2**53
+
+
 def _whole(value, name: str) -> int:
     if isinstance(value, int) and not isinstance(value, bool):
         return value  # exact, however large: the range checks of SamplingSettings refuse the rest
     number = _number(value, name)
     if not number.is_integer():
         raise G4VError(f"{name} must be a whole number, got {quoted(value)}")
+    if abs(number) > EXACT_FLOAT_WHOLE:  # 1e32 is no whole number anyone typed: int() would invent its digits
+        raise G4VError(f"{name} must be a whole number of at most 15 digits, got {quoted(value)}")
     return int(number)
 
 

@@ -118,7 +118,7 @@ def deepstack_tab(engine, config, last_chat_image: gr.State, sessions: SessionSt
     trajectory = gr.Image(label="Residual norm through the layers", show_label=False, format="png")
     heat_tiles = gr.Image(label="Injected norm over the image (tiles)", show_label=False, format="png")
     heat_base = gr.Image(label="Injected norm over the image (base view)", show_label=False, format="png")
-    export = gr.File(label="Export (summary.json, PNGs, capture.safetensors)")
+    export = gr.File(interactive=False, label="Export (summary.json, PNGs, capture.safetensors)")
     boxes = InspectBoxes(table=table, norms=norms, trajectory=trajectory, heat_tiles=heat_tiles, heat_base=heat_base,
                          report=report, export=export)
 

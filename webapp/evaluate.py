@@ -28,7 +28,8 @@ from g4v.evaluate import BUNDLED_DATASET, Columns, EvalConfig, RunResult, open_d
 from g4v.evaluate.store import CSV_FILE, PARQUET_FILE, ROWS_FILE, RUN_FILE, SUMMARY_FILE, read_settings, shareable
 from g4v.evaluate.uploads import UPLOAD_SUFFIXES, extract_upload
 from viz.evaluate import all_failed, run_figures
-from webapp.common import EVALUATE_QUEUE, QUIET_INPUT, OutputBoxes, escape_markdown, run_keeping_previous, shows_errors
+from webapp.common import (EVALUATE_QUEUE, QUIET_INPUT, STATUS_HEIGHT, OutputBoxes, escape_markdown, run_keeping_previous,
+                           shows_errors)
 from webapp.evaluate_budget import budget_section
 from webapp.evaluate_choices import (BUNDLED, SAME_AS_A, SAME_AS_A_LABEL, UPLOAD, ArmChoice, arm_choices,
                                      dataset_choices, dataset_label)
@@ -295,7 +296,7 @@ def evaluate_tab(engine, model: str, adapters_dir, workspace: EvalWorkspace, tar
     with gr.Row():
         run = gr.Button("Run", variant="primary", elem_id="eval-run")
         stop = gr.Button("Stop", elem_id="eval-stop")
-    status = gr.Markdown(elem_id="eval-status")
+    status = gr.Markdown(min_height=STATUS_HEIGHT, elem_id="eval-status")  # the run's bar is drawn over it
     aggregate = gr.Dataframe(headers=AGGREGATE_HEADERS, label="Aggregates (all, then per category)",
                              interactive=False, elem_id="eval-aggregate", wrap=True,
                              column_widths=column_widths(AGGREGATE_HEADERS))
@@ -313,7 +314,7 @@ def evaluate_tab(engine, model: str, adapters_dir, workspace: EvalWorkspace, tar
         to_chat = gr.Button("Open in Chat", elem_id="eval-open-chat")
         to_deepstack = gr.Button("Open in Deepstack", elem_id="eval-open-deepstack")
         to_lora = gr.Button("Open in LoRA", elem_id="eval-open-lora")
-    export = gr.File(label=EXPORT_LABEL, elem_id="eval-export")
+    export = gr.File(interactive=False, label=EXPORT_LABEL, elem_id="eval-export")
     with gr.Accordion("Summary (JSON)", open=False):
         summary = gr.JSON()
     run_state, row_state = gr.State(None), gr.State(None)

@@ -15,10 +15,11 @@ from g4v.paths import (ASSETS_DIR, DOCUMENTS_MODEL_DIR, EXAMPLES_DIR, REAL_MODEL
 from webapp.attribution import attribution_tab
 from webapp.chat import chat_tab
 from webapp.circuits import circuits_tab
-from webapp.common import WorkbenchBlocks, engine_line, markdown_code, model_task
+from webapp.common import engine_line, markdown_code, model_task
 from webapp.deepstack import deepstack_tab
 from webapp.evaluate import STORES, EvalWorkspace, evaluate_tab
 from webapp.evaluate_open import OpenInChat, OpenInDeepstack, OpenInLora, OpenTargets
+from webapp.intake import WorkbenchBlocks
 from webapp.lora import lora_tab
 from webapp.port import port_tab
 from webapp.sessions import SessionStores, session_key
@@ -115,7 +116,8 @@ class Page:
 
 def chat(page: Page):
     page.engine_line("chat", inspector=False)
-    return chat_tab(page.engine, page.last_chat_image, example_rows(page.model), page.concurrency, page.gpu_task)
+    return chat_tab(page.engine, page.last_chat_image, example_rows(page.model), page.concurrency, page.gpu_task,
+                    page.config)
 
 
 def tiling(page: Page):

@@ -32,7 +32,7 @@ from gradio.components import State
 from gradio.mcp import GradioMCPServer
 
 from g4v.errors import G4VError
-from webapp.common import NOT_UPLOADED
+from webapp.intake import NOT_UPLOADED
 
 #: Where Gradio serves the MCP server (its streamable HTTP transport), below the app's address.
 MCP_PATH = "gradio_api/mcp/"

@@ -255,6 +255,8 @@ class DecodeLoop:
             cache = DynamicCache(config=model.config.text_config)
             output = model(**ask.request.inputs, past_key_values=cache, use_cache=True, logits_to_keep=1)
             token = self._pick(output.logits[:, -1].float(), [ask])[0]
+        if isinstance(token, Exception):
+            raise token
         self.stats.prefills += 1
         if self._emit(ask, token) is None:
             self.slots.add(cache, ask.request.prompt_tokens)
@@ -303,6 +305,9 @@ class DecodeLoop:
         self.stats.steps += 1
         self.stats.rows_stepped += used
         for row in reversed(range(used)):
+            if isinstance(tokens[row], Exception):  # this row's draw failed: it ends alone
+                self._finish(row, _End("error", tokens[row]))
+                continue
             end = self._emit(running[row], tokens[row])
             if end is not None:
                 self._drop(row)
@@ -330,16 +335,22 @@ class DecodeLoop:
             self.stats.compile_seconds[shape] = time.perf_counter() - began
         return logits.clone()
 
-    def _pick(self, logits: torch.Tensor, asks: list[_Ask]) -> list[int]:
+    def _pick(self, logits: torch.Tensor, asks: list[_Ask]) -> list[int | Exception]:
         """One token per row: greedy rows together, sampled rows each from its own generator. A row
-        short of its ``min_new_tokens`` cannot pick end-of-text (as transformers' processor)."""
+        short of its ``min_new_tokens`` cannot pick end-of-text (as transformers' processor). A
+        sampled row whose draw fails (logits that are not finite) gets the error instead of a token:
+        one request's numbers end that request, not the others in its step."""
         early = [row for row, ask in enumerate(asks) if ask.produced < ask.settings.min_new_tokens]
         if early:
             logits[early, self.eos] = -float("inf")
-        tokens = logits.argmax(dim=-1).tolist()
+        tokens: list[int | Exception] = logits.argmax(dim=-1).tolist()
         for row, ask in enumerate(asks):
             if ask.generator is not None:
-                tokens[row] = _sample(logits[row], ask.settings, ask.generator)
+                try:
+                    tokens[row] = _sample(logits[row], ask.settings, ask.generator)
+                except RuntimeError as err:
+                    log.warning("a sampled row failed its draw: %s", err)
+                    tokens[row] = err
         return tokens
 
     def _finish(self, row: int, end: _End) -> None:
