@@ -29,7 +29,7 @@ else:  # a cache folder the caller chose: what this run adds to it still goes at
 from g4v.commands.engine_flags import add_engine_flags, engine_options  # noqa: E402
 from g4v.engines import BACKENDS, create_engine  # noqa: E402
 from g4v.engines.capabilities import Instrumentable  # noqa: E402
-from g4v.errors import G4VError  # noqa: E402
+from g4v.errors import G4VError, first_line  # noqa: E402
 from g4v.paths import EXAMPLES_DIR, default_model  # noqa: E402
 from g4v.settings.flags import add_settings_flags, environment_values, settings_from_args  # noqa: E402
 from g4v.settings.limits import limits  # noqa: E402
@@ -149,10 +149,13 @@ def main(argv=None) -> None:
             prevent_thread_lock=True,
             mcp_server=settings.mcp,  # never Gradio's GRADIO_MCP_SERVER behind the flag's back (parse_args reads it)
         )
-    except OSError:  # Gradio's words name its launch() and a traceback came with them
+    except OSError as err:  # Gradio's words name its launch(), and a traceback came with them
+        demo.close()
         engine.close()
-        raise SystemExit(f"error: cannot serve on {settings.host} port {settings.port} (in use, or not this "
-                         "machine's): choose another with --port or G4V_PORT") from None
+        if "Cannot find empty port" in str(err):  # Gradio's words when it could not bind the port
+            raise SystemExit(f"error: cannot serve on {settings.host} port {settings.port} (in use, or not this "
+                             "machine's): choose another with --port or G4V_PORT") from None
+        raise SystemExit(f"error: could not start the server: {first_line(err)}") from None
     if settings.mcp and not demo.mcp_server:  # Gradio keeps serving the page without it; asked for, it is missing
         demo.close()
         raise SystemExit(f"error: {demo.mcp_error}")

@@ -46,8 +46,8 @@ check_answer_length = whole_number(1, MAX_NEW_TOKENS)
 check_continuation_length = whole_number(0)
 
 
-#: The lowest temperature that samples (vLLM raises lower ones to it): dividing the logits by a
-#: smaller one can overflow them to infinity, which no sampler can draw from.
+#: The lowest temperature that samples: vLLM raises lower ones to it. Far lower ones (5e-38) overflow
+#: the logits they divide to infinity, which no sampler can draw from.
 MIN_TEMPERATURE = 0.01
 
 

@@ -112,7 +112,7 @@ def test_a_port_in_use_ends_the_app_with_one_line():
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        done = subprocess.run([sys.executable, "app.py", "--port", str(port)], cwd=REPO_ROOT,
+        done = subprocess.run([sys.executable, "app.py", "--host", "127.0.0.1", "--port", str(port)], cwd=REPO_ROOT,
                               capture_output=True, text=True, timeout=240)
     assert done.returncode == 1, done.stderr[-2000:]
     assert done.stderr.strip().splitlines()[-1] == (f"error: cannot serve on 127.0.0.1 port {port} (in use, or not "

@@ -141,7 +141,9 @@ RAW_REFUSED = [  # (case, JSON body for /chat, words)
      r'^message is not in the form this input takes \{"text": \.\.\., "files": \[\.\.\.\]\}$'),
     ("files that are not files", '{"data": [{"text": "Hi", "files": "abc"}, 8, 0.0, 1.0, 0]}', "^message is not in the form"),
     ("one value of five", '{"data": [{"text": "Hi", "files": []}]}',
-     r"^too few values: this takes 5 \(message, max_new_tokens, temperature, top_p, seed\)$"),
+     r"^too few values: this takes message, max_new_tokens, temperature, top_p, seed$"),
+    ("a file whose meta is no object", '{"data": [{"text": "Hi", "files": [{"path": "x", "meta": "y"}]}, 8, 0.0, 1.0, 0]}',
+     "^message is not in the form"),
     ("a billion new tokens", '{"data": [{"text": "Hi", "files": []}, 1e9, 0.0, 1.0, 0]}',
      r"^max_new_tokens must be from 1 to 1024, got 1000000000\.0$"),
 ]

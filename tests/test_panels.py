@@ -65,9 +65,8 @@ def test_each_panel_has_its_modules_and_a_docs_page_the_index_links(panel):
 
 
 def test_every_export_box_is_for_downloading_only(page):
-    """A panel's export box only offers its files: an interactive file box (Gradio makes one of any
-    box an event also reads, as the panels' keep-the-previous-results events do) shows a × by each
-    file, which took a result out of the box."""
+    """A panel's export box only offers its files: left to Gradio's default, a file box that events
+    write to showed a × by each file, which took a result out of the box."""
     exports = [block for block in page.blocks.values()
                if isinstance(block, gr.File) and str(block.label or "").startswith("Export")]
     assert len(exports) >= 7 and all(block.interactive is False for block in exports), \

@@ -13,8 +13,8 @@ from webapp.intake import check_sent_values
 
 @pytest.fixture(scope="module")
 def event():
-    """An event whose handler takes a message box, a state, a slider and two number boxes."""
-    def handler(message, history, max_new_tokens, limit, margin):
+    """An event whose handler takes a message box, a state, a slider and three number boxes."""
+    def handler(message, history, max_new_tokens, limit, margin, answer):
         return message
 
     with gr.Blocks() as page:
@@ -23,7 +23,8 @@ def event():
         tokens = gr.Slider(1, 1024, label="Max new tokens")
         rows = gr.Number(label="Rows (empty: all)", minimum=1)
         margin = gr.Number(label="Equivalence margin", maximum=1)
-        gr.Button().click(handler, [box, state, tokens, rows, margin], box)
+        answer = gr.Number(label="Answer tokens", precision=None)  # no bound: Gradio passes on what was sent
+        gr.Button().click(handler, [box, state, tokens, rows, margin, answer], box)
     return next(iter(page.fns.values()))
 
 
@@ -31,14 +32,15 @@ MESSAGE = {"text": "Hi", "files": []}
 
 
 @pytest.mark.parametrize("values, words", [
-    ([MESSAGE, None, 0, 2, 0.5], "max_new_tokens must be from 1 to 1024, got 0"),
-    ([MESSAGE, None, "abc", 2, 0.5], "max_new_tokens must be a number, got 'abc'"),
-    ([MESSAGE, None, True, 2, 0.5], "max_new_tokens must be a number, got True"),
-    ([MESSAGE, None, 8, -3, 0.5], "Rows (limit) must be at least 1, got -3"),
-    ([MESSAGE, None, 8, 2, 10**400], f"Equivalence margin (margin) must be at most 1, got {str(10**400)[:37]}..."),
-    (["hello", None, 8, 2, 0.5], 'message is not in the form this input takes {"text": ..., "files": [...]}'),
-    ([{"text": "Hi", "files": "abc"}, None, 8, 2, 0.5], "message is not in the form"),
-    ([MESSAGE], "too few values: this takes 4 (message, max_new_tokens, limit, margin)"),
+    ([MESSAGE, None, 0, 2, 0.5, 1], "max_new_tokens must be from 1 to 1024, got 0"),
+    ([MESSAGE, None, "abc", 2, 0.5, 1], "max_new_tokens must be a number, got 'abc'"),
+    ([MESSAGE, None, True, 2, 0.5, 1], "max_new_tokens must be a number, got True"),
+    ([MESSAGE, None, 8, -3, 0.5, 1], "Rows (limit) must be at least 1, got -3"),
+    ([MESSAGE, None, 8, 2, 10**400, 1], f"Equivalence margin (margin) must be at most 1, got {str(10**400)[:37]}..."),
+    (["hello", None, 8, 2, 0.5, 1], 'message is not in the form this input takes {"text": ..., "files": [...]}'),
+    ([{"text": "Hi", "files": "abc"}, None, 8, 2, 0.5, 1], "message is not in the form"),
+    ([{"text": "Hi", "files": [{"path": "x", "meta": "y"}]}, None, 8, 2, 0.5, 1], "message is not in the form"),
+    ([MESSAGE], "too few values: this takes message, max_new_tokens, limit, margin, answer"),
 ])
 def test_a_bad_value_is_one_line_naming_it(event, values, words):
     with pytest.raises(gr.Error) as refused:
@@ -47,8 +49,9 @@ def test_a_bad_value_is_one_line_naming_it(event, values, words):
 
 
 def test_values_a_handler_reads_itself_pass(event):
-    """An empty number box (None) and NaN reach the handler, which names them in its own words;
-    so do values in range, and whatever the state's place holds (Gradio keeps the state itself)."""
-    for values in ([MESSAGE, None, 8, None, 0.5], [MESSAGE, "anything", math.nan, 1, math.nan],
-                   [None, None, 1024, 10**6, -5]):
+    """An empty number box (None) and NaN reach the handler, which names them in its own words; so
+    do values in range, whatever the state's place holds (Gradio keeps the state itself), and
+    anything sent to a number box Gradio does not compare (its handler reads "12" as typed)."""
+    for values in ([MESSAGE, None, 8, None, 0.5, None], [MESSAGE, "anything", math.nan, 1, math.nan, "12"],
+                   [None, None, 1024, 10**6, -5, [1]]):
         check_sent_values(event, values)

@@ -204,7 +204,10 @@ def test_the_box_refuses_bad_sampling_settings_before_the_model_queue(hf_engine)
             SamplingSettings(max_new_tokens=8, seed=seed).validated()
     with pytest.raises(gr.Error) as refused:  # what a box holds of 32 typed nines: not 1000...05366162204393472
         accept(message, [], seed=float("9" * 32))
-    assert refused.value.message == "seed must be a whole number of at most 15 digits, got 1e+32"
+    assert refused.value.message == f"seed must be -1 (a fresh one each time) or a whole number from 0 to {2**32 - 1}, got 1e+32"
+    with pytest.raises(G4VError) as refused:  # a float's whole number past 2**53 is not the one typed
+        sampling_settings(float("9" * 20))
+    assert str(refused.value) == "max_new_tokens must be a whole number of at most 9,007,199,254,740,992, got 1e+20"
     settings = checked_settings(accept(message, [], 7, 0.5, 0.9, 3))
     assert settings == SamplingSettings(max_new_tokens=7, temperature=0.5, top_p=0.9, seed=3)
 

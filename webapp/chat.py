@@ -123,7 +123,7 @@ def read_history(history: list) -> History:
 
 def opened(messages: list[Message], fit: PictureFit | None = None) -> list[Message]:
     """``messages`` with the pictures still named by path decoded (each reduced by ``fit``)."""
-    return [Message(m.role, m.text, [open_image(image, fit=fit) if isinstance(image, str) else image
+    return [Message(m.role, m.text, [open_image(image, fit=fit) if isinstance(image, (str, os.PathLike)) else image
                                      for image in m.images]) for m in messages]
 
 
@@ -350,7 +350,7 @@ def chat_tab(engine, last_chat_image: gr.State, examples: list[list], concurrenc
         Args:
             message: the question: {"text": the prompt, "files": pictures (URLs, or data: URLs for uploads)}.
             max_new_tokens: most tokens the answer may have, a whole number from 1 to 1024.
-            temperature: 0 for greedy decoding (the same answer every time), up to 2.
+            temperature: 0 for greedy decoding (the same answer every time), or from 0.01 to 2.
             top_p: nucleus sampling's probability mass, from 0.05 to 1.
             seed: the sampling seed, a whole number; -1 for a fresh random one.
 

@@ -191,10 +191,12 @@ def sampling_settings(max_new_tokens, temperature=SamplingSettings.temperature, 
     """Checked settings from the UI's sliders, or from API values that no slider bounded (NaN,
     fractions, strings): one :class:`G4VError` naming the first bad value. A seed of None, "" or
     :data:`RANDOM_SEED` is a fresh one."""
-    seed = None if seed in (None, "", RANDOM_SEED) else _whole(seed, "seed")
-    if seed is not None and not 0 <= seed <= MAX_SEED:  # the box's label offers -1 too: so does its refusal
+    whole_or_real = _real(seed) or (isinstance(seed, int) and not isinstance(seed, bool))  # 10**330 too
+    if seed not in (None, "", RANDOM_SEED) and whole_or_real and not 0 <= seed <= MAX_SEED:
+        # the box's label offers -1 too, so its refusal does (a 1e32 float included: no digits invented)
         raise G4VError(f"seed must be {RANDOM_SEED} (a fresh one each time) or a whole number from 0 to {MAX_SEED}, "
                        f"got {quoted(seed)}")
+    seed = None if seed in (None, "", RANDOM_SEED) else _whole(seed, "seed")
     return SamplingSettings(
         max_new_tokens=_whole(max_new_tokens, "max_new_tokens"),
         temperature=_number(temperature, "temperature"),
@@ -203,11 +205,17 @@ def sampling_settings(max_new_tokens, temperature=SamplingSettings.temperature, 
     ).validated(limit)
 
 
-def _number(value, name: str) -> float:
-    try:  # a JSON integer may be too large for a float (10**330): not a finite number either
-        finite = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+def _real(value) -> bool:
+    """Whether ``value`` is a finite number (not a bool); a JSON integer too large for a float
+    (10**330) is not."""
+    try:
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
     except OverflowError:
-        finite = False
+        return False
+
+
+def _number(value, name: str) -> float:
+    finite = _real(value)
     if not finite:
         raise G4VError(f"{name} must be a finite number, got {quoted(value)}")
     return float(value)
@@ -234,7 +242,7 @@ def _whole(value, name: str) -> int:
     if not number.is_integer():
         raise G4VError(f"{name} must be a whole number, got {quoted(value)}")
     if abs(number) > EXACT_FLOAT_WHOLE:  # 1e32 is no whole number anyone typed: int() would invent its digits
-        raise G4VError(f"{name} must be a whole number of at most 15 digits, got {quoted(value)}")
+        raise G4VError(f"{name} must be a whole number of at most {EXACT_FLOAT_WHOLE:,}, got {quoted(value)}")
     return int(number)
 
 

@@ -48,9 +48,9 @@ def check_sent_values(block_fn, inputs: list, state=None) -> None:
     from pydantic import ValidationError
 
     parameters = _input_names(block_fn)
-    if len(inputs) < len(block_fn.inputs):
+    if len(inputs) < len(block_fn.inputs):  # how many a client sends for a state depends on the route: no count
         sent = [name for name, block in zip(parameters, block_fn.inputs) if not getattr(block, "stateful", False)]
-        raise gr.Error(f"too few values: this takes {len(sent)} ({', '.join(sent)})", print_exception=False)
+        raise gr.Error(f"too few values: this takes {', '.join(sent)}", print_exception=False)
     props = getattr(block_fn, "component_prop_inputs", ())
     for index, (parameter, block, value) in enumerate(zip(parameters, block_fn.inputs, inputs)):
         if getattr(block, "stateful", False) or index in props:
@@ -58,7 +58,7 @@ def check_sent_values(block_fn, inputs: list, state=None) -> None:
         if state is not None and block._id in state:
             block = state[block._id]
         name = _named(block, parameter)
-        if isinstance(block, (gr.Slider, gr.Number)) and block_fn.preprocess:  # else Gradio passes it on
+        if isinstance(block, (gr.Slider, gr.Number)) and block_fn.preprocess and _compared(block):
             if value is None and not isinstance(block, gr.Slider):
                 continue  # an empty number box: its handler reads None
             if not isinstance(value, (int, float)) or isinstance(value, bool):
@@ -71,9 +71,16 @@ def check_sent_values(block_fn, inputs: list, state=None) -> None:
         elif getattr(block, "data_model", None) is not None and value is not None:
             try:
                 block.data_model.model_validate(value, context={"validate_meta": True})
-            except ValidationError:
+            except (ValidationError, AttributeError, TypeError):  # gradio_client's meta check raises the latter two
                 shape = ' {"text": ..., "files": [...]}' if isinstance(block, gr.MultimodalTextbox) else ""
                 raise gr.Error(f"{name} is not in the form this input takes{shape}", print_exception=False) from None
+
+
+def _compared(block) -> bool:
+    """Whether Gradio compares or rounds this box's value (a slider; a number box with a bound or a
+    precision). A number box with neither passes on whatever was sent, which its handler reads
+    (an API client's ``"5"`` included)."""
+    return isinstance(block, gr.Slider) or any(v is not None for v in (block.minimum, block.maximum, block.precision))
 
 
 def _named(block, parameter: str) -> str:
