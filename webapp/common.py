@@ -215,8 +215,7 @@ def _real(value) -> bool:
 
 
 def _number(value, name: str) -> float:
-    finite = _real(value)
-    if not finite:
+    if not _real(value):
         raise G4VError(f"{name} must be a finite number, got {quoted(value)}")
     return float(value)
 

@@ -47,33 +47,37 @@ def check_sent_values(block_fn, inputs: list, state=None) -> None:
     message that is not ``{"text": ..., "files": [...]}``). NaN passes here: each handler names it."""
     from pydantic import ValidationError
 
-    parameters = _input_names(block_fn)
     if len(inputs) < len(block_fn.inputs):  # how many a client sends for a state depends on the route: no count
-        sent = [name for name, block in zip(parameters, block_fn.inputs) if not getattr(block, "stateful", False)]
+        sent = [name for name, block in zip(_input_names(block_fn), block_fn.inputs)
+                if not getattr(block, "stateful", False)]
         raise gr.Error(f"too few values: this takes {', '.join(sent)}", print_exception=False)
     props = getattr(block_fn, "component_prop_inputs", ())
-    for index, (parameter, block, value) in enumerate(zip(parameters, block_fn.inputs, inputs)):
+    for index, (block, value) in enumerate(zip(block_fn.inputs, inputs)):
         if getattr(block, "stateful", False) or index in props:
             continue  # a state is the server's; a box's properties are Gradio's to read
         if state is not None and block._id in state:
             block = state[block._id]
-        name = _named(block, parameter)
+
         if isinstance(block, (gr.Slider, gr.Number)) and block_fn.preprocess and _compared(block):
             if value is None and not isinstance(block, gr.Slider):
                 continue  # an empty number box: its handler reads None
             if not isinstance(value, (int, float)) or isinstance(value, bool):
-                raise gr.Error(f"{name} must be a number, got {quoted(value)}", print_exception=False)
+                raise _refusal(block_fn, index, block, f"must be a number, got {quoted(value)}")
             low, high = block.minimum, block.maximum
             if (low is not None and value < low) or (high is not None and value > high):
                 bounds = (f"from {low:g} to {high:g}" if low is not None and high is not None else
                           f"at least {low:g}" if low is not None else f"at most {high:g}")
-                raise gr.Error(f"{name} must be {bounds}, got {quoted(value)}", print_exception=False)
+                raise _refusal(block_fn, index, block, f"must be {bounds}, got {quoted(value)}")
         elif getattr(block, "data_model", None) is not None and value is not None:
             try:
                 block.data_model.model_validate(value, context={"validate_meta": True})
             except (ValidationError, AttributeError, TypeError):  # gradio_client's meta check raises the latter two
                 shape = ' {"text": ..., "files": [...]}' if isinstance(block, gr.MultimodalTextbox) else ""
-                raise gr.Error(f"{name} is not in the form this input takes{shape}", print_exception=False) from None
+                raise _refusal(block_fn, index, block, f"is not in the form this input takes{shape}") from None
+
+def _refusal(block_fn, index: int, block, problem: str) -> gr.Error:
+    """``problem`` of input ``index`` as one line naming it (named only when refused)."""
+    return gr.Error(f"{_named(block, _input_names(block_fn)[index])} {problem}", print_exception=False)
 
 
 def _compared(block) -> bool:
