@@ -33,7 +33,7 @@ from g4v.errors import G4VError, first_line  # noqa: E402
 from g4v.paths import EXAMPLES_DIR, default_model  # noqa: E402
 from g4v.settings.flags import add_settings_flags, environment_values, settings_from_args  # noqa: E402
 from g4v.settings.limits import limits  # noqa: E402
-from webapp.layout import build_app, workbench_theme  # noqa: E402
+from webapp.layout import WORKBENCH_CSS, build_app, workbench_theme  # noqa: E402
 from webapp.mcp import use_workbench_mcp_server  # noqa: E402
 
 try:  # Hugging Face ZeroGPU: GPU work must run inside functions decorated with spaces.GPU.
@@ -142,6 +142,7 @@ def main(argv=None) -> None:
             server_port=settings.port,
             share=False,
             theme=workbench_theme(),
+            css=WORKBENCH_CSS,
             allowed_paths=[str(EXAMPLES_DIR)],  # the example pictures; never the weights or the code
             max_file_size=limits().max_upload_size,
             show_error=True,

@@ -29,23 +29,32 @@ def text_of(page, selector: str) -> str:
     return page.locator(selector).inner_text()
 
 
-#: The progress bar's line drawn over the status box ``#PREFIX-status``, and whether it lies inside
-#: the window: [text, in view], or null while no bar shows there.
+#: The progress bar's line drawn over the status box ``#PREFIX-status``, whether it lies inside the
+#: window, and whether the box's own hint is out of sight under it (the bar's veil is translucent:
+#: the hint's words showed through the bar's line): [text, in view, hint hidden], or null while no
+#: bar shows there.
 BAR = """(prefix) => { const box = document.querySelector(`#${prefix}-status`);
     const bar = box && box.querySelector('.progress-text'); if (!bar) return null;
-    const r = bar.getBoundingClientRect();
-    return [box.innerText, r.height > 0 && r.top >= 0 && r.bottom <= window.innerHeight]; }"""
+    const r = bar.getBoundingClientRect(), hint = box.querySelector('[data-testid=markdown-wrapper]');
+    return [box.innerText, r.height > 0 && r.top >= 0 && r.bottom <= window.innerHeight,
+            getComputedStyle(hint).visibility === 'hidden']; }"""
+#: The status box's hint, as it reads when no run works: [its text, shown].
+HINT = """(prefix) => { const hint = document.querySelector(`#${prefix}-status [data-testid=markdown-wrapper]`);
+    return [hint.innerText, getComputedStyle(hint).visibility === 'visible']; }"""
 
 
 def watch_run(page, prefix: str, busy: str, done: str, timeout: float) -> list[str]:
     """Press the tab's run button (``#PREFIX-run``) and, every half second until ``done`` (a
     JavaScript condition) holds, read the bar on the status box under the picture: while it shows,
-    the button says ``busy``, disabled, and the bar is inside the window. Returns the bar's lines."""
+    the button says ``busy``, disabled, the bar is inside the window and the box's hint is hidden
+    under it; afterwards the hint shows again. Returns the bar's lines."""
     # Each look is one snapshot of the page (the bar, the button, whether the run is done), taken in
     # one evaluation: read one by one, the run could end between the bar and the button on a busy
     # machine, and a bar read just before the end met the button given back just after.
     snapshot = f"""() => {{ const button = document.querySelector('#{prefix}-run');
         return [({done})(), ({BAR})('{prefix}'), button.innerText, button.disabled]; }}"""
+    hint, shown = page.evaluate(HINT, prefix)
+    assert hint.strip() and shown, (hint, shown)
     page.locator(f"#{prefix}-run").click()
     seen, deadline = [], time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -57,9 +66,11 @@ def watch_run(page, prefix: str, busy: str, done: str, timeout: float) -> list[s
         time.sleep(0.5)
     assert page.evaluate(done), seen[-3:]
     assert seen, f"no progress bar showed on #{prefix}-status"
-    assert all(label == busy and disabled for label, disabled, _, _ in seen), seen[:3]
-    assert all(in_view for *_, in_view in seen), seen[:3]
-    return [line for _, _, line, _ in seen]
+    assert all(label == busy and disabled for label, disabled, *_ in seen), seen[:3]
+    assert all(in_view for _, _, _, in_view, _ in seen), seen[:3]
+    assert all(hidden and hint not in line for _, _, line, _, hidden in seen), seen[:3]
+    page.wait_for_function(f"() => ({HINT})('{prefix}')[1]")  # the hint is back for the next run
+    return [line for _, _, line, _, _ in seen]
 
 
 def evaluate(page, limit: int | None = None) -> str:

@@ -21,6 +21,7 @@ from webapp.evaluate import STORES, EvalWorkspace, evaluate_tab
 from webapp.evaluate_open import OpenInChat, OpenInDeepstack, OpenInLora, OpenTargets
 from webapp.intake import WorkbenchBlocks
 from webapp.lora import lora_tab
+from webapp.pictures import RUN_STATUS
 from webapp.port import port_tab
 from webapp.sessions import SessionStores, session_key
 from webapp.tiling import tiling_tab
@@ -43,6 +44,13 @@ def workbench_theme() -> gr.themes.Base:
     return gr.themes.Default(
         font=[gr.themes.LocalFont("Source Sans Pro", weights=(400, 700)), "ui-sans-serif", "system-ui", "sans-serif"],
         font_mono=[gr.themes.LocalFont("IBM Plex Mono", weights=(400, 700)), "ui-monospace", "Consolas", "monospace"])
+
+
+#: The page's own CSS (``app.py`` launches with it). A run's progress bar is drawn over the status
+#: box under its picture (:func:`webapp.pictures.picture_row`), over a translucent veil: the box's
+#: hint is hidden while the run works (Gradio marks the box ``pending``), so the bar's line is not
+#: drawn over the hint's words.
+WORKBENCH_CSS = f".{RUN_STATUS} .pending {{ visibility: hidden; }}"
 
 
 def banner(model: str) -> str:
