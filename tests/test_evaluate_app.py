@@ -208,9 +208,9 @@ BAD_INPUT = [
     ("margin past 1", {"margin": 2}, "Equivalence margin must be a number of at least 0.001 and below 1"),
     ("margin of 1e-300", {"margin": 1e-300}, "Equivalence margin must be a number of at least 0.001 and below 1"),
     ("no discordance", {"discordance": 0}, "Assumed share of rows right in one arm only must be a number between 0 and 1"),
-    ("negative limit", {"limit": -3}, "Rows must be a whole number"),
-    ("fractional limit", {"limit": 2.5}, "Rows must be a whole number"),
-    ("fractional seed", {"seed": 1.5}, "Shuffle seed must be a whole number"),
+    ("negative limit", {"limit": -3}, "Rows must be 0 (all) or a whole number of at least 1, got -3"),
+    ("fractional limit", {"limit": 2.5}, "Rows must be 0 (all) or a whole number of at least 1, got 2.5"),
+    ("fractional seed", {"seed": 1.5}, "Shuffle seed must be -1 (dataset order) or a whole number of at least 0, got 1.5"),
     ("no new tokens", {"max_new_tokens": 0}, "must be from 1 to"),  # the slider's range, named
     ("adapter arm not offered", {"arm_b": "app+../../etc"}, NOT_OFFERED),
 ]

@@ -260,7 +260,7 @@ def test_each_number_box_of_the_app_refuses_odd_unicode_in_one_line():
         "deepstack scales": lambda text: level_scales(levels, (), parse_scale_specs([f"deepstack0={text}"])),
         "budget kept list": lambda text: parse_keeps(f"100,{text}"),
         "attribution token": lambda text: token_choice(f"{text}: 'red'"),
-        "evaluate rows": lambda text: whole_or_none(text, "Rows", smallest=1, means_none=0),
+        "evaluate rows": lambda text: whole_or_none(text, "Rows", smallest=1, means_none=0, none_reads="all"),
         "evaluate margin": lambda text: checked_share(text, "Equivalence margin"),
         "sampling": lambda text: sampling_settings(text),
     }

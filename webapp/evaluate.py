@@ -36,8 +36,8 @@ from webapp.evaluate_choices import (BUNDLED, SAME_AS_A, SAME_AS_A_LABEL, UPLOAD
 from webapp.evaluate_equivalence import equivalence_boxes, plan_view, result_values, result_views, wire_plan
 from webapp.evaluate_open import OpenTargets, wire_open_buttons
 from webapp.evaluate_runs import COLUMN_ROLES, eval_config, in_worker
-from webapp.evaluate_tables import (AGGREGATE_HEADERS, ROWS_NAME, SAMPLE_HEADERS, SEED_NAME, aggregate_rows,
-                                    column_widths, run_status, sample_rows)
+from webapp.evaluate_tables import (AGGREGATE_HEADERS, ALL_ROWS, DATASET_ORDER, ROWS_NAME, SAMPLE_HEADERS, SEED_NAME,
+                                    aggregate_rows, column_widths, run_status, sample_rows)
 from webapp.sessions import Session, SessionStores, session_key
 
 #: Uploaded datasets kept on disk per visitor (the oldest goes when another arrives) ...
@@ -285,8 +285,8 @@ def evaluate_tab(engine, model: str, adapters_dir, workspace: EvalWorkspace, tar
                               elem_id=f"eval-column-{role}") for role in COLUMN_ROLES]
     with gr.Row():
         # No precision or bounds on the boxes: Gradio would round 2.5 silently; whole_or_none refuses it.
-        limit = gr.Number(value=DEFAULT_LIMIT, label=f"{ROWS_NAME} (0: all)", elem_id="eval-limit")
-        seed = gr.Number(value=-1, label=f"{SEED_NAME} (-1: dataset order)")
+        limit = gr.Number(value=DEFAULT_LIMIT, label=f"{ROWS_NAME} (0: {ALL_ROWS})", elem_id="eval-limit")
+        seed = gr.Number(value=-1, label=f"{SEED_NAME} (-1: {DATASET_ORDER})")
         max_new_tokens = gr.Slider(1, 256, value=EvalConfig.max_new_tokens, step=1, label="Max new tokens")
         blank_probe = gr.Checkbox(label="Blank-image probe (is the picture ignored?)")
         levels = gr.Checkbox(label="Per-level injected norms (transformers arms)")

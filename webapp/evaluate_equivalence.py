@@ -14,7 +14,7 @@ from g4v.evaluate.fields import FIELD_HEADERS, field_rows
 from g4v.evaluate.stats import detectable
 from g4v.evaluate.summary import RunSummary
 from g4v.model.precision import DRIFT_HEADERS, drift_rows, drift_title
-from webapp.evaluate_tables import ROWS_NAME, column_widths, whole_or_none
+from webapp.evaluate_tables import ALL_ROWS, ROWS_NAME, column_widths, whole_or_none
 
 
 #: The boxes' names, as their labels begin and as a refusal names them.
@@ -67,7 +67,7 @@ def plan_text(rows, limit, discordance, margin=EvalConfig.margin) -> str:
     the limit), and when they are too few for the margin, how many would do; empty while the
     boxes hold no valid numbers (Run names the problem)."""
     try:
-        cut = whole_or_none(limit, ROWS_NAME, smallest=1, means_none=0)
+        cut = whole_or_none(limit, ROWS_NAME, smallest=1, means_none=0, none_reads=ALL_ROWS)
     except G4VError:
         return ""
     share, points = _share(discordance), _share(margin, MIN_MARGIN)

@@ -11,7 +11,7 @@ from g4v.evaluate.run import check_margin
 from webapp.common import Pace, sampling_settings
 from webapp.evaluate_choices import ArmChoice, pick_arms
 from webapp.evaluate_equivalence import DISCORDANCE_NAME, MARGIN_NAME, checked_share
-from webapp.evaluate_tables import ROWS_NAME, SEED_NAME, whole_or_none
+from webapp.evaluate_tables import ALL_ROWS, DATASET_ORDER, ROWS_NAME, SEED_NAME, whole_or_none
 from webapp.sessions import session_key
 
 #: Seconds between progress updates while a run works.
@@ -31,8 +31,9 @@ def eval_config(workspace, choices: list[ArmChoice], visitor, arm_a, arm_b, data
     open_dataset(str(source), mapping, workspace.allowed_dirs(visitor))  # a bad dataset stops here, before any model
     # each number named as the visitor sees its box (EvalConfig.check names the command's flags)
     return EvalConfig(a=a, b=b, data=str(source), columns=mapping,
-                      limit=whole_or_none(limit, ROWS_NAME, smallest=1, means_none=0),
-                      seed=whole_or_none(seed, SEED_NAME, smallest=0, means_none=-1), max_new_tokens=tokens,
+                      limit=whole_or_none(limit, ROWS_NAME, smallest=1, means_none=0, none_reads=ALL_ROWS),
+                      seed=whole_or_none(seed, SEED_NAME, smallest=0, means_none=-1, none_reads=DATASET_ORDER),
+                      max_new_tokens=tokens,
                       blank_probe=bool(blank_probe), levels=bool(levels), margin=checked_share(margin, MARGIN_NAME, check_margin),
                       discordance=checked_share(discordance, DISCORDANCE_NAME))
 

@@ -133,11 +133,14 @@ def run_status(summary: RunSummary, label_a: str, label_b: str) -> str:
 
 #: The rows and seed boxes' names, as their labels begin and as a refusal names them.
 ROWS_NAME, SEED_NAME = "Rows", "Shuffle seed"
+#: What each box's "none" value (0 rows, seed -1) stands for, as its label and its refusal say it.
+ALL_ROWS, DATASET_ORDER = "all", "dataset order"
 
 
-def whole_or_none(value, name: str, smallest: int, means_none: int) -> int | None:
+def whole_or_none(value, name: str, smallest: int, means_none: int, none_reads: str) -> int | None:
     """A whole-number box (a number box cannot be empty): ``means_none`` or empty is None, else a
-    whole number >= ``smallest``."""
+    whole number >= ``smallest``. ``none_reads``: what ``means_none`` stands for, as the box's label
+    says it ("Rows (0: all)")."""
     if value is None or value == "" or (value == means_none and not isinstance(value, bool)):
         return None
     try:  # typed (an API client's text): the digits 0-9 only, as every box reads a number
@@ -145,5 +148,6 @@ def whole_or_none(value, name: str, smallest: int, means_none: int) -> int | Non
     except (TypeError, ValueError, OverflowError):
         number = math.nan
     if isinstance(value, bool) or not math.isfinite(number) or not number.is_integer() or number < smallest:
-        raise G4VError(f"{name} must be a whole number of at least {smallest} (or {means_none}), got {quoted(value)}")
+        raise G4VError(f"{name} must be {means_none} ({none_reads}) or a whole number of at least {smallest}, "
+                       f"got {quoted(value)}")
     return int(number)
