@@ -319,8 +319,23 @@ def test_the_command_and_the_tab_show_the_same_run(trained, capsys):
     with gr.Blocks():
         boxes = RunBoxes(gr.Markdown(), gr.Dataframe(), gr.Image(), gr.Dropdown(), gr.Dropdown(), gr.State(), gr.JSON())
         steps = StepBoxes(gr.Dataframe(), gr.Image(), gr.Textbox(), gr.Textbox())
-    open_run_view, _ = make_handlers(str(run.folder.parent), lambda fn: fn, boxes, steps)
+    open_run_view, open_steps_view = make_handlers(str(run.folder.parent), lambda fn: fn, boxes, steps)
     shown = open_run_view(run.folder.name)
     assert json.loads(json.dumps(shown[boxes.data])) == printed
     assert shown[boxes.table] == summary_rows(open_run(run.folder.name, [run.folder.parent]))
     assert f"{STEPS} records from the Trainer's trainer_state.json" in shown[boxes.status]
+    # the same step in both boxes is refused before any checkpoint is loaded, naming the step
+    with pytest.raises(gr.Error, match="step A and step B are both step 2: choose two different steps"):
+        open_steps_view(run.folder.name, 2, 2, None, "")
+    # a run that kept one checkpoint: both boxes offer its step, and the refusal says why
+    import shutil
+
+    single = run.folder.parent / "kept-one"
+    shutil.copytree(run.folder, single, ignore=lambda _, names: [n for n in names if n.startswith("checkpoint-")])
+    last = max(run.folder.glob("checkpoint-*"), key=lambda path: int(path.name.split("-")[1]))
+    shutil.copytree(last, single / last.name)
+    step = int(last.name.split("-")[1])
+    shown = open_run_view(single.name)
+    assert shown[boxes.step_a]["value"] == shown[boxes.step_b]["value"] == step
+    with pytest.raises(gr.Error, match=rf"this run kept one checkpoint \(step {step}\): the side-by-side view needs two"):
+        open_steps_view(single.name, step, step, None, "")
