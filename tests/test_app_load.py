@@ -1,11 +1,13 @@
 """Eight users chat at once: each gets its own complete answer, and the app serves on afterwards."""
 
+import sys
 from concurrent.futures import ThreadPoolExecutor
 
 from gradio_client import Client, handle_file
 
 from g4v.conversation import Message, SamplingSettings
 from g4v.images import open_image
+from g4v.paths import REPO_ROOT
 from tests.conftest import make_image
 
 CLIENTS = 8
@@ -37,3 +39,22 @@ def test_eight_concurrent_chats_with_images(app_url, hf_engine, tmp_path):
 
     after = Client(app_url, verbose=False).predict({"text": "Hello again", "files": []}, 8, 0.0, 1.0, 0, api_name="/chat")
     assert isinstance(after, str) and after
+
+
+def test_a_refused_message_opens_the_session_and_leaves_its_conversation_empty(app_url, hf_engine, tmp_path):
+    """``scripts/bench_app_chats.py`` opens each visitor's session before its clock with a message
+    the app refuses (as a browser's page opens its own when the picture is attached): the refusal
+    must write nothing into the session's conversation, so the chat after it is answered as the
+    model answers that message alone."""
+    sys.path.insert(0, str(REPO_ROOT / "scripts"))
+    from bench_app_chats import open_session
+
+    path = tmp_path / "visitor.png"
+    make_image(200, 150, seed=7).save(path)
+    client = Client(app_url, verbose=False)
+    open_session(client)  # raises unless the app refused the empty message
+    answer = client.predict({"text": "What is it?", "files": [handle_file(str(path))]}, MAX_NEW_TOKENS, 0.0, 1.0, 0,
+                            api_name="/chat")
+    alone = hf_engine.generate([Message("user", "What is it?", [open_image(path)])],
+                               SamplingSettings(max_new_tokens=MAX_NEW_TOKENS))
+    assert answer == alone.text
