@@ -1,6 +1,6 @@
 """Eight users chat at once: each gets its own complete answer, and the app serves on afterwards."""
 
-import sys
+import importlib.util
 from concurrent.futures import ThreadPoolExecutor
 
 from gradio_client import Client, handle_file
@@ -41,13 +41,15 @@ def test_eight_concurrent_chats_with_images(app_url, hf_engine, tmp_path):
     assert isinstance(after, str) and after
 
 
-def test_a_refused_message_opens_the_session_and_leaves_its_conversation_empty(app_url, hf_engine, tmp_path):
+def test_the_chat_after_a_refused_message_is_answered_as_that_message_alone(app_url, hf_engine, tmp_path):
     """``scripts/bench_app_chats.py`` opens each visitor's session before its clock with a message
     the app refuses (as a browser's page opens its own when the picture is attached): the refusal
-    must write nothing into the session's conversation, so the chat after it is answered as the
-    model answers that message alone."""
-    sys.path.insert(0, str(REPO_ROOT / "scripts"))
-    from bench_app_chats import open_session
+    must come, and write nothing into the session's conversation, so the chat after it is answered
+    as the model answers that message alone."""
+    spec = importlib.util.spec_from_file_location("bench_app_chats", REPO_ROOT / "scripts" / "bench_app_chats.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    open_session = bench.open_session
 
     path = tmp_path / "visitor.png"
     make_image(200, 150, seed=7).save(path)

@@ -12,6 +12,7 @@ from PIL import Image
 from g4v.paths import EXAMPLES_DIR
 from tests.browser import browser_page, pick_pdf_pages
 from tests.conftest import running_app
+from tests.test_browser_ux import BADGE_SHOWN
 from webapp.common import PREVIOUS_RUN
 
 EXAMPLE = str(EXAMPLES_DIR / "shapes-tall.png")
@@ -95,6 +96,8 @@ def test_attribution_shows_its_stages_and_the_time_left_in_view_and_a_busy_butto
         page.wait_for_selector("[data-testid='toast-body']")
         page.wait_for_function("() => !document.querySelector('#attribution-run').disabled"
                                " && document.querySelector('#attribution-run').innerText === 'Explain'")
+        page.wait_for_timeout(500)
+        assert not page.evaluate(BADGE_SHOWN, "#attribution-status")  # no "Error" over the hint: the toast says it
         upload(page, "attribution", EXAMPLE)
         done = "() => document.querySelector('#attribution-report').innerText.includes('Deletion test')" \
                " && !document.querySelector('#attribution-run').disabled"
@@ -155,6 +158,8 @@ def test_the_port_run_has_a_bar_with_the_time_left_and_stale_results_are_marked(
         page.wait_for_function("(mark) => document.querySelector('#port-verdict').innerText.includes(mark)",
                                arg=PREVIOUS_RUN.strip("*"))
         assert "Agrees" in text_of(page, "#port-verdict")  # kept, under the mark
+        page.wait_for_timeout(500)
+        assert not page.evaluate(BADGE_SHOWN, "#port-status")  # no "Error" over the hint: the toast says it
         page.wait_for_function("() => !document.querySelector('#port-run').disabled"
                                " && document.querySelector('#port-run').innerText === 'Compare'")  # back for the next run
 

@@ -142,3 +142,15 @@ def test_the_export_label_names_the_one_zip_and_what_it_holds(tmp_path):
     sessions.close()
     assert f"Export: {zipped.name}, one zip of " in EXPORT_LABEL
     assert len(held) == 5 and all(name in EXPORT_LABEL for name in held), (held, EXPORT_LABEL)
+
+
+@pytest.mark.parametrize("value", [0, 0.0, "0", "", None])
+def test_the_rows_box_reads_zero_as_all_however_it_is_sent(value):
+    """"Rows (0: all)": an API client's "0" (a number box without precision passes text on) is all
+    the rows, as 0 is, never refused as "must be 0 (all) or ..."; any other value is a whole number."""
+    from webapp.evaluate_tables import whole_or_none
+
+    assert whole_or_none(value, "Rows", smallest=1, means_none=0, none_reads="all") is None
+    assert whole_or_none("12", "Rows", smallest=1, means_none=0, none_reads="all") == 12
+    with pytest.raises(G4VError, match=r"^Rows must be 0 \(all\) or a whole number of at least 1, got '-0.5'$"):
+        whole_or_none("-0.5", "Rows", smallest=1, means_none=0, none_reads="all")

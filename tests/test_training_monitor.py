@@ -5,6 +5,7 @@ planted collapses and explosions warned at their step."""
 
 import logging
 import math
+import shutil
 from pathlib import Path
 
 import pytest
@@ -304,7 +305,7 @@ def test_measured_checkpoints_read_what_the_inspector_and_the_log_read(trained, 
         assert level.grad_norm is None  # a checkpoint keeps no gradient
 
 
-def test_the_command_and_the_tab_show_the_same_run(trained, capsys):
+def test_the_command_and_the_tab_show_the_same_run(trained, capsys, tmp_path):
     import json
 
     import gradio as gr
@@ -327,15 +328,16 @@ def test_the_command_and_the_tab_show_the_same_run(trained, capsys):
     # the same step in both boxes is refused before any checkpoint is loaded, naming the step
     with pytest.raises(gr.Error, match="step A and step B are both step 2: choose two different steps"):
         open_steps_view(run.folder.name, 2, 2, None, "")
-    # a run that kept one checkpoint: both boxes offer its step, and the refusal says why
-    import shutil
-
-    single = run.folder.parent / "kept-one"
+    # a run that kept one checkpoint (its last): both boxes offer its step, and the refusal says why
+    single = tmp_path / "kept-one"
     shutil.copytree(run.folder, single, ignore=lambda _, names: [n for n in names if n.startswith("checkpoint-")])
     last = max(run.folder.glob("checkpoint-*"), key=lambda path: int(path.name.split("-")[1]))
     shutil.copytree(last, single / last.name)
     step = int(last.name.split("-")[1])
+    open_run_view, open_steps_view = make_handlers(str(tmp_path), lambda fn: fn, boxes, steps)
     shown = open_run_view(single.name)
     assert shown[boxes.step_a]["value"] == shown[boxes.step_b]["value"] == step
-    with pytest.raises(gr.Error, match=rf"this run kept one checkpoint \(step {step}\): the side-by-side view needs two"):
-        open_steps_view(single.name, step, step, None, "")
+    refusal = rf"this run kept one checkpoint \(step {step}\): the side-by-side view needs two"
+    for asked in (step, step + 1):  # the step kept is named, whichever step both boxes ask for
+        with pytest.raises(gr.Error, match=refusal):
+            open_steps_view(single.name, asked, asked, None, "")

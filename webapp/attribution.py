@@ -125,5 +125,6 @@ def attribution_tab(engine, config, last_chat_image: gr.State, sessions: Session
                                      boxes.components(), report, api_name="attribute", concurrency_id=MODEL_QUEUE,
                                      concurrency_limit=concurrency, show_progress_on=status)
     ready(explained)
-    without_error_badges(explained, [box for box in boxes.components() if box is not report])
+    # the status box under the picture too: the bar is drawn there, and so was a refusal's badge
+    without_error_badges(explained, [status, *(box for box in boxes.components() if box is not report)])
     image.change(**previous_run_mark(report))

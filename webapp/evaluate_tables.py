@@ -141,12 +141,14 @@ def whole_or_none(value, name: str, smallest: int, means_none: int, none_reads: 
     """A whole-number box (a number box cannot be empty): ``means_none`` or empty is None, else a
     whole number >= ``smallest``. ``none_reads``: what ``means_none`` stands for, as the box's label
     says it ("Rows (0: all)")."""
-    if value is None or value == "" or (value == means_none and not isinstance(value, bool)):
+    if value is None or value == "":
         return None
     try:  # typed (an API client's text): the digits 0-9 only, as every box reads a number
         number = read_decimal(value) if isinstance(value, str) else float(value)
     except (TypeError, ValueError, OverflowError):
         number = math.nan
+    if number == means_none and not isinstance(value, bool):  # "0" as well as 0
+        return None
     if isinstance(value, bool) or not math.isfinite(number) or not number.is_integer() or number < smallest:
         raise G4VError(f"{name} must be {means_none} ({none_reads}) or a whole number of at least {smallest}, "
                        f"got {quoted(value)}")

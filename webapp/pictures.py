@@ -42,8 +42,8 @@ def picture_row(prefix: str, last_chat_image: gr.State, *, label: str = "Image",
     picture, under the row's two helpers.
 
     ``status``: a hint shown under the picture, over which the run's progress bar is drawn (the hint
-    hidden meanwhile, :data:`RUN_STATUS`), so the
-    bar is in view while the run works (under the tab's button it was below the fold). ``pdf``:
+    hidden meanwhile, :data:`RUN_STATUS`), so the bar is in view while the run works (under the
+    tab's button it was below the fold). ``pdf``:
     offer the PDF page picker. ``refuse_on_upload``: take a file that is no picture out of the box
     at once, with a toast (:func:`webapp.common.refuse_non_pictures`); off for a tab whose own
     upload step does that."""

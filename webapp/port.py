@@ -206,5 +206,6 @@ def port_tab(model: str, last_chat_image: gr.State) -> None:
     event = run_keeping_previous(run, make_port_diff(model, boxes, checkpoint), [image, prompt, *options],
                                  boxes.components(), verdict, api_name="port_diff", show_progress_on=status)
     ready(event)
-    without_error_badges(event, [box for box in boxes.components() if box is not verdict])
+    # the status box under the picture too: the bar is drawn there, and so was a refusal's badge
+    without_error_badges(event, [status, *(box for box in boxes.components() if box is not verdict)])
     image.change(**previous_run_mark(verdict))

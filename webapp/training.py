@@ -99,14 +99,14 @@ def make_handlers(runs_dir, gpu_task, run_boxes: RunBoxes, step_boxes: StepBoxes
         if None in steps:
             raise G4VError("choose two steps that have checkpoints")
         name, folder = resolve_run(opened, dirs)
-        curves = read_run(folder, name)
         if steps[0] == steps[1]:  # a run that kept one checkpoint offers the same step in both boxes
-            raise G4VError(f"this run kept one checkpoint (step {steps[0]}): the side-by-side view needs two"
-                           if len(curves.checkpoints) == 1 else
+            kept = sorted(read_run(folder, name).checkpoints)
+            raise G4VError(f"this run kept one checkpoint (step {kept[0]}): the side-by-side view needs two"
+                           if len(kept) == 1 else
                            f"step A and step B are both step {steps[0]}: choose two different steps")
         if not image_path:
             raise G4VError("the side-by-side view needs a picture: upload one first")
-        views = open_steps(curves, steps, image_path, prompt or "")
+        views = open_steps(read_run(folder, name), steps, image_path, prompt or "")
         return {step_boxes.table: step_rows(views), step_boxes.figure: steps_figure([v.to_dict() for v in views], name),
                 step_boxes.answer_a: views[0].answer, step_boxes.answer_b: views[1].answer}
 
