@@ -99,8 +99,8 @@ def test_attribution_shows_its_stages_and_the_time_left_in_view_and_a_busy_butto
         page.wait_for_selector("[data-testid='toast-body']")
         page.wait_for_function("() => !document.querySelector('#attribution-run').disabled"
                                " && document.querySelector('#attribution-run').innerText === 'Explain'")
-        page.wait_for_timeout(500)
-        assert not page.evaluate(BADGE_SHOWN, "#attribution-status")  # no "Error" over the hint: the toast says it
+        # no "Error" over the hint (the toast says it): waited for, as the step that clears it may lag
+        page.wait_for_function(f"() => !({BADGE_SHOWN})('#attribution-status')", timeout=10_000)
         upload(page, "attribution", EXAMPLE)
         done = "() => document.querySelector('#attribution-report').innerText.includes('Deletion test')" \
                " && !document.querySelector('#attribution-run').disabled"
@@ -161,8 +161,7 @@ def test_the_port_run_has_a_bar_with_the_time_left_and_stale_results_are_marked(
         page.wait_for_function("(mark) => document.querySelector('#port-verdict').innerText.includes(mark)",
                                arg=PREVIOUS_RUN.strip("*"))
         assert "Agrees" in text_of(page, "#port-verdict")  # kept, under the mark
-        page.wait_for_timeout(500)
-        assert not page.evaluate(BADGE_SHOWN, "#port-status")  # no "Error" over the hint: the toast says it
+        page.wait_for_function(f"() => !({BADGE_SHOWN})('#port-status')", timeout=10_000)  # no "Error" over the hint
         page.wait_for_function("() => !document.querySelector('#port-run').disabled"
                                " && document.querySelector('#port-run').innerText === 'Compare'")  # back for the next run
 

@@ -57,7 +57,6 @@ def check_sent_values(block_fn, inputs: list, state=None) -> None:
             continue  # a state is the server's; a box's properties are Gradio's to read
         if state is not None and block._id in state:
             block = state[block._id]
-
         if isinstance(block, (gr.Slider, gr.Number)) and block_fn.preprocess and _compared(block):
             if value is None and not isinstance(block, gr.Slider):
                 continue  # an empty number box: its handler reads None
@@ -74,6 +73,7 @@ def check_sent_values(block_fn, inputs: list, state=None) -> None:
             except (ValidationError, AttributeError, TypeError):  # gradio_client's meta check raises the latter two
                 shape = ' {"text": ..., "files": [...]}' if isinstance(block, gr.MultimodalTextbox) else ""
                 raise _refusal(block_fn, index, block, f"is not in the form this input takes{shape}") from None
+
 
 def _refusal(block_fn, index: int, block, problem: str) -> gr.Error:
     """``problem`` of input ``index`` as one line naming it (named only when refused)."""
