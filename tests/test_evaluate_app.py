@@ -23,7 +23,7 @@ from g4v.evaluate import BUNDLED_DATASET, SampleResult, open_dataset, summarise
 from g4v.evaluate import uploads
 from g4v.settings.limits import limits
 from tests.browser import browser_page
-from tests.conftest import running_app
+from tests.conftest import TEST_OUTPUT, running_app
 from webapp.evaluate_equivalence import NO_FIELDS
 from webapp.evaluate_tables import SAMPLE_HEADERS
 
@@ -324,6 +324,31 @@ def finished(page, word: str = "Finished") -> None:
                            arg=word, timeout=300_000)
 
 
+#: What the status box shows while a run works, once it has rows done ("8/120 samples").
+ROWS_DONE = r"[1-9]\d*/\d+ samples"
+
+
+def rows_done_or_over(page, url: str) -> None:
+    """Wait until the run shows rows done; fail saying what the page and the app showed if it ends,
+    is refused or shows no rows for 5 minutes (a wait for the rows alone once ran out saying nothing)."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    try:
+        page.wait_for_function("(rows) => new RegExp(rows).test(document.querySelector('#eval-status').innerText)"
+                               " || /Finished|Stopped/.test(document.querySelector('#eval-status').innerText)"
+                               " || document.querySelector(\"[data-testid='toast-body']\") !== null",
+                               arg=ROWS_DONE, timeout=300_000)
+    except PlaywrightTimeout:
+        pass
+    status = page.inner_text("#eval-status")
+    if not re.search(ROWS_DONE, status):
+        toasts = page.locator("[data-testid='toast-body']").all_inner_texts()
+        port = url.rstrip("/").rsplit(":", 1)[-1]
+        log = (TEST_OUTPUT / f"app-{port}.log").read_text(errors="replace").splitlines()[-20:]
+        pytest.fail(f"the run showed no rows done: status {status!r}, toasts {toasts!r}, the app's log ends:\n"
+                    + "\n".join(log))
+
+
 def run_in_browser(page, url: str, limit: int, stop_once: bool = False,
                    arm_b: str = "hf + adapter tiny-trained-french") -> None:
     """Open the Evaluate tab, pick base vs the French adapter (or the ``arm_b`` option) on the
@@ -335,11 +360,12 @@ def run_in_browser(page, url: str, limit: int, stop_once: bool = False,
         page.locator(f"{box} input").click()
         page.locator(f"{box} [role=option]", has_text=option).filter(visible=True).first.click()
         page.locator(f"{box} input").press("Escape")  # its list closes, so the next box's list is the only one
+        assert option in page.locator(f"{box} input").input_value()  # the option chosen (its label may go on)
     page.locator("#eval-limit input").fill(str(limit))
+    assert page.locator("#eval-limit input").input_value() == str(limit)
     page.locator("#eval-run").click()
     if stop_once:  # Stop once the first rows are done (rows are answered in chunks: the run is not over)
-        page.wait_for_function("() => /[1-9]\\d*\\/\\d+ samples/.test(document.querySelector('#eval-status').innerText)",
-                               timeout=300_000)
+        rows_done_or_over(page, url)
         page.locator("#eval-stop").click()
         finished(page, "Stopped")
         done = int(re.search(r"Stopped.*?: (\d+) sample", page.inner_text("#eval-status")).group(1))
