@@ -371,6 +371,10 @@ def run_in_browser(page, url: str, limit: int, stop_once: bool = False,
         done = int(re.search(r"Stopped.*?: (\d+) sample", page.inner_text("#eval-status")).group(1))
         assert done < limit  # the partial result is shown...
         page.locator("#eval-run").click()  # ...and the same settings resume it
+        shown = page.wait_for_function("(rows) => { const text = document.querySelector('#eval-status').innerText;"
+                                       " return new RegExp(rows).test(text) && text; }", arg=ROWS_DONE,
+                                       timeout=300_000).json_value()
+        assert "Stopped" not in shown and "previous run" not in shown  # the stopped run's line is hidden under the bar
     finished(page)
 
 

@@ -11,7 +11,7 @@ from g4v.attribution.run import AttributionReport, AttributionSettings, run_attr
 from g4v.errors import MAX_NUMBER_CHARS, WHOLE_TEXT, G4VError, quoted
 from g4v.model.levels import describe_levels
 from webapp.common import (MODEL_QUEUE, OutputBoxes, busy_while_running, markdown_code, previous_run_mark,
-                           progress_line, run_keeping_previous, shows_errors, without_error_badges)
+                           progress_line, run_keeping_previous, shows_errors)
 from webapp.pictures import picture_row
 from webapp.sessions import SessionStores, session_key
 
@@ -125,6 +125,4 @@ def attribution_tab(engine, config, last_chat_image: gr.State, sessions: Session
                                      boxes.components(), report, api_name="attribute", concurrency_id=MODEL_QUEUE,
                                      concurrency_limit=concurrency, show_progress_on=status)
     ready(explained)
-    # the status box under the picture too: the bar is drawn there, and so was a refusal's badge
-    without_error_badges(explained, [status, *(box for box in boxes.components() if box is not report)])
     image.change(**previous_run_mark(report))

@@ -424,7 +424,6 @@ def circuits_tab(engine, last_chat_image: gr.State, sessions: SessionStores, con
         view = getattr(boxes, name)
         event = run_keeping_previous(button, handlers[name], inputs, view.components(), view.report,
                                      api_name=f"circuits_{name}", show_progress_on=view.report, **model_bound)
-        without_error_badges(event, [box for box in view.components() if box is not view.report])  # its own: the mark
         if name == "attention":  # each head's maps, redrawn from the run kept
             event.success(head_choices, attention.kept, head, api_visibility="private", queue=False)
     # a new picture (uploaded, from Chat, a PDF page): every view's results were the old one's;

@@ -9,7 +9,7 @@ from g4v.model.levels import describe_levels
 from g4v.inspect.run import InspectionResult, run_inspection
 from g4v.inspect.settings import InspectSettings
 from webapp.common import (MODEL_QUEUE, OutputBoxes, markdown_code, previous_run_mark, run_keeping_previous,
-                           shows_errors, without_error_badges)
+                           shows_errors)
 from webapp.pictures import picture_row
 from webapp.sessions import SessionStores, session_key
 
@@ -126,6 +126,5 @@ def deepstack_tab(engine, config, last_chat_image: gr.State, sessions: SessionSt
     event = run_keeping_previous(run, make_inspect(engine, sessions, gpu_task, boxes),
                                  [image, prompt, ablate, scales, full], boxes.components(), report,
                                  api_name="inspect", concurrency_id=MODEL_QUEUE, concurrency_limit=concurrency)
-    without_error_badges(event, [box for box in boxes.components() if box is not report])
     image.change(**previous_run_mark(report))
     return image, prompt

@@ -28,8 +28,8 @@ from g4v.evaluate import BUNDLED_DATASET, Columns, EvalConfig, RunResult, open_d
 from g4v.evaluate.store import CSV_FILE, PARQUET_FILE, ROWS_FILE, RUN_FILE, SUMMARY_FILE, read_settings, shareable
 from g4v.evaluate.uploads import UPLOAD_SUFFIXES, extract_upload
 from viz.evaluate import all_failed, run_figures
-from webapp.common import (EVALUATE_QUEUE, QUIET_INPUT, STATUS_HEIGHT, OutputBoxes, escape_markdown, run_keeping_previous,
-                           shows_errors)
+from webapp.common import (EVALUATE_QUEUE, QUIET_INPUT, OutputBoxes, escape_markdown, run_keeping_previous,
+                           shows_errors, status_line)
 from webapp.evaluate_budget import budget_section
 from webapp.evaluate_choices import (BUNDLED, SAME_AS_A, SAME_AS_A_LABEL, UPLOAD, ArmChoice, arm_choices,
                                      dataset_choices, dataset_label)
@@ -296,7 +296,7 @@ def evaluate_tab(engine, model: str, adapters_dir, workspace: EvalWorkspace, tar
     with gr.Row():
         run = gr.Button("Run", variant="primary", elem_id="eval-run")
         stop = gr.Button("Stop", elem_id="eval-stop")
-    status = gr.Markdown(min_height=STATUS_HEIGHT, elem_id="eval-status")  # the run's bar is drawn over it
+    status = status_line(elem_id="eval-status")  # the run's bar is drawn over it
     aggregate = gr.Dataframe(headers=AGGREGATE_HEADERS, label="Aggregates (all, then per category)",
                              interactive=False, elem_id="eval-aggregate", wrap=True,
                              column_widths=column_widths(AGGREGATE_HEADERS))

@@ -15,13 +15,12 @@ from g4v.paths import (ASSETS_DIR, DOCUMENTS_MODEL_DIR, EXAMPLES_DIR, REAL_MODEL
 from webapp.attribution import attribution_tab
 from webapp.chat import chat_tab
 from webapp.circuits import circuits_tab
-from webapp.common import engine_line, markdown_code, model_task
+from webapp.common import RUN_STATUS, engine_line, markdown_code, model_task
 from webapp.deepstack import deepstack_tab
 from webapp.evaluate import STORES, EvalWorkspace, evaluate_tab
 from webapp.evaluate_open import OpenInChat, OpenInDeepstack, OpenInLora, OpenTargets
 from webapp.intake import WorkbenchBlocks
 from webapp.lora import lora_tab
-from webapp.pictures import RUN_STATUS
 from webapp.port import port_tab
 from webapp.sessions import SessionStores, session_key
 from webapp.tiling import tiling_tab
@@ -46,10 +45,10 @@ def workbench_theme() -> gr.themes.Base:
         font_mono=[gr.themes.LocalFont("IBM Plex Mono", weights=(400, 700)), "ui-monospace", "Consolas", "monospace"])
 
 
-#: The page's own CSS (``app.py`` launches with it). A run's progress bar is drawn over the status
-#: box under its picture (:func:`webapp.pictures.picture_row`), over a translucent veil: the box's
-#: hint is hidden while the run works (Gradio marks the box ``pending``), so the bar's line is not
-#: drawn over the hint's words.
+#: The page's own CSS (``app.py`` launches with it). A run's progress bar is drawn over a status
+#: line (:func:`webapp.common.status_line`: under a picture, or Evaluate's), over a translucent
+#: veil: the line's text is hidden while the run works (Gradio marks the box ``pending``), so the
+#: bar's words are not drawn over the line's own.
 WORKBENCH_CSS = f".{RUN_STATUS} .pending {{ visibility: hidden; }}"
 
 

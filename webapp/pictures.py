@@ -12,14 +12,9 @@ from dataclasses import dataclass
 
 import gradio as gr
 
-from webapp.common import (STATUS_HEIGHT, ImageFile, image_input, last_chat_image_button, refuse_non_pictures,
+from webapp.common import (ImageFile, image_input, last_chat_image_button, refuse_non_pictures, status_line,
                            use_last_chat_image)
 from webapp.documents import document_picker
-
-#: The class of a status box under a picture, whose hint the page's CSS hides while a run's bar is
-#: drawn over it (:data:`webapp.layout.WORKBENCH_CSS`).
-RUN_STATUS = "g4v-run-status"
-
 
 @dataclass
 class PictureRow:
@@ -42,7 +37,7 @@ def picture_row(prefix: str, last_chat_image: gr.State, *, label: str = "Image",
     picture, under the row's two helpers.
 
     ``status``: a hint shown under the picture, over which the run's progress bar is drawn (the hint
-    hidden meanwhile, :data:`RUN_STATUS`), so the bar is in view while the run works (under the
+    hidden meanwhile, :func:`webapp.common.status_line`), so the bar is in view while the run works (under the
     tab's button it was below the fold). ``pdf``:
     offer the PDF page picker. ``refuse_on_upload``: take a file that is no picture out of the box
     at once, with a toast (:func:`webapp.common.refuse_non_pictures`); off for a tab whose own
@@ -50,8 +45,7 @@ def picture_row(prefix: str, last_chat_image: gr.State, *, label: str = "Image",
     with gr.Row():
         with gr.Column() if status is not None else nullcontext():
             image = image_input(label=label, value=value, height=height, elem_id=f"{prefix}-image")
-            line = None if status is None else gr.Markdown(status, min_height=STATUS_HEIGHT, elem_id=f"{prefix}-status",
-                                                            elem_classes=[RUN_STATUS])
+            line = None if status is None else status_line(status, elem_id=f"{prefix}-status")
         if refuse_on_upload:
             refuse_non_pictures(image)
         with gr.Column():

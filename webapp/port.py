@@ -17,7 +17,7 @@ from g4v.port.settings import PortDiffSettings
 from g4v.port.summary import PortDiffSummary
 from g4v.port.table import LEVEL_COLUMNS, level_rows, with_texts, without_model_path
 from webapp.common import (OutputBoxes, busy_while_running, escape_markdown, previous_run_mark, progress_line,
-                           run_keeping_previous, shows_errors, without_error_badges)
+                           run_keeping_previous, shows_errors)
 from webapp.pictures import picture_row
 
 SETUP_HINT = (f"**This tab is off: the vLLM environment is not built** (`make run` leaves it out). Turn it on "
@@ -206,6 +206,4 @@ def port_tab(model: str, last_chat_image: gr.State) -> None:
     event = run_keeping_previous(run, make_port_diff(model, boxes, checkpoint), [image, prompt, *options],
                                  boxes.components(), verdict, api_name="port_diff", show_progress_on=status)
     ready(event)
-    # the status box under the picture too: the bar is drawn there, and so was a refusal's badge
-    without_error_badges(event, [status, *(box for box in boxes.components() if box is not verdict)])
     image.change(**previous_run_mark(verdict))
