@@ -54,8 +54,10 @@ def watch_run(page, prefix: str, busy: str, done: str, timeout: float) -> list[s
     # machine, and a bar read just before the end met the button given back just after.
     snapshot = f"""() => {{ const button = document.querySelector('#{prefix}-run');
         return [({done})(), ({BAR})('{prefix}'), button.innerText, button.disabled]; }}"""
-    hint, shown = page.evaluate(HINT, prefix)
-    assert hint.strip() and shown, (hint, shown)
+    # the hint shows before the run (waited for: a refused run's bar may still be leaving the box)
+    page.wait_for_function(f"() => {{ const [text, shown] = ({HINT})('{prefix}'); return shown && text.trim(); }}",
+                           timeout=10_000)
+    hint = page.evaluate(HINT, prefix)[0]
     page.locator(f"#{prefix}-run").click()
     seen, deadline = [], time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -24,6 +24,7 @@ from g4v.evaluate import uploads
 from g4v.settings.limits import limits
 from tests.browser import browser_page
 from tests.conftest import TEST_OUTPUT, running_app
+from webapp.common import PREVIOUS_RUN
 from webapp.evaluate_equivalence import NO_FIELDS
 from webapp.evaluate_tables import SAMPLE_HEADERS
 
@@ -328,25 +329,28 @@ def finished(page, word: str = "Finished") -> None:
 ROWS_DONE = r"[1-9]\d*/\d+ samples"
 
 
-def rows_done_or_over(page, url: str) -> None:
-    """Wait until the run shows rows done; fail saying what the page and the app showed if it ends,
-    is refused or shows no rows for 5 minutes (a wait for the rows alone once ran out saying nothing)."""
+def rows_done_or_over(page, url: str, ends: str = "Finished|Stopped") -> str:
+    """Wait until the run shows rows done and return the status box's text then; fail saying what
+    the page and the app showed if the box says the run ``ends`` (a regular expression) first, an
+    error toast comes, or no rows show for 5 minutes (a wait for the rows alone once ran out saying
+    nothing)."""
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
     try:
-        page.wait_for_function("(rows) => new RegExp(rows).test(document.querySelector('#eval-status').innerText)"
-                               " || /Finished|Stopped/.test(document.querySelector('#eval-status').innerText)"
-                               " || document.querySelector(\"[data-testid='toast-body']\") !== null",
-                               arg=ROWS_DONE, timeout=300_000)
+        shown = page.wait_for_function(
+            "([rows, ends]) => { const text = document.querySelector('#eval-status').innerText;"
+            " if (new RegExp(rows).test(text)) return text;"
+            " return (new RegExp(ends).test(text) || document.querySelector(\"[data-testid='toast-body'].error\"))"
+            " && 'over'; }", arg=[ROWS_DONE, ends], timeout=300_000).json_value()
+        if shown != "over":
+            return shown
     except PlaywrightTimeout:
         pass
     status = page.inner_text("#eval-status")
-    if not re.search(ROWS_DONE, status):
-        toasts = page.locator("[data-testid='toast-body']").all_inner_texts()
-        port = url.rstrip("/").rsplit(":", 1)[-1]
-        log = (TEST_OUTPUT / f"app-{port}.log").read_text(errors="replace").splitlines()[-20:]
-        pytest.fail(f"the run showed no rows done: status {status!r}, toasts {toasts!r}, the app's log ends:\n"
-                    + "\n".join(log))
+    toasts = page.locator("[data-testid='toast-body']").all_inner_texts()
+    log = TEST_OUTPUT / f"app-{url.rstrip('/').rsplit(':', 1)[-1]}.log"  # running_app's log, by port
+    log_end = "\n".join(log.read_text(errors="replace").splitlines()[-20:]) if log.is_file() else "(no log)"
+    pytest.fail(f"the run showed no rows done: status {status!r}, toasts {toasts!r}, the app's log ends:\n{log_end}")
 
 
 def run_in_browser(page, url: str, limit: int, stop_once: bool = False,
@@ -371,10 +375,8 @@ def run_in_browser(page, url: str, limit: int, stop_once: bool = False,
         done = int(re.search(r"Stopped.*?: (\d+) sample", page.inner_text("#eval-status")).group(1))
         assert done < limit  # the partial result is shown...
         page.locator("#eval-run").click()  # ...and the same settings resume it
-        shown = page.wait_for_function("(rows) => { const text = document.querySelector('#eval-status').innerText;"
-                                       " return new RegExp(rows).test(text) && text; }", arg=ROWS_DONE,
-                                       timeout=300_000).json_value()
-        assert "Stopped" not in shown and "previous run" not in shown  # the stopped run's line is hidden under the bar
+        shown = rows_done_or_over(page, url, ends="Finished")  # the stopped run's line says "Stopped"...
+        assert "Stopped" not in shown and PREVIOUS_RUN.strip("*") not in shown  # ...hidden under the bar
     finished(page)
 
 

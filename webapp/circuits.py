@@ -341,6 +341,8 @@ def circuits_tab(engine, last_chat_image: gr.State, sessions: SessionStores, con
         token = gr.Textbox(label="Query token position (empty: the last prompt token, which produces the first "
                                  "answer token; negative counts from the end)", value="", elem_id="circuits-token")
         run = gr.Button("Show attention", variant="primary", elem_id="circuits-attention-run")
+        # each view's report is its result, the bar drawn over it: not a status_line, whose text the
+        # bar hides, so the previous report stays readable (marked as such) while a run works
         report = gr.Markdown(min_height=STATUS_HEIGHT, elem_id="circuits-attention-report")
         share = gr.Image(label="Share of attention on the picture by layer", elem_id="circuits-share", **pictures)
         head = gr.Dropdown([ALL_HEADS], value=ALL_HEADS, label="Maps of", elem_id="circuits-head")

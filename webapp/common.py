@@ -281,15 +281,16 @@ def previous_run_mark(status: gr.Markdown) -> dict:
 def run_keeping_previous(button: gr.Button, fn, inputs: list, outputs: list, status: gr.Markdown, **settings):
     """Wire ``button`` to run ``fn`` and return that event. ``status`` is marked as the previous
     run's while the run starts (the mark is registered first: it shows before the run's own first
-    update) and again when the run is refused, so a refusal leaves the results on show, marked,
-    rather than emptying them or passing them off as its own. A refusal's "Error" badge, drawn on
-    the outputs and on the box the bar is drawn over (``show_progress_on``), is taken off them all."""
+    update; on a :func:`status_line` the bar hides it until the run ends) and again when the run
+    is refused, so a refusal leaves the results on show, marked, rather than emptying them or
+    passing them off as its own. A refusal's "Error" badge, drawn on the outputs and on the box the
+    bar is drawn over (``show_progress_on``), is taken off them all."""
     mark = previous_run_mark(status)
     button.click(**mark)
     event = button.click(fn, inputs, outputs, **settings)
     event.failure(**mark)  # writing the status line takes its badge off
     bar_boxes = settings.get("show_progress_on") or []
-    bar_boxes = bar_boxes if isinstance(bar_boxes, list) else [bar_boxes]
+    bar_boxes = list(bar_boxes) if isinstance(bar_boxes, (list, tuple)) else [bar_boxes]
     badged = [box for box in dict.fromkeys([*outputs, *bar_boxes]) if box is not status]
     if badged:
         without_error_badges(event, badged)
@@ -312,15 +313,14 @@ def empties_on(event, components: list) -> None:
 #: The least height of the line a long run's progress bar is drawn over (Gradio draws the bar over
 #: the box it is shown on: over an empty Markdown it had no height at all, and did not show).
 STATUS_HEIGHT = 72
-#: The class of a status line (:func:`status_line`): the page's CSS hides its text while Gradio
-#: draws a run's bar over it (:data:`webapp.layout.WORKBENCH_CSS`), so the bar's words are not
-#: drawn over the line's own (a hint, or the previous run's status).
+#: The class of a :func:`status_line`: the page's CSS (:data:`webapp.layout.WORKBENCH_CSS`) hides
+#: its text while a run's bar is drawn over it, so the bar's words are not drawn over the line's own.
 RUN_STATUS = "g4v-run-status"
 
 
 def status_line(value: str | None = None, *, elem_id: str) -> gr.Markdown:
-    """A line a long run's progress bar is drawn over (``show_progress_on``): its text is the hint
-    before a run and the run's status after it, out of sight while the bar shows."""
+    """A line a long run's bar is drawn over (``show_progress_on``): the hint, then the run's status
+    or previous-run mark, out of sight while the bar shows. Not for a report, kept readable under it."""
     return gr.Markdown(value, min_height=STATUS_HEIGHT, elem_id=elem_id, elem_classes=[RUN_STATUS])
 
 

@@ -16,7 +16,7 @@ from g4v.errors import G4VError
 from g4v.evaluate.budget import accuracy_text, parse_keeps, parse_policies, run_budget_sweep
 from g4v.model.token_budget import DEFAULT_KEEPS, POLICIES
 from viz.token_budget import budget_figure
-from webapp.common import EVALUATE_QUEUE, OutputBoxes, escape_markdown, shows_errors, status_line, without_error_badges
+from webapp.common import EVALUATE_QUEUE, STATUS_HEIGHT, OutputBoxes, escape_markdown, shows_errors, without_error_badges
 from webapp.evaluate_runs import eval_config, in_worker
 from webapp.sessions import session_key
 
@@ -63,7 +63,7 @@ def budget_section(workspace, choices, reuse: dict, adapters_dir, inputs: list, 
             policies = gr.CheckboxGroup(list(POLICIES), value=list(DEFAULT_POLICIES), label="Policies",
                                         elem_id="eval-budget-policies")
         run = gr.Button("Run token-budget sweep", elem_id="eval-budget-run")
-        boxes = BudgetBoxes(status=status_line(elem_id="eval-budget-status"),
+        boxes = BudgetBoxes(status=gr.Markdown(min_height=STATUS_HEIGHT, elem_id="eval-budget-status"),
                             plot=gr.Image(show_label=False, format="png", elem_id="eval-budget-plot"),
                             curve=gr.JSON(label="Curve (JSON)", visible=False))
 

@@ -46,9 +46,9 @@ def workbench_theme() -> gr.themes.Base:
 
 
 #: The page's own CSS (``app.py`` launches with it). A run's progress bar is drawn over a status
-#: line (:func:`webapp.common.status_line`: under a picture, or Evaluate's), over a translucent
-#: veil: the line's text is hidden while the run works (Gradio marks the box ``pending``), so the
-#: bar's words are not drawn over the line's own.
+#: line (:func:`webapp.common.status_line`), over a translucent veil: the line's text is hidden
+#: while the run works (Gradio marks the box ``pending``), so the bar's words are not drawn over
+#: the line's own.
 WORKBENCH_CSS = f".{RUN_STATUS} .pending {{ visibility: hidden; }}"
 
 

@@ -16,6 +16,7 @@ from webapp.common import (ImageFile, image_input, last_chat_image_button, refus
                            use_last_chat_image)
 from webapp.documents import document_picker
 
+
 @dataclass
 class PictureRow:
     """What a tab wires after the row: its picture, and the events that fill it, to chain the tab's
