@@ -5,9 +5,11 @@ one streams is not kept waiting for it (one at a time, it waited for the whole l
 import threading
 import time
 
+import pytest
 from gradio_client import Client
 
 from g4v.conversation import Message, SamplingSettings
+from tests.test_app_bad_input import assert_one_clean_line
 
 QUESTIONS = ["What colour is the shape?", "How many shapes are there?", "Where is the star?", "Hi.",
              "Tell me about red squares.", "Is it big?"]
@@ -46,3 +48,25 @@ def test_a_short_answer_is_not_kept_waiting_for_a_long_one(app_url, hf_engine):
     assert not long_job.done(), "the long answer ended before the short one: nothing was shown"
     assert short == alone(hf_engine, "Hi.", 4)
     long_job.cancel()
+
+
+def test_one_session_takes_one_message_at_a_time(app_url, hf_engine):
+    """Each ``/chat`` call reads its session's conversation as it starts and writes it as it ends:
+    a second message of the same session sent while the first streams would not see the first turn
+    and would write over it. It is refused in one line; the first answer and its turn are kept, and
+    the session's next message is answered after that turn. (The random-weight checkpoint writes
+    all 300 tokens for the story, several seconds: the second message arrives while it streams.)"""
+    story = "Write a long story."
+    client = Client(app_url, verbose=False)
+    first = client.submit({"text": story, "files": []}, 300, 0.0, 1.0, 0, api_name="/chat")
+    while not first.outputs():  # the first answer is streaming
+        time.sleep(0.05)
+    with pytest.raises(Exception) as refused:
+        client.predict({"text": "Hi.", "files": []}, 4, 0.0, 1.0, 0, api_name="/chat")
+    assert not first.done(), "the first answer ended before the second message came: nothing was tested"
+    assert_one_clean_line(str(refused.value), "^this session is still answering its previous message")
+    story_answer = first.result(timeout=300)
+    assert story_answer == alone(hf_engine, story, 300)
+    turns = [Message("user", story), Message("assistant", story_answer), Message("user", "Hi.")]
+    assert (client.predict({"text": "Hi.", "files": []}, 4, 0.0, 1.0, 0, api_name="/chat")
+            == hf_engine.generate(turns, SamplingSettings(max_new_tokens=4)).text)

@@ -24,6 +24,7 @@ import os
 import threading
 import time
 from collections.abc import Generator, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import gradio as gr
@@ -286,6 +287,32 @@ class Answering(OutputBoxes):
     newest_answer: gr.State  # the answer as the model wrote it, for the structured panel
 
 
+class OneMessageAtATime:
+    """The ``/chat`` sessions answering now. Each call reads the session's conversation (a
+    ``gr.State``) as it starts and writes it as it ends: a second message sent while the first
+    streams would miss the first turn and write over it, so it is refused in one line."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._answering: set[str] = set()
+
+    @contextmanager
+    def answering(self, session: str | None):
+        """Hold ``session`` while its answer streams, released however it ends (done, failed, or
+        closed by a cancelling client); None (no session, or an MCP call) holds nothing."""
+        with self._lock:
+            if session in self._answering:
+                raise G4VError("this session is still answering its previous message: send the next one "
+                               "when that answer ends (a new client is a new conversation)")
+            if session is not None:
+                self._answering.add(session)
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._answering.discard(session)
+
+
 @dataclass
 class ApiBoxes(OutputBoxes):
     """The ``/chat`` endpoint's results."""
@@ -340,12 +367,14 @@ def chat_tab(engine, last_chat_image: gr.State, examples: list[list], concurrenc
         yield {answering.chatbot: [*shown, answer_entry(text)], answering.last_image: image,
                answering.box: gr.MultimodalTextbox(interactive=True), answering.newest_answer: text}
 
+    api_sessions = OneMessageAtATime()
+
     @gpu_task
     @shows_errors
     def api_chat(message, history, max_new_tokens, temperature, top_p, seed, request: gr.Request):
         """Ask the model a question, with up to 4 pictures; streams the answer. Through the API a
-        session keeps the conversation (older turns are dropped when it outgrows the context);
-        through MCP each call is a conversation of its own (the MCP server's calls share one session).
+        session keeps the conversation (older turns are dropped when it outgrows the context) and takes
+        one message at a time; through MCP each call is a conversation of its own (one shared session).
 
         Args:
             message: the question: {"text": the prompt, "files": pictures (URLs, or data: URLs for uploads)}.
@@ -357,14 +386,15 @@ def chat_tab(engine, last_chat_image: gr.State, examples: list[list], concurrenc
         Returns:
             the model's answer, as text
         """
-        if from_mcp(request):
-            history = []
+        mcp = from_mcp(request)  # an MCP call: a conversation of its own, beside the shared session's others
+        history = [] if mcp else history
         settings = sampling_settings(max_new_tokens, temperature, top_p, seed)
         user = read_message(message, engine.context_window(), fit)
         text = ""
-        for text in answer(engine, user, history, settings, threading.Event(), fit):
-            yield {api.answer: text}
-        yield {api.answer: text, api.history: [*history, user_entry(message), answer_entry(text)]}
+        with api_sessions.answering(None if mcp else request.session_hash):
+            for text in answer(engine, user, history, settings, threading.Event(), fit):
+                yield {api.answer: text}
+            yield {api.answer: text, api.history: [*history, user_entry(message), answer_entry(text)]}
 
     chatbot = gr.Chatbot(label="Chat", height=460, elem_id="chatbot")
     # A PDF attached here goes to the "From a PDF" picker below (chat_documents), for its pages.
