@@ -42,7 +42,7 @@ def test_a_short_answer_is_not_kept_waiting_for_a_long_one(app_url, hf_engine):
     assert len(hf_engine.generate([Message("user", long_prompt)], SamplingSettings(max_new_tokens=900)).token_ids) == 900
     long_client, short_client = Client(app_url, verbose=False), Client(app_url, verbose=False)
     long_job = long_client.submit({"text": long_prompt, "files": []}, 900, 0.0, 1.0, 0, api_name="/chat")
-    while not long_job.outputs():  # the long answer has started streaming
+    while not long_job.outputs() and not long_job.done():  # the long answer has started streaming (or failed)
         time.sleep(0.05)
     short = short_client.predict({"text": "Hi.", "files": []}, 4, 0.0, 1.0, 0, api_name="/chat")
     assert not long_job.done(), "the long answer ended before the short one: nothing was shown"
@@ -59,7 +59,7 @@ def test_one_session_takes_one_message_at_a_time(app_url, hf_engine):
     story = "Write a long story."
     client = Client(app_url, verbose=False)
     first = client.submit({"text": story, "files": []}, 300, 0.0, 1.0, 0, api_name="/chat")
-    while not first.outputs():  # the first answer is streaming
+    while not first.outputs() and not first.done():  # the first answer is streaming (or failed)
         time.sleep(0.05)
     with pytest.raises(Exception) as refused:
         client.predict({"text": "Hi.", "files": []}, 4, 0.0, 1.0, 0, api_name="/chat")

@@ -17,7 +17,7 @@ keeps are decoded, each reduced as soon as it is decoded to the size the model's
 it to anyway (:class:`~g4v.evaluate.data.PictureFit`, as dataset pictures are).
 
 The same function answers the ``/chat`` API endpoint (``message, max_new_tokens, temperature,
-top_p, seed``), with the conversation kept per client session.
+top_p, seed``), with the conversation kept per client session, one message at a time.
 """
 
 import os
@@ -103,12 +103,8 @@ def read_history(history: list) -> History:
         role = entry.get("role")
         texts, files = content_parts(entry.get("content"))
         texts = [unescape_markdown(text) for text in texts]  # shown as text (see user_entry), read as written
-        images = []
-        for path in files:
-            if path and os.path.isfile(path):
-                images.append(path)
-            else:
-                out.missing_images += 1
+        images = [path for path in files if path and os.path.isfile(path)]
+        out.missing_images += len(files) - len(images)
         text = "\n".join(t for t in texts if t)
         if out.messages and out.messages[-1].role == role:
             previous = out.messages[-1]
@@ -290,11 +286,11 @@ class Answering(OutputBoxes):
 class OneMessageAtATime:
     """The ``/chat`` sessions answering now. Each call reads the session's conversation (a
     ``gr.State``) as it starts and writes it as it ends: a second message sent while the first
-    streams would miss the first turn and write over it, so it is refused in one line."""
+    streams would miss the first turn and write over it, so it is refused in one line. Held in the
+    server's process: on ZeroGPU a gpu_task runs in a worker process, unseen by the next call."""
 
     def __init__(self):
-        self._lock = threading.Lock()
-        self._answering: set[str] = set()
+        self._lock, self._answering = threading.Lock(), set()
 
     @contextmanager
     def answering(self, session: str | None):
@@ -367,9 +363,17 @@ def chat_tab(engine, last_chat_image: gr.State, examples: list[list], concurrenc
         yield {answering.chatbot: [*shown, answer_entry(text)], answering.last_image: image,
                answering.box: gr.MultimodalTextbox(interactive=True), answering.newest_answer: text}
 
+    @gpu_task
+    @shows_errors
+    def stream_api_answer(message, user, history, settings):
+        """:func:`api_chat`'s answer, streamed (``user`` and ``settings`` as it checked them)."""
+        text = ""
+        for text in answer(engine, user, history, settings, threading.Event(), fit):
+            yield {api.answer: text}
+        yield {api.answer: text, api.history: [*history, user_entry(message), answer_entry(text)]}
+
     api_sessions = OneMessageAtATime()
 
-    @gpu_task
     @shows_errors
     def api_chat(message, history, max_new_tokens, temperature, top_p, seed, request: gr.Request):
         """Ask the model a question, with up to 4 pictures; streams the answer. Through the API a
@@ -387,14 +391,10 @@ def chat_tab(engine, last_chat_image: gr.State, examples: list[list], concurrenc
             the model's answer, as text
         """
         mcp = from_mcp(request)  # an MCP call: a conversation of its own, beside the shared session's others
-        history = [] if mcp else history
         settings = sampling_settings(max_new_tokens, temperature, top_p, seed)
         user = read_message(message, engine.context_window(), fit)
-        text = ""
         with api_sessions.answering(None if mcp else request.session_hash):
-            for text in answer(engine, user, history, settings, threading.Event(), fit):
-                yield {api.answer: text}
-            yield {api.answer: text, api.history: [*history, user_entry(message), answer_entry(text)]}
+            yield from stream_api_answer(message, user, [] if mcp else history, settings)
 
     chatbot = gr.Chatbot(label="Chat", height=460, elem_id="chatbot")
     # A PDF attached here goes to the "From a PDF" picker below (chat_documents), for its pages.
