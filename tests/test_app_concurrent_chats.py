@@ -2,6 +2,7 @@
 engine's decode loop): each gets the answer it gets alone, and a short answer asked while a long
 one streams is not kept waiting for it (one at a time, it waited for the whole long answer)."""
 
+import re
 import threading
 import time
 
@@ -50,6 +51,17 @@ def test_a_short_answer_is_not_kept_waiting_for_a_long_one(app_url, hf_engine):
     long_job.cancel()
 
 
+STILL_ANSWERING = "^this session is still answering its previous message"
+
+
+def send_while_streaming(client: Client, text: str, max_new_tokens: int):
+    """``text``'s job on ``client``, once the first piece of its answer has come (or it failed)."""
+    job = client.submit({"text": text, "files": []}, max_new_tokens, 0.0, 1.0, 0, api_name="/chat")
+    while not job.outputs() and not job.done():
+        time.sleep(0.05)
+    return job
+
+
 def test_one_session_takes_one_message_at_a_time(app_url, hf_engine):
     """Each ``/chat`` call reads its session's conversation as it starts and writes it as it ends:
     a second message of the same session sent while the first streams would not see the first turn
@@ -58,15 +70,32 @@ def test_one_session_takes_one_message_at_a_time(app_url, hf_engine):
     all 300 tokens for the story, several seconds: the second message arrives while it streams.)"""
     story = "Write a long story."
     client = Client(app_url, verbose=False)
-    first = client.submit({"text": story, "files": []}, 300, 0.0, 1.0, 0, api_name="/chat")
-    while not first.outputs() and not first.done():  # the first answer is streaming (or failed)
-        time.sleep(0.05)
+    first = send_while_streaming(client, story, 300)
     with pytest.raises(Exception) as refused:
-        client.predict({"text": "Hi.", "files": []}, 4, 0.0, 1.0, 0, api_name="/chat")
-    assert not first.done(), "the first answer ended before the second message came: nothing was tested"
-    assert_one_clean_line(str(refused.value), "^this session is still answering its previous message")
+        second = client.predict({"text": "Hi.", "files": []}, 4, 0.0, 1.0, 0, api_name="/chat")
+        pytest.fail(f"the second message was answered ({second!r})"
+                    + (", but the first had already ended: nothing was tested" if first.done() else ""))
+    assert_one_clean_line(str(refused.value), STILL_ANSWERING)
     story_answer = first.result(timeout=300)
     assert story_answer == alone(hf_engine, story, 300)
     turns = [Message("user", story), Message("assistant", story_answer), Message("user", "Hi.")]
     assert (client.predict({"text": "Hi.", "files": []}, 4, 0.0, 1.0, 0, api_name="/chat")
             == hf_engine.generate(turns, SamplingSettings(max_new_tokens=4)).text)
+
+
+def test_a_cancelled_answer_frees_its_session(app_url, hf_engine):
+    """A client that cancels its answer may send the next message: the session is released once
+    the server has closed the answer (asynchronously, so the client tries again for up to 60 s),
+    and the cancelled answer is no turn of the conversation."""
+    client = Client(app_url, verbose=False)
+    first = send_while_streaming(client, "Write a long story.", 900)
+    assert not first.done(), "the long answer ended before it was cancelled: nothing was tested"
+    first.cancel()
+    deadline, answer = time.monotonic() + 60, None
+    while answer is None:
+        try:
+            answer = client.predict({"text": "Hi.", "files": []}, 4, 0.0, 1.0, 0, api_name="/chat")
+        except Exception as refused:
+            assert re.search(STILL_ANSWERING, str(refused)) and time.monotonic() < deadline, str(refused)
+            time.sleep(0.2)
+    assert answer == alone(hf_engine, "Hi.", 4)

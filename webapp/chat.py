@@ -38,6 +38,7 @@ from webapp.common import (CHAT_QUEUE, MODEL_QUEUE, RANDOM_SEED, OutputBoxes, es
                            seed_box_value, shows_errors, unescape_markdown, without_error_badges)
 from webapp.documents import chat_documents, chat_examples, left_out_line
 from webapp.mcp import from_mcp
+from webapp.sessions import session_key
 
 
 # ── Gradio messages -> g4v conversation ────────────────────────────────────────────────────────
@@ -393,7 +394,7 @@ def chat_tab(engine, last_chat_image: gr.State, examples: list[list], concurrenc
         mcp = from_mcp(request)  # an MCP call: a conversation of its own, beside the shared session's others
         settings = sampling_settings(max_new_tokens, temperature, top_p, seed)
         user = read_message(message, engine.context_window(), fit)
-        with api_sessions.answering(None if mcp else request.session_hash):
+        with api_sessions.answering(None if mcp else session_key(request)):
             yield from stream_api_answer(message, user, [] if mcp else history, settings)
 
     chatbot = gr.Chatbot(label="Chat", height=460, elem_id="chatbot")
