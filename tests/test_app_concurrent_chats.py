@@ -20,6 +20,14 @@ def alone(engine, text: str, max_new_tokens: int) -> str:
     return engine.generate([Message("user", text)], SamplingSettings(max_new_tokens=max_new_tokens)).text
 
 
+def send_while_streaming(client: Client, text: str, max_new_tokens: int):
+    """``text``'s job on ``client``, once the first piece of its answer has come (or it failed)."""
+    job = client.submit({"text": text, "files": []}, max_new_tokens, 0.0, 1.0, 0, api_name="/chat")
+    while not job.outputs() and not job.done():
+        time.sleep(0.05)
+    return job
+
+
 def test_visitors_at_once_each_get_their_answer_alone(app_url, hf_engine):
     answers = [None] * len(QUESTIONS)
 
@@ -42,9 +50,7 @@ def test_a_short_answer_is_not_kept_waiting_for_a_long_one(app_url, hf_engine):
     long_prompt = "Write a long story."
     assert len(hf_engine.generate([Message("user", long_prompt)], SamplingSettings(max_new_tokens=900)).token_ids) == 900
     long_client, short_client = Client(app_url, verbose=False), Client(app_url, verbose=False)
-    long_job = long_client.submit({"text": long_prompt, "files": []}, 900, 0.0, 1.0, 0, api_name="/chat")
-    while not long_job.outputs() and not long_job.done():  # the long answer has started streaming (or failed)
-        time.sleep(0.05)
+    long_job = send_while_streaming(long_client, long_prompt, 900)
     short = short_client.predict({"text": "Hi.", "files": []}, 4, 0.0, 1.0, 0, api_name="/chat")
     assert not long_job.done(), "the long answer ended before the short one: nothing was shown"
     assert short == alone(hf_engine, "Hi.", 4)
@@ -52,14 +58,6 @@ def test_a_short_answer_is_not_kept_waiting_for_a_long_one(app_url, hf_engine):
 
 
 STILL_ANSWERING = "^this session is still answering its previous message"
-
-
-def send_while_streaming(client: Client, text: str, max_new_tokens: int):
-    """``text``'s job on ``client``, once the first piece of its answer has come (or it failed)."""
-    job = client.submit({"text": text, "files": []}, max_new_tokens, 0.0, 1.0, 0, api_name="/chat")
-    while not job.outputs() and not job.done():
-        time.sleep(0.05)
-    return job
 
 
 def test_one_session_takes_one_message_at_a_time(app_url, hf_engine):
