@@ -54,9 +54,20 @@ def server_log(app_url) -> str:
     return (TEST_OUTPUT / f"app-{urlparse(app_url).port}.log").read_text(errors="replace")
 
 
-def toast_says(page, words: str) -> None:
-    page.wait_for_function("(words) => [...document.querySelectorAll(\"[data-testid='toast-body']\")]"
-                           ".some(t => t.innerText.includes(words))", arg=words)
+def toast_says(page, words: str, report: tuple[str, ...] = ()) -> None:
+    """Wait for a toast that says ``words``; else fail saying what the toasts and the elements the
+    ``report`` selectors name (their text, or a box's value) showed."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    try:
+        page.wait_for_function("(words) => [...document.querySelectorAll(\"[data-testid='toast-body']\")]"
+                               ".some(t => t.innerText.includes(words))", arg=words)
+    except PlaywrightTimeout:
+        toasts = page.locator("[data-testid='toast-body']").all_inner_texts()
+        shown = {selector: page.evaluate("(s) => { const e = document.querySelector(s);"
+                                         " return e ? ('value' in e ? e.value : e.innerText) : null; }", selector)
+                 for selector in report}
+        pytest.fail(f"no toast said {words!r}: toasts {toasts!r}, the page showed {shown!r}")
 
 
 def close_toasts(page) -> None:
@@ -299,6 +310,8 @@ def test_a_refused_upload_leaves_the_box_and_a_failed_run_marks_the_old_results(
     import shutil
     import zipfile
 
+    from g4v.evaluate import BUNDLED_DATASET
+    from g4v.evaluate.data import open_dataset
     from webapp.common import PREVIOUS_RUN
 
     bad = tmp_path / "bad.zip"
@@ -307,6 +320,8 @@ def test_a_refused_upload_leaves_the_box_and_a_failed_run_marks_the_old_results(
     pictures = [shutil.copy(EXAMPLES_DIR / name, tmp_path / name) for name in ("shapes-tall.png", "shapes-wide.png")]
     table = tmp_path / "table.csv"
     table.write_text("image,prompt,answer\nshapes-tall.png,What shape?,circle\nshapes-wide.png,What shape?,square\n")
+    # the waits below tell the upload's fill by its guess: the bundled dataset's differs
+    assert open_dataset(str(BUNDLED_DATASET), None).columns.image != "image"
     with browser_page(height=1400) as page:
         page.goto(app_url)
         page.get_by_role("tab", name="Evaluate").click()
@@ -328,17 +343,20 @@ def test_a_refused_upload_leaves_the_box_and_a_failed_run_marks_the_old_results(
         page.wait_for_function("() => /2 rows in/.test(document.querySelector('#eval-dataset-info').innerText)")
         assert sorted(upload_names(page)) == sorted(["table.csv", "shapes-tall.png", "shapes-wide.png"])
         assert not page.locator("[data-testid='toast-body']").count()
-        # Each upload describes the dataset again and fills the column boxes with its guess; a box
-        # written before that reply came was overwritten (in a busy run the refusal below then
-        # never came). A mark in the box, replaced by the guess, says the reply is in.
+        # Each upload describes the dataset again and fills the column boxes with its guess, in a
+        # step of its own after the description. A box written while that step was on its way was
+        # overwritten (in busy runs the refusal below then never came), so every write here waits
+        # for the fill it could meet: the table's guess for the picture column, "image", replaces
+        # the bundled dataset's ("file_name"), and then replaces a mark written before the next upload.
         page.get_by_text("Column mapping").click()
         column_box = "#eval-column-image input, #eval-column-image textarea"
         image_column = page.locator(column_box).first
+        guess_shown = "(boxes) => [...document.querySelectorAll(boxes)].some(box => box.value === 'image')"
+        page.wait_for_function(guess_shown, arg=column_box, timeout=60_000)
         image_column.fill("written before the upload")
         page.locator("#eval-upload input[type=file]").set_input_files(str(EXAMPLES_DIR / "chart-bars.png"))
         page.wait_for_function(f"() => document.querySelectorAll('{UPLOAD_ROWS}').length == 4")
-        page.wait_for_function("(boxes) => [...document.querySelectorAll(boxes)].some(box => box.value === 'image')",
-                               arg=column_box, timeout=60_000)
+        page.wait_for_function(guess_shown, arg=column_box, timeout=60_000)
         rows = page.evaluate("""(rows) => { const box = document.querySelector('#eval-upload .file-preview-holder')
             .getBoundingClientRect();
             return [...document.querySelectorAll(rows)].map(e => {
@@ -349,7 +367,7 @@ def test_a_refused_upload_leaves_the_box_and_a_failed_run_marks_the_old_results(
 
         image_column.fill("no-such-column")
         page.locator("#eval-run").click()
-        toast_says(page, "no-such-column")
+        toast_says(page, "no-such-column", report=("#eval-column-image input", "#eval-status"))
         page.wait_for_function("(note) => document.querySelector('#eval-status').innerText.includes(note)",
                                arg=PREVIOUS_RUN.strip("*"))
         assert "Finished" in page.inner_text("#eval-status")
