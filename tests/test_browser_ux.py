@@ -384,26 +384,36 @@ SLOW_QUEUE = """(ms) => { const send = window.fetch;
         ? new Promise(go => setTimeout(go, ms)).then(() => send(url, ...rest)) : send(url, ...rest); }"""
 
 
+def two_row_upload(folder, header: str) -> list[str]:
+    """A table of two rows (picture, question, answer) under ``header`` and its two pictures, in ``folder``."""
+    import shutil
+
+    pictures = [shutil.copy(EXAMPLES_DIR / name, folder / name) for name in ("shapes-tall.png", "shapes-wide.png")]
+    table = folder / "questions.csv"
+    table.write_text(f"{header}\nshapes-tall.png,What shape?,circle\nshapes-wide.png,What shape?,square\n")
+    return [str(table), *map(str, pictures)]
+
+
+def column_boxes(page, url: str) -> dict:
+    """The Evaluate tab opened at ``url`` with its column mapping shown; its image, prompt and
+    reference boxes."""
+    page.goto(url)
+    page.get_by_role("tab", name="Evaluate").click()
+    page.get_by_text("Column mapping").click()
+    return {role: page.locator(f"#eval-column-{role} input, #eval-column-{role} textarea").first
+            for role in ("image", "prompt", "reference")}
+
+
 def test_a_column_typed_while_the_guess_is_pending_is_kept(app_url, tmp_path):
     """An upload fills the column boxes with its guess once the upload is read; a box the visitor
     typed in meanwhile keeps what they typed, and the boxes they did not touch (or typed in before
     the upload) get the guess."""
-    import shutil
-
-    for name in ("shapes-tall.png", "shapes-wide.png"):
-        shutil.copy(EXAMPLES_DIR / name, tmp_path / name)
-    table = tmp_path / "questions.csv"
-    table.write_text("image,prompt,answer\nshapes-tall.png,What shape?,circle\nshapes-wide.png,What shape?,square\n")
+    upload = two_row_upload(tmp_path, "image,prompt,answer")
     with browser_page(height=1400) as page:
-        page.goto(app_url)
-        page.get_by_role("tab", name="Evaluate").click()
-        page.get_by_text("Column mapping").click()
-        box = {role: page.locator(f"#eval-column-{role} input, #eval-column-{role} textarea").first
-               for role in ("image", "prompt", "reference")}
+        box = column_boxes(page, app_url)
         box["image"].fill("mark")  # typed before the upload: its guess replaces it
         page.evaluate(SLOW_QUEUE, 1500)
-        page.locator("#eval-upload input[type=file]").set_input_files(
-            [str(table), *(str(tmp_path / name) for name in ("shapes-tall.png", "shapes-wide.png"))])
+        page.locator("#eval-upload input[type=file]").set_input_files(upload)
         # The upload is in (the dataset choice says so) and its guess is on its way: type now.
         page.wait_for_function("() => document.querySelector('#eval-dataset input').value === 'the uploaded files'",
                                timeout=60_000)
@@ -413,6 +423,33 @@ def test_a_column_typed_while_the_guess_is_pending_is_kept(app_url, tmp_path):
         page.wait_for_function("(id) => document.querySelector(id).value === 'image'",
                                arg="#eval-column-image input, #eval-column-image textarea", timeout=30_000)
         assert box["prompt"].input_value() == "my question"
+        assert box["reference"].input_value() == "answer"
+
+
+#: Installed in the page: the answer to each unqueued step's request (a quick step on the server)
+#: comes ``ms`` late, as over a slow connection.
+SLOW_QUICK_STEPS = """(ms) => { const send = window.fetch;
+    window.fetch = (url, ...rest) => String(url).includes('/run/predict')
+        ? send(url, ...rest).then(answer => new Promise(go => setTimeout(() => go(answer), ms)))
+        : send(url, ...rest); }"""
+
+
+def test_a_column_typed_as_the_guess_lands_is_kept(app_url, tmp_path):
+    """A visitor who types a column name just as the upload's guess shows keeps it, however slow the
+    connection: the boxes are filled in the page (a step on the server, comparing the boxes as they
+    were when its request left, wrote the guess over the typed name when its answer came)."""
+    upload = two_row_upload(tmp_path, "image,question,answer")
+    with browser_page(height=1400) as page:
+        box = column_boxes(page, app_url)
+        assert box["prompt"].input_value() == "prompt"  # the bundled dataset's guess; the table's is "question"
+        page.evaluate(SLOW_QUICK_STEPS, 2000)
+        page.locator("#eval-upload input[type=file]").set_input_files(upload)
+        page.wait_for_function("() => /2 rows in/.test(document.querySelector('#eval-dataset-info').innerText)",
+                               timeout=60_000)
+        box["prompt"].fill("my question")
+        page.wait_for_timeout(3000)  # longer than a quick step's answer takes
+        assert box["prompt"].input_value() == "my question"
+        assert box["image"].input_value() == "image"  # the boxes left alone have the table's guess
         assert box["reference"].input_value() == "answer"
 
 

@@ -351,14 +351,23 @@ def evaluate_tab(engine, model: str, adapters_dir, workspace: EvalWorkspace, tar
         wire_open_buttons(workspace, targets, run_state, row_state, (to_chat, to_deepstack, to_lora))
 
 
+#: The column boxes' fill, run in the page (Gradio's ``js``) when the guess lands: each box still
+#: showing what it did when the dataset was chosen gets the guess for its role; any other keeps its
+#: text. In the page because a step on the server compares the boxes as they were when its request
+#: left, and would write over what the visitor typed while its answer was on its way.
+FILL_UNCHANGED_BOXES = f"""(found, before, ...now) => {json.dumps(list(COLUMN_ROLES))}.map((role, i) =>
+    found && before && role in found && before[i] === now[i] ? found[role] : now[i])"""
+
+
 def wire_dataset_info(workspace: EvalWorkspace, dataset, files, columns, described, row_count) -> None:
     """Choosing (or uploading) a dataset fills the column boxes with the guessed mapping, and ``row_count``.
 
     The guess takes a moment (an upload is unpacked and read), and a visitor may type a column name
-    meanwhile. So the choice's quick first step notes what the boxes show, the guess lands in a state,
-    and a quick last step fills only the boxes that still show what they did: what was typed is kept."""
-    shown = gr.State(())  # what the column boxes showed when the dataset was chosen
-    guess = gr.State({})  # the last guess, by role
+    meanwhile. So the choice's quick first step notes what the boxes show, the guess lands in a
+    hidden box, and the page fills only the boxes that still show what they did: what was typed is
+    kept. (Hidden boxes, not ``gr.State``: a state stays on the server, out of the page's reach.)"""
+    shown = gr.JSON(visible=False)  # what the column boxes showed when the dataset was chosen
+    guess = gr.JSON(visible=False)  # the last guess, by role
 
     @shows_errors
     def describe(key, uploaded, request: gr.Request):
@@ -370,30 +379,25 @@ def wire_dataset_info(workspace: EvalWorkspace, dataset, files, columns, describ
         return {guess: {role: mapping[role] or "" for role in COLUMN_ROLES},
                 described: f"{mapping['rows']:,} rows in {escape_markdown(dataset_label(key))}.", row_count: mapping["rows"]}
 
-    def fill(found, before, *now):
-        """The guess in the boxes unchanged since the choice; a box left out keeps what it shows
-        (none to fill: Gradio takes an empty dict for one value, so nothing changes by ``gr.skip()``)."""
-        return {box: found[role] for role, box, was, is_ in zip(COLUMN_ROLES, columns, before, now, strict=True)
-                if role in found and was == is_} or gr.skip()
-
     def guessing(choice):
         """After the ``choice`` event: the guess, then the boxes filled. Returns the guess's event."""
         guessed = choice.then(describe, [dataset, files], [guess, described, row_count], api_visibility="private",
                               **QUIET_INPUT)
-        guessed.success(fill, [guess, shown, *columns], columns, api_visibility="private", queue=False, **QUIET_INPUT)
+        guessed.success(None, [guess, shown, *columns], columns, js=FILL_UNCHANGED_BOXES, api_visibility="private",
+                        queue=False, **QUIET_INPUT)
         return guessed
 
     def uploaded(upload, chosen, *boxes):
         """The dropdown on the upload, what it showed before (a refused upload goes back to it), and
         what the column boxes show (gr.update: a new Dropdown without choices would warn in the log)."""
-        return {dataset: gr.update(value=UPLOAD), before_upload: chosen, shown: boxes} if upload else gr.skip()
+        return {dataset: gr.update(value=UPLOAD), before_upload: chosen, shown: list(boxes)} if upload else gr.skip()
 
     # .select (a visitor's pick), not .change: the upload's own step below sets the dropdown too,
     # and .change would describe the upload (and show its refusal) a second time; nor .input, which
     # Gradio 6's Dropdown fires twice per pick.
     # A refused upload leaves the box (uploading a table and its pictures next must not add them to
     # it); the refusal's toast is message enough, no badge over the boxes (QUIET_INPUT).
-    guessing(dataset.select(lambda *boxes: boxes, columns, shown, api_visibility="private", queue=False,
+    guessing(dataset.select(lambda *boxes: list(boxes), columns, shown, api_visibility="private", queue=False,
                             **QUIET_INPUT))
     before_upload = gr.State(BUNDLED)
     refused = guessing(files.upload(uploaded, [files, dataset, *columns], [dataset, before_upload, shown],
