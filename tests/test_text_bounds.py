@@ -49,7 +49,8 @@ def one_line(call, *words) -> str:
 
 
 def test_chat_text_is_cut_before_the_tokenizer(hf_engine, tokenized):
-    from webapp.chat import answer, read_message
+    from webapp.chat import answer
+    from webapp.chat_history import read_message
 
     limit = max_text_chars(hf_engine.context_window())
     image = make_image(64, 48)

@@ -11,7 +11,8 @@ import pytest
 from g4v.conversation import MAX_IMAGES_PER_CONVERSATION, Message, SamplingSettings
 from g4v.errors import G4VError, PromptTooLong
 from tests.conftest import make_image
-from webapp.chat import answer, drop_oldest_turn, read_history, read_message, start_answer, within_image_limit
+from webapp.chat import answer, start_answer
+from webapp.chat_history import drop_oldest_turn, read_history, read_message, within_image_limit
 from webapp.common import sampling_settings
 
 GREEDY = SamplingSettings(max_new_tokens=6)
@@ -242,7 +243,7 @@ def test_chat_history_shows_markup_as_text_and_reads_it_back_as_written():
     emphasis is kept escaped in the history (it shows as written) and read back as written."""
     from markdown_it import MarkdownIt
 
-    from webapp.chat import answer_entry, user_entry
+    from webapp.chat_history import answer_entry, user_entry
 
     text = 'Is <img src="http://x/b.png"> a *star* [link](http://x) `tick` \\* & | _x_?'
     history = [user_entry({"text": text, "files": []}), answer_entry(f"It is <a href='x'>{text}</a>")]

@@ -28,6 +28,7 @@ from g4v.evaluate import BUNDLED_DATASET, Columns, EvalConfig, RunResult, open_d
 from g4v.evaluate.store import CSV_FILE, PARQUET_FILE, ROWS_FILE, RUN_FILE, SUMMARY_FILE, read_settings, shareable
 from g4v.evaluate.uploads import UPLOAD_SUFFIXES, extract_upload
 from viz.evaluate import all_failed, run_figures
+from webapp.chat_history import file_path
 from webapp.common import (EVALUATE_QUEUE, QUIET_INPUT, OutputBoxes, escape_markdown, run_keeping_previous,
                            shows_errors, status_line)
 from webapp.evaluate_budget import budget_section
@@ -92,8 +93,6 @@ class EvalWorkspace:
         return found
 
     def extract(self, files, visitor: Session) -> Path:
-        from webapp.chat import file_path
-
         paths = [p for p in (file_path(f) for f in files or []) if p]
         if not paths:
             raise G4VError("no dataset uploaded: send a .zip of the dataset folder, or a table file with its pictures")
@@ -239,8 +238,6 @@ def make_run(engine, workspace: EvalWorkspace, choices: list[ArmChoice], adapter
 
 def shared_name(key, files) -> str:
     """How an export names the dataset: the dropdown's label, or the uploaded files' names."""
-    from webapp.chat import file_path
-
     if key != UPLOAD:
         return dataset_label(key)
     return "upload: " + ", ".join(Path(p).name for p in (file_path(f) for f in files or []) if p)
