@@ -367,7 +367,7 @@ def test_a_refused_upload_leaves_the_box_and_a_failed_run_marks_the_old_results(
 
         image_column.fill("no-such-column")
         page.locator("#eval-run").click()
-        toast_says(page, "no-such-column", report=("#eval-column-image input", "#eval-status"))
+        toast_says(page, "no-such-column", report=(column_box, "#eval-status"))
         page.wait_for_function("(note) => document.querySelector('#eval-status').innerText.includes(note)",
                                arg=PREVIOUS_RUN.strip("*"))
         assert "Finished" in page.inner_text("#eval-status")
@@ -427,10 +427,11 @@ def test_a_column_typed_while_the_guess_is_pending_is_kept(app_url, tmp_path):
 
 
 #: Installed in the page: the answer to each unqueued step's request (a quick step on the server)
-#: comes ``ms`` late, as over a slow connection.
-SLOW_QUICK_STEPS = """(ms) => { const send = window.fetch;
+#: comes ``ms`` late, as over a slow connection; ``window.quickStepsAway`` counts those on their way.
+SLOW_QUICK_STEPS = """(ms) => { const send = window.fetch; window.quickStepsAway = 0;
     window.fetch = (url, ...rest) => String(url).includes('/run/predict')
-        ? send(url, ...rest).then(answer => new Promise(go => setTimeout(() => go(answer), ms)))
+        ? (window.quickStepsAway++, send(url, ...rest).then(answer => new Promise(go => setTimeout(() => {
+            window.quickStepsAway--; go(answer); }, ms))))
         : send(url, ...rest); }"""
 
 
@@ -447,7 +448,9 @@ def test_a_column_typed_as_the_guess_lands_is_kept(app_url, tmp_path):
         page.wait_for_function("() => /2 rows in/.test(document.querySelector('#eval-dataset-info').innerText)",
                                timeout=60_000)
         box["prompt"].fill("my question")
-        page.wait_for_timeout(3000)  # longer than a quick step's answer takes
+        # a step on the server that the guess's arrival set off has left by now; its answer is let in
+        page.wait_for_timeout(1000)
+        page.wait_for_function("() => window.quickStepsAway === 0", timeout=60_000)
         assert box["prompt"].input_value() == "my question"
         assert box["image"].input_value() == "image"  # the boxes left alone have the table's guess
         assert box["reference"].input_value() == "answer"

@@ -278,7 +278,7 @@ def evaluate_tab(engine, model: str, adapters_dir, workspace: EvalWorkspace, tar
                     file_count="multiple", file_types=list(UPLOAD_SUFFIXES), elem_id="eval-upload", height=UPLOAD_BOX_HEIGHT)
     with gr.Accordion("Column mapping (filled with the guessed columns; empty: guessed)", open=False), gr.Row():
         guessed = guessed_columns(BUNDLED, None, workspace)
-        columns = [gr.Textbox(value=guessed.get(role, ""), label=f"{role} column", max_lines=1,
+        columns = [gr.Textbox(value=guessed.get(role) or "", label=f"{role} column", max_lines=1,
                               elem_id=f"eval-column-{role}") for role in COLUMN_ROLES]
     with gr.Row():
         # No precision or bounds on the boxes: Gradio would round 2.5 silently; whole_or_none refuses it.
@@ -349,11 +349,12 @@ def evaluate_tab(engine, model: str, adapters_dir, workspace: EvalWorkspace, tar
 
 
 #: The column boxes' fill, run in the page (Gradio's ``js``) when the guess lands: each box still
-#: showing what it did when the dataset was chosen gets the guess for its role; any other keeps its
-#: text. In the page because a step on the server compares the boxes as they were when its request
-#: left, and would write over what the visitor typed while its answer was on its way.
+#: showing what it did when the dataset was chosen gets the guess for its role; any other is left
+#: as it is (``undefined``: Gradio writes nothing there). In the page because a step on the server
+#: compares the boxes as they were when its request left, and would write over what the visitor
+#: typed while its answer was on its way.
 FILL_UNCHANGED_BOXES = f"""(found, before, ...now) => {json.dumps(list(COLUMN_ROLES))}.map((role, i) =>
-    found && before && role in found && before[i] === now[i] ? found[role] : now[i])"""
+    found && before && role in found && (before[i] ?? "") === (now[i] ?? "") ? found[role] : undefined)"""
 
 
 def wire_dataset_info(workspace: EvalWorkspace, dataset, files, columns, described, row_count) -> None:
