@@ -307,7 +307,6 @@ def test_a_refused_upload_leaves_the_box_and_a_failed_run_marks_the_old_results(
     its pictures uploaded next is the whole upload; the box shows four files without scrolling. A
     Run refused after a finished one leaves no "Error" badge in the status line, whose text then
     says the results below are the previous run's."""
-    import shutil
     import zipfile
 
     from g4v.evaluate import BUNDLED_DATASET
@@ -317,9 +316,7 @@ def test_a_refused_upload_leaves_the_box_and_a_failed_run_marks_the_old_results(
     bad = tmp_path / "bad.zip"
     with zipfile.ZipFile(bad, "w") as zipped:
         zipped.writestr("readme.txt", "no table here")
-    pictures = [shutil.copy(EXAMPLES_DIR / name, tmp_path / name) for name in ("shapes-tall.png", "shapes-wide.png")]
-    table = tmp_path / "table.csv"
-    table.write_text("image,prompt,answer\nshapes-tall.png,What shape?,circle\nshapes-wide.png,What shape?,square\n")
+    table_and_pictures = two_row_upload(tmp_path, "image,prompt,answer")
     # the waits below tell the upload's fill by its guess: the bundled dataset's differs
     assert open_dataset(str(BUNDLED_DATASET), None).columns.image != "image"
     with browser_page(height=1400) as page:
@@ -339,9 +336,9 @@ def test_a_refused_upload_leaves_the_box_and_a_failed_run_marks_the_old_results(
         assert page.locator("#eval-dataset input").input_value().startswith("bundled")
         close_toasts(page)
         upload = page.locator("#eval-upload input[type=file]")
-        upload.set_input_files([str(table), *pictures])
+        upload.set_input_files(table_and_pictures)
         page.wait_for_function("() => /2 rows in/.test(document.querySelector('#eval-dataset-info').innerText)")
-        assert sorted(upload_names(page)) == sorted(["table.csv", "shapes-tall.png", "shapes-wide.png"])
+        assert sorted(upload_names(page)) == sorted(["questions.csv", "shapes-tall.png", "shapes-wide.png"])
         assert not page.locator("[data-testid='toast-body']").count()
         # Each upload describes the dataset again and fills the column boxes with its guess, in a
         # step of its own after the description. A box written while that step was on its way was
