@@ -256,8 +256,10 @@ def listener():
 
 
 def test_column_names_with_html_show_as_text_in_one_toast(app_url, tmp_path, output_dir):
-    """An uploaded table whose column names are an <img> and a login link: the toast shows them as
-    text (no element, no request to their address), names the app's own control, and comes once."""
+    """An uploaded table whose column names are an <img> and a login link, none of them guessed: the
+    line under the dataset that asks for the picture column's name, and the toast of a Run before
+    it is named, show them as text (no element, no request to their address), name the app's own
+    control, and the toast comes once."""
     from tests.browser import browser_page
 
     with listener() as (address, hits):
@@ -268,6 +270,12 @@ def test_column_names_with_html_show_as_text_in_one_toast(app_url, tmp_path, out
             page.goto(app_url)
             page.get_by_role("tab", name="Evaluate").click()
             page.locator("#eval-upload input[type=file]").set_input_files(str(table))
+            page.wait_for_function("() => /No image column guessed/.test(document.querySelector('#eval-dataset-info')"
+                                   ".innerText)", timeout=60_000)
+            line = page.inner_text("#eval-dataset-info")
+            assert image in line and link in line and "'image column'" in line, line
+            assert page.locator("#eval-dataset-info").locator("img, a, input").count() == 0
+            page.locator("#eval-run").click()
             page.wait_for_selector("[data-testid='toast-body']", timeout=60_000)
             page.wait_for_timeout(3000)  # a second toast for the same upload would be here by now
             toasts = page.locator("[data-testid='toast-body']")

@@ -453,6 +453,32 @@ def test_a_column_typed_as_the_guess_lands_is_kept(app_url, tmp_path):
         assert box["reference"].input_value() == "answer"
 
 
+def test_an_upload_whose_picture_column_is_not_guessed_is_kept_for_its_name(app_url, tmp_path):
+    """An upload whose picture column has a name the guess does not know is kept, and the line under
+    the dataset asks for the column's name: typed in its box, Run runs the upload. (It was refused
+    with that same advice, and the refusal emptied the upload box, so the advice led nowhere.)"""
+    upload = two_row_upload(tmp_path, "picture,question,answer")
+    with browser_page(height=1400) as page:
+        box = column_boxes(page, app_url)
+        page.locator("#eval-upload input[type=file]").set_input_files(upload)
+        page.wait_for_function("() => /No image column guessed/.test(document.querySelector('#eval-dataset-info').innerText)",
+                               timeout=60_000)
+        assert page.inner_text("#eval-dataset-info") == (
+            "2 rows in the uploaded files. No image column guessed (columns: picture, question, answer): "
+            "type its name in the box 'image column' (Column mapping).")
+        assert sorted(upload_names(page)) == sorted(["questions.csv", "shapes-tall.png", "shapes-wide.png"])
+        assert not page.locator("[data-testid='toast-body']").count()
+        page.wait_for_function("(box) => document.querySelector(box).value === 'question'",
+                               arg="#eval-column-prompt input, #eval-column-prompt textarea")
+        assert box["image"].input_value() == ""
+        box["image"].fill("picture")
+        page.locator("#eval-limit input").fill("2")
+        page.locator("#eval-run").click()
+        page.wait_for_function("() => /Finished|Stopped/.test(document.querySelector('#eval-status').innerText)",
+                               timeout=300_000)
+        assert page.inner_text("#eval-status").startswith("Finished: 2 sample(s), 0 with errors.")
+
+
 def queued_steps(page) -> list[str]:
     """Collects (from now on) the bodies of the page's queued event requests, one per step run."""
     steps = []

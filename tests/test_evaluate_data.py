@@ -127,6 +127,18 @@ def refused(source, columns=None, data_dirs=None) -> str:
     return message
 
 
+def test_a_dataset_without_a_guessable_column_is_described_but_not_run(tmp_path):
+    """Without a column named or guessed for a required role, a dataset is refused for a run, but
+    can be opened to describe it (``required=()``: the role is None, its columns listed), so the
+    app can ask its visitor to name the column instead of turning the dataset away."""
+    source = write_jsonl(tmp_path / "pictures.jsonl", [{"picture": "a.png", "question": "What?"}] * 3)
+    assert refused(source) == "no image column found (columns: picture, question); name it with --columns image=COLUMN"
+    described = open_dataset(str(source), None, required=())
+    assert (len(described), described.column_names) == (3, ["picture", "question"])
+    assert described.columns == Columns(image=None, prompt="question")
+    assert open_dataset(str(source), Columns(image="picture")).columns == Columns(image="picture", prompt="question")
+
+
 def test_bad_datasets_are_one_line(tmp_path, table):
     assert "dataset not found" in refused(tmp_path / "nowhere.jsonl")
     # a mistyped relative path of the Hub's owner/name shape: found missing at once, not looked up

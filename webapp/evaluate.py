@@ -25,6 +25,7 @@ import gradio as gr
 
 from g4v.errors import G4VError, quoted
 from g4v.evaluate import BUNDLED_DATASET, Columns, EvalConfig, RunResult, open_dataset, run_eval
+from g4v.evaluate.data import REQUIRED_ROLES
 from g4v.evaluate.store import CSV_FILE, PARQUET_FILE, ROWS_FILE, RUN_FILE, SUMMARY_FILE, read_settings, shareable
 from g4v.evaluate.uploads import UPLOAD_SUFFIXES, extract_upload
 from viz.evaluate import all_failed, run_figures
@@ -374,8 +375,12 @@ def wire_dataset_info(workspace: EvalWorkspace, dataset, files, columns, describ
             return {guess: {}, described: UPLOAD_HINT}
         with workspace.sessions.using(session_key(request)) as visitor:
             mapping = guessed_columns(key, uploaded, workspace, visitor, strict=True)
-        return {guess: {role: mapping[role] or "" for role in COLUMN_ROLES},
-                described: f"{mapping['rows']:,} rows in {escape_markdown(dataset_label(key))}.", row_count: mapping["rows"]}
+        line = f"{mapping['rows']:,} rows in {escape_markdown(dataset_label(key))}."
+        for role in (role for role in REQUIRED_ROLES if not mapping[role]):  # the visitor names it before Run
+            line += (f" No {role} column guessed (columns: {escape_markdown(', '.join(mapping['names'][:20]))}): "
+                     f"type its name in the box '{role} column' (Column mapping).")
+        return {guess: {role: mapping[role] or "" for role in COLUMN_ROLES}, described: line,
+                row_count: mapping["rows"]}
 
     def guessing(choice):
         """After the ``choice`` event: the guess, then the boxes filled. Returns the guess's event."""
@@ -407,12 +412,14 @@ def wire_dataset_info(workspace: EvalWorkspace, dataset, files, columns, describ
 
 def guessed_columns(key, uploaded, workspace: EvalWorkspace, visitor: Session | None = None,
                     strict: bool = False) -> dict:
-    """The column mapping ``open_dataset`` guesses for a dataset, and its row count (``rows``);
-    when building the page (not ``strict``) a dataset that cannot be read gives an empty mapping."""
+    """The column mapping ``open_dataset`` guesses for a dataset (a role it finds no column for is
+    None: the visitor names it), its row count (``rows``) and its columns (``names``); when building
+    the page (not ``strict``) a dataset that cannot be read gives an empty mapping."""
     try:
-        loaded = open_dataset(str(workspace.source(key, uploaded, visitor)), None, workspace.allowed_dirs(visitor))
+        loaded = open_dataset(str(workspace.source(key, uploaded, visitor)), None, workspace.allowed_dirs(visitor),
+                              required=())
     except G4VError:
         if strict:
             raise
         return {}
-    return {**asdict(loaded.columns), "rows": len(loaded)}
+    return {**asdict(loaded.columns), "rows": len(loaded), "names": loaded.column_names}

@@ -46,6 +46,8 @@ GUESSES = {
     "category": ("category", "kind", "type", "question_type"),
     "id": ("id", "sample_id", "question_id"),
 }
+#: The roles every run needs a column for (the others may be left out).
+REQUIRED_ROLES = ("image", "prompt")
 #: A picture path naming a URL or an fsspec chain (``hf://x``, ``http://...``, ``zip::...``).
 URL_LIKE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://|::")
 #: A dataset picture with more pixels than this is reduced as it is read (:class:`PictureFit`); one
@@ -140,6 +142,10 @@ class EvalDataset:
     def __len__(self) -> int:
         return len(self._table)
 
+    @property
+    def column_names(self) -> list[str]:
+        return list(self._table.column_names)
+
     def sample(self, index: int, fit: PictureFit | None = None) -> EvalSample:
         """Row ``index``, its pictures decoded one by one and each reduced by ``fit`` at once;
         never raises for a bad row (``error`` says what is wrong)."""
@@ -208,8 +214,11 @@ class EvalDataset:
         return real
 
 
-def open_dataset(source: str, columns: Columns | None = None, data_dirs: list[Path] | None = None) -> EvalDataset:
-    """Load ``source`` and resolve the column mapping; a bad dataset raises one line (see module doc)."""
+def open_dataset(source: str, columns: Columns | None = None, data_dirs: list[Path] | None = None,
+                 required: tuple[str, ...] = REQUIRED_ROLES) -> EvalDataset:
+    """Load ``source`` and resolve the column mapping; a bad dataset raises one line (see module doc).
+    ``required``: the roles refused when no column is named or guessed for them (none, to describe
+    a dataset whose columns are still to be named)."""
     columns = columns or Columns()
     source = str(source or "").strip()
     if not source:
@@ -226,13 +235,13 @@ def open_dataset(source: str, columns: Columns | None = None, data_dirs: list[Pa
         raise G4VError(f"dataset not found: {quoted(source, 80)}")
     if len(table) == 0:
         raise G4VError(f"dataset {quoted(shown, 80)} has no rows")
-    resolved = resolve_columns(list(table.column_names), columns)
+    resolved = resolve_columns(list(table.column_names), columns, required)
     return EvalDataset(source, table, resolved, folder, confined=data_dirs is not None)
 
 
-def resolve_columns(available: list[str], asked: Columns) -> Columns:
-    """The mapping with guesses filled in; unknown named columns and a missing image or prompt
-    column are refused, naming the columns there are."""
+def resolve_columns(available: list[str], asked: Columns, required: tuple[str, ...] = REQUIRED_ROLES) -> Columns:
+    """The mapping with guesses filled in; unknown named columns and a missing column for a
+    ``required`` role are refused, naming the columns there are."""
     chosen = {}
     for role in (f.name for f in fields(Columns)):
         named = getattr(asked, role)
@@ -240,7 +249,7 @@ def resolve_columns(available: list[str], asked: Columns) -> Columns:
             raise G4VError(f"column {quoted(named)} (for {role}) is not in the dataset; "
                            f"its columns: {', '.join(available[:20])}")
         chosen[role] = named or next((name for name in GUESSES[role] if name in available), None)
-    for role in ("image", "prompt"):
+    for role in required:
         if chosen[role] is None:
             raise G4VError(f"no {role} column found (columns: {', '.join(available[:20])}); "
                            f"name it with --columns {role}=COLUMN")
