@@ -12,9 +12,10 @@ from PIL import Image
 from g4v.evaluate import BUNDLED_DATASET, Columns, EvalConfig, open_dataset
 from g4v.evaluate.budget import run_budget_sweep
 from g4v.paths import BUNDLED_MODEL_DIR
-from webapp.evaluate import EvalWorkspace
+from webapp.common import escape_markdown
+from webapp.evaluate import EvalWorkspace, dataset_line, guessed_columns
 from webapp.evaluate_budget import budget_section, curve_markdown
-from webapp.evaluate_choices import BUNDLED, arm_choices
+from webapp.evaluate_choices import BUNDLED, arm_choices, dataset_label
 from webapp.evaluate_open import OpenInChat, OpenInDeepstack, OpenInLora, OpenTargets, open_handlers
 from webapp.sessions import SessionStores
 
@@ -77,3 +78,27 @@ def test_each_open_button_fills_its_boxes_by_name(workspace, targets, adapters):
         assert lora[targets.lora.adapter]["value"] == "demo"
     for path in (chat[targets.chat.message]["files"][0], deepstack[targets.deepstack.image], lora[targets.lora.image]):
         assert np.array_equal(np.asarray(Image.open(path).convert("RGB")), picture)
+
+
+def test_the_line_under_a_dataset_counts_its_rows_and_names_a_column_not_guessed(tmp_path):
+    """A one-row folder whose picture column is 'picture': "1 row", and where to name the column;
+    the bundled dataset: its row count as ``open_dataset`` reads it, nothing to name. (The line is
+    Markdown: the label and the column names come escaped.)"""
+    folder = tmp_path / "data" / "one"
+    folder.mkdir(parents=True)
+    Image.new("RGB", (8, 8), "red").save(folder / "a.png")
+    (folder / "metadata.csv").write_text("picture,question\na.png,What colour?\n")
+    (tmp_path / "sessions").mkdir()
+    sessions = SessionStores(tmp_path / "sessions", {"uploads": 1, "runs": 1, "files": 1})
+    workspace = EvalWorkspace(sessions, [tmp_path / "data"])
+    try:
+        one = guessed_columns("data1:one", None, workspace, strict=True)
+        assert dataset_line(dataset_label("data1:one"), one) == (
+            "1 row in data folder\\: one. No image column guessed (columns: picture\\, question): "
+            "type its name in the box 'image column' (Column mapping).")
+        bundled = guessed_columns(BUNDLED, None, workspace, strict=True)
+        rows = len(open_dataset(str(BUNDLED_DATASET), None, [BUNDLED_DATASET.parent]))
+        assert rows > 1 and dataset_line(dataset_label(BUNDLED), bundled) == (
+            f"{rows:,} rows in {escape_markdown(f'bundled: {BUNDLED_DATASET.name}')}.")
+    finally:
+        sessions.close()

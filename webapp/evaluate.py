@@ -375,12 +375,8 @@ def wire_dataset_info(workspace: EvalWorkspace, dataset, files, columns, describ
             return {guess: {}, described: UPLOAD_HINT}
         with workspace.sessions.using(session_key(request)) as visitor:
             mapping = guessed_columns(key, uploaded, workspace, visitor, strict=True)
-        line = f"{mapping['rows']:,} rows in {escape_markdown(dataset_label(key))}."
-        for role in (role for role in REQUIRED_ROLES if not mapping[role]):  # the visitor names it before Run
-            line += (f" No {role} column guessed (columns: {escape_markdown(', '.join(mapping['names'][:20]))}): "
-                     f"type its name in the box '{role} column' (Column mapping).")
-        return {guess: {role: mapping[role] or "" for role in COLUMN_ROLES}, described: line,
-                row_count: mapping["rows"]}
+        return {guess: {role: mapping[role] or "" for role in COLUMN_ROLES},
+                described: dataset_line(dataset_label(key), mapping), row_count: mapping["rows"]}
 
     def guessing(choice):
         """After the ``choice`` event: the guess, then the boxes filled. Returns the guess's event."""
@@ -408,6 +404,17 @@ def wire_dataset_info(workspace: EvalWorkspace, dataset, files, columns, describ
         lambda chosen: {files: None, dataset: chosen}, before_upload, [files, dataset], api_visibility="private", queue=False,
         **QUIET_INPUT)
     guessing(refused)
+
+
+def dataset_line(label: str, mapping: dict) -> str:
+    """The line under the dataset: its row count, and for each required column not guessed, where
+    to name it (the visitor names it before Run)."""
+    rows = mapping["rows"]
+    line = f"{rows:,} {'row' if rows == 1 else 'rows'} in {escape_markdown(label)}."
+    for role in (role for role in REQUIRED_ROLES if not mapping[role]):
+        line += (f" No {role} column guessed (columns: {escape_markdown(', '.join(mapping['names'][:20]))}): "
+                 f"type its name in the box '{role} column' (Column mapping).")
+    return line
 
 
 def guessed_columns(key, uploaded, workspace: EvalWorkspace, visitor: Session | None = None,
