@@ -1,9 +1,11 @@
 """An adapter made for another base model runs, with one warning line (issue 31, item 10): in the CLI
-twins on stderr (here in process), and in the LoRA tab (tests/test_browser_ux.py)."""
+twins on stderr (here in process), and in the LoRA tab (tests/test_browser_ux.py). ``lora-diff``
+without ``--adapter`` runs on the adapter the tab preselects, as its help says."""
 
 import json
 
 import pytest
+from tests.conftest import make_image
 
 from g4v.cli import main
 from g4v.paths import ASSETS_DIR, BUNDLED_MODEL_DIR, TRAINED_MODEL_DIR
@@ -65,3 +67,46 @@ def test_a_blank_adapter_box_says_why_on_the_vision_lora_checkpoint(tmp_path):
     plain = TransformersEngine(str(BUNDLED_MODEL_DIR), device="cpu", dtype="float32")
     assert adapter_box_info(plain, str(BUNDLED_MODEL_DIR), None) == ("demo-lora", None)
     assert adapter_box_info(plain, str(BUNDLED_MODEL_DIR), empty) == (None, "no adapters in the adapter folder")
+
+
+@pytest.mark.parametrize("model", [TRAINED_MODEL_DIR, BUNDLED_MODEL_DIR])
+def test_lora_diff_without_adapter_compares_the_adapter_the_tab_preselects(model, tmp_path, capsys):
+    """``lora-diff --help`` says its default is the model Chat runs vs it with the adapter the LoRA
+    tab preselects: without ``--adapter`` it runs on that adapter (the tab's own dropdown value, and
+    the one bundled adapter whose config names this base), and says which on stderr."""
+    from g4v.engines.hf import TransformersEngine
+
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    assert "the model Chat runs vs the same with the adapter the LoRA tab preselects" in " ".join(
+        capsys.readouterr().out.split())
+    made_for = [name for name, base in BASES.items() if base.endswith("/" + model.name)]
+    tab_value = adapter_box_info(TransformersEngine(str(model), device="cpu", dtype="float32"), str(model), None)[0]
+    assert made_for == [tab_value]
+    picture = tmp_path / "picture.png"
+    make_image(64, 48).save(picture)
+    code = main(["lora-diff", "--model", str(model), "--device", "cpu", "--dtype", "float32", "--image", str(picture),
+                 "--prompt", "hi", "--max-new-tokens", "2", "--json"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert f"adapter: {tab_value} (the first made for this model; --adapter chooses another)" in err
+    data = json.loads(out)
+    assert (data["adapter"], data["left"], data["right"]) == (tab_value, "model", f"model + {tab_value}")
+    assert "warning:" not in err
+
+
+def test_lora_diff_without_adapter_and_none_made_for_the_model_is_one_line(tmp_path, capsys):
+    """No adapter made for the model (the vision-LoRA checkpoint's folder; an empty folder): one line
+    asking for ``--adapter``, before any model loads; base against vision needs none."""
+    from g4v.paths import VLORA_MODEL_DIR
+
+    picture = tmp_path / "picture.png"
+    make_image(64, 48).save(picture)
+    empty = tmp_path / "adapters"
+    empty.mkdir()
+    line = ("error: --adapter is needed to compare the adapter: no adapter in the adapter folders is made for this "
+            "model (or choose --left and --right among base, vision)")
+    for model, folder in ((VLORA_MODEL_DIR, None), (BUNDLED_MODEL_DIR, empty)):
+        flags = ["--adapters-dir", str(folder)] if folder else []
+        code = main(["lora-diff", "--model", str(model), "--image", str(picture), "--prompt", "hi", *flags])
+        assert (code, capsys.readouterr().err.strip()) == (1, line)

@@ -1,6 +1,7 @@
 """``python -m g4v lora-diff [--adapter A] [--left M] [--right M] --image IMG --prompt P``: where an adapter's answer departs from the base
 model's, token by token (transformers backend)."""
 
+import dataclasses
 import json
 import sys
 
@@ -20,7 +21,8 @@ TOKEN_WIDTH = 16
 
 def add_parser(subparsers):
     parser = subparsers.add_parser("lora-diff", help="compare two models' answers token by token (default: the "
-                                                    "model Chat runs vs the same with an adapter)",
+                                                    "model Chat runs vs the same with the adapter the LoRA tab "
+                                                    "preselects, or --adapter)",
                                    description="Where one model's answer departs from another's, token by token: "
                                                "the base language model, the vision model (what Chat runs) or it "
                                                "with the adapter; a checkpoint without a vision LoRA has only the "
@@ -46,18 +48,19 @@ def run(args) -> int:
     validate_conversation(messages)
     settings = settings_from_args(LoraDiffSettings, args)
     sampling = settings.sampling()
+    from g4v.lora.choices import base_warning
     from g4v.lora.folders import adapter_dirs, resolve_adapter
+    from g4v.paths import default_model
 
     if ADAPTER in (settings.left, settings.right):
         if not settings.adapter:
-            raise G4VError("--adapter is needed to compare the adapter (or choose --left and --right among base, vision)")
+            settings = dataclasses.replace(settings, adapter=default_adapter(args.model or default_model(),
+                                                                             args.adapters_dir))
         resolve_adapter(settings.adapter, adapter_dirs(args.adapters_dir))
 
     from g4v.engines.hf import TransformersEngine
-    from g4v.lora.choices import base_warning
     from g4v.lora.models import resolve_sides
     from g4v.lora.token_diff import lora_diff
-    from g4v.paths import default_model
 
     warn_about_base(base_warning(settings.adapter, args.adapters_dir, args.model or default_model()))
 
@@ -70,6 +73,19 @@ def run(args) -> int:
     _save_pictures(diff, args.png, args.plot)
     print(json.dumps(diff.to_dict(), indent=2) if args.json else _report(diff))
     return 0
+
+
+def default_adapter(model: str, adapters_dir=None) -> str:
+    """The adapter compared when ``--adapter`` is left out: the one the LoRA tab preselects (the
+    first made for ``model``, by name), said on stderr; none made for it is one line."""
+    from g4v.lora.choices import preselected_adapter
+
+    name = preselected_adapter(adapters_dir, model)
+    if name is None:
+        raise G4VError("--adapter is needed to compare the adapter: no adapter in the adapter folders is made for "
+                       "this model (or choose --left and --right among base, vision)")
+    print(f"adapter: {name} (the first made for this model; --adapter chooses another)", file=sys.stderr)
+    return name
 
 
 def _save_pictures(diff, png: str | None, plot: str | None) -> None:

@@ -18,7 +18,8 @@ class LoraDiffSettings:
     adapter, and how long their greedy answers are."""
 
     adapter: str | None = field(default=None, metadata={
-        "help": "adapter name or folder inside the adapter folders (needed when a side is 'adapter')"})
+        "help": "adapter name or folder inside the adapter folders, for a side that is 'adapter' (default: the "
+                "first made for the model, the one the LoRA tab preselects)"})
     left: str = field(default=DEFAULT_LEFT, metadata={"choices": MODELS, "help": "left model"})
     right: str = field(default=DEFAULT_RIGHT, metadata={"choices": MODELS, "help": "right model"})
     max_new_tokens: int = field(default=48, metadata={
