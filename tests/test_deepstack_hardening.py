@@ -326,10 +326,14 @@ def test_a_view_without_tokens_says_so_instead_of_empty_panels():
 @pytest.mark.parametrize("specs, words", [
     (["deepstack0=1", "deepstack0=2"], "scaled twice"),
     (["deepstack0"], "LEVEL=FACTOR"),
-    (["deepstack0=0x10"], "is not a number"),
-    (["deepstack0=1_0"], "is not a number"),  # float() reads 10 (issue 31)
-    (["deepstack0=\u0661"], "is not a number"),  # an Arabic-Indic one: float() reads 1
-    (["deepstack0=\uff12"], "is not a number"),  # a full-width two
+    (["deepstack0=0x10"], "must be a number written with the digits 0-9"),
+    (["deepstack0=1_0"], "must be a number written with the digits 0-9"),  # float() reads 10 (issue 31)
+    (["deepstack0=\u0661"], "must be a number written with the digits 0-9"),  # an Arabic-Indic one: float() reads 1
+    (["deepstack0=\uff12"], "must be a number written with the digits 0-9"),  # a full-width two
+    # read as every typed number is (docs/limits.md), echoed as typed: "must be finite, got inf" before
+    (["deepstack0=1e400"], "'deepstack0=1e400': must be a finite number, got '1e400'$"),
+    (["deepstack0=1e4000"], "'deepstack0=1e4000': must be a number written with the digits 0-9 .*got '1e4000'$"),
+    (["deepstack0=inf"], "must be a number written with the digits 0-9"),
 ])
 def test_scale_specs_are_refused_in_words_for_the_tab_and_the_cli(specs, words):
     from g4v.model.levels import parse_scale_specs

@@ -18,7 +18,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from g4v.errors import WHOLE_TEXT, G4VError
+from g4v.errors import WHOLE_TEXT, G4VError, NumberError, read_decimal
 
 SPATIAL_OFFSETS = ("TL", "TR", "BL", "BR")  # order of transformers' spatial_projectors (offset 0..3)
 
@@ -124,11 +124,6 @@ def _checked_factor(spec, factor) -> float:
     return factor
 
 
-#: A factor as written: ASCII digits only (``float`` also takes "1_0" and other scripts' digits, which
-#: page ranges refuse); inf and nan pass here so the factor check names them.
-FACTOR = re.compile(r"[+-]?(?:(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?|inf|infinity|nan)", re.IGNORECASE)
-
-
 def parse_scale_specs(specs: Iterable[str]) -> dict[str, float]:
     """``["spatial_TL=0.5", "3=2"]`` -> ``{"spatial_TL": 0.5, "3": 2.0}`` (levels checked later)."""
     parsed = {}
@@ -138,7 +133,8 @@ def parse_scale_specs(specs: Iterable[str]) -> dict[str, float]:
             raise G4VError(f"a scale is written LEVEL=FACTOR (e.g. deepstack0=0.5), got {spec!r}")
         if name.strip() in parsed:
             raise G4VError(f"level {name.strip()} is scaled twice: give one factor per level")
-        if not FACTOR.fullmatch(value.strip()):
-            raise G4VError(f"scale {spec!r}: {value!r} is not a number")
-        parsed[name.strip()] = float(value)
+        try:  # read as every typed number is (docs/limits.md): ASCII digits, a short exponent, finite
+            parsed[name.strip()] = read_decimal(value.strip())
+        except NumberError as err:
+            raise G4VError(f"scale {spec!r}: {err}") from None
     return parsed
