@@ -146,4 +146,4 @@ def test_circuits_endpoints_answer_as_the_library_does(client, hf_engine):
     assert "image share" in report and Image.open(share).size[0] > 100
     with pytest.raises(Exception) as err:
         client.predict(handle_file(str(EXAMPLE)), "Hi", "all", "0,0,99999,5", 2, api_name="/circuits_reverse")
-    assert "outside the picture" in str(err.value) and "\n" not in str(err.value).strip()
+    assert "reaches past the picture" in str(err.value) and "\n" not in str(err.value).strip()

@@ -311,7 +311,7 @@ def test_a_refused_upload_leaves_the_box_and_a_failed_run_marks_the_old_results(
 
     from g4v.evaluate import BUNDLED_DATASET
     from g4v.evaluate.data import open_dataset
-    from webapp.common import PREVIOUS_RUN
+    from webapp.runs import PREVIOUS_RUN
 
     bad = tmp_path / "bad.zip"
     with zipfile.ZipFile(bad, "w") as zipped:

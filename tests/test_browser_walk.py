@@ -13,7 +13,7 @@ from g4v.paths import EXAMPLES_DIR
 from tests.browser import browser_page, pick_pdf_pages
 from tests.conftest import running_app
 from tests.test_browser_ux import BADGE_SHOWN
-from webapp.common import PREVIOUS_RUN
+from webapp.runs import PREVIOUS_RUN
 
 EXAMPLE = str(EXAMPLES_DIR / "shapes-tall.png")
 OTHER = str(EXAMPLES_DIR / "shapes-wide.png")
@@ -111,6 +111,33 @@ def test_attribution_shows_its_stages_and_the_time_left_in_view_and_a_busy_butto
         drawn = {match for line in lines for match in re.findall(r"drawing the [\w' -]+?(?=,| -|\n|$)", line)}
         assert len(drawn) >= 2, lines  # the drawing is said picture by picture, not as one stage
         assert page.locator("#attribution-run").inner_text() == "Explain"
+
+
+def test_attribution_results_go_old_with_another_answer_token_and_a_picture_uploaded_while_it_runs(app_url):
+    """Results stood unmarked under what they were not computed from: another answer token chosen
+    after a run, and a picture uploaded while a run worked (its end wrote the first picture's
+    report over the mark that the upload had set). Both now mark the report; the results stay."""
+    mark = PREVIOUS_RUN.strip("*")
+    marked = "(mark) => document.querySelector('#attribution-report').innerText.includes(mark)"
+    with browser_page(height=1400) as page:
+        page.goto(app_url)
+        page.get_by_role("tab", name="Attribution").click()
+        upload(page, "attribution", EXAMPLE)
+        page.locator("#attribution-run").click()
+        page.wait_for_function("() => document.querySelector('#attribution-report').innerText.includes('Deletion test')"
+                               " && !document.querySelector('#attribution-run').disabled", timeout=240_000)
+        assert mark not in text_of(page, "#attribution-report")
+        page.locator("#attribution-token input").click()
+        page.get_by_role("option", name=re.compile("^1: ")).first.click()
+        page.wait_for_function(marked, arg=mark)
+        page.locator("#attribution-run").click()  # token 1 explained: its own results, unmarked at the end
+        page.wait_for_function("() => document.querySelector('#attribution-run').disabled")
+        upload(page, "attribution", OTHER)  # while the run works
+        assert page.locator("#attribution-run").is_disabled(), "the run ended before the upload: nothing tested"
+        page.wait_for_function("() => !document.querySelector('#attribution-run').disabled", timeout=240_000)
+        page.wait_for_function(marked, arg=mark, timeout=10_000)
+        report = text_of(page, "#attribution-report")
+        assert "answer token 1" in report and "Deletion test" in report, report  # kept, under the mark
 
 
 def test_deepstack_marks_its_results_as_the_previous_runs_after_a_refusal_or_another_picture(app_url):

@@ -300,8 +300,12 @@ def test_reverse_view_equals_output_attentions(hf_engine, width, height, region)
 
 
 @pytest.mark.parametrize("region, words", [
-    ("1,2,3", "four numbers"), ("5,5,5,9", "empty"), ("0,0,1e30,10", "outside the picture"),
-    ("-1,0,10,10", "outside the picture"), ("a,b,c,d", "numbers of pixels"), ("nan,0,4,4", "numbers of pixels"),
+    ("1,2,3", "four numbers"), ("5,5,5,9", "empty"),
+    ("0,0,1e30,10", r"^the region 0,0,1e\+30,10 reaches past the picture, which is 100 x 100 px \(width x height\)$"),
+    ("-1,0,10,10", r"^the region -1,0,10,10 reaches past the picture, which is 100 x 100 px"),
+    ("100,0,120,10", r"^the region 100,0,120,10 is outside the picture, which is 100 x 100 px \(width x height\)$"),
+    ("-9,-9,0,5", r"^the region -9,-9,0,5 is outside the picture"),
+    ("a,b,c,d", "numbers of pixels"), ("nan,0,4,4", "numbers of pixels"),
     ("", "needs a region"), ("1," * 200, "characters"),
 ])
 def test_reverse_view_refuses_bad_regions(hf_engine, region, words):

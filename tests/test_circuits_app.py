@@ -226,7 +226,8 @@ BAD = [
     ("attention", ["all", "first"], "token position must be a whole number"),
     ("reverse", ["all", "", 3], "needs a region"),
     ("reverse", ["all", "1,2,3", 3], "four numbers"),
-    ("reverse", ["all", "0,0,5000,10", 3], "outside the picture"),
+    ("reverse", ["all", "0,0,5000,10", 3], "^the region 0,0,5000,10 reaches past the picture, which is 239 x 127 px"),
+    ("reverse", ["all", "239,0,300,10", 3], "^the region 239,0,300,10 is outside the picture, which is 239 x 127 px"),
     ("reverse", ["all", "30,10,20,40", 3], "is empty"),
     ("reverse", ["all", "a,b,c,d", 3], "numbers of pixels"),
     ("reverse", ["all", "0,0,10,10", -1], "max_new_tokens"),
@@ -280,8 +281,9 @@ def test_a_new_picture_is_shown_in_the_picker_never_refused(tmp_path):
     assert show_new_picture(str(fake), "") is None
     shown = show_new_picture(EXAMPLE, "0,0,5000,5000")
     assert shown.size == show_region(EXAMPLE, "").size
-    with pytest.raises(gr.Error, match="outside the picture"):
+    with pytest.raises(gr.Error) as refusal:
         show_region(EXAMPLE, "0,0,5000,5000")  # typed and entered: said
+    assert refusal.value.message == "the region 0,0,5000,5000 reaches past the picture, which is 239 x 127 px (width x height)"
 
 
 def test_report_tables_keep_a_token_with_a_bar_in_its_cell():

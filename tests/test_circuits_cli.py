@@ -85,7 +85,7 @@ BAD = [
     (["knockout", "--window", "1", "--layers", "2-3"], "not both"),
     (["knockout", "--max-new-tokens", "1000000000"], "too long"),
     (["reverse"], "needs a region"),
-    (["reverse", "--box", "0,0,5000,10"], "outside the picture"),
+    (["reverse", "--box", "0,0,5000,10"], "reaches past the picture"),
     (["reverse", "--box", "10,10,5,20"], "empty"),
     (["reverse", "--box", "0,0,10,10", "--layers", "0-10"], "out of range"),
 ]
@@ -100,6 +100,24 @@ def test_bad_input_is_one_line(flags, words):
     assert lines[-1].startswith("error:") and words in lines[-1], result.stderr
     assert all(line.startswith("Loading weights") for line in lines[:-1]), result.stderr  # the only other line
     assert "Traceback" not in result.stderr and "/work" not in result.stderr
+
+
+#: The picture a new user met the old wording with (239 x 127 px).
+WIDE = str(EXAMPLES_DIR / "shapes-wide.png")
+PAST_EDGE = [("0,0,200,200", "reaches past the picture"), ("0,0,99999,99999", "reaches past the picture"),
+             ("-5,10,50,60", "reaches past the picture"), ("239,0,300,50", "is outside the picture"),
+             ("0,127,10,200", "is outside the picture")]
+
+
+@pytest.mark.parametrize("box,said", PAST_EDGE, ids=[box for box, _ in PAST_EDGE])
+def test_a_region_past_the_pictures_edge_is_one_exact_line(box, said):
+    """A region that overlaps the picture but reaches past its edge is refused as reaching past it
+    (it was said to be outside the picture), one that misses it as outside it; both name the
+    picture's size, as patching's boxes do, and before any model loads."""
+    result = run_cli("circuits", "reverse", "--model", str(TRAINED_MODEL_DIR), "--image", WIDE, "--prompt", PROMPT,
+                     f"--box={box}")  # = : argparse reads a lone "-5,..." as a flag
+    assert result.returncode == 1 and result.stdout == ""
+    assert result.stderr.splitlines() == [f"error: the region {box} {said}, which is 239 x 127 px (width x height)"]
 
 
 def test_attention_out_writes_json_and_pictures(tmp_path):

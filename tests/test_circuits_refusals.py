@@ -12,7 +12,7 @@ from PIL import Image
 from g4v.paths import EXAMPLES_DIR
 from g4v.tiling import plan_tiling
 from webapp.circuits import circuits_tab
-from webapp.common import PREVIOUS_RUN
+from webapp.runs import PREVIOUS_RUN
 from webapp.sessions import SessionStores
 
 EXAMPLE = str(EXAMPLES_DIR / "shapes-wide.png")
@@ -29,13 +29,17 @@ REFUSED = {"attention": ("circuits-token", "first"), "reverse": ("circuits-regio
            "knockout": ("circuits-window", "wide"), "patch": ("circuits-levels", "no-such-level")}
 
 
+def key(block):
+    """A box's key in :attr:`Page.values`: its elem_id, or for a state (which has none) its id."""
+    return getattr(block, "elem_id", None) or block._id
+
+
 class Page:
-    """The tab's boxes' values by elem_id, and its events played over them."""
+    """The tab's boxes' values by elem_id (states by id), and its events played over them."""
 
     def __init__(self, blocks: gr.Blocks):
         self.blocks = blocks
-        self.values = {block.elem_id: getattr(block, "value", None) for block in blocks.blocks.values()
-                       if getattr(block, "elem_id", None)}
+        self.values = {key(block): getattr(block, "value", None) for block in blocks.blocks.values()}
         self.refusals: list[str] = []
 
     def fire(self, elem_id: str, event: str) -> None:
@@ -49,9 +53,15 @@ class Page:
         self.values[elem_id] = value
         self.fire(elem_id, "change")
 
+    def type(self, elem_id: str, value) -> None:
+        """A visitor typing ``value`` into a box, Enter not pressed: its change, then its input fire
+        (Gradio's order for an edit by hand; a value set by an event fires only the change)."""
+        self.set(elem_id, value)
+        self.fire(elem_id, "input")
+
     def play(self, function) -> None:
         try:
-            shown = function.fn(*[self.values.get(box.elem_id) for box in function.inputs])
+            shown = function.fn(*[self.values.get(key(box)) for box in function.inputs])
             failed = False
         except gr.Error as refusal:
             self.refusals.append(refusal.message)
@@ -74,7 +84,7 @@ class Page:
             pairs = list(zip(outputs, shown, strict=True))
         for box, value in pairs:
             if not (isinstance(value, dict) and value.get("__type__") == "update"):  # gr.skip(): keeps what it shows
-                self.values[box.elem_id] = value
+                self.values[key(box)] = value
 
 
 @pytest.fixture
@@ -155,3 +165,57 @@ def test_picture_b_of_another_size_patches_or_is_one_line(page, hf_engine, tmp_p
     run(page, "patch")
     [refusal] = page.refusals
     assert "\n" not in refusal and refusal.startswith("pictures A and B do not share a token layout (A tiles")
+
+
+def test_the_picker_frames_the_region_a_run_reads_typed_without_enter(page):
+    """Two clicks framed 48,25,108,89; 20,20,100,100 typed over it, Enter not pressed, and the run:
+    the report names 20,20,100,100 and the picker frames it, pixel for pixel as the picker's own
+    drawing of that region (it kept the clicked box: only Enter or a click redrew it). Half typed
+    or reaching past the edge, the picture is shown unframed, with no toast: the run says why."""
+    import numpy as np
+
+    from g4v.images import open_image
+    from viz.circuits import region_overlay
+
+    picture = open_image(EXAMPLE)
+    drawn = lambda box=None: np.asarray(region_overlay(picture, box))  # noqa: E731
+    page.values.update({"circuits-region": "48,25,108,89", "circuits-region-picker": region_overlay(picture,
+                                                                                                    (48, 25, 108, 89))})
+    page.type("circuits-region", "20,20,100,1")
+    assert np.array_equal(np.asarray(page.values["circuits-region-picker"]), drawn()) and not page.refusals
+    page.type("circuits-region", "20,20,100,100")
+    run(page, "reverse")
+    assert not page.refusals
+    assert page.values["circuits-reverse-report"].startswith("**Region** 20,20,100,100: ")
+    assert np.array_equal(np.asarray(page.values["circuits-region-picker"]), drawn((20, 20, 100, 100)))
+    assert not np.array_equal(drawn((20, 20, 100, 100)), drawn((48, 25, 108, 89)))
+    page.type("circuits-region", "0,0,200,200")
+    assert np.array_equal(np.asarray(page.values["circuits-region-picker"]), drawn()) and not page.refusals
+
+
+@pytest.mark.parametrize("box, said", [("0,0,200,200", "reaches past"), ("0,0,99999,99999", "reaches past"),
+                                       ("239,0,300,50", "is outside"), ("-20,-20,0,0", "is outside")])
+def test_a_region_past_the_edge_is_named_as_such_in_one_line(page, box, said):
+    """shapes-wide.png is 239 x 127 px: a region that overlaps it but reaches past its edge is refused
+    as reaching past it (it was called outside the picture, which it is not), one that misses it
+    as outside it, each naming the picture's size, on Enter and on a run, as patching's boxes are."""
+    line = f"the region {box} {said} the picture, which is 239 x 127 px (width x height)"
+    page.type("circuits-region", box)
+    page.fire("circuits-region", "submit")
+    run(page, "reverse")
+    assert page.refusals == [line, line]
+
+
+def test_patchings_boxes_follow_the_same_rule():
+    """One rule for both views' boxes (g4v.circuits.common.check_on_picture): past picture A's edge,
+    or off it."""
+    from g4v.circuits.patching import region_tokens
+    from g4v.errors import G4VError
+    from g4v.loading import load_config
+    from g4v.paths import BUNDLED_MODEL_DIR
+
+    plan = plan_tiling((127, 239), load_config(BUNDLED_MODEL_DIR))
+    for box, said in (("0,0,9999,9999", "reaches past"), ("300,0,400,50", "is outside")):
+        with pytest.raises(G4VError) as refusal:
+            region_tokens(f"box:{box}", plan)
+        assert str(refusal.value) == f"the box {box} {said} picture A, which is 239 x 127 px (width x height)"

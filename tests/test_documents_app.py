@@ -183,6 +183,23 @@ def test_thumbnails_show_at_about_their_own_size_and_whole(picker, tmp_path, pag
     assert all(t["natural"][0] == THUMBNAIL_WIDTH for t in thumbnails)
 
 
+def test_a_corrupt_pdf_is_its_toast_and_leaves_no_error_badge(picker, tmp_path):
+    """A corrupt PDF (its header, then junk) gave the right toast but left an "Error" badge on the
+    page box and on the thumbnail strip until the file was removed; now the toast alone."""
+    from tests.browser import browser_page
+    from tests.test_browser_ux import BADGE_SHOWN, toast_says
+
+    bad = tmp_path / "bad.pdf"
+    bad.write_bytes(b"%PDF-1.4\n" + bytes(range(256)) * 4)
+    with browser_page() as tab:
+        tab.goto(picker.url)
+        tab.locator("#t-doc-picker").click()
+        tab.locator("#t-doc-pdf input[type=file]").set_input_files(str(bad))
+        toast_says(tab, "bad.pdf is corrupt or unreadable as a PDF")
+        tab.wait_for_timeout(1500)
+        assert [box for box in ("#t-doc-pages", "#t-doc-thumbnails") if tab.evaluate(BADGE_SHOWN, box)] == []
+
+
 @pytest.fixture(scope="module")
 def tabs_url():
     """The Chat and Attribution tabs as the app builds them; their pickers render PDFs, and nothing

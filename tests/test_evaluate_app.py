@@ -24,9 +24,9 @@ from g4v.evaluate import uploads
 from g4v.settings.limits import limits
 from tests.browser import browser_page
 from tests.conftest import TEST_OUTPUT, running_app
-from webapp.common import PREVIOUS_RUN
 from webapp.evaluate_equivalence import NO_FIELDS
 from webapp.evaluate_tables import SAMPLE_HEADERS
+from webapp.runs import PREVIOUS_RUN
 
 #: The app's upload limits in this module (set through its environment).
 APP_MAX_BYTES, APP_MAX_FILES = 4_000_000, 40

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from webapp.common import Pace, time_left
+from webapp.runs import Pace, time_left
 
 
 class Clock:

@@ -10,6 +10,7 @@ import pytest
 
 from g4v.cli import main as cli_main
 from g4v.errors import G4VError
+from g4v.paths import TRAINED_MODEL_DIR
 from g4v.training.log_file import LOG_FILE, write_log
 from g4v.training.records import COLLAPSE, LevelRecord, Record, check_levels
 from g4v.training.report import open_run, summary_rows
@@ -143,7 +144,7 @@ def test_the_command_prints_the_table_json_and_the_picture(roots, tmp_path, caps
     out = tmp_path / "curves.png"
     assert cli_main(["training", "state", "--runs-dir", str(roots), "--png", str(out)]) == 0
     printed = capsys.readouterr().out
-    assert "3 records from the Trainer's trainer_state.json, steps 1-20, 1 warnings" in printed
+    assert "3 records from the Trainer's trainer_state.json, steps 1-20, 1 warning" in printed
     assert "step 20: deepstack1 collapse: injected / residual norm 3.33e-05" in printed
     with Image.open(out) as picture:
         assert picture.width >= 800 and picture.height >= 800
@@ -175,3 +176,28 @@ def test_the_pictures_text_is_readable_and_their_legends_clear(roots, drawn):
     steps_figure(views, "state")
     assert smallest_shown_text(drawn)[0] >= MIN_TEXT_PX
     legends_clear_of_the_data(drawn["figures"][-1])
+
+
+def test_the_status_counts_checkpoints_and_records_in_words(roots):
+    """The trained demo run keeps one checkpoint (itself, at its log's last step): the tab says
+    how many and at which step, not the step alone as if it were a count; measured, one record from
+    one checkpoint on one picture, in the singular. Two checkpoints (copies of that model) are
+    listed by step, and measured they are counted in the plural."""
+    import shutil
+
+    from g4v.training.measure import default_probe
+    from g4v.training.report import headline
+    from webapp.training import DEMO_RUN, status_text
+
+    demo = TRAINED_MODEL_DIR
+    last_step = json.loads(demo.joinpath(LOG_FILE).read_text().strip().splitlines()[-1])["step"]
+    assert status_text(open_run(DEMO_RUN)).endswith(f"\n\nCheckpoints kept: 1, at step {last_step}.")
+    measured = open_run(DEMO_RUN, measure=True, probe=default_probe()[:1], device="cpu")
+    assert headline(measured) == (f"run '{DEMO_RUN}': 1 record from 1 checkpoint measured on 1 probe picture, "
+                                  f"step {last_step}, no warnings")
+
+    for step in (700, 350):
+        shutil.copytree(demo, roots / "two" / f"checkpoint-{step}", ignore=shutil.ignore_patterns(LOG_FILE))
+    assert status_text(open_run("two", [roots], measure=True, probe=default_probe()[:2], device="cpu")) == (
+        "**run 'two': 2 records from 2 checkpoints measured on 2 probe pictures, steps 350-700, no warnings**"
+        "\n\nCheckpoints kept: 2, at steps 350, 700.")

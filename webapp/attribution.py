@@ -10,9 +10,9 @@ from g4v.attribution.gradients import METHODS
 from g4v.attribution.run import AttributionReport, AttributionSettings, run_attribution
 from g4v.errors import MAX_NUMBER_CHARS, WHOLE_TEXT, G4VError, quoted
 from g4v.model.levels import describe_levels
-from webapp.common import (MODEL_QUEUE, OutputBoxes, busy_while_running, markdown_code, previous_run_mark,
-                           progress_line, run_keeping_previous, shows_errors)
+from webapp.common import MODEL_QUEUE, OutputBoxes, markdown_code, shows_errors
 from webapp.pictures import picture_row
+from webapp.runs import busy_while_running, previous_run_mark, progress_line, run_keeping_previous
 from webapp.sessions import SessionStores, session_key
 
 WHOLE_ANSWER = "the whole answer"
@@ -119,10 +119,13 @@ def attribution_tab(engine, config, last_chat_image: gr.State, sessions: Session
                          lens_levels=lens_levels, export=export)
 
     ready = busy_while_running(run, EXPLAINING)
-    # a refused run leaves the results on show, marked as the previous run's; so does another picture
+    # a refused run leaves the results on show, marked as the previous run's; so does another picture,
+    # one uploaded while the run works included
     explained = run_keeping_previous(run, make_explain(engine, sessions, gpu_task, boxes),
                                      [image, prompt, target, token, method, deletion_level, against],
-                                     boxes.components(), report, api_name="attribute", concurrency_id=MODEL_QUEUE,
-                                     concurrency_limit=concurrency, show_progress_on=status)
+                                     boxes.components(), report, picture=image, api_name="attribute",
+                                     concurrency_id=MODEL_QUEUE, concurrency_limit=concurrency,
+                                     show_progress_on=status)
     ready(explained)
     image.change(**previous_run_mark(report))
+    token.input(**previous_run_mark(report))  # another answer token: the results are of the one explained

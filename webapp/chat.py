@@ -31,9 +31,10 @@ from g4v.evaluate.data import PictureFit
 from webapp.chat_history import (History, answer_entry, drop_oldest_turn, newest_image, opened, read_history,
                                  read_message, user_entry, within_image_limit)
 from webapp.common import (CHAT_QUEUE, MODEL_QUEUE, RANDOM_SEED, OutputBoxes, sampling_settings, seed_box_value,
-                           shows_errors, without_error_badges)
+                           shows_errors)
 from webapp.documents import chat_documents, chat_examples, left_out_line
 from webapp.mcp import from_mcp
+from webapp.runs import without_error_badges
 from webapp.sessions import session_key
 
 

@@ -21,10 +21,11 @@ from g4v.errors import WHOLE_TEXT, G4VError, quoted
 from g4v.images import open_image
 from viz.circuits import picker_size, region_overlay
 from viz.figures import original_point
-from webapp.common import (MODEL_QUEUE, QUIET_INPUT, STATUS_HEIGHT, OutputBoxes, empties_on, image_input, markdown_code,
-                           optional_whole, previous_run_mark, refuse_non_pictures, progress_line, run_keeping_previous,
-                           shows_errors, without_error_badges)
+from webapp.common import (MODEL_QUEUE, QUIET_INPUT, OutputBoxes, image_input, markdown_code, optional_whole,
+                           refuse_non_pictures, shows_errors)
 from webapp.pictures import picture_row
+from webapp.runs import (STATUS_HEIGHT, empties_on, previous_run_mark, progress_line, run_keeping_previous,
+                         without_error_badges)
 from webapp.sessions import SessionStores, session_key
 
 DEFAULTS = CircuitSettings()
@@ -291,9 +292,11 @@ def show_region(image_path, region):
 
 
 def show_new_picture(image_path, region):
-    """The region picker for a new picture: framed as :func:`show_region` does, but never refused (a
-    file that is no picture is the upload's own toast, and a region typed for the picture before
-    is framed only once it fits)."""
+    """The region picker for a new picture and after each keystroke in the region's box (a run reads
+    the box as it stands, Enter pressed or not, so the picker frames what it holds): framed as
+    :func:`show_region` does, but never refused (a file that is no picture is the upload's own toast;
+    a region typed for the picture before, or half typed, is framed once it fits, the picture shown
+    unframed until then: Enter or a run says what is wrong)."""
     try:
         return show_region.__wrapped__(image_path, region)
     except G4VError:
@@ -367,8 +370,12 @@ def circuits_tab(engine, last_chat_image: gr.State, sessions: SessionStores, con
         reverse_picture = gr.Image(label="Attention on the region", elem_id="circuits-reverse-picture", **pictures)
         reverse_export = gr.File(interactive=False, label="Export (reverse.json, reverse.png)", file_count="multiple",
                                  elem_id="circuits-reverse-export")
-    for event, show in ((image.change, show_new_picture), (region.submit, show_region)):
-        without_error_badges(event(show, [image, region], picker, api_visibility="private", **QUIET_INPUT), [picker])
+    # the picker follows the region's box as typed (.input: a visitor's edits, not the clicks' own
+    # text), the last edit drawn last; Enter says what is wrong with it
+    for event, show in ((image.change, show_new_picture), (region.input, show_new_picture),
+                        (region.submit, show_region)):
+        without_error_badges(event(show, [image, region], picker, api_visibility="private", trigger_mode="always_last",
+                                   **QUIET_INPUT), [picker])
     def corner(image_path, typed, evt: gr.SelectData):
         text, shown = pick_corner(image_path, typed, evt)
         return {region: text, picker: shown}
@@ -422,10 +429,12 @@ def circuits_tab(engine, last_chat_image: gr.State, sessions: SessionStores, con
             "knockout": (run_knockout, [image, prompt, layers, window, new_tokens]),
             "patch": (run_patch, [image, other, prompt, levels, direction, patch_region, patch_tokens, complement])}
     for name, (button, inputs) in runs.items():
-        # a refused run leaves the view's results, its report marked as the previous run's
+        # a refused run leaves the view's results, its report marked as the previous run's; so does a
+        # run whose picture changed while it worked (the new picture emptied them, the run's end refilled)
         view = getattr(boxes, name)
         event = run_keeping_previous(button, handlers[name], inputs, view.components(), view.report,
-                                     api_name=f"circuits_{name}", show_progress_on=view.report, **model_bound)
+                                     picture=image, api_name=f"circuits_{name}", show_progress_on=view.report,
+                                     **model_bound)
         if name == "attention":  # each head's maps, redrawn from the run kept
             event.success(head_choices, attention.kept, head, api_visibility="private", queue=False)
     # a new picture (uploaded, from Chat, a PDF page): every view's results were the old one's;

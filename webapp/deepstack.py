@@ -8,9 +8,9 @@ import gradio as gr
 from g4v.model.levels import describe_levels
 from g4v.inspect.run import InspectionResult, run_inspection
 from g4v.inspect.settings import InspectSettings
-from webapp.common import (MODEL_QUEUE, OutputBoxes, markdown_code, previous_run_mark, run_keeping_previous,
-                           shows_errors)
+from webapp.common import MODEL_QUEUE, OutputBoxes, markdown_code, shows_errors
 from webapp.pictures import picture_row
+from webapp.runs import previous_run_mark, run_keeping_previous
 from webapp.sessions import SessionStores, session_key
 
 LEVEL_COLUMNS = ["level", "kind", "vision layer", "LLM layer", "injected norm", "residual before", "residual after"]
@@ -122,9 +122,11 @@ def deepstack_tab(engine, config, last_chat_image: gr.State, sessions: SessionSt
     boxes = InspectBoxes(table=table, norms=norms, trajectory=trajectory, heat_tiles=heat_tiles, heat_base=heat_base,
                          report=report, export=export)
 
-    # a refused run leaves the results on show, marked as the previous run's; so does another picture
+    # a refused run leaves the results on show, marked as the previous run's; so does another picture,
+    # one uploaded while the run works included
     event = run_keeping_previous(run, make_inspect(engine, sessions, gpu_task, boxes),
                                  [image, prompt, ablate, scales, full], boxes.components(), report,
-                                 api_name="inspect", concurrency_id=MODEL_QUEUE, concurrency_limit=concurrency)
+                                 picture=image, api_name="inspect", concurrency_id=MODEL_QUEUE,
+                                 concurrency_limit=concurrency)
     image.change(**previous_run_mark(report))
     return image, prompt

@@ -24,6 +24,7 @@ from g4v.documents.structured import read_answer
 from g4v.errors import G4VError
 from g4v.images import open_image
 from webapp.common import QUIET_INPUT, OutputBoxes, escape_markdown, markdown_code, shows_errors, toast_text
+from webapp.runs import without_error_badges
 from webapp.tempdirs import own_folder
 
 #: Rendered pages live in the app's own folder (webapp.tempdirs) until Gradio has copied them into
@@ -215,7 +216,9 @@ def document_picker(target, chat_box: bool = False, elem_id: str = "doc", left_o
         pictures, first = show_thumbnails(pdf_path)
         return {thumbnails: pictures, pages: first}
 
-    document.change(thumbnails_shown, document, [thumbnails, pages], api_visibility="private")
+    # A PDF refused here (corrupt, hostile) is its toast: no "Error" badge left on the page box and the strip.
+    without_error_badges(document.change(thumbnails_shown, document, [thumbnails, pages], api_visibility="private"),
+                         [thumbnails, pages])
     if chat_box:  # a PDF attached with the box's paperclip opens here, for its pages to be chosen
         # Not a gr.State: a State's change event does not fire for an unqueued event's output.
         refusal = gr.JSON(visible=False)

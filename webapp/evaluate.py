@@ -30,8 +30,7 @@ from g4v.evaluate.store import CSV_FILE, PARQUET_FILE, ROWS_FILE, RUN_FILE, SUMM
 from g4v.evaluate.uploads import UPLOAD_SUFFIXES, extract_upload
 from viz.evaluate import all_failed, run_figures
 from webapp.chat_history import file_path
-from webapp.common import (EVALUATE_QUEUE, QUIET_INPUT, OutputBoxes, escape_markdown, run_keeping_previous,
-                           shows_errors, status_line)
+from webapp.common import EVALUATE_QUEUE, QUIET_INPUT, OutputBoxes, escape_markdown, shows_errors
 from webapp.evaluate_budget import budget_section
 from webapp.evaluate_choices import (BUNDLED, SAME_AS_A, SAME_AS_A_LABEL, UPLOAD, ArmChoice, arm_choices,
                                      dataset_choices, dataset_label)
@@ -40,6 +39,7 @@ from webapp.evaluate_open import OpenTargets, wire_open_buttons
 from webapp.evaluate_runs import COLUMN_ROLES, eval_config, in_worker
 from webapp.evaluate_tables import (AGGREGATE_HEADERS, ALL_ROWS, DATASET_ORDER, ROWS_NAME, SAMPLE_HEADERS, SEED_NAME,
                                     aggregate_rows, column_widths, run_status, sample_rows)
+from webapp.runs import run_keeping_previous, status_line
 from webapp.sessions import Session, SessionStores, session_key
 
 #: Uploaded datasets kept on disk per visitor (the oldest goes when another arrives) ...

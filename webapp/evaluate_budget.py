@@ -16,8 +16,9 @@ from g4v.errors import G4VError
 from g4v.evaluate.budget import accuracy_text, parse_keeps, parse_policies, run_budget_sweep
 from g4v.model.token_budget import DEFAULT_KEEPS, POLICIES
 from viz.token_budget import budget_figure
-from webapp.common import EVALUATE_QUEUE, STATUS_HEIGHT, OutputBoxes, escape_markdown, shows_errors, without_error_badges
+from webapp.common import EVALUATE_QUEUE, OutputBoxes, escape_markdown, shows_errors
 from webapp.evaluate_runs import eval_config, in_worker
+from webapp.runs import STATUS_HEIGHT, without_error_badges
 from webapp.sessions import session_key
 
 #: Policies ticked at first: the cheapest ranking and its control.

@@ -8,10 +8,11 @@ from dataclasses import fields
 from g4v.evaluate import Columns, EvalConfig, open_dataset
 from g4v.evaluate.equivalence import DISCORDANCE, MARGIN
 from g4v.evaluate.run import check_margin
-from webapp.common import Pace, sampling_settings
+from webapp.common import sampling_settings
 from webapp.evaluate_choices import ArmChoice, pick_arms
 from webapp.evaluate_equivalence import DISCORDANCE_NAME, MARGIN_NAME, checked_share
 from webapp.evaluate_tables import ALL_ROWS, DATASET_ORDER, ROWS_NAME, SEED_NAME, whole_or_none
+from webapp.runs import Pace
 from webapp.sessions import session_key
 
 #: Seconds between progress updates while a run works.

@@ -15,13 +15,14 @@ from g4v.paths import (ASSETS_DIR, DOCUMENTS_MODEL_DIR, EXAMPLES_DIR, REAL_MODEL
 from webapp.attribution import attribution_tab
 from webapp.chat import chat_tab
 from webapp.circuits import circuits_tab
-from webapp.common import RUN_STATUS, engine_line, markdown_code, model_task
+from webapp.common import engine_line, markdown_code, model_task
 from webapp.deepstack import deepstack_tab
 from webapp.evaluate import STORES, EvalWorkspace, evaluate_tab
 from webapp.evaluate_open import OpenInChat, OpenInDeepstack, OpenInLora, OpenTargets
 from webapp.intake import WorkbenchBlocks
 from webapp.lora import lora_tab
 from webapp.port import port_tab
+from webapp.runs import RUN_STATUS
 from webapp.sessions import SessionStores, session_key
 from webapp.tiling import tiling_tab
 from webapp.training import training_tab
@@ -46,7 +47,7 @@ def workbench_theme() -> gr.themes.Base:
 
 
 #: The page's own CSS (``app.py`` launches with it). A run's progress bar is drawn over a status
-#: line (:func:`webapp.common.status_line`), over a translucent veil: the line's text is hidden
+#: line (:func:`webapp.runs.status_line`), over a translucent veil: the line's text is hidden
 #: while the run works (Gradio marks the box ``pending``), so the bar's words are not drawn over
 #: the line's own.
 WORKBENCH_CSS = f".{RUN_STATUS} .pending {{ visibility: hidden; }}"

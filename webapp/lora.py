@@ -12,9 +12,9 @@ from g4v.lora.models import model_choices
 from g4v.lora.settings import LoraDiffSettings
 from g4v.lora.side_by_side import lora_side_by_side
 from g4v.lora.token_diff import lora_token_diff
-from webapp.common import (MODEL_QUEUE, OutputBoxes, empties_on, escape_markdown, sampling_settings, shows_errors,
-                           without_error_badges)
+from webapp.common import MODEL_QUEUE, OutputBoxes, escape_markdown, sampling_settings, shows_errors
 from webapp.pictures import picture_row
+from webapp.runs import empties_on, without_error_badges
 
 #: The tab's starting choices: the command's defaults (``lora-diff``), written once in LoraDiffSettings.
 DEFAULTS = LoraDiffSettings()

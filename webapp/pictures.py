@@ -12,9 +12,9 @@ from dataclasses import dataclass
 
 import gradio as gr
 
-from webapp.common import (ImageFile, image_input, last_chat_image_button, refuse_non_pictures, status_line,
-                           use_last_chat_image)
+from webapp.common import ImageFile, image_input, last_chat_image_button, refuse_non_pictures, use_last_chat_image
 from webapp.documents import document_picker
+from webapp.runs import status_line
 
 
 @dataclass
@@ -38,7 +38,7 @@ def picture_row(prefix: str, last_chat_image: gr.State, *, label: str = "Image",
     picture, under the row's two helpers.
 
     ``status``: a hint shown under the picture, over which the run's progress bar is drawn (the hint
-    hidden meanwhile, :func:`webapp.common.status_line`), so the bar is in view while the run works (under the
+    hidden meanwhile, :func:`webapp.runs.status_line`), so the bar is in view while the run works (under the
     tab's button it was below the fold). ``pdf``:
     offer the PDF page picker. ``refuse_on_upload``: take a file that is no picture out of the box
     at once, with a toast (:func:`webapp.common.refuse_non_pictures`); off for a tab whose own

@@ -16,9 +16,9 @@ from g4v.port.in_vllm_env import SETUP_COMMAND, run_port_diff_in_vllm_env
 from g4v.port.settings import PortDiffSettings
 from g4v.port.summary import PortDiffSummary
 from g4v.port.table import LEVEL_COLUMNS, level_rows, with_texts, without_model_path
-from webapp.common import (OutputBoxes, busy_while_running, escape_markdown, previous_run_mark, progress_line,
-                           run_keeping_previous, shows_errors)
+from webapp.common import OutputBoxes, escape_markdown, shows_errors
 from webapp.pictures import picture_row
+from webapp.runs import busy_while_running, previous_run_mark, progress_line, run_keeping_previous
 
 SETUP_HINT = (f"**This tab is off: the vLLM environment is not built** (`make run` leaves it out). Turn it on "
               f"with `{SETUP_COMMAND}` (a few minutes, about 6 GiB), then restart the app; or point "
@@ -202,8 +202,10 @@ def port_tab(model: str, last_chat_image: gr.State) -> None:
     details = gr.JSON(label="Everything (trajectory, next token, config audit)")
     boxes = PortBoxes(verdict=verdict, table=table, picture=picture, details=details)
     ready = busy_while_running(run, COMPARING) if available else lambda event: None
-    # a refused run leaves the results on show, marked as the previous run's; so does another picture
+    # a refused run leaves the results on show, marked as the previous run's; so does another picture,
+    # one uploaded while the run works included
     event = run_keeping_previous(run, make_port_diff(model, boxes, checkpoint), [image, prompt, *options],
-                                 boxes.components(), verdict, api_name="port_diff", show_progress_on=status)
+                                 boxes.components(), verdict, picture=image, api_name="port_diff",
+                                 show_progress_on=status)
     ready(event)
     image.change(**previous_run_mark(verdict))

@@ -9,8 +9,9 @@ from g4v.errors import G4VError
 from g4v.tiling import token_at
 from g4v.tiling.view import highlight_token, mark_token, tiling_report, token_at_overlay, token_to_show
 from viz.figures import original_point
-from webapp.common import QUIET_INPUT, OutputBoxes, emptied, shows_errors, without_error_badges
+from webapp.common import QUIET_INPUT, OutputBoxes, shows_errors
 from webapp.pictures import picture_row
+from webapp.runs import emptied, without_error_badges
 
 
 #: The token-budget table's columns and their widths: the layout wraps between words in the

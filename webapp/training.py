@@ -14,16 +14,17 @@ import gradio as gr
 
 from g4v.errors import G4VError
 from g4v.training.measure import ANSWER_TOKENS, default_probe, open_steps
-from g4v.training.report import COLUMNS, alert_lines, headline, open_run, summary_rows
+from g4v.training.report import COLUMNS, alert_lines, headline, kept_line, open_run, summary_rows
 from g4v.training.runs import folder_label, list_runs, read_run, resolve_run, runs_dirs
 from viz.training import curves_figure, steps_figure
-from webapp.common import OutputBoxes, optional_whole, shows_errors, time_left, without_error_badges
+from webapp.common import OutputBoxes, optional_whole, shows_errors
 from webapp.pictures import picture_row
+from webapp.runs import time_left, without_error_badges
 
 #: One run loaded or measured at a time, whoever asks: each measured checkpoint is a model in memory.
 TRAINING_QUEUE = "training"
 STEP_COLUMNS = ["level", "injected norm A", "injected norm B", "ratio A", "ratio B", "dominant A", "dominant B"]
-#: The run the tab opens first: the trained demo checkpoint's own training log.
+#: The run the tab preselects ("Open run" shows it): the trained demo checkpoint's own training log.
 DEMO_RUN = "granite4-vision-tiny-trained"
 
 
@@ -56,8 +57,7 @@ def status_text(curves) -> str:
     if warnings:
         lines.append("Warnings (marked on the curves: ▼ collapse, ▲ explosion):\n\n" +
                      "\n".join(f"- {line}" for line in warnings))
-    kept = sorted(curves.checkpoints)
-    lines.append(f"Checkpoints kept: {', '.join(map(str, kept))}." if kept else "This run keeps no checkpoints.")
+    lines.append(kept_line(curves))
     return "\n\n".join(lines)
 
 

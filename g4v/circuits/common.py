@@ -49,8 +49,8 @@ class CircuitSettings:
                 "tokens in packing order, inclusive) or box:X0,Y0,X1,Y1 (pixels of picture A; the tokens "
                 "whose box centre lies inside)"})
     box: str | None = field(default=None, metadata={
-        "help": "reverse: the region of the picture read, X0,Y0,X1,Y1 in its pixels (X0 < X1, Y0 < Y1); "
-                "the base-view and tile tokens whose box overlaps it"})
+        "help": "reverse: the region of the picture read, X0,Y0,X1,Y1 in its pixels (X0 < X1, Y0 < Y1, "
+                "inside the picture); the base-view and tile tokens whose box overlaps it"})
 
 
 #: A layer range is a few digits; a longer text is refused before it is read as numbers.
@@ -84,6 +84,20 @@ def window_layers(levels: list[Level], window: int, num_layers: int) -> list[int
                        "use --layers all to cover every layer")
     return sorted({layer for level in levels for layer in range(level.llm_layer - window, level.llm_layer + window + 1)
                    if 0 <= layer < num_layers})
+
+
+def check_on_picture(named: str, box, width: int, height: int, picture: str = "the picture") -> None:
+    """Refuse a box (x0, y0, x1, y1 in pixels, not empty) that is not wholly inside the ``width`` x
+    ``height`` ``picture``, in one line that starts with ``named`` (e.g. ``"the box 0,0,200,200"``):
+    outside it when it misses the picture, reaching past it when it crosses an edge. Both circuits
+    views that take a box refuse it rather than clip it: a clipped box would read other tokens than
+    the ones asked for."""
+    x0, y0, x1, y1 = box
+    size = f"{picture}, which is {width} x {height} px (width x height)"
+    if x1 <= 0 or y1 <= 0 or x0 >= width or y0 >= height:
+        raise G4VError(f"{named} is outside {size}")
+    if x0 < 0 or y0 < 0 or x1 > width or y1 > height:
+        raise G4VError(f"{named} reaches past {size}")
 
 
 def check_new_tokens(tokens) -> int:

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from g4v.circuits.common import CircuitSettings, check_new_tokens, image_positions
+from g4v.circuits.common import CircuitSettings, check_new_tokens, check_on_picture, image_positions
 from g4v.conversation import Message
 from g4v.engines.capabilities import Instrumentable, require
 from g4v.errors import G4VError
@@ -182,8 +182,7 @@ def region_tokens(spec: str, plan: TilingPlan) -> list[int] | None:
         height, width = plan.image_size
         if not (x0 < x1 and y0 < y1):
             raise G4VError(f"the box {rest.strip()} is empty: write X0,Y0,X1,Y1 with X0 < X1 and Y0 < Y1")
-        if x1 > width or y1 > height:
-            raise G4VError(f"the box {rest.strip()} reaches past picture A, which is {width} x {height} px (width x height)")
+        check_on_picture(f"the box {rest.strip()}", (x0, y0, x1, y1), width, height, "picture A")
         inside = [token.index for token in plan.tokens
                   if token.box[2] > token.box[0] and token.box[3] > token.box[1]
                   and x0 <= (token.box[0] + token.box[2]) / 2 < x1 and y0 <= (token.box[1] + token.box[3]) / 2 < y1]

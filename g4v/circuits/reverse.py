@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from g4v.circuits.common import CircuitSettings, check_new_tokens, image_positions, parse_layers
+from g4v.circuits.common import CircuitSettings, check_new_tokens, check_on_picture, image_positions, parse_layers
 from g4v.model.attention import Progress, eager_pass
 from g4v.conversation import Message
 from g4v.engines.capabilities import Instrumentable, require
@@ -39,7 +39,8 @@ Box = tuple[int, int, int, int]
 
 def parse_region(region, width: int, height: int) -> Box:
     """``"x0,y0,x1,y1"`` (or four numbers) in picture pixels -> the checked box, whole pixels, inside
-    the ``width`` x ``height`` picture, with x0 < x1 and y0 < y1."""
+    the ``width`` x ``height`` picture, with x0 < x1 and y0 < y1 (one that reaches past an edge is
+    refused as patching's boxes are: :func:`~g4v.circuits.common.check_on_picture`)."""
     if region is None or (isinstance(region, str) and not region.strip()):
         raise G4VError("the reverse view needs a region: x0,y0,x1,y1 in the picture's pixels")
     if isinstance(region, str):
@@ -62,9 +63,7 @@ def parse_region(region, width: int, height: int) -> Box:
     x0, y0, x1, y1 = numbers
     if x0 >= x1 or y0 >= y1:
         raise G4VError(f"the region {x0:g},{y0:g},{x1:g},{y1:g} is empty: x0 < x1 and y0 < y1 are needed")
-    if x0 < 0 or y0 < 0 or x1 > width or y1 > height:
-        raise G4VError(f"the region {x0:g},{y0:g},{x1:g},{y1:g} is outside the picture "
-                       f"({width} x {height} px, width x height)")
+    check_on_picture(f"the region {x0:g},{y0:g},{x1:g},{y1:g}", numbers, width, height)
     return math.floor(x0), math.floor(y0), math.ceil(x1), math.ceil(y1)
 
 

@@ -22,7 +22,7 @@ from g4v.conversation import Message
 from g4v.errors import G4VError, first_line
 from g4v.images import open_image
 from g4v.paths import EXAMPLES_DIR
-from g4v.training.records import Record, check_levels
+from g4v.training.records import Record, check_levels, counted
 from g4v.training.runs import RunCurves
 from g4v.training.settings import MonitorSettings
 
@@ -126,8 +126,8 @@ def measure_checkpoints(curves: RunCurves, probe: list[tuple] | None = None, set
         if progress is not None:
             progress(done, len(steps), time.monotonic() - started)
     levels = [level.name for level in records[0].levels] if records else []
-    return RunCurves(curves.name, f"{len(steps)} checkpoints measured on {len(probe)} probe pictures", levels,
-                     records, curves.loss, curves.checkpoints)
+    source = f"{counted(len(steps), 'checkpoint')} measured on {counted(len(probe), 'probe picture')}"
+    return RunCurves(curves.name, source, levels, records, curves.loss, curves.checkpoints)
 
 
 def open_steps(curves: RunCurves, steps: tuple[int, int], picture, prompt: str, device: str | None = None,

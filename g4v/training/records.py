@@ -128,6 +128,11 @@ def _number(value) -> float | None:
     return float(value)
 
 
+def counted(count: int, noun: str) -> str:
+    """``"1 record"``, ``"3 records"``: a count and its noun, singular for one (the lines about a run)."""
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
 def describe(level: LevelRecord) -> str:
     """Why a level is flagged, in words, from its numbers."""
     parts = []

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from g4v.errors import G4VError
-from g4v.training.records import ALERT_NAMES
+from g4v.training.records import ALERT_NAMES, counted
 from g4v.training.runs import RunCurves, read_run, resolve_run
 
 #: The table's columns (the tab's headers; the command prints the same rows).
@@ -59,10 +59,18 @@ def summary_rows(curves: RunCurves) -> list[list]:
 def headline(curves: RunCurves) -> str:
     """One line: the run, where its numbers come from, its steps and its warnings."""
     steps = [record.step for record in curves.records]
-    span = f"steps {steps[0]}-{steps[-1]}" if steps else "no steps"
+    span = "no steps" if not steps else f"step {steps[0]}" if steps[0] == steps[-1] else f"steps {steps[0]}-{steps[-1]}"
     alerts = curves.alerts
-    said = f"{len(alerts)} warnings" if alerts else "no warnings"
-    return f"run {curves.name!r}: {len(steps)} records from {curves.source}, {span}, {said}"
+    said = counted(len(alerts), "warning") if alerts else "no warnings"
+    return f"run {curves.name!r}: {counted(len(steps), 'record')} from {curves.source}, {span}, {said}"
+
+
+def kept_line(curves: RunCurves) -> str:
+    """Which checkpoints the run keeps: how many, and at which steps."""
+    kept = sorted(curves.checkpoints)
+    if not kept:
+        return "This run keeps no checkpoints."
+    return f"Checkpoints kept: {len(kept)}, at step{'' if len(kept) == 1 else 's'} {', '.join(map(str, kept))}."
 
 
 def alert_lines(curves: RunCurves, limit: int = 40) -> list[str]:
