@@ -230,13 +230,15 @@ BAD = [
     ("reverse", ["all", "239,0,300,10", 3], "^the region 239,0,300,10 is outside the picture, which is 239 x 127 px"),
     ("reverse", ["all", "30,10,20,40", 3], "is empty"),
     ("reverse", ["all", "a,b,c,d", 3], "numbers of pixels"),
-    ("reverse", ["all", "0,0,10,10", -1], "max_new_tokens"),
-    ("reverse", ["all", "0,0,10,10", 2.5], "max_new_tokens must be a whole number"),
-    ("knockout", ["all", "1000", 4], "larger than"),
+    ("reverse", ["all", "0,0,10,10", -1], "^the number of answer tokens must be a whole number >= 0, got -1$"),
+    ("reverse", ["all", "0,0,10,10", 2.5], "^the number of answer tokens must be a whole number"),
+    ("knockout", ["all", "1000", 4], "^a window of 1000 layers is larger than this model's 10 layers: empty the box "
+                                     "'Window' and type all in 'Layers' to cover every layer$"),  # the app's wording, no flag
     ("knockout", ["all", "-1", 4], "whole number"),
     ("knockout", ["2-3", "1", 4], "not both"),
-    ("knockout", ["all", "", 10**9], "too long"),
-    ("knockout", ["all", "", float("nan")], "max_new_tokens must be a finite number"),
+    ("knockout", ["all", "", 10**9], r"^the prompt \(\d+ tokens\) and the 1,000,000,000 new tokens asked for are too long "
+                                       r"for the context window of \d[\d,]* tokens$"),
+    ("knockout", ["all", "", float("nan")], "^the number of answer tokens must be a finite number"),
 ]
 NO_PICTURE = [("attention", [None, PROMPT, "all", ""], "need an image"),
               ("knockout", [str(EXAMPLES_DIR / "examples.json"), PROMPT, "all", "", 2], "not an image"),

@@ -105,7 +105,9 @@ def test_a_batch_refuses_bad_input_in_one_line(hf_engine):
     assert crowded.prompt_tokens <= hf_engine.context_window() < crowded.prompt_tokens + MAX_NEW_TOKENS
     longest = SamplingSettings(max_new_tokens=MAX_NEW_TOKENS)
     refused, answered = hf_engine.generate_batch([GenerationRequest(crowded, longest), GenerationRequest(MIXED[0], GREEDY)])
-    assert refused.finish_reason == "error" and refused.error.startswith("the prompt is too long")
+    assert refused.finish_reason == "error" and refused.error == (
+        f"the prompt ({crowded.prompt_tokens:,} tokens) and the {MAX_NEW_TOKENS:,} new tokens asked for are too long "
+        f"for the context window of {hf_engine.context_window():,} tokens")
     assert answered.error is None and answered.token_ids == hf_engine.generate(MIXED[0], GREEDY).token_ids
     unknown = hf_engine.generate_batch(asks(MIXED[:2], adapter="nope"))
     assert [answer.error for answer in unknown] == ["unknown adapter 'nope'"] * 2

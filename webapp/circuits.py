@@ -12,7 +12,7 @@ import gradio as gr
 from PIL import Image
 
 from g4v.circuits.attention import image_attention
-from g4v.circuits.common import CircuitSettings
+from g4v.circuits.common import ANSWER_TOKENS, CircuitSettings, check_new_tokens
 from g4v.circuits.exports import draw, write_view
 from g4v.circuits.knockout import WHY_LITTLE_CHANGES, attention_knockout
 from g4v.circuits.patching import DIRECTION_CHOICES, patch_levels
@@ -46,12 +46,12 @@ def settings_from_inputs(layers=None, token=None, window=None, max_new_tokens=DE
         if value is not None and not isinstance(value, str):
             raise G4VError(f"{name} must be text, got {quoted(value)}")
     given = {name: value.strip() for name, value in texts.items() if value is not None and value.strip()}
-    tokens = optional_whole(max_new_tokens, "max_new_tokens")
+    tokens = optional_whole(max_new_tokens, ANSWER_TOKENS)  # named as the boxes say it, not by the settings field
     if not isinstance(complement, bool):
         raise G4VError(f"complement is true or false, got {quoted(complement)}")
     return CircuitSettings(**given, complement=complement, token=optional_whole(token, "the token position"),
                            window=optional_whole(window, "the window"),
-                           max_new_tokens=DEFAULTS.max_new_tokens if tokens is None else tokens)
+                           max_new_tokens=DEFAULTS.max_new_tokens if tokens is None else check_new_tokens(tokens))
 
 
 def code_cell(text: str) -> str:

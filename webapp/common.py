@@ -31,7 +31,8 @@ EVALUATE_QUEUE = "evaluate"
 
 
 #: The library's refusals name the CLI's flags; the app names its own controls instead.
-APP_WORDING = [(re.compile(r"name it with --columns (\w+)=COLUMN"), r"type its name in the box '\1 column' (Column mapping)")]
+APP_WORDING = [(re.compile(r"name it with --columns (\w+)=COLUMN"), r"type its name in the box '\1 column' (Column mapping)"),
+               (re.compile(r"use --layers all "), "empty the box 'Window' and type all in 'Layers' ")]
 
 
 def toast_text(message: str) -> str:

@@ -100,9 +100,13 @@ def check_on_picture(named: str, box, width: int, height: int, picture: str = "t
         raise G4VError(f"{named} reaches past {size}")
 
 
+#: How a refusal names the greedy answer tokens asked for (the boxes' "answer tokens", ``--max-new-tokens``).
+ANSWER_TOKENS = "the number of answer tokens"
+
+
 def check_new_tokens(tokens) -> int:
     """The checked greedy continuation length of a knockout."""
-    check_value("max_new_tokens", tokens, check_continuation_length)
+    check_value(ANSWER_TOKENS, tokens, check_continuation_length)
     return tokens
 
 

@@ -117,8 +117,8 @@ class TransformersEngine(AdapterSwitch, Engine, Instrumentable, Scorable):
             request = PreparedRequest(messages, prompt, dict(inputs), int(inputs["input_ids"].shape[1]))
         if request.prompt_tokens + max_new_tokens > self.context_window():
             raise PromptTooLong(
-                f"the prompt is too long: {request.prompt_tokens} tokens plus {max_new_tokens} new tokens exceed "
-                f"the context window of {self.context_window()}"
+                f"the prompt ({request.prompt_tokens:,} tokens) and the {max_new_tokens:,} new tokens asked for are too "
+                f"long for the context window of {self.context_window():,} tokens"
             )
         return request
 
