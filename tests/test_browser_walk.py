@@ -142,15 +142,22 @@ def test_attribution_results_go_old_with_another_answer_token_and_a_picture_uplo
 
 def test_deepstack_marks_its_results_as_the_previous_runs_after_a_refusal_or_another_picture(app_url):
     """Stale results looked current: after a refused run, or once the picture is removed or
-    replaced, the report above the results says they are the previous run's; the results stay."""
+    replaced, the report above the results says they are the previous run's; the results stay.
+    While a run works its button says so, disabled (it read "Inspect" throughout)."""
+    from webapp.deepstack import INSPECT, INSPECTING
+
     with browser_page(height=1400) as page:
         page.goto(app_url)
         page.get_by_role("tab", name="Deepstack").click()
         upload(page, "deepstack", EXAMPLE)
         page.locator("#deepstack-run").click()
+        page.wait_for_function("(busy) => { const b = document.querySelector('#deepstack-run');"
+                               " return b.disabled && b.innerText === busy; }", arg=INSPECTING)
         page.wait_for_function("() => document.querySelector('#deepstack-report').innerText.includes('Next token')",
                                timeout=120_000)
         assert PREVIOUS_RUN.strip("*") not in text_of(page, "#deepstack-report")
+        page.wait_for_function("(idle) => { const b = document.querySelector('#deepstack-run');"
+                               " return !b.disabled && b.innerText === idle; }", arg=INSPECT)
         scale = page.get_by_label("Scale levels")
         scale.fill("deepstack0=abc")
         page.locator("#deepstack-run").click()

@@ -10,9 +10,10 @@ from g4v.inspect.run import InspectionResult, run_inspection
 from g4v.inspect.settings import InspectSettings
 from webapp.common import MODEL_QUEUE, OutputBoxes, markdown_code, shows_errors
 from webapp.pictures import picture_row
-from webapp.runs import previous_run_mark, run_keeping_previous
+from webapp.runs import busy_while_running, previous_run_mark, run_keeping_previous
 from webapp.sessions import SessionStores, session_key
 
+INSPECT, INSPECTING = "Inspect", "Inspecting…"  # the button, and what it says while a run works
 LEVEL_COLUMNS = ["level", "kind", "vision layer", "LLM layer", "injected norm", "residual before", "residual after"]
 #: The tab's starting choices: ``inspect``'s defaults, written once in InspectSettings.
 DEFAULTS = InspectSettings()
@@ -109,7 +110,7 @@ def deepstack_tab(engine, config, last_chat_image: gr.State, sessions: SessionSt
         scales = gr.Textbox(value=", ".join(DEFAULTS.scale), label="Scale levels",
                             placeholder="e.g. deepstack0=0.5, spatial_TL=2")
         full = gr.Checkbox(value=DEFAULTS.full, label="Keep full tensors in the export")
-        run = gr.Button("Inspect", variant="primary", elem_id="deepstack-run")
+        run = gr.Button(INSPECT, variant="primary", elem_id="deepstack-run")
     image = row.image
     report = gr.Markdown(elem_id="deepstack-report")
     table = gr.Dataframe(headers=LEVEL_COLUMNS, label="Levels", interactive=False)
@@ -124,9 +125,11 @@ def deepstack_tab(engine, config, last_chat_image: gr.State, sessions: SessionSt
 
     # a refused run leaves the results on show, marked as the previous run's; so does another picture,
     # one uploaded while the run works included
+    ready = busy_while_running(run, INSPECTING)
     event = run_keeping_previous(run, make_inspect(engine, sessions, gpu_task, boxes),
                                  [image, prompt, ablate, scales, full], boxes.components(), report,
                                  picture=image, api_name="inspect", concurrency_id=MODEL_QUEUE,
                                  concurrency_limit=concurrency)
+    ready(event)
     image.change(**previous_run_mark(report))
     return image, prompt
