@@ -101,6 +101,15 @@ def test_merged_mode_has_two_models_and_refuses_a_replacement(image, built):
         f"error: adapter {REPLACEMENT_NAME} replaces the vision LoRA, which is merged")
 
 
+def test_a_model_compared_with_itself_is_one_line(image):
+    """Left and right both the same model compared its answer with itself ("the greedy choices
+    never differ", an empty KL axis); now one line naming it, before anything runs."""
+    done = lora_diff(image, "--left", "vision", "--right", "vision", model=str(TRAINED_MODEL_DIR))
+    assert done.returncode == 1 and done.stdout == ""
+    assert done.stderr.strip().splitlines()[-1] == (
+        "error: both sides are the model (vision): choose two different models to compare")
+
+
 def test_an_adapter_side_without_an_adapter_is_one_line(image):
     done = lora_diff(image)
     assert done.returncode == 1 and done.stderr.strip().splitlines()[-1].startswith("error: --adapter is needed")

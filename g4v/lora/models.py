@@ -83,6 +83,9 @@ def resolve_sides(engine, left: str, right: str, adapter: str | None, adapters_d
     activate ``adapter`` when a side needs it."""
     check_model(left, engine)
     check_model(right, engine)
+    if left == right:  # its answers would be compared with themselves: "the greedy choices never differ"
+        raise G4VError(f"both sides are the {model_label(left, engine, (adapter or '').strip() or None)} "
+                       f"({left}): choose two different models to compare")
     spec = None
     if ADAPTER in (left, right):
         if not (adapter or "").strip():
