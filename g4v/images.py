@@ -55,7 +55,7 @@ def open_image(source, name: str | None = None, max_pixels: int | None = None, f
         image.load()
         image = to_rgb(ImageOps.exif_transpose(image))
     except (OSError, SyntaxError, ValueError) as err:
-        raise G4VError(f"{label} is corrupt or truncated ({first_line(err)})") from None
+        raise G4VError(f"{label} is corrupt or truncated") from None  # the decoder's own words are its business
     return image if image.size == kept else image.resize(kept, Image.Resampling.BICUBIC)
 
 

@@ -203,3 +203,20 @@ def test_help_imports_no_heavy_library():
     done = subprocess.run([sys.executable, "-c", HELP_WITHOUT_HEAVY], cwd=REPO_ROOT, capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-2000:]
+
+
+def test_a_truncated_photo_is_named_without_the_decoders_words(tmp_path):
+    """A JPEG cut short read "trunc.jpg is corrupt or truncated (image file is truncated (1 bytes
+    not processed))": the part in brackets was Pillow's own. Now the line names the file and the
+    problem only, in the app and the CLI alike."""
+    from g4v.errors import G4VError
+    from g4v.images import open_image
+
+    whole = tmp_path / "whole.jpg"
+    make_image(320, 240, seed=4).save(whole, quality=90)
+    cut = tmp_path / "trunc.jpg"
+    cut.write_bytes(whole.read_bytes()[: whole.stat().st_size // 2])
+    assert open_image(whole).size == (320, 240)
+    with pytest.raises(G4VError) as refused:
+        open_image(cut)
+    assert str(refused.value) == "trunc.jpg is corrupt or truncated"
