@@ -14,7 +14,6 @@ check a user's level names and factors before any model runs.
 """
 
 import math
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
