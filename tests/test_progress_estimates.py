@@ -1,12 +1,14 @@
 """The time left that the progress bars show: at the pace of the work done, not of the start-up,
 and counted down while a batch is in flight (a new user watched Evaluate's estimate rise from 17 s
-to 48 s while the count stayed at 4 of 12, and Attribution say "drawing, about 1 s left" for 12 s)."""
+to 48 s while the count stayed at 4 of 12, and Attribution say "drawing, about 1 s left" for 12 s;
+the port said "starting vLLM, about 60 s left" from 16 s to 32 s)."""
 
 import re
+import time
 
 import pytest
 
-from webapp.runs import Pace, time_left
+from webapp.runs import OVERDUE, Pace, live_progress, time_left
 
 
 class Clock:
@@ -78,3 +80,68 @@ def test_attribution_reports_each_stage_and_each_drawing_in_order(hf_engine, tmp
     drawing = [text for _, text in steps if text.startswith("drawing")]
     assert len(drawing) == 5 and fractions[-1] == STAGES["writing the export"]
     assert sum(1 for fraction in fractions if fraction >= STAGES["drawing"]) == 6  # the drawings have the bar's last third
+
+
+def sent_at(sent: list, moment: float, timeout: float = 5.0) -> tuple:
+    """The first (fraction, line) sent once the clock read ``moment``, waited for."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for now, fraction, line in list(sent):
+            if now == moment:
+                return fraction, line
+        time.sleep(0.005)
+    raise AssertionError(f"nothing sent at {moment} s: {sent}")
+
+
+def test_a_lasting_stage_counts_its_time_left_down_and_stops_with_the_run():
+    """A quarter of the run done in 10 s: "about 30 s left", and while that stage lasts the same
+    stage is sent again with the time left counted down (25 s at 15 s, 20 s at 20 s) instead of one
+    frozen estimate, and said to take longer once that is spent; the next stage is estimated
+    afresh; nothing is sent after the run ends, refused or not."""
+    clock = Clock()
+    sent = []
+
+    def progress(fraction, desc):
+        sent.append((clock.now, fraction, desc))
+
+    with live_progress(progress, every=0.01, clock=clock) as tell:
+        clock.now = 10.0
+        tell(0.25, "starting vLLM")
+        assert sent_at(sent, 10.0) == (0.25, "starting vLLM, about 30 s left")
+        for moment, left in ((15.0, 25), (20.0, 20)):
+            clock.now = moment
+            assert sent_at(sent, moment) == (0.25, f"starting vLLM, about {left} s left")
+        clock.now = 45.0
+        assert sent_at(sent, 45.0) == (0.25, f"starting vLLM, {OVERDUE}")
+        clock.now = 50.0
+        tell(0.8, "drawing")  # 50 s for 80 %
+        assert (50.0, 0.8, "drawing, about 12 s left") in sent  # (the ticker may resend the last stage at 50 s first)
+    ended = len(sent)
+    time.sleep(0.1)
+    assert len(sent) == ended
+    with pytest.raises(ValueError):
+        with live_progress(progress, every=0.01, clock=clock) as tell:
+            tell(0.5, "drawing")
+            raise ValueError("refused")
+    ended = len(sent)
+    time.sleep(0.1)
+    assert len(sent) == ended
+
+
+@pytest.mark.parametrize("scale", [{}, {"deepstack0": 0.0}])
+def test_deepstack_reports_each_stage_and_each_drawing_in_order(hf_engine, tmp_path, scale):
+    """Deepstack's bar showed only the seconds: every stage and every picture drawn moves it forward,
+    the run with levels changed only when one is asked for, and the last step comes just before
+    the export is written."""
+    from g4v.inspect.run import FIGURE_FILES, STAGES, run_inspection
+    from tests.conftest import make_image
+
+    steps = []
+    run_inspection(hf_engine, make_image(120, 80, seed=2), "What colour is it?", scale=scale, out_dir=tmp_path,
+                   make_zip=False, progress=lambda fraction, text: steps.append((fraction, text)))
+    fractions = [fraction for fraction, _ in steps]
+    assert fractions == sorted(fractions) and len(set(fractions)) == len(fractions)
+    assert (STAGES["changed levels"] in fractions) == bool(scale)
+    drawing = [text for _, text in steps if text.startswith("drawing")]
+    assert len(drawing) == len(FIGURE_FILES) and fractions[-1] == STAGES["writing the export"]
+    assert sum(1 for fraction in fractions if STAGES["drawing"] <= fraction < 1) == len(FIGURE_FILES) + 1

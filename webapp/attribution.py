@@ -12,7 +12,7 @@ from g4v.errors import MAX_NUMBER_CHARS, WHOLE_TEXT, G4VError, quoted
 from g4v.model.levels import describe_levels
 from webapp.common import MODEL_QUEUE, OutputBoxes, markdown_code, shows_errors
 from webapp.pictures import picture_row
-from webapp.runs import busy_while_running, previous_run_mark, progress_line, run_keeping_previous
+from webapp.runs import busy_while_running, live_progress, previous_run_mark, run_keeping_previous
 from webapp.sessions import SessionStores, session_key
 
 WHOLE_ANSWER = "the whole answer"
@@ -71,9 +71,10 @@ def make_explain(engine, sessions: SessionStores, gpu_task, boxes: ExplainBoxes)
         rivals = tuple(part.strip() for part in (against or "").split(",") if part.strip())
         settings = AttributionSettings(target=target or None, token=token_choice(token), method=method,
                                        deletion_level=deletion_level or None, against=rivals)
-        with sessions.using(session_key(request)) as visitor:  # the export goes to the visitor's own store
+        # the export goes to the visitor's own store
+        with sessions.using(session_key(request)) as visitor, live_progress(progress) as tell:
             report = run_attribution(engine, image_path, prompt, settings, exports=visitor.stores["inspect"],
-                                     progress=progress_line(progress))
+                                     progress=tell)
         tokens = [f"{i}: {text!r}" for i, text in enumerate(report.answer.texts)] + [WHOLE_ANSWER]
         chosen = WHOLE_ANSWER if report.answer.target is None else tokens[report.answer.target]
         figures = report.figures

@@ -24,7 +24,7 @@ from viz.figures import original_point
 from webapp.common import (MODEL_QUEUE, QUIET_INPUT, OutputBoxes, image_input, markdown_code, optional_whole,
                            refuse_non_pictures, shows_errors)
 from webapp.pictures import picture_row
-from webapp.runs import (STATUS_HEIGHT, empties_on, previous_run_mark, progress_line, run_keeping_previous,
+from webapp.runs import (STATUS_HEIGHT, empties_on, live_progress, previous_run_mark, run_keeping_previous,
                          without_error_badges)
 from webapp.sessions import SessionStores, session_key
 
@@ -216,18 +216,16 @@ def make_handlers(engine, sessions: SessionStores, gpu_task, boxes: CircuitBoxes
     store and shows their paths."""
 
     def run_view(view: str, work, image_path, prompt, settings, request, progress, other_path=None):
-        tell = progress_line(progress)
         if not image_path:
             raise G4VError("the circuits views need an image: upload one first")
         picture = open_image(image_path)
-        progress(0.0, desc="preparing the picture and the prompt")
-        if view == "patch":
-            if not other_path:
-                raise G4VError("patching needs picture B too: upload it in the second box")
-            result = work(engine, picture, open_image(other_path), prompt, settings, progress=tell)
-        else:
-            result = work(engine, picture, prompt, settings, progress=tell)
-        pictures = draw(view, picture, result)
+        if view == "patch" and not other_path:
+            raise G4VError("patching needs picture B too: upload it in the second box")
+        with live_progress(progress) as tell:
+            tell(0.0, "preparing the picture and the prompt")
+            others = (open_image(other_path),) if view == "patch" else ()
+            result = work(engine, picture, *others, prompt, settings, progress=tell)
+            pictures = draw(view, picture, result)
         with sessions.using(session_key(request)) as visitor:
             paths = write_view(visitor.stores["inspect"].new_folder(), view, result, pictures)
         return result, pictures, [str(path) for path in paths]

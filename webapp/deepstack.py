@@ -10,13 +10,15 @@ from g4v.inspect.run import InspectionResult, run_inspection
 from g4v.inspect.settings import InspectSettings
 from webapp.common import MODEL_QUEUE, OutputBoxes, markdown_code, shows_errors
 from webapp.pictures import picture_row
-from webapp.runs import busy_while_running, previous_run_mark, run_keeping_previous
+from webapp.runs import busy_while_running, live_progress, previous_run_mark, run_keeping_previous
 from webapp.sessions import SessionStores, session_key
 
 INSPECT, INSPECTING = "Inspect", "Inspecting…"  # the button, and what it says while a run works
 LEVEL_COLUMNS = ["level", "kind", "vision layer", "LLM layer", "injected norm", "residual before", "residual after"]
 #: The tab's starting choices: ``inspect``'s defaults, written once in InspectSettings.
 DEFAULTS = InspectSettings()
+RUN_HINT = ("An inspection runs the model once (twice with levels zeroed or scaled) and draws four pictures: "
+            "a few seconds for the demo checkpoint on a CPU; the bar shows each stage and the time left.")
 
 
 def ablation_report(result: InspectionResult) -> str:
@@ -60,7 +62,7 @@ class InspectBoxes(OutputBoxes):
 def make_inspect(engine, sessions: SessionStores, gpu_task, boxes: InspectBoxes):
     @gpu_task
     @shows_errors
-    def inspect(image_path, prompt, ablate, scales_text, full, request: gr.Request):
+    def inspect(image_path, prompt, ablate, scales_text, full, request: gr.Request, progress=gr.Progress()):
         """Deepstack: capture the 8 injections (4 deepstack, 4 spatial levels) of the vision features
         into the language model for one picture and prompt; zero (ablate) or scale levels if asked.
         The export goes to the visitor's own store (through MCP, one store for every agent).
@@ -84,10 +86,10 @@ def make_inspect(engine, sessions: SessionStores, gpu_task, boxes: InspectBoxes)
         settings = InspectSettings(ablate=list(ablate or ()), full=bool(full),
                                    scale=[part.strip() for part in (scales_text or "").split(",") if part.strip()])
         scales = settings.scales()
-        with sessions.using(session_key(request)) as visitor:
+        with sessions.using(session_key(request)) as visitor, live_progress(progress) as tell:
             result = run_inspection(engine, image_path, prompt, ablate=settings.ablate, scale=scales,
                                     full=settings.full, max_new_tokens=settings.max_new_tokens,
-                                    exports=visitor.stores["inspect"])
+                                    exports=visitor.stores["inspect"], progress=tell)
         figures = result.figures
         return {boxes.table: level_table(result), boxes.norms: figures["norms"],
                 boxes.trajectory: figures["trajectory"], boxes.heat_tiles: figures["heatmaps_tile"],
@@ -104,14 +106,14 @@ def deepstack_tab(engine, config, last_chat_image: gr.State, sessions: SessionSt
     gr.Markdown("What each of the 8 injections carries into the language model, where, and what "
                 "changes when a level is zeroed or scaled.")
     level_names = [level.name for level in describe_levels(config)] if config is not None else []
-    with picture_row("deepstack", last_chat_image) as row:
+    with picture_row("deepstack", last_chat_image, status=RUN_HINT) as row:  # the run's progress under the picture
         prompt = gr.Textbox(label="Prompt", value="What colour is the shape?", elem_id="deepstack-prompt")
         ablate = gr.CheckboxGroup(level_names, value=DEFAULTS.ablate, label="Ablate (zero) these levels")
         scales = gr.Textbox(value=", ".join(DEFAULTS.scale), label="Scale levels",
                             placeholder="e.g. deepstack0=0.5, spatial_TL=2")
         full = gr.Checkbox(value=DEFAULTS.full, label="Keep full tensors in the export")
         run = gr.Button(INSPECT, variant="primary", elem_id="deepstack-run")
-    image = row.image
+    image, status = row.image, row.status
     report = gr.Markdown(elem_id="deepstack-report")
     table = gr.Dataframe(headers=LEVEL_COLUMNS, label="Levels", interactive=False)
     # One picture a row, at the page's width, without Gradio's label over it: each carries its title.
@@ -129,7 +131,7 @@ def deepstack_tab(engine, config, last_chat_image: gr.State, sessions: SessionSt
     event = run_keeping_previous(run, make_inspect(engine, sessions, gpu_task, boxes),
                                  [image, prompt, ablate, scales, full], boxes.components(), report,
                                  picture=image, api_name="inspect", concurrency_id=MODEL_QUEUE,
-                                 concurrency_limit=concurrency)
+                                 concurrency_limit=concurrency, show_progress_on=status)
     ready(event)
     image.change(**previous_run_mark(report))
     return image, prompt

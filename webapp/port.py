@@ -18,7 +18,7 @@ from g4v.port.summary import PortDiffSummary
 from g4v.port.table import LEVEL_COLUMNS, level_rows, with_texts, without_model_path
 from webapp.common import OutputBoxes, escape_markdown, shows_errors
 from webapp.pictures import picture_row
-from webapp.runs import busy_while_running, previous_run_mark, progress_line, run_keeping_previous
+from webapp.runs import busy_while_running, live_progress, previous_run_mark, run_keeping_previous
 
 SETUP_HINT = (f"**This tab is off: the vLLM environment is not built** (`make run` leaves it out). Turn it on "
               f"with `{SETUP_COMMAND}` (a few minutes, about 6 GiB), then restart the app; or point "
@@ -140,8 +140,8 @@ def make_port_diff(model: str, boxes: PortBoxes, checkpoint: PortCheckpoint | No
         with the vision LoRA options checked before vLLM starts (every option has a default, so an
         API client that sends only the image and prompt still runs: ``vllm_serving`` None, not "")."""
         settings = lora_settings(checkpoint, vision_lora, vllm_vision_lora, vllm_serving)
-        report = run_port_diff_in_vllm_env(image_path, prompt, model, settings.request(),
-                                           progress=progress_line(progress))
+        with live_progress(progress) as tell:
+            report = run_port_diff_in_vllm_env(image_path, prompt, model, settings.request(), progress=tell)
         summary = shown_summary(report.summary, checkpoint)
         return {boxes.verdict: verdict_text(summary), boxes.table: level_rows(summary.levels),
                 boxes.picture: str(report.png), boxes.details: summary.to_dict()}

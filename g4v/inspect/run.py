@@ -36,6 +36,12 @@ FIGURE_FILES = {  # figure name -> file written in the export
     "heatmaps_base": "heatmaps_base.png",
 }
 EXPORT_FILES = (SUMMARY_FILE, *FIGURE_FILES.values(), CAPTURE_FILE)  # what an export holds (and its zip)
+#: Where each stage starts on the progress bar (0-1), after the time each took on the demo checkpoint
+#: on a CPU with one level zeroed: the four pictures took four fifths of it.
+STAGES = {"capturing": 0.0, "answering": 0.04, "changed levels": 0.09, "drawing": 0.17, "writing the export": 0.96}
+#: Each figure's share of the drawing stage (its time there), and what the progress line calls it.
+FIGURE_STEPS = {"norms": (0.14, "the norms per level"), "trajectory": (0.18, "the residual norm through the layers"),
+                "heatmaps_tile": (0.34, "the tile heatmaps"), "heatmaps_base": (0.34, "the base-view heatmaps")}
 
 
 @dataclass
@@ -82,7 +88,7 @@ class InspectionResult:
 
 def run_inspection(engine, image, prompt: str, ablate=(), scale: dict | None = None, full: bool = InspectSettings.full,
                    max_new_tokens: int = CONTINUATION_TOKENS, out_dir: str | Path | None = None,
-                   make_zip: bool = True, exports: ExportStore | None = None) -> InspectionResult:
+                   make_zip: bool = True, exports: ExportStore | None = None, progress=None) -> InspectionResult:
     """Inspect what the 8 injections carry for ``image`` (a PIL image or path) and ``prompt``.
 
     ``ablate``: levels (names or indices) to zero; ``scale``: ``{level: factor}``. Either one adds a
@@ -90,8 +96,10 @@ def run_inspection(engine, image, prompt: str, ablate=(), scale: dict | None = N
     a factor of 1 changes nothing, so it adds no run (the summary lists it in ``unchanged_levels``).
     ``full`` keeps the full tensors in ``capture.safetensors``. The export goes to ``out_dir`` (the
     caller's folder, never deleted) or else to a new folder of ``exports`` (the process's
-    :func:`default_export_store` when None). Bad input raises :class:`G4VError`.
+    :func:`default_export_store` when None). ``progress(fraction, text)`` is called as each stage
+    (:data:`STAGES`) starts, when given. Bad input raises :class:`G4VError`.
     """
+    tell = progress or (lambda fraction, text: None)
     engine = require(engine, Instrumentable, "the deepstack inspector")
     config, tokenizer = engine.model.config, engine.tokenizer
     levels = describe_levels(config)
@@ -105,10 +113,13 @@ def run_inspection(engine, image, prompt: str, ablate=(), scale: dict | None = N
     plan = plan_tiling((picture.height, picture.width), config)
 
     with engine.adapter_scope(None) as model:  # one request at a time, adapters off
+        tell(STAGES["capturing"], "capturing the 8 levels")
         capture, logits = capture_forward(model, inputs, full=full, levels=levels, logits_to_keep=1)
+        tell(STAGES["answering"], "the next token and the greedy continuation")
         outcome = run_outcome(model, inputs, tokenizer, logits, max_new_tokens)
         ablation = None
         if scales:
+            tell(STAGES["changed levels"], "the run with levels zeroed or scaled")
             ablation = compare_scaled(model, inputs, tokenizer, outcome, scales, max_new_tokens,
                                       full=full, levels=levels)
     if plan.num_image_tokens != capture.num_image_tokens:
@@ -117,28 +128,39 @@ def run_inspection(engine, image, prompt: str, ablate=(), scale: dict | None = N
 
     result = InspectionResult(model_name(engine.info.model) or None, prompt, picture.size, plan, full,
                               levels, capture, outcome, ablation, unchanged)
-    result.figures = draw_figures(picture, result)
+    result.figures = draw_figures(picture, result, tell)
+    tell(STAGES["writing the export"], "writing the export")
     result.export_dir = Path(out_dir) if out_dir is not None else (exports or default_export_store()).new_folder()
     write_export(result)
     result.export_zip = zip_export(result.export_dir) if make_zip else None
     return result
 
 
-def draw_figures(picture: Image.Image, result: InspectionResult) -> dict[str, Image.Image]:
+def draw_figures(picture: Image.Image, result: InspectionResult,
+                 tell=lambda fraction, text: None) -> dict[str, Image.Image]:
+    """The export's pictures, by :data:`FIGURE_FILES` key; ``tell(fraction, text)`` before each
+    (they take most of a run on a small model: one "drawing" stage looked stuck)."""
     from viz.deepstack import heatmaps_figure, norms_figure, trajectory_figure
 
     tokens = [(token.kind, token.box) for token in result.plan.tokens]
     levels = result.capture.levels
     norms = {cap.level.name: cap.injected_norm.tolist() for cap in levels}
     modified = result.ablation.capture.trajectory if result.ablation else None
-    return {
-        "norms": norms_figure(levels),
-        "trajectory": trajectory_figure(result.capture.trajectory, modified=modified),
-        "heatmaps_tile": heatmaps_figure(picture, tokens, norms, view="tile",
-                                         title="Injected norm per tile token (high-resolution view)"),
-        "heatmaps_base": heatmaps_figure(picture, tokens, norms, view="base",
-                                         title="Injected norm per base-view token (whole image at one tile)"),
+    drawings = {
+        "norms": lambda: norms_figure(levels),
+        "trajectory": lambda: trajectory_figure(result.capture.trajectory, modified=modified),
+        "heatmaps_tile": lambda: heatmaps_figure(picture, tokens, norms, view="tile",
+                                                 title="Injected norm per tile token (high-resolution view)"),
+        "heatmaps_base": lambda: heatmaps_figure(picture, tokens, norms, view="base",
+                                                 title="Injected norm per base-view token (whole image at one tile)"),
     }
+    figures, start = {}, STAGES["drawing"]
+    for name, draw in drawings.items():
+        share, what = FIGURE_STEPS[name]
+        tell(start, f"drawing {what}")
+        figures[name] = draw()
+        start += (STAGES["writing the export"] - STAGES["drawing"]) * share
+    return figures
 
 
 def write_export(result: InspectionResult) -> None:
