@@ -252,6 +252,27 @@ def test_a_pdf_attached_with_the_chat_paperclip_opens_the_pdf_picker(tabs_url, t
         assert tab.locator("#chat-box img").count() == 1  # the one left is the picture
 
 
+def test_a_corrupt_pdf_after_a_good_one_leaves_none_of_the_good_ones_pages_in_the_picker(tabs_url, tmp_path):
+    """A corrupt PDF attached with the Chat paperclip after a good one stood in the picker above the
+    good one's page thumbnails, page 2 still typed: its refusal now empties the strip and puts the
+    page box back at 1, so no page of another PDF is offered under its name."""
+    from tests.browser import browser_page
+    from tests.test_browser_ux import toast_says
+
+    bad = tmp_path / "bad.pdf"
+    bad.write_bytes(b"%PDF-1.4\n" + bytes(range(256)) * 4)
+    with browser_page(height=1400) as tab:
+        tab.goto(tabs_url)
+        tab.locator("#chat-box input[type=file]").set_input_files([str(REPORT_PDF)])
+        tab.wait_for_function("() => document.querySelectorAll('#chat-doc-thumbnails img').length == 2")
+        tab.locator("#chat-doc-pages textarea, #chat-doc-pages input").first.fill("2")
+        tab.locator("#chat-box input[type=file]").set_input_files([str(bad)])
+        toast_says(tab, "bad.pdf is corrupt or unreadable as a PDF")
+        tab.wait_for_function("() => document.querySelectorAll('#chat-doc-thumbnails img').length == 0")
+        assert "bad.pdf" in tab.locator("#chat-doc-pdf").inner_text().replace("\n", "")
+        assert tab.locator("#chat-doc-pages textarea, #chat-doc-pages input").first.input_value() == "1"
+
+
 def call_event(app, fn_name: str, data: list) -> dict:
     """Call one of the page's events by number, as the browser does (queue/join, then its event
     stream): a client can send any value, even for an event the API does not list."""

@@ -24,7 +24,6 @@ from g4v.documents.structured import read_answer
 from g4v.errors import G4VError
 from g4v.images import open_image
 from webapp.common import QUIET_INPUT, OutputBoxes, escape_markdown, markdown_code, shows_errors, toast_text
-from webapp.runs import without_error_badges
 from webapp.tempdirs import own_folder
 
 #: Rendered pages live in the app's own folder (webapp.tempdirs) until Gradio has copied them into
@@ -216,9 +215,11 @@ def document_picker(target, chat_box: bool = False, elem_id: str = "doc", left_o
         pictures, first = show_thumbnails(pdf_path)
         return {thumbnails: pictures, pages: first}
 
-    # A PDF refused here (corrupt, hostile) is its toast: no "Error" badge left on the page box and the strip.
-    without_error_badges(document.change(thumbnails_shown, document, [thumbnails, pages], api_visibility="private"),
-                         [thumbnails, pages])
+    # A PDF refused here (corrupt, hostile) is its toast. The strip is emptied, as the pages it showed
+    # were another PDF's, and the page box starts again at 1; writing both takes their "Error" badges off.
+    document.change(thumbnails_shown, document, [thumbnails, pages], api_visibility="private").failure(
+        lambda: {thumbnails: [], pages: "1"}, None, [thumbnails, pages], api_visibility="private", queue=False,
+        **QUIET_INPUT)
     if chat_box:  # a PDF attached with the box's paperclip opens here, for its pages to be chosen
         # Not a gr.State: a State's change event does not fire for an unqueued event's output.
         refusal = gr.JSON(visible=False)
