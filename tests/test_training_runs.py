@@ -146,6 +146,7 @@ def test_the_command_prints_the_table_json_and_the_picture(roots, tmp_path, caps
     printed = capsys.readouterr().out
     assert "3 records from the Trainer's trainer_state.json, steps 1-20, 1 warning" in printed
     assert "step 20: deepstack1 collapse: injected / residual norm 3.33e-05" in printed
+    assert printed.endswith("\nThis run keeps no checkpoints.\nwrote " + str(out) + "\n")
     with Image.open(out) as picture:
         assert picture.width >= 800 and picture.height >= 800
     assert cli_main(["training", "state", "--runs-dir", str(roots), "--json"]) == 0
@@ -178,9 +179,9 @@ def test_the_pictures_text_is_readable_and_their_legends_clear(roots, drawn):
     legends_clear_of_the_data(drawn["figures"][-1])
 
 
-def test_the_status_counts_checkpoints_and_records_in_words(roots):
-    """The trained demo run keeps one checkpoint (itself, at its log's last step): the tab says
-    how many and at which step, not the step alone as if it were a count; measured, one record from
+def test_the_status_counts_checkpoints_and_records_in_words(roots, capsys):
+    """The trained demo run keeps one checkpoint (itself, at its log's last step): the tab and the
+    command say how many and at which step, not the step alone as if it were a count; measured, one record from
     one checkpoint on one picture, in the singular. Two checkpoints (copies of that model) are
     listed by step, and measured they are counted in the plural."""
     import shutil
@@ -192,6 +193,8 @@ def test_the_status_counts_checkpoints_and_records_in_words(roots):
     demo = TRAINED_MODEL_DIR
     last_step = json.loads(demo.joinpath(LOG_FILE).read_text().strip().splitlines()[-1])["step"]
     assert status_text(open_run(DEMO_RUN)).endswith(f"\n\nCheckpoints kept: 1, at step {last_step}.")
+    assert cli_main(["training", DEMO_RUN, "--runs-dir", str(demo.parent)]) == 0
+    assert capsys.readouterr().out.endswith(f"\nCheckpoints kept: 1, at step {last_step}.\n")
     measured = open_run(DEMO_RUN, measure=True, probe=default_probe()[:1], device="cpu")
     assert headline(measured) == (f"run '{DEMO_RUN}': 1 record from 1 checkpoint measured on 1 probe picture, "
                                   f"step {last_step}, no warnings")

@@ -30,7 +30,7 @@ def add_parser(subparsers):
 
 
 def run(args) -> int:
-    from g4v.training.report import COLUMNS, alert_lines, headline, open_run, summary_rows
+    from g4v.training.report import COLUMNS, alert_lines, headline, kept_line, open_run, summary_rows
     from g4v.training.runs import runs_dirs
 
     png = Path(args.png) if args.png else None
@@ -52,6 +52,7 @@ def run(args) -> int:
         print("  ".join(f"{str(v):>{w}}" for v, w in zip(row, widths)))
     for line in alert_lines(curves):
         print(line)
+    print(kept_line(curves))
     if png is not None:
         print(f"wrote {png}")
     return 0
