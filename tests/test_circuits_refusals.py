@@ -193,6 +193,29 @@ def test_the_picker_frames_the_region_a_run_reads_typed_without_enter(page):
     assert np.array_equal(np.asarray(page.values["circuits-region-picker"]), drawn()) and not page.refusals
 
 
+def test_the_picker_dims_all_around_the_region_evenly():
+    """The picker dims what lies outside the region; its four veils overlapped on their edge rows,
+    which drew darker lines across the whole picture at the region's top and bottom. Now a grey
+    picture is one grey outside the frame (the grey under black at 90/255) and its own inside."""
+    import numpy as np
+
+    from viz.circuits import picker_size, region_overlay
+
+    grey = 200
+    shown = np.asarray(region_overlay(Image.new("RGB", (400, 300), (grey,) * 3), (100, 100, 200, 200))).astype(int)
+    width, height = picker_size((400, 300))
+    scale = width / 400
+    ys, xs = np.mgrid[:height, :width]
+    near = lambda a, b: (a >= b[0] * scale - 6) & (a <= b[1] * scale + 6)  # noqa: E731
+    # the red frame and a few pixels either side of it: the frame's own sides, not whole rows
+    frame = ((near(xs, (100, 100)) | near(xs, (200, 200))) & near(ys, (100, 200))) | \
+            ((near(ys, (100, 100)) | near(ys, (200, 200))) & near(xs, (100, 200)))
+    inside = (xs > 100 * scale) & (xs < 200 * scale) & (ys > 100 * scale) & (ys < 200 * scale)
+    dimmed = round(grey * (1 - 90 / 255))
+    assert np.unique(shown[~inside & ~frame]).tolist() == pytest.approx([dimmed], abs=1)
+    assert np.unique(shown[inside & ~frame]).tolist() == [grey]
+
+
 @pytest.mark.parametrize("box, said", [("0,0,200,200", "reaches past"), ("0,0,99999,99999", "reaches past"),
                                        ("239,0,300,50", "is outside"), ("-20,-20,0,0", "is outside")])
 def test_a_region_past_the_edge_is_named_as_such_in_one_line(page, box, said):

@@ -331,6 +331,23 @@ def test_reverse_axis_shortens_long_tokens_with_an_ellipsis(picture_and_tokens, 
     assert labels == ["<|start_of_…", "user", "\\n", " internatio…", "twelve chars"]  # written out by hand
 
 
+def test_the_reverse_pictures_title_stays_clear_of_the_heatmaps_labels(drawn):
+    """On one line, the title over the picture ("region 1000,100,2000,1200: 132 tile, 32 base
+    tokens") ran up to the heatmap's labels beside it (4 px apart): for a wide picture and a region
+    written with four-digit numbers, and began 24 px left of the picture's edge, cut off: the
+    title lies inside the picture and ends at least 12 px before any of the labels begins."""
+    image = make_image(2390, 1270, seed=4)
+    region = replace(circuits_region(image), region=(1000, 100, 2000, 1200))
+    vc.region_attention_figure(image, region)
+    figure = drawn["figures"][-1]
+    renderer = FigureCanvasAgg(figure).get_renderer()
+    picture_ax, heat_ax = figure.axes[:2]
+    heat_texts = [heat_ax.yaxis.label, *heat_ax.get_yticklabels()]
+    title = picture_ax.title.get_window_extent(renderer)
+    assert "1000,100,2000,1200" in picture_ax.get_title()
+    assert title.x0 >= 0 and min(t.get_window_extent(renderer).x0 for t in heat_texts) - title.x1 >= 12
+
+
 #: The Evaluate tab shows its pictures two a row: each gets about half the page, measured in the
 #: served page at a 1280-pixel window (two 590-pixel picture boxes), less their padding.
 EVALUATE_PICTURE_PX = 580
