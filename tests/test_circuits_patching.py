@@ -307,8 +307,8 @@ def test_bad_input_is_one_line(files, pair, other, flags, words):
 
 
 def test_the_example_pairs_the_tab_names_share_a_layout():
-    """Picture B's label names bundled examples that patch together: each named pair passes the
-    layout check, and every other example paired with them does not (so the label names them all)."""
+    """The hint beside picture B names bundled examples that patch together: each named pair passes
+    the layout check, and every other example paired with them does not (so the hint names them all)."""
     from itertools import combinations
 
     from PIL import Image
@@ -318,7 +318,7 @@ def test_the_example_pairs_the_tab_names_share_a_layout():
     from g4v.loading import load_config
     from g4v.paths import BUNDLED_MODEL_DIR, EXAMPLES_DIR
     from g4v.tiling import plan_tiling
-    from webapp.circuits import PATCH_PAIRS, PICTURE_B_LABEL
+    from webapp.circuits import PATCH_PAIRS, PICTURE_B_HINT
 
     config = load_config(BUNDLED_MODEL_DIR)
     plans = {path.name: plan_tiling(Image.open(path).size[::-1], config) for path in sorted(EXAMPLES_DIR.glob("*.png"))}
@@ -330,4 +330,4 @@ def test_the_example_pairs_the_tab_names_share_a_layout():
             continue
         pairing.add(frozenset((a, b)))
     assert pairing == {frozenset(pair) for pair in PATCH_PAIRS}
-    assert all(name in PICTURE_B_LABEL for pair in PATCH_PAIRS for name in pair)
+    assert all(name in PICTURE_B_HINT for pair in PATCH_PAIRS for name in pair)

@@ -32,8 +32,9 @@ DEFAULTS = CircuitSettings()
 LAYERS_HELP = "Layers: all, N, or A-B (inclusive)"
 #: Which bundled examples share a tiling grid (tests/test_circuits_patching.py checks the pairs).
 PATCH_PAIRS = (("shapes-wide.png", "chart-bars.png"), ("report-chart.png", "report-table.png"))
-PICTURE_B_LABEL = ("Picture B (the same tiling grid as the main picture, A: a picture of A's size, or among the "
-                   "examples " + " or ".join(f"{a} with {b}" for a, b in PATCH_PAIRS) + ")")
+PICTURE_B_LABEL = "Picture B (tiled as A, the main picture)"  # a label of 179 characters was cut off over the box
+PICTURE_B_HINT = ("Picture B must have A's tiling grid: a picture of A's size, or among the examples "
+                  + " or ".join(f"`{a}` with `{b}`" for a, b in PATCH_PAIRS) + ".")
 
 
 def settings_from_inputs(layers=None, token=None, window=None, max_new_tokens=DEFAULTS.max_new_tokens,
@@ -396,10 +397,10 @@ def circuits_tab(engine, last_chat_image: gr.State, sessions: SessionStores, con
 
     with gr.Tab("Patching: picture A with B's features", id="circuits-patching"):
         with gr.Row():
-            other = image_input(label=PICTURE_B_LABEL, height=240,
-                                elem_id="circuits-image-b")
+            other = image_input(label=PICTURE_B_LABEL, height=240, elem_id="circuits-image-b")
             refuse_non_pictures(other)
             with gr.Column():
+                gr.Markdown(PICTURE_B_HINT, elem_id="circuits-image-b-hint")
                 levels = gr.Textbox(label="Levels patched one at a time: all, or names or indices (e.g. deepstack0,4)",
                                     value=DEFAULTS.levels, elem_id="circuits-levels")
                 direction = gr.Radio(list(DIRECTION_CHOICES), value=DEFAULTS.direction, label="Direction",
