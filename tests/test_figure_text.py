@@ -255,6 +255,27 @@ def test_lens_legend_names_a_partial_utf8_piece_by_its_bytes():
     assert token_text(tokenizer, word) == tokenizer.decode([word])
 
 
+@pytest.mark.parametrize("distinct", [3, 12])
+def test_the_lens_legend_names_every_colour_it_paints_and_no_token_is_grey(picture_and_tokens, drawn, distinct):
+    """The lens painted the tokens past its most frequent ones grey, and named no grey in its legend;
+    and tab10's own grey was one of its token colours, so one top token looked like those. Now every
+    named token has a colour that is no grey, and grey is named "other tokens" when it is painted."""
+    import matplotlib.colors as mc
+
+    image, tokens = picture_and_tokens
+    views = [LensView(f"layer {n}", [i % distinct for i in range(len(tokens))], [0.5] * len(tokens)) for n in range(4)]
+    va.lens_figure(image, tokens, views, {i: f"t{i}" for i in range(distinct)})
+    legend = drawn["figures"][-1].legends[0]
+    entries = {text.get_text(): mc.to_rgb(patch.get_facecolor()) for text, patch in zip(legend.get_texts(),
+                                                                                        legend.get_patches())}
+    named = {label: colour for label, colour in entries.items() if label != va.OTHER_TOKENS[1]}
+    assert len(named) == min(distinct, va.LENS_COLOURS) and len(set(named.values())) == len(named)
+    assert all(max(colour) - min(colour) > 0.1 for colour in named.values()), named  # no grey among them
+    assert (va.OTHER_TOKENS[1] in entries) == (distinct > va.LENS_COLOURS)
+    if distinct > va.LENS_COLOURS:
+        assert entries[va.OTHER_TOKENS[1]] == pytest.approx(va.OTHER_TOKENS[0])
+
+
 def test_each_attribution_panel_has_its_own_scale_and_says_its_magnitude(picture_and_tokens, drawn):
     """Issue 31's walk: 8 level panels whose scores reach 0.002-0.02 shared the combined panel's
     +-0.58 scale and looked plain grey. Each panel now reaches the ends of its own colour scale,

@@ -13,7 +13,9 @@ from PIL import Image
 
 from viz.figures import PANEL_INCHES, figure_to_image, heatmap_picture, muted, text_points, token_heatmap_grid
 
-LENS_COLOURS = 10  # the most frequent top tokens get a colour each; the rest are grey
+LENS_COLOURS = 9  # the most frequent top tokens get a colour each (tab10 but its grey); the rest are grey
+#: The colour of a token whose top token has none of its own, and what the legend calls it.
+OTHER_TOKENS = ((0.5, 0.5, 0.5), "other tokens")
 LENS_LEGEND_COLUMNS = 5  # the lens legend's names a row, under the panels
 
 
@@ -64,6 +66,7 @@ def lens_figure(image: Image.Image, tokens: list[tuple[str, tuple]], views: list
     counts = Counter(v.top_ids[i] for v in views for i in picked)
     common = [token for token, _ in counts.most_common(LENS_COLOURS)]
     palette = {token: n for n, token in enumerate(common)}
+    others = len(counts) > len(palette)  # some tokens are painted grey: the legend names grey too
     shown, scale_x, scale_y = heatmap_picture(image)  # never the full-size picture: 40 Mpx would take GBs
     cols = min(4, max(1, len(views)))
     rows = max(1, math.ceil(len(views) / cols))
@@ -71,7 +74,7 @@ def lens_figure(image: Image.Image, tokens: list[tuple[str, tuple]], views: list
     # The legend goes under the panels: at the top-right corner Gradio's fullscreen and download
     # buttons would hide its title; the panels keep the page's width, so its names stay readable.
     panel = PANEL_INCHES * 4 / cols if cols > 1 else PANEL_INCHES
-    legend_rows = math.ceil(len(palette) / LENS_LEGEND_COLUMNS)
+    legend_rows = math.ceil((len(palette) + others) / LENS_LEGEND_COLUMNS)
     fig = Figure(figsize=(panel * cols + 0.4, panel * aspect * rows + 1.1 + 0.3 * legend_rows), layout="constrained")
     small = text_points(fig.get_figwidth())
     axes = fig.subplots(rows, cols, squeeze=False)
@@ -86,7 +89,7 @@ def lens_figure(image: Image.Image, tokens: list[tuple[str, tuple]], views: list
             if right <= left or bottom <= top:
                 continue
             n = palette.get(lens_view.top_ids[i])
-            canvas[top:bottom, left:right] = (*colours[n], 0.55) if n is not None else (0.5, 0.5, 0.5, 0.35)
+            canvas[top:bottom, left:right] = (*colours[n], 0.55) if n is not None else (*OTHER_TOKENS[0], 0.35)
         ax.imshow(backdrop)  # in greys: a token's colour is its top token's, whatever the picture's colour there
         ax.imshow(canvas)
         ax.set_title(lens_view.name, fontsize=small)
@@ -95,6 +98,8 @@ def lens_figure(image: Image.Image, tokens: list[tuple[str, tuple]], views: list
         ax.axis("off")
     handles = [_patch(colours[n], repr(vocabulary.get(token, vocabulary.get(str(token), "?"))))
                for token, n in palette.items()]
+    if others:  # grey was a colour without a name
+        handles.append(_patch(*OTHER_TOKENS))
     if handles:
         fig.legend(handles=handles, loc="outside lower center", ncol=min(len(handles), LENS_LEGEND_COLUMNS),
                    fontsize=small, title="top token", title_fontsize=small)
@@ -103,9 +108,10 @@ def lens_figure(image: Image.Image, tokens: list[tuple[str, tuple]], views: list
 
 
 def _tab10():
+    """tab10 without its grey (its 8th colour), which painted one top token as the others are."""
     from matplotlib import colormaps
 
-    return [colormaps["tab10"](n)[:3] for n in range(LENS_COLOURS)]
+    return [colormaps["tab10"](n)[:3] for n in range(10) if n != 7]
 
 
 def _patch(colour, label: str):
