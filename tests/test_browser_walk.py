@@ -13,7 +13,7 @@ from g4v.paths import EXAMPLES_DIR
 from tests.browser import browser_page, pick_pdf_pages
 from tests.conftest import running_app
 from tests.test_browser_ux import BADGE_SHOWN
-from webapp.runs import PREVIOUS_RUN
+from webapp.runs import OVERDUE, PREVIOUS_RUN
 
 EXAMPLE = str(EXAMPLES_DIR / "shapes-tall.png")
 OTHER = str(EXAMPLES_DIR / "shapes-wide.png")
@@ -107,7 +107,9 @@ def test_attribution_shows_its_stages_and_the_time_left_in_view_and_a_busy_butto
         done = "() => document.querySelector('#attribution-report').innerText.includes('Deletion test')" \
                " && !document.querySelector('#attribution-run').disabled"
         lines = watch_run(page, "attribution", "Explaining…", done, timeout=240)
-        assert any(LEFT.search(line) for line in lines), lines
+        # the time left, or that a stage outlasts it (this checkpoint's stages are not the demo's, whose
+        # times the bar's shares are: a stage may spend its estimate of less than a second at once)
+        assert any(LEFT.search(line) or OVERDUE in line for line in lines), lines
         drawn = {match for line in lines for match in re.findall(r"drawing the [\w' -]+?(?=,| -|\n|$)", line)}
         assert len(drawn) >= 2, lines  # the drawing is said picture by picture, not as one stage
         assert page.locator("#attribution-run").inner_text() == "Explain"
