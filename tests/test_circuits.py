@@ -306,6 +306,7 @@ def test_reverse_view_equals_output_attentions(hf_engine, width, height, region)
     ("100,0,120,10", r"^the region 100,0,120,10 is outside the picture, which is 100 x 100 px \(width x height\)$"),
     ("-9,-9,0,5", r"^the region -9,-9,0,5 is outside the picture"),
     ("a,b,c,d", "numbers of pixels"), ("nan,0,4,4", "numbers of pixels"),
+    ("20,20,abc", r"^a region's corners are numbers of pixels, got 'abc'$"),  # not "got 3": 'abc' is what is wrong
     ("", "needs a region"), ("1," * 200, "characters"),
 ])
 def test_reverse_view_refuses_bad_regions(hf_engine, region, words):

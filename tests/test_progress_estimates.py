@@ -96,7 +96,7 @@ def sent_at(sent: list, moment: float, timeout: float = 5.0) -> tuple:
 def test_a_lasting_stage_counts_its_time_left_down_and_stops_with_the_run():
     """A quarter of the run done in 10 s: "about 30 s left", and while that stage lasts the same
     stage is sent again with the time left counted down (25 s at 15 s, 20 s at 20 s) instead of one
-    frozen estimate, and said to take longer once that is spent; the next stage is estimated
+    frozen estimate, and said to take longer once that is well spent; the next stage is estimated
     afresh; nothing is sent after the run ends, refused or not."""
     clock = Clock()
     sent = []
@@ -111,6 +111,8 @@ def test_a_lasting_stage_counts_its_time_left_down_and_stops_with_the_run():
         for moment, left in ((15.0, 25), (20.0, 20)):
             clock.now = moment
             assert sent_at(sent, moment) == (0.25, f"starting vLLM, about {left} s left")
+        clock.now = 41.0  # spent by a second: still about 1 s (a short run's estimates are rough)
+        assert sent_at(sent, 41.0) == (0.25, "starting vLLM, about 1 s left")
         clock.now = 45.0
         assert sent_at(sent, 45.0) == (0.25, f"starting vLLM, {OVERDUE}")
         clock.now = 50.0

@@ -139,8 +139,10 @@ def time_left(done: float, total: float, elapsed: float) -> str:
     return seconds_left(elapsed / done * (total - done))
 
 
-#: The time left of a stage that has lasted longer than the pace so far gave it.
-OVERDUE = "taking longer than estimated"
+#: The time left of a stage that has lasted longer than the pace so far gave it, by more than
+#: OVERDUE_AFTER seconds ("about 1 s left" until then: a short run's estimates are rough, and one of
+#: under a second said this almost as soon as its stage began).
+OVERDUE, OVERDUE_AFTER = "taking longer than estimated", 3.0
 
 
 @contextmanager
@@ -148,7 +150,7 @@ def live_progress(progress, every: float = 1.0, clock=time.monotonic):
     """``with live_progress(progress) as tell:`` gives ``tell(fraction, text)``, the library's
     progress callback, for Gradio's ``progress``: the bar at ``fraction`` (0-1) with ``text`` and the
     time left at the pace since the block began. The line is sent again every ``every`` seconds
-    until the block ends, its time left counted down (:data:`OVERDUE` once spent): a stage that
+    until the block ends, its time left counted down (:data:`OVERDUE` once well spent): a stage that
     lasts (vLLM starting, the deletion test) showed one frozen estimate all along ("about 60 s
     left" from 16 s to 32 s).
 
@@ -166,7 +168,7 @@ def live_progress(progress, every: float = 1.0, clock=time.monotonic):
             fraction, text, when, left = told[-1]
             if left is not None:
                 left -= clock() - when
-                text = f"{text}, {seconds_left(left) if left >= 1 else OVERDUE}"
+                text = f"{text}, {seconds_left(max(left, 1)) if left > -OVERDUE_AFTER else OVERDUE}"
             progress(fraction, desc=text)
 
     def tell(fraction: float, text: str) -> None:

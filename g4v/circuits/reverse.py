@@ -49,10 +49,8 @@ def parse_region(region, width: int, height: int) -> Box:
         parts = [part.strip() for part in region.replace(" ", ",").split(",") if part.strip()]
     else:
         parts = list(region)
-    if len(parts) != 4:
-        raise G4VError(f"a region is four numbers x0,y0,x1,y1, got {len(parts)}")
     numbers = []
-    for part in parts:
+    for part in parts:  # each part read before they are counted: "20,20,abc" is wrong for its 'abc'
         try:
             number = float(part) if not isinstance(part, bool) else math.nan
         except (TypeError, ValueError, OverflowError):
@@ -60,6 +58,8 @@ def parse_region(region, width: int, height: int) -> Box:
         if not math.isfinite(number):
             raise G4VError(f"a region's corners are numbers of pixels, got {str(part)[:20]!r}")
         numbers.append(number)
+    if len(numbers) != 4:
+        raise G4VError(f"a region is four numbers x0,y0,x1,y1, got {len(numbers)}")
     x0, y0, x1, y1 = numbers
     if x0 >= x1 or y0 >= y1:
         raise G4VError(f"the region {x0:g},{y0:g},{x1:g},{y1:g} is empty: x0 < x1 and y0 < y1 are needed")
