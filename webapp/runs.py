@@ -131,12 +131,17 @@ def busy_while_running(button: gr.Button, busy: str):
     return done
 
 
+def seconds_to_go(done: float, total: float, elapsed: float) -> float | None:
+    """The seconds the rest would take at the pace so far; None before the first step ends and
+    after the last."""
+    return elapsed / done * (total - done) if 0 < done < total else None
+
+
 def time_left(done: float, total: float, elapsed: float) -> str:
     """``"about 40 s left"`` at the pace so far, for a progress line; empty before the first step
     ends and after the last (Gradio's own bar shows only the time elapsed)."""
-    if not 0 < done < total:
-        return ""
-    return seconds_left(elapsed / done * (total - done))
+    left = seconds_to_go(done, total, elapsed)
+    return "" if left is None else seconds_left(left)
 
 
 #: The time left of a stage that has lasted longer than the pace so far gave it, by more than
@@ -159,23 +164,23 @@ def live_progress(progress, every: float = 1.0, clock=time.monotonic):
     handler's context, where Gradio keeps the event the bar belongs to; it is stopped and joined
     when the block ends, refused or not."""
     started, lock, stop = clock(), threading.Lock(), threading.Event()
-    told = []  # (fraction, text, when, seconds left then or None) of the last tell
+    told = None  # (fraction, text, when, seconds left then or None) of the last tell
 
     def send() -> None:
         with lock:
-            if not told:
+            if told is None:
                 return
-            fraction, text, when, left = told[-1]
+            fraction, text, when, left = told
             if left is not None:
                 left -= clock() - when
                 text = f"{text}, {seconds_left(max(left, 1)) if left > -OVERDUE_AFTER else OVERDUE}"
             progress(fraction, desc=text)
 
     def tell(fraction: float, text: str) -> None:
+        nonlocal told
         with lock:
             now = clock()
-            left = (now - started) / fraction * (1 - fraction) if 0 < fraction < 1 else None
-            told[:] = [(fraction, text, now, left)]
+            told = (fraction, text, now, seconds_to_go(fraction, 1.0, now - started))
         send()
 
     def resend() -> None:
