@@ -19,7 +19,8 @@ from g4v.loading import load_config
 from g4v.paths import BUNDLED_MODEL_DIR, EXAMPLES_DIR
 from g4v.tiling import plan_tiling
 from tests.conftest import make_image
-from webapp.circuits import circuits_tab, make_handlers, pick_corner, show_region
+from webapp.circuits import circuits_tab, make_handlers
+from webapp.circuits_picker import pick_corner, show_region
 from webapp.sessions import SessionStores
 
 EXAMPLE = str(EXAMPLES_DIR / "shapes-wide.png")
@@ -192,6 +193,35 @@ def test_two_clicks_on_the_picker_make_a_region():
     assert [pick_corner(EXAMPLE, "", click_on(x, 5))[0] for x in range(width)] == [f"{x},5" for x in range(width)]
 
 
+def test_the_picker_draws_what_each_click_wrote_from_the_text_alone():
+    """The picker redraws from the region's box on every change of it (a paste included), the
+    clicks' own text too: drawn from that text alone, the picture is the one the click drew, the
+    first corner marked as well as the region framed, so a click's redraw never undoes it."""
+    import numpy as np
+
+    from viz.circuits import region_overlay
+    from g4v.images import open_image
+    from webapp.circuits_picker import show_new_picture
+
+    shown = show_region(EXAMPLE, "").size
+    corner = lambda x, y: gr.SelectData(None, {"index": [x, y], "value": None})  # noqa: E731
+    first_text, first_picture = pick_corner(EXAMPLE, "", corner(300, 200))
+    region_text, region_picture = pick_corner(EXAMPLE, first_text, corner(40, 30))
+    assert np.array_equal(np.asarray(show_new_picture(EXAMPLE, first_text)), np.asarray(first_picture))
+    assert np.array_equal(np.asarray(show_new_picture(EXAMPLE, region_text)), np.asarray(region_picture))
+    # independently: the corner's mark and the region's frame as the picture module draws them
+    picture = open_image(EXAMPLE)
+    x, y = map(int, first_text.split(","))
+    assert np.array_equal(np.asarray(first_picture), np.asarray(region_overlay(picture, point=(x, y))))
+    assert np.array_equal(np.asarray(show_new_picture(EXAMPLE, " 12, 7 ")),
+                          np.asarray(region_overlay(picture, point=(12, 7))))
+    # a corner past the picture, or two numbers that are no corner, show the picture unframed
+    plain = np.asarray(region_overlay(picture))
+    for text in ("239,5", "5,127", "-1,5", "1.5,2", "5"):
+        assert np.array_equal(np.asarray(show_new_picture(EXAMPLE, text)), plain), text
+    assert show_new_picture(EXAMPLE, "12,7").size == shown
+
+
 def test_the_picker_frames_the_region_where_it_is():
     """The frame is drawn at the region's place in the scaled picture: the pixels just inside the
     region are undimmed and those outside are dimmed, measured against the picture scaled alone."""
@@ -276,7 +306,7 @@ def test_a_new_picture_is_shown_in_the_picker_never_refused(tmp_path):
     """A region typed for the picture before is not refused when a smaller one comes (it is framed
     once it fits); a file that is not a picture leaves the picker empty (the upload's own toast
     says why): no second toast."""
-    from webapp.circuits import show_new_picture
+    from webapp.circuits_picker import show_new_picture
 
     fake = tmp_path / "fake.png"
     fake.write_bytes(b"not a picture")

@@ -3,7 +3,10 @@ attention view, see the map and the share-by-layer plot, and the exported JSON e
 library's own result; a region clicked on the picture runs the reverse view; an out-of-range layer
 is one toast and leaves no "Error" badge. Screenshots in test-output/browser/."""
 
+import io
+
 import pytest
+from PIL import Image
 
 from g4v.circuits.attention import image_attention
 from g4v.circuits.common import CircuitSettings
@@ -88,9 +91,23 @@ def test_circuits_tab_in_a_browser(app_url, hf_engine, output_dir, tmp_path):
         assert reverse["region_tokens"] and len(reverse["attention"]) == 10
         page.screenshot(path=str(shots / "circuits-reverse.png"), full_page=True)
 
-        # Patching: picture B of A's size (so the same tiling grid), one level, one direction.
-        from PIL import Image
+        # A region pasted into the box (a paste or autofill: no keystrokes, so no Gradio "input"):
+        # the picker frames it, pixel for pixel as the picture module draws that region.
+        import numpy as np
 
+        from g4v.images import open_image
+        from viz.circuits import region_overlay
+
+        shown = page.evaluate("() => document.querySelector('#circuits-region-picker img').src")
+        page.locator("#circuits-region textarea, #circuits-region input").first.fill("10,20,60,90")
+        page.wait_for_function("(shown) => { const i = document.querySelector('#circuits-region-picker img');"
+                               " return !!i && i.src !== shown && i.complete && i.naturalWidth > 0 }", arg=shown)
+        drawn = page.request.get(page.evaluate("() => document.querySelector('#circuits-region-picker img').src"))
+        assert drawn.ok, drawn.status
+        expected = np.asarray(region_overlay(open_image(EXAMPLE), (10, 20, 60, 90)))
+        assert np.array_equal(np.asarray(Image.open(io.BytesIO(drawn.body())).convert("RGB")), expected)
+
+        # Patching: picture B of A's size (so the same tiling grid), one level, one direction.
         from tests.conftest import make_image
 
         other = tmp_path / "other.png"

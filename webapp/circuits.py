@@ -5,27 +5,23 @@ difference between two pictures (patching). The work is :mod:`g4v.circuits`; eve
 writes the same JSON and PNG files as ``python -m g4v circuits ... --out`` into the visitor's own
 export folder."""
 
-import math
 from dataclasses import dataclass, fields
 
 import gradio as gr
-from PIL import Image
 
 from g4v.circuits.attention import image_attention
 from g4v.circuits.common import ANSWER_TOKENS, CircuitSettings, check_new_tokens
 from g4v.circuits.exports import draw, write_view
 from g4v.circuits.knockout import WHY_LITTLE_CHANGES, attention_knockout
 from g4v.circuits.patching import DIRECTION_CHOICES, patch_levels
-from g4v.circuits.reverse import parse_region, region_attention
-from g4v.errors import WHOLE_TEXT, G4VError, quoted
+from g4v.circuits.reverse import region_attention
+from g4v.errors import G4VError, quoted
 from g4v.images import open_image
-from viz.circuits import picker_size, region_overlay
-from viz.figures import original_point
-from webapp.common import (MODEL_QUEUE, QUIET_INPUT, OutputBoxes, image_input, markdown_code, optional_whole,
+from webapp.circuits_picker import wire_region_picker
+from webapp.common import (MODEL_QUEUE, OutputBoxes, image_input, markdown_code, optional_whole,
                            refuse_non_pictures, shows_errors)
 from webapp.pictures import picture_row
-from webapp.runs import (STATUS_HEIGHT, empties_on, live_progress, previous_run_mark, run_keeping_previous,
-                         without_error_badges)
+from webapp.runs import STATUS_HEIGHT, empties_on, live_progress, previous_run_mark, run_keeping_previous
 from webapp.sessions import SessionStores, session_key
 
 DEFAULTS = CircuitSettings()
@@ -280,51 +276,6 @@ def make_handlers(engine, sessions: SessionStores, gpu_task, boxes: CircuitBoxes
     return attention, reverse, knockout, patch
 
 
-@shows_errors
-def show_region(image_path, region):
-    """The region picker: the picture with the typed region framed (nothing framed while it is empty)."""
-    if not image_path:
-        return None
-    picture = open_image(image_path)
-    box = parse_region(region, picture.width, picture.height) if (region or "").strip() else None
-    return region_overlay(picture, box)
-
-
-def show_new_picture(image_path, region):
-    """The region picker for a new picture and after each keystroke in the region's box (a run reads
-    the box as it stands, Enter pressed or not, so the picker frames what it holds): framed as
-    :func:`show_region` does, but never refused (a file that is no picture is the upload's own toast;
-    a region typed for the picture before, or half typed, is framed once it fits, the picture shown
-    unframed until then: Enter or a run says what is wrong)."""
-    try:
-        return show_region.__wrapped__(image_path, region)
-    except G4VError:
-        try:
-            return show_region.__wrapped__(image_path, "")
-        except G4VError:
-            return None
-
-
-@shows_errors
-def pick_corner(image_path, region, evt: gr.SelectData) -> tuple[str, Image.Image]:
-    """A click on the region picker: the first click sets one corner, the second the opposite one
-    (the region's text and the picker's picture)."""
-    if not image_path:
-        raise G4VError("upload a picture first")
-    picture = open_image(image_path)
-    # the click is in the shown picture's pixels (Gradio's index); the picture pixel under the
-    # centre of the one clicked
-    x, y = original_point(evt.index[0] + 0.5, evt.index[1] + 0.5, picture.size, picker_size(picture.size))
-    x, y = min(max(0, math.floor(x)), picture.width - 1), min(max(0, math.floor(y)), picture.height - 1)
-    parts = [part for part in (region or "").replace(" ", ",").split(",") if part.strip()]
-    if len(parts) == 2 and all(WHOLE_TEXT.fullmatch(part.strip()) and len(part) <= 9 and part.strip()[0] not in "+-"
-                               for part in parts):
-        first_x, first_y = int(parts[0]), int(parts[1])
-        box = (min(first_x, x), min(first_y, y), max(first_x, x) + 1, max(first_y, y) + 1)
-        return ",".join(map(str, box)), region_overlay(picture, box)
-    return f"{x},{y}", region_overlay(picture, point=(x, y))
-
-
 def circuits_tab(engine, last_chat_image: gr.State, sessions: SessionStores, concurrency: int = 1,
                  gpu_task=lambda fn: fn) -> CircuitBoxes:
     """Render the Circuits tab into the current ``gr.Blocks``; returns its result boxes."""
@@ -369,18 +320,7 @@ def circuits_tab(engine, last_chat_image: gr.State, sessions: SessionStores, con
         reverse_picture = gr.Image(label="Attention on the region", elem_id="circuits-reverse-picture", **pictures)
         reverse_export = gr.File(interactive=False, label="Export (reverse.json, reverse.png)", file_count="multiple",
                                  elem_id="circuits-reverse-export")
-    # the picker follows the region's box as typed (.input: a visitor's edits, not the clicks' own
-    # text), the last edit drawn last; Enter says what is wrong with it
-    for event, show in ((image.change, show_new_picture), (region.input, show_new_picture),
-                        (region.submit, show_region)):
-        without_error_badges(event(show, [image, region], picker, api_visibility="private", trigger_mode="always_last",
-                                   **QUIET_INPUT), [picker])
-    def corner(image_path, typed, evt: gr.SelectData):
-        text, shown = pick_corner(image_path, typed, evt)
-        return {region: text, picker: shown}
-
-    without_error_badges(picker.select(corner, [image, region], [region, picker], api_visibility="private",
-                                       **QUIET_INPUT), [region, picker])
+    wire_region_picker(image, region, picker)
     reverse = ReverseBoxes(report=reverse_text, picture=reverse_picture, export=reverse_export)
 
     with gr.Tab("Knockout", id="circuits-knockout"):
