@@ -66,8 +66,9 @@ def test_an_overdue_batch_raises_the_estimate_only_as_far_as_the_wait_shows():
 
 
 def test_attribution_reports_each_stage_and_each_drawing_in_order(hf_engine, tmp_path):
-    """Every stage and every picture drawn moves the bar forward (it sat at "drawing" for a third of
-    the run), and the last step comes just before the export is written."""
+    """Every stage and every picture drawn moves the bar forward (drawing takes most of the run: a
+    bar that sat at "drawing" for all of it looked stuck), and the last step comes just before the
+    export is written."""
     from g4v.attribution.run import STAGES, AttributionSettings, run_attribution
     from tests.conftest import make_image
 
@@ -79,7 +80,7 @@ def test_attribution_reports_each_stage_and_each_drawing_in_order(hf_engine, tmp
     assert fractions == sorted(fractions) and len(set(fractions)) == len(fractions)
     drawing = [text for _, text in steps if text.startswith("drawing")]
     assert len(drawing) == 5 and fractions[-1] == STAGES["writing the export"]
-    assert sum(1 for fraction in fractions if fraction >= STAGES["drawing"]) == 6  # the drawings have the bar's last third
+    assert sum(1 for fraction in fractions if fraction >= STAGES["drawing"]) == 6  # the drawings, then the export
 
 
 def sent_at(sent: list, moment: float, timeout: float = 5.0) -> tuple:

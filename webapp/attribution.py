@@ -19,8 +19,9 @@ WHOLE_ANSWER = "the whole answer"
 EXPLAIN, EXPLAINING = "Explain", "Explaining…"  # the button, and what it says while a run works
 #: What the tab's widgets start at: the settings' own defaults (``python -m g4v attribute``'s too).
 DEFAULTS = AttributionSettings()
-RUN_HINT = ("An explanation runs the model forward and backward many times (the deletion test, the logit lens): "
-            "about 30 s for the demo checkpoint on a CPU, longer for the real model; the bar shows the time left.")
+RUN_HINT = ("An explanation runs the model forward and backward many times (the deletion test, the logit lens) "
+            "and draws five pictures: a few seconds for the demo checkpoint on a CPU, longer for the real model; "
+            "the bar shows each stage and the time left.")
 
 
 def token_choice(text: str | None) -> int | None:

@@ -35,11 +35,11 @@ FIGURE_FILES = {"tile": "attribution_tiles.png", "base": "attribution_base.png",
                 "deletion": "deletion.png", "lens": "lens.png", "lens_levels": "lens_levels.png"}
 LENS_LAYERS_SHOWN = 4  # lens panels drawn: evenly spaced residual-stream points, the last included
 REGION_PANEL = "both views"  # the tile figure's panel of region scores (g4v.attribution.regions)
-#: Where each stage starts on the progress bar (0-1), after the time each took on the demo checkpoint
-#: on a CPU (gradient x input, the lens on): drawing the five pictures took a third of it, so a bar
-#: that gave drawing the last tenth said "about 1 s left" for many seconds.
-STAGES = {"answering": 0.0, "encoding the image": 0.08, "attributing": 0.15, "deletion test": 0.27,
-          "logit lens": 0.5, "drawing": 0.62, "writing the export": 0.97}
+#: Where each stage starts on the progress bar (0-1), after the time each took on the demo checkpoints
+#: on a CPU (gradient x input, the lens on; 3-6 s a run): drawing the five pictures takes four fifths
+#: of it, so a bar that gave drawing its last third said "about 1 s left" for most of the run.
+STAGES = {"answering": 0.0, "encoding the image": 0.03, "attributing": 0.04, "deletion test": 0.05,
+          "logit lens": 0.12, "drawing": 0.14, "writing the export": 0.96}
 #: Each figure's share of the drawing stage, and what the progress line calls it.
 FIGURE_STEPS = {"tile": (0.3, "the tile map"), "base": (0.22, "the base-view map"),
                 "deletion": (0.05, "the deletion curve"), "lens": (0.2, "the logit lens"),
