@@ -24,7 +24,7 @@ from g4v.errors import G4VError, quoted
 from g4v.images import named_size, open_image
 from g4v.loading import model_name
 from g4v.model.scoring import greedy_continuation
-from g4v.model.exports import ExportStore, default_export_store
+from g4v.model.exports import ExportStore, default_export_store, draw_in_turn
 from g4v.model.levels import describe_levels, find_level
 from g4v.model.records import Record, plain
 from g4v.tiling import TilingPlan, plan_tiling
@@ -203,14 +203,7 @@ def draw_figures(picture, report: AttributionReport, tell=lambda fraction, text:
         drawings["lens"] = lambda: lens_figure(picture, tokens, lens_views_shown(lens), lens.vocabulary)
         drawings["lens_levels"] = lambda: lens_figure(picture, tokens, lens.levels, lens.vocabulary,
                                                       title="Logit lens on each level's injected features")
-    figures, start, width = {}, STAGES["drawing"], STAGES["writing the export"] - STAGES["drawing"]
-    total = sum(FIGURE_STEPS[name][0] for name in drawings)
-    for name, draw in drawings.items():
-        share, what = FIGURE_STEPS[name]
-        tell(start, f"drawing {what}")
-        figures[name] = draw()
-        start += width * share / total
-    return figures
+    return draw_in_turn(drawings, FIGURE_STEPS, STAGES["drawing"], STAGES["writing the export"], tell)
 
 
 def write_export(folder: Path, report: AttributionReport) -> list[Path]:

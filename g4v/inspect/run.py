@@ -22,7 +22,7 @@ from g4v.loading import model_name
 from g4v.inspect.ablation import CONTINUATION_TOKENS, AblationResult, RunOutcome, compare_scaled, run_outcome
 from g4v.inspect.settings import InspectSettings
 from g4v.model.capture import Capture, capture_forward
-from g4v.model.exports import ExportStore, default_export_store
+from g4v.model.exports import ExportStore, default_export_store, draw_in_turn
 from g4v.model.levels import Level, describe_levels, level_scales, unit_scale_levels
 from g4v.model.records import plain
 from g4v.tiling import TilingPlan, plan_tiling
@@ -154,13 +154,7 @@ def draw_figures(picture: Image.Image, result: InspectionResult,
         "heatmaps_base": lambda: heatmaps_figure(picture, tokens, norms, view="base",
                                                  title="Injected norm per base-view token (whole image at one tile)"),
     }
-    figures, start = {}, STAGES["drawing"]
-    for name, draw in drawings.items():
-        share, what = FIGURE_STEPS[name]
-        tell(start, f"drawing {what}")
-        figures[name] = draw()
-        start += (STAGES["writing the export"] - STAGES["drawing"]) * share
-    return figures
+    return draw_in_turn(drawings, FIGURE_STEPS, STAGES["drawing"], STAGES["writing the export"], tell)
 
 
 def write_export(result: InspectionResult) -> None:

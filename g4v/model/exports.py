@@ -5,6 +5,8 @@ Exports without an ``out_dir`` (the app's) go to an :class:`ExportStore`: a serv
 requests must not fill the temporary folder with one export (several MB with full tensors) each.
 A web server serves whatever lies under its cache by path, so every folder name carries 128 random
 bits (``secrets``): knowing one export's address tells nothing about another's.
+
+:func:`draw_in_turn` draws an export's pictures one by one, each told to the progress bar.
 """
 
 import os
@@ -14,6 +16,7 @@ import tempfile
 import threading
 import weakref
 from collections import Counter, deque
+from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -132,3 +135,20 @@ def default_export_store() -> ExportStore:
         if _default_store is None or _default_store.closed:
             _default_store = ExportStore()
         return _default_store
+
+
+def draw_in_turn(drawings: dict[str, Callable[[], object]], steps: dict[str, tuple[float, str]],
+                 start: float, end: float, tell: Callable[[float, str], None]) -> dict[str, object]:
+    """An export's pictures, each of ``drawings`` (name -> draw) drawn in turn, with
+    ``tell(fraction, "drawing <what>")`` before each: they take most of a run on a small model,
+    and one "drawing" stage looked stuck. ``steps`` maps a name to its share of the bar from
+    ``start`` to ``end`` (its time there, measured) and to what the line calls it; the shares of
+    the pictures drawn fill that stretch."""
+    total = sum(steps[name][0] for name in drawings)
+    figures, at = {}, start
+    for name, draw in drawings.items():
+        share, what = steps[name]
+        tell(at, f"drawing {what}")
+        figures[name] = draw()
+        at += (end - start) * share / total
+    return figures
