@@ -36,10 +36,11 @@ FIGURE_FILES = {"tile": "attribution_tiles.png", "base": "attribution_base.png",
 LENS_LAYERS_SHOWN = 4  # lens panels drawn: evenly spaced residual-stream points, the last included
 REGION_PANEL = "both views"  # the tile figure's panel of region scores (g4v.attribution.regions)
 #: Where each stage starts on the progress bar (0-1), after the time each took on the demo checkpoints
-#: on a CPU (gradient x input, the lens on; 3-6 s a run): drawing the five pictures takes four fifths
-#: of it, so a bar that gave drawing its last third said "about 1 s left" for most of the run.
-STAGES = {"answering": 0.0, "encoding the image": 0.03, "attributing": 0.04, "deletion test": 0.05,
-          "logit lens": 0.12, "drawing": 0.14, "writing the export": 0.96}
+#: on a CPU, in process and in the app (gradient x input, the lens on; 3-6 s a run): drawing the five
+#: pictures takes four fifths of it, so a bar that gave drawing its last third said "about 1 s left"
+#: for most of the run.
+STAGES = {"answering": 0.0, "encoding the image": 0.04, "attributing": 0.05, "deletion test": 0.06,
+          "logit lens": 0.14, "drawing": 0.18, "writing the export": 0.96}
 #: Each figure's share of the drawing stage, and what the progress line calls it.
 FIGURE_STEPS = {"tile": (0.3, "the tile map"), "base": (0.22, "the base-view map"),
                 "deletion": (0.05, "the deletion curve"), "lens": (0.2, "the logit lens"),
