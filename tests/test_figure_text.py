@@ -502,3 +502,38 @@ def test_a_run_whose_every_row_failed_says_so_in_every_picture(drawn):
     notes = [" ".join(text.get_text() for ax in figure.axes for text in ax.texts) for figure in drawn["figures"]]
     assert len(notes) == 4 and all("Every row failed" in note and "red.png" in note for note in notes)
     assert not any("reference answers" in note or "local transformers" in note for note in notes)
+
+
+@pytest.mark.parametrize("size", [(120, 250), (400, 300), (800, 200)], ids=["tall", "square", "wide"])
+@pytest.mark.parametrize("name", ["attribution", "deepstack", "circuits"])
+def test_heatmap_panel_titles_stay_apart(drawn, size, name):
+    """A tall picture's attribution maps (8 narrow panels a row) had titles such as "(max |x|
+    2.8e-05 nats)" wider than their panels, running into each other: each title, drawn, now ends
+    before the next one in its row begins, inside the picture, with its panel's name (or its start)
+    on its first line."""
+    image = make_image(*size, seed=4)
+    plan = plan_tiling((image.height, image.width), load_config(BUNDLED_MODEL_DIR))
+    tokens = [(t.kind, t.box) for t in plan.tokens]
+    scores = {name: [2.8e-5 * (n + 1) * math.sin(i + n) for i in range(len(tokens))]
+              for n, name in enumerate(LEVELS + ["combined"])}
+    {"attribution": lambda: va.attribution_figure(image, tokens, scores, "tile"),
+     "deepstack": lambda: vd.heatmaps_figure(image, tokens, scores, "tile"),
+     "circuits": lambda: vc.attention_map_figure(image, circuits_attention(image), "tile")}[name]()
+    figure = drawn["figures"][-1]
+    renderer = FigureCanvasAgg(figure).get_renderer()
+    panels = [ax for ax in figure.axes if ax.images]
+    assert len(panels) >= 8
+    rows = {}
+    for ax in panels:
+        rows.setdefault(round(ax.get_position().y1, 3), []).append(ax)
+    assert any(len(row) > 1 for row in rows.values())
+    for row in rows.values():
+        row.sort(key=lambda ax: ax.get_position().x0)
+        for left, right in zip(row, row[1:]):
+            left_title, right_title = (ax.title.get_window_extent(renderer) for ax in (left, right))
+            assert left_title.x1 < right_title.x0, (left.get_title(), right.get_title())
+    for ax in panels:
+        title = ax.title.get_window_extent(renderer)
+        assert 0 <= title.x0 and title.x1 <= renderer.width, ax.get_title()  # not cut off at the picture's edges
+        assert ax.get_title().split("\n")[0].split("  ")[0] in {*LEVELS, "combined"} or ax.get_title().startswith(
+            "layer"), ax.get_title()
