@@ -514,8 +514,8 @@ def test_heatmap_panel_titles_stay_apart(drawn, size, name):
     image = make_image(*size, seed=4)
     plan = plan_tiling((image.height, image.width), load_config(BUNDLED_MODEL_DIR))
     tokens = [(t.kind, t.box) for t in plan.tokens]
-    scores = {name: [2.8e-5 * (n + 1) * math.sin(i + n) for i in range(len(tokens))]
-              for n, name in enumerate(LEVELS + ["combined"])}
+    scores = {level: [2.8e-5 * (n + 1) * math.sin(i + n) for i in range(len(tokens))]
+              for n, level in enumerate(LEVELS + ["combined"])}
     {"attribution": lambda: va.attribution_figure(image, tokens, scores, "tile"),
      "deepstack": lambda: vd.heatmaps_figure(image, tokens, scores, "tile"),
      "circuits": lambda: vc.attention_map_figure(image, circuits_attention(image), "tile")}[name]()

@@ -44,18 +44,20 @@ def show_new_picture(image_path, region):
     wrote it marked it, and never refused. A file that is no picture is the upload's own toast; a
     region typed for the picture before, or half typed, is framed once it fits, the picture shown
     unframed until then: Enter or a run says what is wrong."""
-    corner = first_corner(region)
+    if not image_path:
+        return None
     try:
-        if corner is not None and image_path:
-            picture = open_image(image_path)
-            if corner[0] < picture.width and corner[1] < picture.height:
-                return region_overlay(picture, point=corner)
-        return show_region.__wrapped__(image_path, region)
+        picture = open_image(image_path)
     except G4VError:
-        try:
-            return show_region.__wrapped__(image_path, "")
-        except G4VError:
-            return None
+        return None
+    corner = first_corner(region)
+    if corner is not None and corner[0] < picture.width and corner[1] < picture.height:
+        return region_overlay(picture, point=corner)
+    try:
+        box = parse_region(region, picture.width, picture.height) if (region or "").strip() else None
+    except G4VError:
+        box = None
+    return region_overlay(picture, box)
 
 
 @shows_errors
